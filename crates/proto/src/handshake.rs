@@ -1,0 +1,391 @@
+//! The server side of the fixed-newstyle handshake as a state machine without I/O.
+//!
+//! The caller sends `greeting()`, then repeatedly reads exactly the number of bytes that
+//! `Next::Read` asks for, passes them to `input`, and writes whatever `input` appended to the
+//! output buffer. The machine ends in `Next::Transmission` or `Next::Close`.
+
+use crate::limits::*;
+use crate::wire::*;
+
+/// What the server knows about one export, as the handshake reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportSummary {
+    pub size: u64,
+    /// Transmission flags except SEND_DF, which depends on structured replies and is added
+    /// by the handshake.
+    pub flags: u16,
+    pub description: Option<String>,
+    pub block_min: u32,
+    pub block_preferred: u32,
+    pub block_max: u32,
+}
+
+/// The exports a server offers. The handshake only looks names up and lists them.
+pub trait Catalog {
+    fn lookup(&self, name: &str) -> Option<ExportSummary>;
+    /// Names and descriptions of every export, for NBD_OPT_LIST.
+    fn list(&self) -> Vec<(String, Option<String>)>;
+}
+
+/// What the client and server agreed on; transmission starts with this.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Negotiated {
+    pub export: String,
+    pub summary: ExportSummary,
+    /// Flags as sent to the client, SEND_DF included when it applies.
+    pub flags: u16,
+    pub structured: bool,
+    pub base_allocation: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Read exactly this many bytes and pass them to `input`.
+    Read(usize),
+    /// Flush the output; the connection is in transmission.
+    Transmission(Box<Negotiated>),
+    /// Flush the output and close the connection; `reason` is for the log.
+    Close { reason: String },
+}
+
+/// Context id of base:allocation: the only context, so any fixed number serves.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+
+#[derive(Clone, Debug)]
+enum State {
+    ClientFlags,
+    OptionHeader,
+    OptionData { option: u32 },
+    Finished,
+}
+
+#[derive(Debug)]
+pub struct Handshake {
+    state: State,
+    no_zeroes: bool,
+    structured: bool,
+    /// Export named by the last SET_META_CONTEXT and whether it selected base:allocation.
+    meta: Option<(String, bool)>,
+    options_seen: u32,
+}
+
+impl Default for Handshake {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Handshake {
+    pub fn new() -> Handshake {
+        Handshake { state: State::ClientFlags, no_zeroes: false, structured: false, meta: None, options_seen: 0 }
+    }
+
+    /// The server's opening bytes, sent before anything is read.
+    pub fn greeting() -> [u8; GREETING_BYTES] {
+        let mut b = [0u8; GREETING_BYTES];
+        b[0..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
+        b[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
+        b[16..18].copy_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        b
+    }
+
+    /// What the machine wants first, before any `input`.
+    pub fn start() -> Next {
+        Next::Read(CLIENT_FLAGS_BYTES)
+    }
+
+    /// Feeds exactly the bytes the last `Next::Read` asked for. Replies are appended to `out`.
+    pub fn input(&mut self, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
+        match std::mem::replace(&mut self.state, State::Finished) {
+            State::ClientFlags => self.client_flags(data),
+            State::OptionHeader => self.option_header(data, out),
+            State::OptionData { option } => self.option(option, data, catalog, out),
+            State::Finished => close("input after the handshake finished"),
+        }
+    }
+
+    fn client_flags(&mut self, data: &[u8]) -> Next {
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else { return close("short client flags") };
+        let flags = u32::from_be_bytes(bytes);
+        if flags & FLAG_C_FIXED_NEWSTYLE == 0 {
+            return close("client does not speak fixed newstyle");
+        }
+        if flags & !CLIENT_FLAGS_KNOWN != 0 {
+            return close(format!("unknown client flags {flags:#x}"));
+        }
+        self.no_zeroes = flags & FLAG_C_NO_ZEROES != 0;
+        self.state = State::OptionHeader;
+        Next::Read(OPTION_HEADER_BYTES)
+    }
+
+    fn option_header(&mut self, data: &[u8], out: &mut Vec<u8>) -> Next {
+        let Ok(b) = <[u8; OPTION_HEADER_BYTES]>::try_from(data) else { return close("short option header") };
+        let magic = u64::from_be_bytes(b[0..8].try_into().unwrap());
+        let option = u32::from_be_bytes(b[8..12].try_into().unwrap());
+        let length = u32::from_be_bytes(b[12..16].try_into().unwrap());
+        if magic != IHAVEOPT {
+            return close(format!("bad option magic {magic:#x}"));
+        }
+        self.options_seen += 1;
+        if self.options_seen > OPTIONS_PER_HANDSHAKE_MAX {
+            option_reply(out, option, REP_ERR_TOO_BIG, b"too many options");
+            return close("too many options");
+        }
+        if length > OPTION_DATA_MAX_BYTES {
+            // Reading and discarding up to 4 GiB would let a client pin us; refuse and leave.
+            option_reply(out, option, REP_ERR_TOO_BIG, b"option data too large");
+            return close(format!("option {option} carries {length} bytes"));
+        }
+        self.state = State::OptionData { option };
+        if length == 0 {
+            // Nothing to read: the caller passes an empty slice straight back.
+            return Next::Read(0);
+        }
+        Next::Read(length as usize)
+    }
+
+    fn option(&mut self, option: u32, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
+        self.state = State::OptionHeader;
+        let again = Next::Read(OPTION_HEADER_BYTES);
+        match option {
+            OPT_EXPORT_NAME => return self.export_name(data, catalog, out),
+            OPT_ABORT => {
+                option_reply(out, option, REP_ACK, &[]);
+                self.state = State::Finished;
+                return close("client aborted the handshake");
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    option_reply(out, option, REP_ERR_INVALID, b"LIST takes no data");
+                    return again;
+                }
+                for (name, description) in catalog.list() {
+                    let mut payload = Vec::with_capacity(4 + name.len());
+                    payload.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                    payload.extend_from_slice(name.as_bytes());
+                    if let Some(d) = description {
+                        payload.extend_from_slice(d.as_bytes());
+                    }
+                    option_reply(out, option, REP_SERVER, &payload);
+                }
+                option_reply(out, option, REP_ACK, &[]);
+            }
+            OPT_STARTTLS => {
+                let (kind, msg): (u32, &[u8]) = if data.is_empty() {
+                    (REP_ERR_POLICY, b"TLS is not supported by this server")
+                } else {
+                    (REP_ERR_INVALID, b"STARTTLS takes no data")
+                };
+                option_reply(out, option, kind, msg);
+            }
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    option_reply(out, option, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data");
+                } else if self.structured {
+                    option_reply(out, option, REP_ERR_INVALID, b"structured replies already negotiated");
+                } else {
+                    self.structured = true;
+                    option_reply(out, option, REP_ACK, &[]);
+                }
+            }
+            OPT_INFO | OPT_GO => return self.info_or_go(option, data, catalog, out),
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.meta_context(option, data, catalog, out),
+            _ => option_reply(out, option, REP_ERR_UNSUP, b"option not supported"),
+        }
+        again
+    }
+
+    fn export_name(&mut self, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
+        // No error reply exists for EXPORT_NAME: a bad name ends the connection.
+        let Some(name) = string(data) else { return close("export name is not UTF-8 or too long") };
+        let Some(summary) = catalog.lookup(name) else { return close(format!("unknown export {name:?}")) };
+        let negotiated = self.negotiated(name, summary);
+        out.extend_from_slice(&negotiated.summary.size.to_be_bytes());
+        out.extend_from_slice(&negotiated.flags.to_be_bytes());
+        if !self.no_zeroes {
+            out.extend_from_slice(&[0u8; EXPORT_NAME_PADDING_BYTES]);
+        }
+        Next::Transmission(Box::new(negotiated))
+    }
+
+    fn info_or_go(&mut self, option: u32, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
+        let again = Next::Read(OPTION_HEADER_BYTES);
+        let mut r = Reader(data);
+        let parsed = (|| {
+            let name = r.string32()?;
+            let count = r.u16()?;
+            let mut requests = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                requests.push(r.u16()?);
+            }
+            r.end()?;
+            Some((name, requests))
+        })();
+        let Some((name, requests)) = parsed else {
+            option_reply(out, option, REP_ERR_INVALID, b"malformed INFO/GO request");
+            return again;
+        };
+        let Some(summary) = catalog.lookup(name) else {
+            let msg = format!("export {name:?} not found");
+            option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
+            return again;
+        };
+        let flags = self.flags(&summary);
+        let mut export = Vec::with_capacity(12);
+        export.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+        export.extend_from_slice(&summary.size.to_be_bytes());
+        export.extend_from_slice(&flags.to_be_bytes());
+        option_reply(out, option, REP_INFO, &export);
+        let wants = |info| requests.contains(&info);
+        if wants(INFO_NAME) {
+            let mut p = INFO_NAME.to_be_bytes().to_vec();
+            p.extend_from_slice(name.as_bytes());
+            option_reply(out, option, REP_INFO, &p);
+        }
+        if let (true, Some(d)) = (wants(INFO_DESCRIPTION), summary.description.as_deref()) {
+            let mut p = INFO_DESCRIPTION.to_be_bytes().to_vec();
+            p.extend_from_slice(d.as_bytes());
+            option_reply(out, option, REP_INFO, &p);
+        }
+        // Our minimum block size is 1, so a client that did not ask loses nothing by not
+        // hearing the sizes; one that asked gets them.
+        if wants(INFO_BLOCK_SIZE) {
+            let mut p = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+            for v in [summary.block_min, summary.block_preferred, summary.block_max] {
+                p.extend_from_slice(&v.to_be_bytes());
+            }
+            option_reply(out, option, REP_INFO, &p);
+        }
+        option_reply(out, option, REP_ACK, &[]);
+        if option == OPT_INFO {
+            return again;
+        }
+        let name = name.to_owned();
+        Next::Transmission(Box::new(self.negotiated(&name, summary)))
+    }
+
+    fn meta_context(&mut self, option: u32, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) {
+        let set = option == OPT_SET_META_CONTEXT;
+        if set {
+            // A SET replaces the active contexts even when it fails.
+            self.meta = None;
+        }
+        if set && !self.structured {
+            option_reply(out, option, REP_ERR_INVALID, b"SET_META_CONTEXT needs structured replies first");
+            return;
+        }
+        let mut r = Reader(data);
+        let parsed = (|| {
+            let name = r.string32()?;
+            let count = r.u32()?;
+            if count > META_QUERIES_MAX {
+                return None;
+            }
+            let mut queries = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                queries.push(r.string32()?);
+            }
+            r.end()?;
+            Some((name, queries))
+        })();
+        let Some((name, queries)) = parsed else {
+            option_reply(out, option, REP_ERR_INVALID, b"malformed metadata context request");
+            return;
+        };
+        if catalog.lookup(name).is_none() {
+            let msg = format!("export {name:?} not found");
+            option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
+            return;
+        }
+        let selected = if set {
+            queries.iter().any(|q| *q == META_BASE_ALLOCATION)
+        } else {
+            // LIST with no queries asks for everything; "base:" asks for the whole namespace.
+            queries.is_empty() || queries.iter().any(|q| *q == META_BASE_ALLOCATION || *q == "base:")
+        };
+        if selected {
+            // LIST replies carry id 0: ids mean something only once SET chose them.
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            let mut p = id.to_be_bytes().to_vec();
+            p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+            option_reply(out, option, REP_META_CONTEXT, &p);
+        }
+        if set {
+            self.meta = Some((name.to_owned(), selected));
+        }
+        option_reply(out, option, REP_ACK, &[]);
+    }
+
+    fn flags(&self, summary: &ExportSummary) -> u16 {
+        let mut flags = summary.flags | FLAG_HAS_FLAGS;
+        if self.structured {
+            flags |= FLAG_SEND_DF;
+        } else {
+            flags &= !FLAG_SEND_DF;
+        }
+        flags
+    }
+
+    fn negotiated(&mut self, name: &str, summary: ExportSummary) -> Negotiated {
+        self.state = State::Finished;
+        // Contexts chosen for another export do not carry over to this one.
+        let base_allocation = match &self.meta {
+            Some((export, true)) if export == name => Some(BASE_ALLOCATION_ID),
+            _ => None,
+        };
+        Negotiated {
+            export: name.to_owned(),
+            flags: self.flags(&summary),
+            summary,
+            structured: self.structured,
+            base_allocation,
+        }
+    }
+}
+
+fn close(reason: impl Into<String>) -> Next {
+    Next::Close { reason: reason.into() }
+}
+
+/// Appends one option reply.
+pub fn option_reply(out: &mut Vec<u8>, option: u32, kind: u32, payload: &[u8]) {
+    out.extend_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+fn string(data: &[u8]) -> Option<&str> {
+    if data.len() > STRING_MAX_BYTES {
+        return None;
+    }
+    std::str::from_utf8(data).ok()
+}
+
+/// A bounds-checked cursor over option data.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Some(head)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_be_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn string32(&mut self) -> Option<&'a str> {
+        let len = self.u32()? as usize;
+        string(self.take(len)?)
+    }
+    fn end(&self) -> Option<()> {
+        self.0.is_empty().then_some(())
+    }
+}

@@ -1,0 +1,14 @@
+//! The NBD protocol as sluice speaks it, without I/O: bytes in, typed events out; typed
+//! replies in, bytes out. Spec: NetworkBlockDevice/nbd, doc/proto.md.
+#![forbid(unsafe_code)]
+
+pub mod errno;
+pub mod handshake;
+pub mod limits;
+pub mod reply;
+pub mod request;
+pub mod wire;
+
+pub use errno::Errno;
+pub use handshake::{Catalog, ExportSummary, Handshake, Negotiated, Next};
+pub use request::{validate, BadMagic, Command, Range, RawRequest, Rejection, Request, Session};
