@@ -5,6 +5,7 @@
 //! output buffer. The machine ends in `Next::Transmission` or `Next::Close`.
 
 use crate::limits::*;
+use crate::reply::truncate_utf8;
 use crate::wire::*;
 
 /// What the server knows about one export, as the handshake reports it.
@@ -196,6 +197,8 @@ impl Handshake {
     }
 
     fn export_name(&mut self, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
+        // EXPORT_NAME ends the handshake whatever happens, so no later input is parsed.
+        self.state = State::Finished;
         // No error reply exists for EXPORT_NAME: a bad name ends the connection.
         let Some(name) = string(data) else { return close("export name is not UTF-8 or too long") };
         let Some(summary) = catalog.lookup(name) else { return close(format!("unknown export {name:?}")) };
@@ -227,7 +230,8 @@ impl Handshake {
         };
         let Some(summary) = catalog.lookup(name) else {
             let msg = format!("export {name:?} not found");
-            option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
+            // The quoted name can be longer than the spec allows any string to be.
+            option_reply(out, option, REP_ERR_UNKNOWN, truncate_utf8(&msg, STRING_MAX_BYTES).as_bytes());
             return again;
         };
         let flags = self.flags(&summary);
@@ -294,7 +298,8 @@ impl Handshake {
         };
         if catalog.lookup(name).is_none() {
             let msg = format!("export {name:?} not found");
-            option_reply(out, option, REP_ERR_UNKNOWN, msg.as_bytes());
+            // The quoted name can be longer than the spec allows any string to be.
+            option_reply(out, option, REP_ERR_UNKNOWN, truncate_utf8(&msg, STRING_MAX_BYTES).as_bytes());
             return;
         }
         let selected = if set {

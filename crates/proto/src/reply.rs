@@ -97,3 +97,28 @@ pub(crate) fn truncate_utf8(s: &str, max: usize) -> &str {
     }
     &s[..end]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::truncate_utf8;
+
+    #[test]
+    fn truncate_utf8_keeps_short_strings_whole() {
+        assert_eq!(truncate_utf8("", 0), "");
+        assert_eq!(truncate_utf8("abc", 3), "abc");
+        assert_eq!(truncate_utf8("abc", 100), "abc");
+    }
+
+    #[test]
+    fn truncate_utf8_never_splits_a_character() {
+        // "é" is 2 bytes, "€" 3, "😀" 4: every cut inside one falls back to its start.
+        let s = "aé€😀";
+        let boundaries = [0, 1, 3, 6, 10];
+        for max in 0..s.len() {
+            let cut = truncate_utf8(s, max);
+            let expected = boundaries.iter().copied().filter(|&b| b <= max).max().unwrap();
+            assert_eq!(cut.len(), expected, "max {max}");
+        }
+        assert_eq!(truncate_utf8("😀", 3), "");
+    }
+}

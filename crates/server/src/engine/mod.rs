@@ -1,0 +1,10 @@
+//! The engine: io_uring submission and the buffers the kernel reads and writes. All of
+//! sluice's `unsafe` lives under this module; everything outside it uses safe ownership-
+//! passing interfaces.
+#![allow(unsafe_code)]
+
+mod buffer;
+mod ring;
+
+pub use buffer::{Buf, Pool};
+pub use ring::{Completion, Part, Ring, SendBatch};

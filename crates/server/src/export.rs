@@ -1,0 +1,217 @@
+//! Exports: a named backend with its policy (read-only, description), the transmission
+//! flags it advertises, and the catalog the handshake looks names up in.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sluice_proto::limits::{BLOCK_PREFERRED_BYTES, REQUEST_PAYLOAD_MAX_BYTES};
+use sluice_proto::wire::*;
+use sluice_proto::{Catalog, ExportSummary};
+
+use crate::backend::{Backend, FdBackend, NullBackend};
+
+/// Where an export's data lives, as written on the command line or in the config file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Spec {
+    Path(PathBuf),
+    Memory(u64),
+    Null(u64),
+}
+
+#[derive(Debug)]
+pub struct SpecError(pub String);
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+impl Spec {
+    /// `memory:SIZE`, `null:SIZE`, or a path (`file:PATH` also works for odd names).
+    pub fn parse(s: &str) -> Result<Spec, SpecError> {
+        if let Some(size) = s.strip_prefix("memory:") {
+            return Ok(Spec::Memory(parse_size(size)?));
+        }
+        if let Some(size) = s.strip_prefix("null:") {
+            return Ok(Spec::Null(parse_size(size)?));
+        }
+        let path = s.strip_prefix("file:").unwrap_or(s);
+        if path.is_empty() {
+            return Err(SpecError("empty export path".into()));
+        }
+        Ok(Spec::Path(PathBuf::from(path)))
+    }
+}
+
+/// Parses sizes like `4096`, `64K`, `1G`, `1.5T`, `2GiB` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, SpecError> {
+    let bad = || SpecError(format!("size {s:?} is not a number with an optional K/M/G/T/P suffix"));
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                'P' => 50,
+                _ => return Err(bad()),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    if num.is_empty() {
+        return Err(bad());
+    }
+    let value = if num.contains('.') {
+        let f: f64 = num.parse().map_err(|_| bad())?;
+        let v = f * (1u64 << shift) as f64;
+        if !(0.0..1.8e19).contains(&v) {
+            return Err(bad());
+        }
+        v as u64
+    } else {
+        let n: u64 = num.parse().map_err(|_| bad())?;
+        n.checked_mul(1u64 << shift).ok_or_else(bad)?
+    };
+    // Offsets are u64 but offset + length must not overflow for any valid request.
+    if value > i64::MAX as u64 {
+        return Err(SpecError(format!("size {s:?} is too large")));
+    }
+    Ok(value)
+}
+
+pub struct Export {
+    pub name: String,
+    pub description: Option<String>,
+    pub read_only: bool,
+    pub backend: Box<dyn Backend>,
+}
+
+impl Export {
+    pub fn open(name: &str, spec: &Spec, read_only: bool, description: Option<String>) -> std::io::Result<Export> {
+        let backend: Box<dyn Backend> = match spec {
+            Spec::Path(p) => Box::new(FdBackend::open(p, read_only)?),
+            Spec::Memory(size) => Box::new(FdBackend::memory(*size)?),
+            Spec::Null(size) => Box::new(NullBackend::new(*size)),
+        };
+        Ok(Export { name: name.to_owned(), description, read_only, backend })
+    }
+
+    /// Transmission flags, before the handshake adds SEND_DF.
+    pub fn flags(&self) -> u16 {
+        let caps = self.backend.caps();
+        // One descriptor (or none) is shared by every connection, so a flush on one is a
+        // flush for all: multi-conn is always safe.
+        let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_CACHE | FLAG_CAN_MULTI_CONN;
+        if self.read_only {
+            flags |= FLAG_READ_ONLY;
+        } else {
+            // Zeroing is always possible (emulated by writing zeros); FAST_ZERO lets a client
+            // learn when it would be slow.
+            flags |= FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+            if caps.trim {
+                flags |= FLAG_SEND_TRIM;
+            }
+        }
+        if caps.rotational {
+            flags |= FLAG_ROTATIONAL;
+        }
+        flags
+    }
+
+    pub fn summary(&self) -> ExportSummary {
+        ExportSummary {
+            size: self.backend.size(),
+            flags: self.flags(),
+            description: self.description.clone(),
+            block_min: 1,
+            block_preferred: BLOCK_PREFERRED_BYTES,
+            block_max: REQUEST_PAYLOAD_MAX_BYTES,
+        }
+    }
+}
+
+/// Every export the server offers, by name.
+#[derive(Default)]
+pub struct Exports {
+    by_name: BTreeMap<String, Arc<Export>>,
+}
+
+impl Exports {
+    pub fn insert(&mut self, export: Export) -> Result<(), SpecError> {
+        if self.by_name.contains_key(&export.name) {
+            return Err(SpecError(format!("export {:?} is defined twice", export.name)));
+        }
+        self.by_name.insert(export.name.clone(), Arc::new(export));
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Export>> {
+        self.by_name.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Export>> {
+        self.by_name.values()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+impl Catalog for Exports {
+    fn lookup(&self, name: &str) -> Option<ExportSummary> {
+        self.get(name).map(|e| e.summary())
+    }
+
+    fn list(&self) -> Vec<(String, Option<String>)> {
+        self.by_name.values().map(|e| (e.name.clone(), e.description.clone())).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5M").unwrap(), 3 << 19);
+        assert_eq!(parse_size("1t").unwrap(), 1 << 40);
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        for s in ["", "G", "x", "1X", "-1", "99999999999P", "1..2G"] {
+            assert!(parse_size(s).is_err(), "{s:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn specs_parse() {
+        assert_eq!(Spec::parse("memory:1G").unwrap(), Spec::Memory(1 << 30));
+        assert_eq!(Spec::parse("null:8").unwrap(), Spec::Null(8));
+        assert_eq!(Spec::parse("/dev/sda").unwrap(), Spec::Path("/dev/sda".into()));
+        assert_eq!(Spec::parse("file:memory:x").unwrap(), Spec::Path("memory:x".into()));
+        assert!(Spec::parse("memory:lots").is_err());
+    }
+
+    #[test]
+    fn read_only_exports_advertise_no_writes() {
+        let e = Export::open("", &Spec::Null(4096), true, None).unwrap();
+        let f = e.flags();
+        assert_ne!(f & FLAG_READ_ONLY, 0);
+        assert_eq!(f & (FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO), 0);
+    }
+}

@@ -1,0 +1,62 @@
+//! The budgets an operator may change (config file `[limits]`). Defaults and the reasons
+//! for them live with the protocol limits in `sluice_proto::limits`.
+
+use serde::Deserialize;
+use sluice_proto::limits as l;
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Limits {
+    pub inflight_requests_per_connection: usize,
+    pub inflight_bytes_per_connection: usize,
+    pub connections: usize,
+    pub handshake_timeout_ms: u64,
+    /// Registered buffer region per worker thread.
+    pub buffer_pool_bytes_per_worker: usize,
+}
+
+/// Registered memory per worker: four maximal requests, so typical queue depths never touch
+/// the heap fallback. Registration pins this much RAM per thread.
+pub const BUFFER_POOL_BYTES_PER_WORKER: usize = 4 * l::REQUEST_PAYLOAD_MAX_BYTES as usize;
+
+/// Submission queue entries per ring; completions get twice as many by io_uring's default.
+pub const RING_ENTRIES: u32 = 1024;
+
+/// Time given to in-flight requests to finish after SIGINT/SIGTERM before exiting anyway.
+pub const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 5_000;
+
+const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER >= l::REQUEST_PAYLOAD_MAX_BYTES as usize);
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            inflight_requests_per_connection: l::INFLIGHT_REQUESTS_PER_CONNECTION_MAX,
+            inflight_bytes_per_connection: l::INFLIGHT_BYTES_PER_CONNECTION_MAX,
+            connections: l::CONNECTIONS_MAX,
+            handshake_timeout_ms: l::HANDSHAKE_TIMEOUT_MS,
+            buffer_pool_bytes_per_worker: BUFFER_POOL_BYTES_PER_WORKER,
+        }
+    }
+}
+
+impl Limits {
+    /// Refuses settings that would break an invariant the code relies on.
+    pub fn check(&self) -> Result<(), String> {
+        if self.inflight_requests_per_connection == 0 || self.inflight_requests_per_connection > u16::MAX as usize {
+            return Err("inflight-requests-per-connection must be between 1 and 65535".into());
+        }
+        if self.inflight_bytes_per_connection < l::REQUEST_PAYLOAD_MAX_BYTES as usize {
+            return Err(format!(
+                "inflight-bytes-per-connection must be at least {} (one maximal request)",
+                l::REQUEST_PAYLOAD_MAX_BYTES
+            ));
+        }
+        if self.connections == 0 {
+            return Err("connections must be at least 1".into());
+        }
+        if self.buffer_pool_bytes_per_worker < l::REQUEST_PAYLOAD_MAX_BYTES as usize {
+            return Err(format!("buffer-pool-bytes-per-worker must be at least {}", l::REQUEST_PAYLOAD_MAX_BYTES));
+        }
+        Ok(())
+    }
+}

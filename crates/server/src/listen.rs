@@ -1,0 +1,275 @@
+//! Listening sockets, the accept loops, and the handshake. A handshake runs on a short-
+//! lived thread with a deadline, so a slow or silent client holds only that thread; the
+//! connection then moves to a worker's ring for transmission.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
+use sluice_proto::{Handshake, Next, Session};
+
+use crate::export::Exports;
+use crate::limits::Limits;
+use crate::worker::{NewConnection, WorkerHandle};
+
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    pub fn bind_tcp(addr: SocketAddr) -> io::Result<Listener> {
+        TcpListener::bind(addr).map(Listener::Tcp)
+    }
+
+    /// Binds a Unix socket, replacing a stale socket file but never any other file.
+    pub fn bind_unix(path: &Path) -> io::Result<Listener> {
+        use std::os::unix::fs::FileTypeExt;
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if !meta.file_type().is_socket() {
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "exists and is not a socket"));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(io::ErrorKind::AddrInUse, "another server is listening there"));
+            }
+            std::fs::remove_file(path)?;
+        }
+        UnixListener::bind(path).map(|l| Listener::Unix(l, path.to_owned()))
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Tcp(l) => l.local_addr().map_or_else(|_| "tcp".into(), |a| a.to_string()),
+            Listener::Unix(_, p) => format!("unix:{}", p.display()),
+        }
+    }
+
+    /// Wakes a thread blocked in accept; used at shutdown.
+    pub fn stop(&self) {
+        let fd = match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l, _) => l.as_fd(),
+        };
+        let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Read);
+    }
+
+    fn accept(&self) -> io::Result<(Stream, String)> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, addr) = l.accept()?;
+                s.set_nodelay(true)?;
+                Ok((Stream::Tcp(s), addr.to_string()))
+            }
+            Listener::Unix(l, p) => {
+                let (s, _) = l.accept()?;
+                Ok((Stream::Unix(s), format!("unix:{}", p.display())))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(Some(t)),
+            Stream::Unix(s) => s.set_read_timeout(Some(t)),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(Some(t)),
+            Stream::Unix(s) => s.set_write_timeout(Some(t)),
+        }
+    }
+
+    fn into_fd(self) -> io::Result<OwnedFd> {
+        // The worker's ring expects blocking sockets; clear the handshake timeouts.
+        let fd: OwnedFd = match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(None)?;
+                s.set_write_timeout(None)?;
+                s.into()
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(None)?;
+                s.set_write_timeout(None)?;
+                s.into()
+            }
+        };
+        Ok(fd)
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One unit of the server-wide connection budget, returned on drop.
+pub struct Permit(Arc<AtomicUsize>);
+
+impl Permit {
+    fn try_take(count: &Arc<AtomicUsize>, max: usize) -> Option<Permit> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Permit(Arc::clone(count)))
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Shared by every accept loop.
+pub struct Acceptor {
+    pub exports: Arc<Exports>,
+    pub workers: Vec<WorkerHandle>,
+    pub limits: Limits,
+    pub shutdown: Arc<AtomicBool>,
+    next_worker: AtomicUsize,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Acceptor {
+    pub fn new(exports: Arc<Exports>, workers: Vec<WorkerHandle>, limits: Limits, shutdown: Arc<AtomicBool>) -> Acceptor {
+        Acceptor {
+            exports,
+            workers,
+            limits,
+            shutdown,
+            next_worker: AtomicUsize::new(0),
+            connections: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Accepts until shutdown.
+    pub fn accept_loop(self: Arc<Self>, listener: Arc<Listener>) {
+        while !self.shutdown.load(Ordering::Relaxed) {
+            let (stream, peer) = match listener.accept() {
+                Ok(s) => s,
+                Err(e) => {
+                    if self.shutdown.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    // EMFILE and friends: back off instead of spinning.
+                    log::warn!("accept on {} failed: {e}", listener.describe());
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let Some(permit) = Permit::try_take(&self.connections, self.limits.connections) else {
+                log::warn!("{peer}: refused, {} connections already open", self.limits.connections);
+                continue;
+            };
+            let me = Arc::clone(&self);
+            let spawned = std::thread::Builder::new()
+                .name("sluice-handshake".into())
+                .spawn(move || me.handshake(stream, peer, permit));
+            if let Err(e) = spawned {
+                log::warn!("cannot start a handshake thread: {e}");
+            }
+        }
+    }
+
+    fn handshake(&self, mut stream: Stream, peer: String, permit: Permit) {
+        match self.negotiate(&mut stream) {
+            Ok(Some(session_and_export)) => {
+                let (session, export) = session_and_export;
+                let fd = match stream.into_fd() {
+                    Ok(fd) => fd,
+                    Err(e) => return log::warn!("{peer}: {e}"),
+                };
+                let n = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+                self.workers[n].hand_over(NewConnection { fd, peer, export, session, permit });
+            }
+            Ok(None) => {}
+            Err(e) => log::info!("{peer}: handshake ended: {e}"),
+        }
+    }
+
+    /// Runs the handshake state machine over the socket until transmission or close.
+    fn negotiate(&self, stream: &mut Stream) -> io::Result<Option<(Session, Arc<crate::export::Export>)>> {
+        let deadline = Instant::now() + Duration::from_millis(self.limits.handshake_timeout_ms);
+        let remaining = || {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "handshake took too long"))
+            } else {
+                Ok(left)
+            }
+        };
+        stream.set_write_timeout(remaining()?)?;
+        stream.write_all(&Handshake::greeting())?;
+        let mut hs = Handshake::new();
+        let mut next = Handshake::start();
+        let mut input = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            match next {
+                Next::Read(n) => {
+                    input.resize(n, 0);
+                    stream.set_read_timeout(remaining()?)?;
+                    stream.read_exact(&mut input)?;
+                    out.clear();
+                    next = hs.input(&input, self.exports.as_ref(), &mut out);
+                    stream.set_write_timeout(remaining()?)?;
+                    stream.write_all(&out)?;
+                }
+                Next::Close { reason } => {
+                    log::debug!("handshake closed: {reason}");
+                    return Ok(None);
+                }
+                Next::Transmission(neg) => {
+                    let export = Arc::clone(self.exports.get(&neg.export).expect("negotiated export exists"));
+                    let session = Session {
+                        size: neg.summary.size,
+                        flags: neg.flags,
+                        structured: neg.structured,
+                        base_allocation: neg.base_allocation,
+                        payload_max_bytes: REQUEST_PAYLOAD_MAX_BYTES,
+                    };
+                    return Ok(Some((session, export)));
+                }
+            }
+        }
+    }
+}

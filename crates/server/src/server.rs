@@ -1,0 +1,137 @@
+//! Putting it together: bind listeners, start workers, accept until told to stop, drain.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::export::Exports;
+use crate::limits::Limits;
+use crate::listen::{Acceptor, Listener};
+use crate::worker;
+
+pub struct Config {
+    pub tcp: Vec<SocketAddr>,
+    /// When true, a [::1] address that cannot be bound (no IPv6) is skipped, not an error.
+    pub tcp_ipv6_optional: bool,
+    pub unix: Vec<PathBuf>,
+    pub threads: usize,
+    pub limits: Limits,
+    pub exports: Exports,
+}
+
+#[derive(Debug)]
+pub enum StartError {
+    Bind { address: String, source: io::Error },
+    Engine(io::Error),
+    Config(String),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Bind { address, source } if source.kind() == io::ErrorKind::AddrInUse => {
+                write!(f, "cannot listen on {address}: address already in use (is another server running?)")
+            }
+            StartError::Bind { address, source } => write!(f, "cannot listen on {address}: {source}"),
+            StartError::Engine(e) => write!(f, "cannot start the io_uring engine: {e}"),
+            StartError::Config(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+pub struct Server {
+    listeners: Vec<Arc<Listener>>,
+    config: Config,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Binds every listener, so address errors surface before anything is served.
+    pub fn bind(config: Config) -> Result<Server, StartError> {
+        config.limits.check().map_err(StartError::Config)?;
+        if config.exports.is_empty() {
+            return Err(StartError::Config("no exports configured".into()));
+        }
+        let mut listeners = Vec::new();
+        for addr in &config.tcp {
+            match Listener::bind_tcp(*addr) {
+                Ok(l) => listeners.push(Arc::new(l)),
+                Err(e) if config.tcp_ipv6_optional && addr.is_ipv6() && e.kind() != io::ErrorKind::AddrInUse => {
+                    log::debug!("skipping {addr}: {e}");
+                }
+                Err(source) => return Err(StartError::Bind { address: addr.to_string(), source }),
+            }
+        }
+        for path in &config.unix {
+            let l = Listener::bind_unix(path)
+                .map_err(|source| StartError::Bind { address: path.display().to_string(), source })?;
+            listeners.push(Arc::new(l));
+        }
+        if listeners.is_empty() {
+            return Err(StartError::Config("nothing to listen on".into()));
+        }
+        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)) })
+    }
+
+    pub fn addresses(&self) -> Vec<String> {
+        self.listeners.iter().map(|l| l.describe()).collect()
+    }
+
+    /// A handle that stops the server from any thread (a signal handler thread, a test).
+    pub fn stopper(&self) -> Stopper {
+        Stopper { shutdown: Arc::clone(&self.shutdown), listeners: self.listeners.clone(), workers: Vec::new() }
+    }
+
+    /// Serves until `Stopper::stop`, then lets in-flight requests finish and returns.
+    pub fn serve(self, stopper: &mut Stopper) -> Result<(), StartError> {
+        let Server { listeners, config, shutdown } = self;
+        let mut handles = Vec::new();
+        let mut joins = Vec::new();
+        for id in 0..config.threads.max(1) {
+            let (h, j) = worker::spawn(id, config.limits, Arc::clone(&shutdown)).map_err(StartError::Engine)?;
+            handles.push(h);
+            joins.push(j);
+        }
+        stopper.workers = handles.clone();
+        for e in config.exports.iter() {
+            let ro = if e.read_only { ", read-only" } else { "" };
+            log::info!("export {:?}: {} backend, {} bytes{ro}", e.name, e.backend.kind(), e.backend.size());
+        }
+        let acceptor = Arc::new(Acceptor::new(Arc::new(config.exports), handles, config.limits, Arc::clone(&shutdown)));
+        for l in &listeners {
+            log::info!("listening on {}", l.describe());
+            let (a, l) = (Arc::clone(&acceptor), Arc::clone(l));
+            std::thread::Builder::new()
+                .name("sluice-accept".into())
+                .spawn(move || a.accept_loop(l))
+                .map_err(StartError::Engine)?;
+        }
+        for j in joins {
+            let _ = j.join();
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+pub struct Stopper {
+    shutdown: Arc<AtomicBool>,
+    listeners: Vec<Arc<Listener>>,
+    workers: Vec<worker::WorkerHandle>,
+}
+
+impl Stopper {
+    pub fn stop(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        for l in &self.listeners {
+            l.stop();
+        }
+        for w in &self.workers {
+            w.wake();
+        }
+    }
+}
