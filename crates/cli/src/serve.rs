@@ -82,7 +82,7 @@ fn start(config: Config) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let mut stopper = server.stopper();
+    let stopper = server.stopper();
     let on_signal = stopper.clone();
     let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
     match signals {
@@ -96,7 +96,7 @@ fn start(config: Config) -> ExitCode {
         }
         Err(e) => log::warn!("cannot handle signals: {e}"),
     }
-    match server.serve(&mut stopper) {
+    match server.serve(&stopper) {
         Ok(()) => {
             log::info!("stopped");
             ExitCode::SUCCESS

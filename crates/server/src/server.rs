@@ -83,11 +83,11 @@ impl Server {
 
     /// A handle that stops the server from any thread (a signal handler thread, a test).
     pub fn stopper(&self) -> Stopper {
-        Stopper { shutdown: Arc::clone(&self.shutdown), listeners: self.listeners.clone(), workers: Vec::new() }
+        Stopper { shutdown: Arc::clone(&self.shutdown), listeners: self.listeners.clone(), workers: Arc::default() }
     }
 
     /// Serves until `Stopper::stop`, then lets in-flight requests finish and returns.
-    pub fn serve(self, stopper: &mut Stopper) -> Result<(), StartError> {
+    pub fn serve(self, stopper: &Stopper) -> Result<(), StartError> {
         let Server { listeners, config, shutdown } = self;
         let mut handles = Vec::new();
         let mut joins = Vec::new();
@@ -96,7 +96,10 @@ impl Server {
             handles.push(h);
             joins.push(j);
         }
-        stopper.workers = handles.clone();
+        *stopper.workers.lock().expect("stopper lock") = handles.clone();
+        if shutdown.load(Ordering::SeqCst) {
+            stopper.stop();
+        }
         for e in config.exports.iter() {
             let ro = if e.read_only { ", read-only" } else { "" };
             log::info!("export {:?}: {} backend, {} bytes{ro}", e.name, e.backend.kind(), e.backend.size());
@@ -121,7 +124,8 @@ impl Server {
 pub struct Stopper {
     shutdown: Arc<AtomicBool>,
     listeners: Vec<Arc<Listener>>,
-    workers: Vec<worker::WorkerHandle>,
+    /// Filled in by `serve` once the workers exist; a clone taken earlier sees them too.
+    workers: Arc<std::sync::Mutex<Vec<worker::WorkerHandle>>>,
 }
 
 impl Stopper {
@@ -130,7 +134,7 @@ impl Stopper {
         for l in &self.listeners {
             l.stop();
         }
-        for w in &self.workers {
+        for w in self.workers.lock().expect("stopper lock").iter() {
             w.wake();
         }
     }

@@ -1,0 +1,192 @@
+//! Shared by the integration tests: start the real `sluice` binary, find the real clients,
+//! skip loudly when one is missing.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// A running `sluice serve`, listening on a private Unix socket and a free TCP port.
+pub struct Sluice {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Sluice {
+    /// Starts `sluice serve ARGS... --unix SOCK --listen 127.0.0.1:PORT` and waits until
+    /// it accepts connections.
+    pub fn start(args: &[&str]) -> Sluice {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("nbd.sock");
+        let log = dir.path().join("sluice.log");
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(SLUICE)
+            .arg("serve")
+            .args(args)
+            .arg("--unix")
+            .arg(&socket)
+            .args(["--listen", &listen])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn sluice");
+        let mut s = Sluice { child: Some(child), dir, socket, port, log };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if UnixStream::connect(&self.socket).is_ok() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("sluice exited early with {status}: {}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("sluice did not start listening: {}", self.log_text());
+    }
+
+    /// URI of the default export over the Unix socket.
+    pub fn uri(&self) -> String {
+        self.uri_for("")
+    }
+
+    pub fn uri_for(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+
+    pub fn tcp_uri(&self) -> String {
+        format!("nbd://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn stop(mut self) -> ExitStatus {
+        let mut child = self.child.take().unwrap();
+        signal(child.id(), libc::SIGTERM);
+        wait_timeout(&mut child, Duration::from_secs(15)).expect("sluice did not exit after SIGTERM")
+    }
+
+    /// Whether the server process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a pid we spawned; no memory is involved.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    None
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Whether an external program is on PATH.
+pub fn have(tool: &str) -> bool {
+    Command::new("sh").args(["-c", &format!("command -v {tool}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// Skips the calling test, loudly, when a tool is missing. CI installs them all.
+#[macro_export]
+macro_rules! require {
+    ($($tool:expr),+) => {
+        $(
+            if !$crate::common::have($tool) {
+                eprintln!("SKIPPED: {} is not installed (run ./scripts/test to install test dependencies)", $tool);
+                if std::env::var_os("CI").is_some() {
+                    panic!("{} is missing in CI", $tool);
+                }
+                return;
+            }
+        )+
+    };
+}
+
+/// Runs a command (with /usr/bin first on PATH, for nbdsh's Python) with a time limit;
+/// returns (success, stdout, stderr).
+pub fn run(program: &str, args: &[&str]) -> (bool, String, String) {
+    run_with_input(program, args, None)
+}
+
+pub fn run_with_input(program: &str, args: &[&str], input: Option<&[u8]>) -> (bool, String, String) {
+    use std::io::Write;
+    let path = format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let mut child = Command::new(program)
+        .args(args)
+        .env("PATH", path)
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    if let Some(data) = input {
+        child.stdin.take().unwrap().write_all(data).unwrap();
+    }
+    let pid = child.id();
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(120));
+        signal(pid, libc::SIGKILL);
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(watchdog);
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+pub fn write_file(path: &Path, data: &[u8]) {
+    std::fs::write(path, data).unwrap();
+}
