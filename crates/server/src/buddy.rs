@@ -36,10 +36,7 @@ impl Buddy {
         b
     }
 
-    pub fn max_order(&self) -> u8 {
-        self.max_order
-    }
-
+    #[cfg(test)]
     pub fn free_blocks(&self) -> usize {
         self.free_blocks
     }

@@ -79,6 +79,9 @@ pub struct Connection {
     batch: Option<Box<SendBatch>>,
     queue: VecDeque<Part>,
     spare_vecs: Vec<Vec<u8>>,
+    /// Scratch space reused across requests so the hot path does not allocate.
+    finished_parts: Vec<Part>,
+    extents: Vec<Extent>,
 
     /// Still accepting requests (false after DISC, end of stream, a protocol error, shutdown).
     reading: bool,
@@ -122,6 +125,8 @@ impl Connection {
             batch: Some(SendBatch::new(SEND_PARTS_MAX)),
             queue: VecDeque::with_capacity(slots_max),
             spare_vecs: Vec::new(),
+            finished_parts: Vec::with_capacity(SEND_PARTS_MAX),
+            extents: Vec::new(),
             reading: true,
             broken: false,
             shut_down: false,
@@ -387,14 +392,17 @@ impl Connection {
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
         let command = s.request.command;
         if let Command::BlockStatus { range, context_id, one } = command {
-            let mut extents = Vec::new();
-            match self.export.backend.extents(range.offset, range.length, one, &mut extents) {
+            let mut extents = std::mem::take(&mut self.extents);
+            extents.clear();
+            let found = self.export.backend.extents(range.offset, range.length, one, &mut extents);
+            match found {
                 Ok(()) => self.reply_block_status(slot, context_id, &extents),
                 Err(e) => {
                     let errno = errno_from_os(e.raw_os_error().unwrap_or(libc::EIO));
                     self.reply_error(slot, errno, "block status failed", None);
                 }
             }
+            self.extents = extents;
             return;
         }
         if let Command::Read { range, .. } = command {
@@ -574,11 +582,12 @@ impl Connection {
             self.fail(&format!("send failed: {e}"));
             return;
         }
-        let mut finished = Vec::new();
+        let mut finished = std::mem::take(&mut self.finished_parts);
         batch.consume(result as usize, |part| finished.push(part));
-        for part in finished {
+        for part in finished.drain(..) {
             self.sent(part);
         }
+        self.finished_parts = finished;
         if !batch.is_empty() {
             // A short send: the rest goes first, before anything newer.
             self.ops += 1;

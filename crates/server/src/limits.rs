@@ -15,9 +15,9 @@ pub struct Limits {
     pub buffer_pool_bytes_per_worker: usize,
 }
 
-/// Registered memory per worker: four maximal requests, so typical queue depths never touch
-/// the heap fallback. Registration pins this much RAM per thread.
-pub const BUFFER_POOL_BYTES_PER_WORKER: usize = 4 * l::REQUEST_PAYLOAD_MAX_BYTES as usize;
+/// Registered memory per worker: two maximal requests, or 64 requests of 1 MiB, so common
+/// queue depths never touch the heap fallback. Registration pins this much RAM per thread.
+pub const BUFFER_POOL_BYTES_PER_WORKER: usize = 2 * l::REQUEST_PAYLOAD_MAX_BYTES as usize;
 
 /// Submission queue entries per ring; completions get twice as many by io_uring's default.
 pub const RING_ENTRIES: u32 = 1024;

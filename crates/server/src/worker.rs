@@ -58,7 +58,11 @@ pub fn spawn(id: usize, limits: Limits, shutdown: Arc<AtomicBool>) -> std::io::R
             Ok(r) => r,
             Err(e) => return drop(ready_tx.send(Err(e))),
         };
-        let mut worker = Worker::new(ring, limits, rx, wake, shutdown);
+        let pool = match Pool::new(limits.buffer_pool_bytes_per_worker, REQUEST_PAYLOAD_MAX_BYTES as usize) {
+            Ok(p) => p,
+            Err(e) => return drop(ready_tx.send(Err(e))),
+        };
+        let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown);
         let _ = ready_tx.send(Ok(()));
         if let Err(e) = worker.run() {
             log::error!("worker {id} stopped: {e}");
@@ -81,9 +85,14 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(mut ring: Ring, limits: Limits, inbox: Receiver<NewConnection>, wake: Arc<OwnedFd>, shutdown: Arc<AtomicBool>) -> Worker {
-        let pool = Pool::new(limits.buffer_pool_bytes_per_worker, REQUEST_PAYLOAD_MAX_BYTES as usize)
-            .expect("mapping the buffer pool");
+    fn new(
+        mut ring: Ring,
+        pool: Pool,
+        limits: Limits,
+        inbox: Receiver<NewConnection>,
+        wake: Arc<OwnedFd>,
+        shutdown: Arc<AtomicBool>,
+    ) -> Worker {
         if let Err(e) = ring.register(&pool) {
             log::warn!("could not register I/O buffers ({e}); using unregistered buffers (raise RLIMIT_MEMLOCK to fix)");
         }
@@ -101,6 +110,7 @@ impl Worker {
             }
             if let Some(t) = draining_since {
                 if self.live == 0 {
+                    log::debug!("worker done; {} buffers came from the heap", self.pool.heap_fallbacks());
                     return Ok(());
                 }
                 if t.elapsed() > Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS) {

@@ -39,6 +39,7 @@ pub struct Buf {
     origin: Origin,
 }
 
+#[allow(clippy::len_without_is_empty)]
 impl Buf {
     /// A heap buffer of `len` bytes outside any pool, zero-filled.
     pub fn heap(len: usize) -> Buf {
@@ -52,10 +53,6 @@ impl Buf {
 
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Bytes this buffer can hold without reallocation.
@@ -158,6 +155,7 @@ impl Pool {
         self.heap_fallbacks
     }
 
+    #[cfg(test)]
     pub fn free_bytes(&self) -> usize {
         self.region.buddy.borrow().free_blocks() * BUFFER_ALIGN_BYTES
     }
