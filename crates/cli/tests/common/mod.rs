@@ -190,3 +190,14 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 pub fn write_file(path: &Path, data: &[u8]) {
     std::fs::write(path, data).unwrap();
 }
+
+impl Sluice {
+    /// Like `stop`, but also returns the server's log as it was at exit (the log file goes
+    /// away with the Sluice), so shutdown-time messages can be checked.
+    pub fn stop_with_log(mut self) -> (ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
+        signal(child.id(), libc::SIGTERM);
+        let status = wait_timeout(&mut child, Duration::from_secs(15)).expect("sluice did not exit after SIGTERM");
+        (status, self.log_text())
+    }
+}
