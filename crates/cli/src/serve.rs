@@ -23,8 +23,9 @@ const DEFAULT_MEMORY_EXPORT_BYTES: u64 = 1 << 30;
   sluice serve --export vm=/dev/vdb,ro --export scratch=memory:4G
   sluice serve --unix /run/sluice.sock disk.img
 
-Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 when the server cannot start
-(missing file, address in use, engine failure), 2 for a bad command line or config file.")]
+Exit status: 0 after a clean shutdown (SIGINT/SIGTERM); 1 when the server cannot start
+(address in use, io_uring unavailable); 2 for a bad command line or config file, including
+an export that cannot be opened (missing file, bad size).")]
 pub struct ServeArgs {
     /// File or block device to serve as the default export (name ""). Without PATH and
     /// without --export, a 1 GiB in-memory export is served.
@@ -164,6 +165,7 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
         return Err(Usage("--threads must be at least 1".into()));
     }
     let limits: Limits = file.limits;
+    limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
     Ok(Config { tcp, tcp_ipv6_optional: defaults, unix, threads, limits, exports })
 }
 

@@ -251,9 +251,9 @@ impl Handshake {
             p.extend_from_slice(d.as_bytes());
             option_reply(out, option, REP_INFO, &p);
         }
-        // Our minimum block size is 1, so a client that did not ask loses nothing by not
-        // hearing the sizes; one that asked gets them.
-        if wants(INFO_BLOCK_SIZE) {
+        // Always sent: the 32 MiB maximum is stricter than the spec's default, and the spec
+        // wants non-default constraints advertised (a client that did not ask ignores it).
+        {
             let mut p = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
             for v in [summary.block_min, summary.block_preferred, summary.block_max] {
                 p.extend_from_slice(&v.to_be_bytes());

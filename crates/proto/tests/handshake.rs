@@ -218,54 +218,81 @@ fn disk_info_export(tflags: [u8; 2]) -> Vec<u8> {
     data
 }
 
+/// REP_INFO INFO_BLOCK_SIZE for the test catalog's exports: type 3, then min 1, preferred
+/// 4096 and max 32 MiB (33554432), each a big-endian u32.
+const BLOCK_SIZE_INFO: [u8; 14] = [0, 3, 0, 0, 0, 1, 0, 0, 0x10, 0, 0x02, 0, 0, 0];
+
+/// The info type of each REP_INFO in `replies`, in order.
+fn info_types(replies: &[OptReply]) -> Vec<u16> {
+    replies.iter().filter(|r| r.kind == REP_INFO).map(|r| u16::from_be_bytes([r.data[0], r.data[1]])).collect()
+}
+
 #[test]
-fn info_without_requests_sends_only_info_export_then_ack() {
+fn info_without_requests_sends_info_export_and_block_size_then_ack() {
+    // The 32 MiB maximum is stricter than the spec's default, so the sizes are advertised
+    // even to a client that did not ask for them.
     let mut d = Driver::fixed();
     let out = d.send(&option(OPT_INFO, &info_data(b"disk", &[])));
     let mut expected = reply_bytes(OPT_INFO, REP_INFO, &disk_info_export(DISK_TFLAGS));
+    expected.extend(reply_bytes(OPT_INFO, REP_INFO, &BLOCK_SIZE_INFO));
     expected.extend(reply_bytes(OPT_INFO, REP_ACK, &[]));
     assert_eq!(out, expected);
     d.assert_continues();
 }
 
 #[test]
-fn info_sends_name_description_and_block_size_when_requested() {
-    let mut d = Driver::fixed();
-    let requests = [INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE];
-    let out = d.send(&option(OPT_INFO, &info_data(b"disk", &requests)));
-
+fn info_sends_requested_name_and_description_before_the_block_size() {
+    // The order of the replies is fixed, whatever the order of the requests.
     let mut expected = reply_bytes(OPT_INFO, REP_INFO, &disk_info_export(DISK_TFLAGS));
     expected.extend(reply_bytes(OPT_INFO, REP_INFO, &[&[0, 1][..], b"disk"].concat()));
     expected.extend(reply_bytes(OPT_INFO, REP_INFO, &[&[0, 2][..], DISK_DESCRIPTION.as_bytes()].concat()));
-    // min 1, preferred 4096, max 32 MiB.
-    let block = [0, 3, 0, 0, 0, 1, 0, 0, 0x10, 0, 0x02, 0, 0, 0];
-    expected.extend(reply_bytes(OPT_INFO, REP_INFO, &block));
+    expected.extend(reply_bytes(OPT_INFO, REP_INFO, &BLOCK_SIZE_INFO));
     expected.extend(reply_bytes(OPT_INFO, REP_ACK, &[]));
-    assert_eq!(out, expected);
+    for requests in [
+        &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE][..],
+        &[INFO_BLOCK_SIZE, INFO_DESCRIPTION, INFO_NAME],
+        &[INFO_DESCRIPTION, INFO_NAME],
+    ] {
+        let mut d = Driver::fixed();
+        let out = d.send(&option(OPT_INFO, &info_data(b"disk", requests)));
+        assert_eq!(out, expected, "requests {requests:?}");
+        d.assert_continues();
+    }
 }
 
 #[test]
-fn info_sends_each_requested_item_alone() {
-    // Each optional item appears exactly when asked for, never as a side effect of another.
-    for request in [INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE] {
+fn info_sends_name_and_description_only_when_requested_and_block_size_always() {
+    // Name and description appear exactly when asked for, never as a side effect of
+    // another request; the block size appears every time, once, last.
+    for (request, types) in [
+        (INFO_NAME, vec![INFO_EXPORT, INFO_NAME, INFO_BLOCK_SIZE]),
+        (INFO_DESCRIPTION, vec![INFO_EXPORT, INFO_DESCRIPTION, INFO_BLOCK_SIZE]),
+        (INFO_BLOCK_SIZE, vec![INFO_EXPORT, INFO_BLOCK_SIZE]),
+    ] {
         let mut d = Driver::fixed();
         let replies = d.option(OPT_INFO, &info_data(b"disk", &[request]));
-        let types: Vec<u16> =
-            replies.iter().filter(|r| r.kind == REP_INFO).map(|r| u16::from_be_bytes([r.data[0], r.data[1]])).collect();
-        assert_eq!(types, vec![INFO_EXPORT, request]);
+        assert_eq!(info_types(&replies), types, "request {request}");
+        assert_eq!(replies[replies.len() - 2].data, BLOCK_SIZE_INFO);
         assert_eq!(replies.last(), Some(&ack(OPT_INFO)));
     }
 }
 
 #[test]
 fn info_ignores_unknown_and_repeated_requests() {
-    // Spec: unknown info requests MUST be ignored; each item SHOULD be sent at most once.
+    // Spec: unknown info requests MUST be ignored; each item SHOULD be sent at most once,
+    // so INFO_EXPORT and the block size come once each however often they are named.
     let mut d = Driver::fixed();
-    let replies = d.option(OPT_INFO, &info_data(b"disk", &[INFO_NAME, 99, INFO_NAME, 0xffff, INFO_EXPORT]));
+    let requests = [INFO_NAME, 99, INFO_BLOCK_SIZE, INFO_NAME, 0xffff, INFO_EXPORT, INFO_BLOCK_SIZE];
+    let replies = d.option(OPT_INFO, &info_data(b"disk", &requests));
     let kinds: Vec<(u32, Vec<u8>)> = replies.into_iter().map(|r| (r.kind, r.data)).collect();
     assert_eq!(
         kinds,
-        vec![(REP_INFO, disk_info_export(DISK_TFLAGS)), (REP_INFO, [&[0, 1][..], b"disk"].concat()), (REP_ACK, vec![]),]
+        vec![
+            (REP_INFO, disk_info_export(DISK_TFLAGS)),
+            (REP_INFO, [&[0, 1][..], b"disk"].concat()),
+            (REP_INFO, BLOCK_SIZE_INFO.to_vec()),
+            (REP_ACK, vec![]),
+        ]
     );
 }
 
@@ -275,7 +302,44 @@ fn info_description_is_left_out_when_the_export_has_none() {
     let replies = d.option(OPT_INFO, &info_data(b"", &[INFO_DESCRIPTION]));
     // Default export: 4096 bytes, HAS_FLAGS | READ_ONLY.
     let export = [0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0x00, 0x03];
-    assert_eq!(replies, vec![OptReply { option: OPT_INFO, kind: REP_INFO, data: export.to_vec() }, ack(OPT_INFO)]);
+    assert_eq!(
+        replies,
+        vec![
+            OptReply { option: OPT_INFO, kind: REP_INFO, data: export.to_vec() },
+            OptReply { option: OPT_INFO, kind: REP_INFO, data: BLOCK_SIZE_INFO.to_vec() },
+            ack(OPT_INFO),
+        ]
+    );
+}
+
+#[test]
+fn info_and_go_send_the_block_size_unrequested_for_every_export() {
+    // With or without structured replies, for INFO and GO alike.
+    for opt in [OPT_INFO, OPT_GO] {
+        for structured in [false, true] {
+            for name in [&b"disk"[..], b""] {
+                let mut d = Driver::fixed();
+                if structured {
+                    d.structured();
+                }
+                let replies = d.option(opt, &info_data(name, &[]));
+                assert_eq!(info_types(&replies), vec![INFO_EXPORT, INFO_BLOCK_SIZE], "option {opt}, export {name:?}");
+                assert_eq!(replies[1], OptReply { option: opt, kind: REP_INFO, data: BLOCK_SIZE_INFO.to_vec() });
+                assert_eq!(replies[2..], [ack(opt)]);
+            }
+        }
+    }
+}
+
+#[test]
+fn block_size_reply_reports_the_catalog_values() {
+    // The sizes come from the export, not from constants in the handshake.
+    let mut s = summary(1 << 20, 0, None);
+    (s.block_min, s.block_preferred, s.block_max) = (512, 65536, 1 << 20);
+    let mut d = Driver::fixed_with(TestCatalog::with(vec![("odd", s)]), FLAG_C_FIXED_NEWSTYLE);
+    let replies = d.option(OPT_INFO, &info_data(b"odd", &[]));
+    let block = [0, 3, 0, 0, 0x02, 0, 0, 0x01, 0, 0, 0, 0x10, 0, 0];
+    assert_eq!(replies[1].data, block);
 }
 
 #[test]
@@ -284,6 +348,7 @@ fn go_sends_info_then_ack_and_enters_transmission_without_padding() {
     let out = d.send(&option(OPT_GO, &info_data(b"disk", &[])));
     // No 124 zero bytes after GO's ACK, whatever NO_ZEROES says.
     let mut expected = reply_bytes(OPT_GO, REP_INFO, &disk_info_export(DISK_TFLAGS));
+    expected.extend(reply_bytes(OPT_GO, REP_INFO, &BLOCK_SIZE_INFO));
     expected.extend(reply_bytes(OPT_GO, REP_ACK, &[]));
     assert_eq!(out, expected);
 
@@ -298,13 +363,15 @@ fn go_sends_info_then_ack_and_enters_transmission_without_padding() {
 #[test]
 fn go_after_info_returns_the_same_information() {
     // Spec: a GO with the same parameters as a successful INFO MUST return the same items.
-    let mut d = Driver::fixed();
-    d.structured();
-    let data = info_data(b"disk", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]);
-    let info: Vec<_> = d.option(OPT_INFO, &data).into_iter().map(|r| (r.kind, r.data)).collect();
-    let go: Vec<_> = d.option(OPT_GO, &data).into_iter().map(|r| (r.kind, r.data)).collect();
-    assert_eq!(info, go);
-    assert_eq!(d.negotiated().flags, 0x008d);
+    for requests in [&[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE][..], &[]] {
+        let mut d = Driver::fixed();
+        d.structured();
+        let data = info_data(b"disk", requests);
+        let info: Vec<_> = d.option(OPT_INFO, &data).into_iter().map(|r| (r.kind, r.data)).collect();
+        let go: Vec<_> = d.option(OPT_GO, &data).into_iter().map(|r| (r.kind, r.data)).collect();
+        assert_eq!(info, go, "requests {requests:?}");
+        assert_eq!(d.negotiated().flags, 0x008d);
+    }
 }
 
 #[test]
@@ -345,8 +412,10 @@ fn info_accepts_a_name_of_exactly_the_string_limit() {
     let catalog = TestCatalog::with(vec![(long.as_str(), summary(512, 0, None))]);
     let mut d = Driver::fixed_with(catalog, FLAG_C_FIXED_NEWSTYLE);
     let replies = d.option(OPT_INFO, &info_data(long.as_bytes(), &[INFO_NAME]));
-    assert_eq!(replies.len(), 3);
+    assert_eq!(info_types(&replies), vec![INFO_EXPORT, INFO_NAME, INFO_BLOCK_SIZE]);
     assert_eq!(replies[1].data[2..], *long.as_bytes());
+    assert_eq!(replies[2].data, BLOCK_SIZE_INFO);
+    assert_eq!(replies.len(), 4);
 }
 
 // ---------------------------------------------------------------------------------------

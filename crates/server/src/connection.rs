@@ -2,7 +2,9 @@
 //! engine, and queueing replies. Requests run concurrently and are answered in completion
 //! order; how many run at once, and how many payload bytes they hold, is bounded.
 
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
@@ -70,11 +72,14 @@ pub struct Connection {
     receiving: Receiving,
     /// Payload bytes of a rejected write still to be read and dropped.
     discard: u64,
+    /// The rejected write's error reply, sent once its payload is gone.
+    after_discard: Option<(u16, Errno, &'static str)>,
     recv_in_flight: bool,
 
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u16>,
     inflight_bytes: usize,
+    budget: Rc<Budget>,
 
     batch: Option<Box<SendBatch>>,
     queue: VecDeque<Part>,
@@ -92,6 +97,36 @@ pub struct Connection {
     ops: usize,
 }
 
+/// Payload bytes held by all of a worker's connections, against a cap, and the connections
+/// waiting for some to come back. A connection's own budget keeps one client from taking
+/// it all; this one bounds the worker's memory whatever the number of clients.
+pub struct Budget {
+    pub used: Cell<usize>,
+    pub max: usize,
+    waiters: RefCell<VecDeque<u32>>,
+}
+
+impl Budget {
+    pub fn new(max: usize) -> Budget {
+        Budget { used: Cell::new(0), max, waiters: RefCell::new(VecDeque::new()) }
+    }
+
+    fn wait(&self, conn: u32) {
+        let mut w = self.waiters.borrow_mut();
+        if !w.contains(&conn) {
+            w.push_back(conn);
+        }
+    }
+
+    /// The next connection to resume, oldest first, while there is room.
+    pub fn next_waiter(&self) -> Option<u32> {
+        if self.used.get() >= self.max {
+            return None;
+        }
+        self.waiters.borrow_mut().pop_front()
+    }
+}
+
 /// What a connection needs from its worker to make progress.
 pub struct Ctx<'a> {
     pub ring: &'a mut Ring,
@@ -106,7 +141,14 @@ impl Ctx<'_> {
 }
 
 impl Connection {
-    pub fn new(fd: OwnedFd, peer: String, export: Arc<Export>, session: Session, limits: Limits) -> Connection {
+    pub fn new(
+        fd: OwnedFd,
+        peer: String,
+        export: Arc<Export>,
+        session: Session,
+        limits: Limits,
+        budget: Rc<Budget>,
+    ) -> Connection {
         let slots_max = limits.inflight_requests_per_connection;
         Connection {
             fd,
@@ -118,10 +160,12 @@ impl Connection {
             rend: 0,
             receiving: Receiving::Headers,
             discard: 0,
+            after_discard: None,
             recv_in_flight: false,
             slots: (0..slots_max).map(|_| None).collect(),
             free_slots: (0..slots_max as u16).rev().collect(),
             inflight_bytes: 0,
+            budget,
             batch: Some(SendBatch::new(SEND_PARTS_MAX)),
             queue: VecDeque::with_capacity(slots_max),
             spare_vecs: Vec::new(),
@@ -139,9 +183,11 @@ impl Connection {
         self.fd.as_raw_fd()
     }
 
-    /// Starts reading requests.
+    /// Starts reading requests; also resumes a connection that waited for the budget.
     pub fn start(&mut self, ctx: &mut Ctx) {
-        self.pump_input(ctx);
+        if self.reading {
+            self.pump_input(ctx);
+        }
     }
 
     /// True once everything is finished and the connection can be dropped.
@@ -154,6 +200,10 @@ impl Connection {
         if self.reading {
             log::debug!("{}: {why}", self.peer);
             self.reading = false;
+        }
+        if let Some((slot, ..)) = self.after_discard.take() {
+            // The payload will never finish arriving, so the reply would never be read.
+            self.release(slot);
         }
         // A receive may be parked waiting for bytes that will never come; wake it.
         if self.recv_in_flight && !self.shut_down {
@@ -250,10 +300,18 @@ impl Connection {
                 if self.discard > 0 {
                     break;
                 }
+                if let Some((slot, errno, reason)) = self.after_discard.take() {
+                    self.reply_error(slot, errno, reason, None);
+                }
                 continue;
             }
             if self.free_slots.is_empty() || self.inflight_bytes >= self.limits.inflight_bytes_per_connection {
                 // Over budget: leave the rest in the socket until replies drain.
+                return;
+            }
+            if self.budget.used.get() >= self.budget.max {
+                // The worker's buffers are all spoken for; resume when some come back.
+                self.budget.wait(ctx.index);
                 return;
             }
             if avail < REQUEST_BYTES {
@@ -298,10 +356,16 @@ impl Connection {
             Ok(r) => r,
             Err(rej) => {
                 log::debug!("{}: {:?} rejected: {} ({})", self.peer, raw, rej.errno, rej.reason);
-                self.discard += rej.discard as u64;
                 let request = Request { handle: raw.handle, command: Command::Flush };
                 self.slots[slot as usize] = Some(Slot { request, buf: None, done: 0, stage: Stage::Main });
-                self.reply_error(slot, rej.errno, rej.reason, None);
+                if rej.discard > 0 {
+                    // Clients match replies only to requests they finished sending: answer
+                    // once the payload has been read and dropped.
+                    self.discard = rej.discard as u64;
+                    self.after_discard = Some((slot, rej.errno, rej.reason));
+                } else {
+                    self.reply_error(slot, rej.errno, rej.reason, None);
+                }
                 return true;
             }
         };
@@ -316,6 +380,7 @@ impl Connection {
                 let len = range.length as usize;
                 s.buf = Some(ctx.pool.get(len));
                 self.inflight_bytes += len;
+                self.budget.used.set(self.budget.used.get() + len);
             }
             _ => {}
         }
@@ -405,10 +470,18 @@ impl Connection {
             self.extents = extents;
             return;
         }
-        if let Command::Read { range, .. } = command {
-            if range.length == 0 {
+        match command {
+            Command::Read { range, .. }
+            | Command::Write { range, .. }
+            | Command::Trim { range, .. }
+            | Command::WriteZeroes { range, .. }
+            | Command::Cache { range }
+                if range.length == 0 =>
+            {
+                // Nothing to do; the kernel would call a zero-length fallocate invalid.
                 return self.reply_ok(slot);
             }
+            _ => {}
         }
         if self.export.backend.fd().is_none() {
             // Null backend: nothing to wait for.
@@ -617,6 +690,7 @@ impl Connection {
         let s = self.slots[slot as usize].take().expect("released slot was live");
         if let Command::Read { range, .. } | Command::Write { range, .. } = s.request.command {
             self.inflight_bytes -= range.length as usize;
+            self.budget.used.set(self.budget.used.get() - range.length as usize);
         }
         self.free_slots.push(slot);
     }

@@ -9,6 +9,8 @@ use sluice_proto::limits as l;
 pub struct Limits {
     pub inflight_requests_per_connection: usize,
     pub inflight_bytes_per_connection: usize,
+    /// Payload bytes all connections of one worker thread may hold; bounds server memory.
+    pub inflight_bytes_per_worker: usize,
     pub connections: usize,
     pub handshake_timeout_ms: u64,
     /// Registered buffer region per worker thread.
@@ -18,6 +20,10 @@ pub struct Limits {
 /// Registered memory per worker: two maximal requests, or 64 requests of 1 MiB, so common
 /// queue depths never touch the heap fallback. Registration pins this much RAM per thread.
 pub const BUFFER_POOL_BYTES_PER_WORKER: usize = 2 * l::REQUEST_PAYLOAD_MAX_BYTES as usize;
+
+/// Payload bytes one worker's connections may hold together: four connections' full
+/// budgets. With the per-connection cap, four stalled clients are needed to make others wait.
+pub const INFLIGHT_BYTES_PER_WORKER: usize = 4 * l::INFLIGHT_BYTES_PER_CONNECTION_MAX;
 
 /// Submission queue entries per ring; completions get twice as many by io_uring's default.
 pub const RING_ENTRIES: u32 = 1024;
@@ -32,6 +38,7 @@ impl Default for Limits {
         Limits {
             inflight_requests_per_connection: l::INFLIGHT_REQUESTS_PER_CONNECTION_MAX,
             inflight_bytes_per_connection: l::INFLIGHT_BYTES_PER_CONNECTION_MAX,
+            inflight_bytes_per_worker: INFLIGHT_BYTES_PER_WORKER,
             connections: l::CONNECTIONS_MAX,
             handshake_timeout_ms: l::HANDSHAKE_TIMEOUT_MS,
             buffer_pool_bytes_per_worker: BUFFER_POOL_BYTES_PER_WORKER,
@@ -50,6 +57,9 @@ impl Limits {
                 "inflight-bytes-per-connection must be at least {} (one maximal request)",
                 l::REQUEST_PAYLOAD_MAX_BYTES
             ));
+        }
+        if self.inflight_bytes_per_worker < self.inflight_bytes_per_connection {
+            return Err("inflight-bytes-per-worker must be at least inflight-bytes-per-connection".into());
         }
         if self.connections == 0 {
             return Err("connections must be at least 1".into());

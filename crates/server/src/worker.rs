@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::Session;
 
-use crate::connection::{Connection, Ctx};
+use crate::connection::{Budget, Connection, Ctx};
+use std::rc::Rc;
 use crate::engine::{Buf, Completion, Pool, Ring};
 use crate::export::Export;
 use crate::limits::{Limits, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS};
@@ -82,6 +83,7 @@ struct Worker {
     conns: Vec<Option<(Connection, crate::listen::Permit)>>,
     free: Vec<u32>,
     live: usize,
+    budget: Rc<Budget>,
 }
 
 impl Worker {
@@ -96,7 +98,8 @@ impl Worker {
         if let Err(e) = ring.register(&pool) {
             log::warn!("could not register I/O buffers ({e}); using unregistered buffers (raise RLIMIT_MEMLOCK to fix)");
         }
-        Worker { ring, pool, limits, inbox, wake, shutdown, conns: Vec::new(), free: Vec::new(), live: 0 }
+        let budget = Rc::new(Budget::new(limits.inflight_bytes_per_worker));
+        Worker { ring, pool, limits, inbox, wake, shutdown, conns: Vec::new(), free: Vec::new(), live: 0, budget }
     }
 
     fn run(&mut self) -> std::io::Result<()> {
@@ -136,6 +139,7 @@ impl Worker {
                     self.close(index);
                 }
             }
+            self.resume_waiters();
         }
     }
 
@@ -152,12 +156,24 @@ impl Worker {
                 }
             };
             log::info!("{}: serving export {:?}", new.peer, new.export.name);
-            let conn = Connection::new(new.fd, new.peer, new.export, new.session, self.limits);
+            let budget = Rc::clone(&self.budget);
+            let conn = Connection::new(new.fd, new.peer, new.export, new.session, self.limits, budget);
             self.conns[index as usize] = Some((conn, new.permit));
             self.live += 1;
             let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, index };
             let (conn, _) = self.conns[index as usize].as_mut().expect("just stored");
             conn.start(&mut ctx);
+        }
+    }
+
+    /// Lets connections that waited for the worker's byte budget read again.
+    fn resume_waiters(&mut self) {
+        while let Some(index) = self.budget.next_waiter() {
+            let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, index };
+            if let Some((conn, _)) = self.conns.get_mut(index as usize).and_then(Option::as_mut) {
+                conn.start(&mut ctx);
+                conn.pump_output(&mut ctx);
+            }
         }
     }
 

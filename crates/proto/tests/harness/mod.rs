@@ -242,7 +242,14 @@ fn check_reply_sequence(option: u32, replies: &[(u32, Vec<u8>)], structured: boo
                         assert_eq!(flags & FLAG_SEND_DF != 0, structured, "SEND_DF iff structured replies");
                     }
                     INFO_NAME | INFO_DESCRIPTION => check_string(&data[2..]),
-                    INFO_BLOCK_SIZE => assert_eq!(data.len(), 14),
+                    INFO_BLOCK_SIZE => {
+                        // FuzzCatalog's min 1, preferred 4096, max 32 MiB.
+                        let mut expected = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                        for v in [1u32, 4096, 32 << 20] {
+                            expected.extend_from_slice(&v.to_be_bytes());
+                        }
+                        assert_eq!(*data, expected, "INFO_BLOCK_SIZE");
+                    }
                     other => panic!("unknown info type {other}"),
                 }
             }
@@ -264,6 +271,8 @@ fn check_reply_sequence(option: u32, replies: &[(u32, Vec<u8>)], structured: boo
     }
     if option == OPT_INFO || option == OPT_GO {
         assert_eq!(info_types.first(), Some(&INFO_EXPORT), "INFO_EXPORT is always sent, first");
+        // Requested or not, the block size constraints are advertised, after the rest.
+        assert_eq!(info_types.last(), Some(&INFO_BLOCK_SIZE), "INFO_BLOCK_SIZE is always sent, last");
     }
 }
 
