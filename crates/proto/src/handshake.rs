@@ -303,7 +303,7 @@ impl Handshake {
             return;
         }
         let selected = if set {
-            queries.iter().any(|q| *q == META_BASE_ALLOCATION)
+            queries.contains(&META_BASE_ALLOCATION)
         } else {
             // LIST with no queries asks for everything; "base:" asks for the whole namespace.
             queries.is_empty() || queries.iter().any(|q| *q == META_BASE_ALLOCATION || *q == "base:")

@@ -39,4 +39,4 @@ pub const CONNECTIONS_MAX: usize = 1024;
 
 const _: () = assert!(INFLIGHT_BYTES_PER_CONNECTION_MAX >= REQUEST_PAYLOAD_MAX_BYTES as usize);
 const _: () = assert!((OPTION_DATA_MAX_BYTES as usize) >= 8 + 2 * STRING_MAX_BYTES);
-const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES % BLOCK_PREFERRED_BYTES == 0);
+const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES.is_multiple_of(BLOCK_PREFERRED_BYTES));

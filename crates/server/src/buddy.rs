@@ -21,7 +21,7 @@ pub struct Buddy {
 impl Buddy {
     /// `blocks` must be a multiple of 2^max_order.
     pub fn new(blocks: usize, max_order: u8) -> Buddy {
-        assert!(max_order < 31 && blocks % (1usize << max_order) == 0 && blocks < NIL as usize);
+        assert!(max_order < 31 && blocks.is_multiple_of(1usize << max_order) && blocks < NIL as usize);
         let mut b = Buddy {
             max_order,
             heads: vec![NIL; max_order as usize + 1],

@@ -552,11 +552,11 @@ impl Connection {
                 self.reply_ok(slot)
             }
             (Stage::ZeroFill, Command::WriteZeroes { range, .. }) => {
+                if n == 0 {
+                    return self.reply_error(slot, Errno::Io, "zero-fill wrote nothing", None);
+                }
                 s.done += n;
-                if n == 0 || s.done < range.length as usize {
-                    if n == 0 {
-                        return self.reply_error(slot, Errno::Io, "zero-fill wrote nothing", None);
-                    }
+                if s.done < range.length as usize {
                     return self.submit_io(ctx, slot);
                 }
                 // Each zero-fill write was already durable when FUA asked for it.

@@ -196,6 +196,7 @@ impl Ring {
     }
 
     /// Writes `buf[at..at + len]` at `offset`; `dsync` makes it durable before completing.
+    #[allow(clippy::too_many_arguments)]
     pub fn write_at(&mut self, fd: RawFd, buf: Buf, at: usize, len: usize, offset: u64, dsync: bool, user: u64) {
         assert!(at + len <= buf.len() && len <= u32::MAX as usize);
         // SAFETY: at + len <= buf.len(), checked above.
