@@ -21,7 +21,9 @@ impl Log for Stderr {
             Level::Debug => "debug",
             Level::Trace => "trace",
         };
-        eprintln!("sluice: {level}: {}", r.args());
+        // Never panic on a closed stderr (a pipe whose reader left): logging is best effort.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "sluice: {level}: {}", r.args());
     }
 
     fn flush(&self) {}

@@ -33,7 +33,7 @@ pub struct ServeArgs {
     path: Option<String>,
 
     /// Address to listen on (repeatable). Default: 127.0.0.1:10809 and [::1]:10809, unless
-    /// only --unix is given.
+    /// a Unix socket or a listener in the config file is given.
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Vec<String>,
 
@@ -50,7 +50,8 @@ pub struct ServeArgs {
     #[arg(long)]
     read_only: bool,
 
-    /// TOML configuration file (listeners, exports, limits); options here add to it.
+    /// TOML configuration file (listeners, exports, limits). Listeners and exports given
+    /// here are added to the file's; --threads, --log-level and --read-only override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -58,7 +59,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
 
-    /// error, warn, info, debug or trace.
+    /// error, warn, info, debug or trace. Default: info.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
 }
