@@ -14,6 +14,12 @@ pub struct FileConfig {
     pub threads: Option<usize>,
     pub log_level: Option<String>,
     pub read_only: Option<bool>,
+    /// Default data path of exports: copy, direct, splice or splice-direct.
+    pub data_path: Option<String>,
+    /// Read chunk size, as for --chunk.
+    pub chunk: Option<String>,
+    /// Address of the Prometheus metrics endpoint, as for --metrics.
+    pub metrics: Option<String>,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default, rename = "export")]
@@ -30,6 +36,7 @@ pub struct ExportEntry {
     #[serde(default)]
     pub read_only: bool,
     pub description: Option<String>,
+    pub data_path: Option<String>,
 }
 
 pub fn load(path: &std::path::Path) -> Result<FileConfig, String> {
@@ -49,6 +56,9 @@ mod tests {
             unix = ["/run/sluice.sock"]
             threads = 2
             log-level = "debug"
+            data-path = "copy"
+            chunk = "512K"
+            metrics = "127.0.0.1:9109"
             [limits]
             inflight-requests-per-connection = 16
             [[export]]
@@ -56,6 +66,7 @@ mod tests {
             spec = "/dev/vdb"
             read-only = true
             description = "the data disk"
+            data-path = "direct"
             [[export]]
             spec = "memory:1G"
             "#,

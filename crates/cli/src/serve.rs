@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use log::LevelFilter;
+use sluice_server::export::{parse_size, DataPath, Options};
 use sluice_server::{Config, Export, Exports, Limits, Server, Spec};
 
 use crate::{config, logger, EXIT_FAILURE, EXIT_USAGE};
@@ -15,6 +16,8 @@ use crate::{config, logger, EXIT_FAILURE, EXIT_USAGE};
 const NBD_PORT: u16 = 10809;
 /// Size of the in-memory export served when no PATH or --export is given.
 const DEFAULT_MEMORY_EXPORT_BYTES: u64 = 1 << 30;
+/// Default read chunk; see bench/README.md for the measurement behind it.
+const DEFAULT_CHUNK_BYTES: u64 = 256 * 1024;
 
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
@@ -22,6 +25,8 @@ const DEFAULT_MEMORY_EXPORT_BYTES: u64 = 1 << 30;
   sluice serve disk.img                 # serve a file as the default export
   sluice serve --export vm=/dev/vdb,ro --export scratch=memory:4G
   sluice serve --unix /run/sluice.sock disk.img
+  sluice serve --data-path direct --chunk 512K disk.img
+  sluice serve --export cold=/dev/vdc,data-path=splice-direct --metrics 127.0.0.1:9109
 
 Exit status: 0 after a clean shutdown (SIGINT/SIGTERM); 1 when the server cannot start
 (address in use, io_uring unavailable); 2 for a bad command line or config file, including
@@ -42,9 +47,22 @@ pub struct ServeArgs {
     unix: Vec<PathBuf>,
 
     /// Add a named export (repeatable). SPEC is a path, memory:SIZE or null:SIZE; options
-    /// follow after commas: `ro`, and `description=TEXT` (last, may contain commas).
-    #[arg(long, value_name = "NAME=SPEC[,ro][,description=TEXT]")]
+    /// follow after commas: `ro`, `data-path=PATH`, and `description=TEXT` (last, may
+    /// contain commas).
+    #[arg(long, value_name = "NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]")]
     export: Vec<String>,
+
+    /// How reads and writes move data: copy (read into a buffer, then send), direct
+    /// (O_DIRECT into registered buffers, no page cache), splice (file -> pipe -> socket,
+    /// no CPU copy) or splice-direct (splice from O_DIRECT: no copy and no page cache).
+    /// Applies to exports that do not choose their own. Default: splice.
+    #[arg(long, value_name = "PATH")]
+    data_path: Option<String>,
+
+    /// Split reads larger than SIZE into chunks sent as soon as each is read (out of order
+    /// with structured replies); 0 sends a read only when all of it is read. Default: 256K.
+    #[arg(long, value_name = "SIZE")]
+    chunk: Option<String>,
 
     /// Make every export read-only.
     #[arg(long)]
@@ -122,23 +140,40 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
     logger::init(level);
 
     let read_only_all = args.read_only || file.read_only.unwrap_or(false);
-    let mut wanted: Vec<(String, Spec, bool, Option<String>)> = Vec::new();
+    let data_path = match args.data_path.as_deref().or(file.data_path.as_deref()) {
+        Some(p) => p.parse::<DataPath>().map_err(|e| Usage(format!("--data-path: {e}")))?,
+        None => DataPath::default(),
+    };
+    let chunk = match args.chunk.as_deref().or(file.chunk.as_deref()) {
+        Some(c) => parse_size(c).map_err(|e| Usage(format!("--chunk: {e}")))?,
+        None => DEFAULT_CHUNK_BYTES,
+    };
+    if chunk > sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES as u64 {
+        return Err(Usage(format!("--chunk: at most {} bytes (the largest request)", sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES)));
+    }
+    let defaults = Options { read_only: false, description: None, data_path, chunk_bytes: chunk as u32 };
+    let mut wanted: Vec<(String, Spec, Options)> = Vec::new();
     for e in &file.exports {
         let spec = Spec::parse(&e.spec).map_err(|err| Usage(format!("export {:?}: {err}", e.name)))?;
-        wanted.push((e.name.clone(), spec, e.read_only, e.description.clone()));
+        let mut o = Options { read_only: e.read_only, description: e.description.clone(), ..defaults.clone() };
+        if let Some(p) = &e.data_path {
+            o.data_path = p.parse().map_err(|err| Usage(format!("export {:?}: {err}", e.name)))?;
+        }
+        wanted.push((e.name.clone(), spec, o));
     }
     if let Some(p) = &args.path {
-        wanted.push((String::new(), Spec::parse(p).map_err(|e| Usage(e.to_string()))?, false, None));
+        wanted.push((String::new(), Spec::parse(p).map_err(|e| Usage(e.to_string()))?, defaults.clone()));
     }
     for e in &args.export {
-        wanted.push(parse_export(e)?);
+        wanted.push(parse_export(e, &defaults)?);
     }
     if wanted.is_empty() {
-        wanted.push((String::new(), Spec::Memory(DEFAULT_MEMORY_EXPORT_BYTES), false, None));
+        wanted.push((String::new(), Spec::Memory(DEFAULT_MEMORY_EXPORT_BYTES), defaults.clone()));
     }
     let mut exports = Exports::default();
-    for (name, spec, ro, description) in wanted {
-        let export = Export::open(&name, &spec, ro || read_only_all, description).map_err(|e| {
+    for (name, spec, mut options) in wanted {
+        options.read_only |= read_only_all;
+        let export = Export::open(&name, &spec, options).map_err(|e| {
             let what = match &spec {
                 Spec::Path(p) => p.display().to_string(),
                 _ => format!("{spec:?}"),
@@ -181,8 +216,8 @@ fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, Usage> {
     Ok(addrs)
 }
 
-/// `NAME=SPEC[,ro][,description=TEXT]`
-fn parse_export(s: &str) -> Result<(String, Spec, bool, Option<String>), Usage> {
+/// `NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]`
+fn parse_export(s: &str, defaults: &Options) -> Result<(String, Spec, Options), Usage> {
     let Some((name, rest)) = s.split_once('=') else {
         return Err(Usage(format!("--export {s:?}: expected NAME=SPEC")));
     };
@@ -192,16 +227,23 @@ fn parse_export(s: &str) -> Result<(String, Spec, bool, Option<String>), Usage> 
     };
     let mut parts = body.split(',');
     let spec = parts.next().unwrap_or_default();
-    let mut ro = false;
+    let mut o = Options { description, ..defaults.clone() };
     for opt in parts {
         match opt {
-            "ro" | "read-only" => ro = true,
+            "ro" | "read-only" => o.read_only = true,
             "" => {}
-            other => return Err(Usage(format!("--export {s:?}: unknown option {other:?} (known: ro, description=)"))),
+            other => match other.strip_prefix("data-path=") {
+                Some(p) => o.data_path = p.parse().map_err(|e| Usage(format!("--export {s:?}: {e}")))?,
+                None => {
+                    return Err(Usage(format!(
+                        "--export {s:?}: unknown option {other:?} (known: ro, data-path=, description=)"
+                    )))
+                }
+            },
         }
     }
     let spec = Spec::parse(spec).map_err(|e| Usage(format!("--export {s:?}: {e}")))?;
-    Ok((name.to_owned(), spec, ro, description))
+    Ok((name.to_owned(), spec, o))
 }
 
 #[cfg(test)]
@@ -210,10 +252,13 @@ mod tests {
 
     #[test]
     fn export_options_parse() {
-        let (name, spec, ro, d) = parse_export("vm=/dev/vdb,ro,description=a, b").ok().unwrap();
-        assert_eq!((name.as_str(), ro, d.as_deref()), ("vm", true, Some("a, b")));
+        let d = Options::default();
+        let (name, spec, o) = parse_export("vm=/dev/vdb,ro,data-path=direct,description=a, b", &d).ok().unwrap();
+        assert_eq!((name.as_str(), o.read_only, o.description.as_deref()), ("vm", true, Some("a, b")));
+        assert_eq!(o.data_path, DataPath::Direct);
         assert_eq!(spec, Spec::Path("/dev/vdb".into()));
-        assert!(parse_export("novalue").is_err());
-        assert!(parse_export("x=memory:1G,rw").is_err());
+        assert!(parse_export("novalue", &d).is_err());
+        assert!(parse_export("x=memory:1G,rw", &d).is_err());
+        assert!(parse_export("x=memory:1G,data-path=fast", &d).is_err());
     }
 }

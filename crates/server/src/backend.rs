@@ -30,14 +30,28 @@ pub trait Backend: Send + Sync {
     fn caps(&self) -> Caps;
     /// The descriptor the engine reads and writes; None for backends without storage.
     fn fd(&self) -> Option<RawFd>;
+    /// A second descriptor on the same data opened with O_DIRECT, when the export asked for
+    /// one and the filesystem allows it.
+    fn direct_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Offset and length alignment O_DIRECT needs on `direct_fd` (a power of two).
+    fn direct_align(&self) -> usize {
+        DIRECT_ALIGN_DEFAULT_BYTES
+    }
     /// Appends base:allocation extents covering a prefix of [offset, offset + len).
     fn extents(&self, offset: u64, len: u32, one: bool, out: &mut Vec<Extent>) -> io::Result<()>;
 }
+
+/// O_DIRECT alignment assumed when the kernel cannot say (statx DIOALIGN is Linux 6.1+):
+/// the page size, which every device accepts and which our buffers already have.
+pub const DIRECT_ALIGN_DEFAULT_BYTES: usize = 4096;
 
 /// A regular file, a block device, or a memfd: anything the kernel reads and writes by offset.
 pub struct FdBackend {
     kind: &'static str,
     fd: OwnedFd,
+    direct: Option<(OwnedFd, usize)>,
     size: u64,
     caps: Caps,
 }
@@ -69,8 +83,37 @@ impl FdBackend {
     fn from_file(kind: &'static str, mut file: File, caps: Caps) -> io::Result<FdBackend> {
         // Seeking to the end gives the size of files and block devices alike.
         let size = file.seek(SeekFrom::End(0))?;
-        Ok(FdBackend { kind, fd: file.into(), size, caps })
+        Ok(FdBackend { kind, fd: file.into(), direct: None, size, caps })
     }
+
+    /// Opens the same file again with O_DIRECT for the direct data paths. The kernel keeps
+    /// the two descriptors coherent: direct I/O writes back and invalidates cached pages of
+    /// the range first.
+    pub fn open_direct(&mut self, path: &Path, read_only: bool) -> io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if self.kind == "memory" {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "a RAM export has no storage below its page cache"));
+        }
+        let file = OpenOptions::new().read(true).write(!read_only).custom_flags(libc::O_DIRECT).open(path)?;
+        let align = direct_align(&file).unwrap_or(DIRECT_ALIGN_DEFAULT_BYTES);
+        if align > DIRECT_ALIGN_DEFAULT_BYTES {
+            // Buffers are page aligned; a device that wants more is served by the page cache.
+            return Err(io::Error::new(io::ErrorKind::Unsupported, format!("O_DIRECT here needs {align}-byte alignment")));
+        }
+        self.direct = Some((file.into(), align));
+        Ok(())
+    }
+}
+
+/// The larger of the memory and offset alignments the kernel reports for O_DIRECT.
+fn direct_align(file: &File) -> Option<usize> {
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    let st = statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN).ok()?;
+    if st.stx_mask & StatxFlags::DIOALIGN.bits() == 0 || st.stx_dio_offset_align == 0 {
+        return None;
+    }
+    let align = st.stx_dio_offset_align.max(st.stx_dio_mem_align) as usize;
+    align.is_power_of_two().then_some(align)
 }
 
 fn rotational(meta: &std::fs::Metadata) -> bool {
@@ -94,6 +137,12 @@ impl Backend for FdBackend {
     }
     fn fd(&self) -> Option<RawFd> {
         Some(self.fd.as_raw_fd())
+    }
+    fn direct_fd(&self) -> Option<RawFd> {
+        self.direct.as_ref().map(|(fd, _)| fd.as_raw_fd())
+    }
+    fn direct_align(&self) -> usize {
+        self.direct.as_ref().map_or(DIRECT_ALIGN_DEFAULT_BYTES, |&(_, a)| a)
     }
 
     fn extents(&self, offset: u64, len: u32, one: bool, out: &mut Vec<Extent>) -> io::Result<()> {

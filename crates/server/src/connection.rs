@@ -1,6 +1,12 @@
 //! One client connection in transmission: reading requests, running them through the
 //! engine, and queueing replies. Requests run concurrently and are answered in completion
 //! order; how many run at once, and how many payload bytes they hold, is bounded.
+//!
+//! Reads are split into chunks that are all submitted at once. With structured replies each
+//! chunk goes out as its own OFFSET_DATA chunk as soon as it is read, in whatever order the
+//! storage finishes; with simple replies chunks go out in order, each as soon as it and all
+//! before it are read. Chunk data reaches the socket from a buffer (copy, direct) or from a
+//! pipe (splice), per the export's data path.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -10,10 +16,10 @@ use std::sync::Arc;
 
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::reply::{self, Extent};
-use sluice_proto::wire::REQUEST_BYTES;
-use sluice_proto::{validate, Command, Errno, RawRequest, Request, Session};
+use sluice_proto::wire::{REQUEST_BYTES, SIMPLE_REPLY_BYTES};
+use sluice_proto::{validate, Command, Errno, Range, RawRequest, Request, Session};
 
-use crate::engine::{Buf, Part, Pool, Ring, SendBatch};
+use crate::engine::{Buf, Part, Pipe, Pipes, Pool, Ring, SendBatch, BUFFER_ALIGN_BYTES};
 use crate::errors::errno_from_os;
 use crate::export::Export;
 use crate::limits::Limits;
@@ -25,13 +31,24 @@ pub const SEND_PARTS_MAX: usize = 32;
 /// Largest write issued when emulating WRITE_ZEROES by writing zeros.
 pub const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// Most pieces one read is split into; a huge read uses chunks larger than configured.
+pub const CHUNKS_PER_READ_MAX: usize = 256;
+/// Spliced reads smaller than this are copied: two trips through io_uring's worker threads
+/// cost more than copying a few pages.
+pub const SPLICE_MIN_BYTES: usize = 64 * 1024;
+
 const _: () = assert!(RECV_BUFFER_BYTES >= REQUEST_BYTES * 2);
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES <= REQUEST_PAYLOAD_MAX_BYTES as usize);
+// Operation numbers must fit the low 32 bits of the user data for any slot and chunk.
+const _: () = assert!(OP_SLOT_BASE as u64 + (u16::MAX as u64 + 1) * CHUNKS_PER_READ_MAX as u64 <= u32::MAX as u64);
 
 /// Low 32 bits of a completion's user data: which operation of the connection it was.
 pub const OP_RECV: u32 = 0;
 pub const OP_SEND: u32 = 1;
-const OP_SLOT_BASE: u32 = 2;
+/// Spliced reply data moving from its pipe to the socket.
+pub const OP_SPLICE_OUT: u32 = 2;
+/// Slot operations: OP_SLOT_BASE + slot * CHUNKS_PER_READ_MAX + chunk.
+const OP_SLOT_BASE: u32 = 3;
 
 /// What a slot's operation in flight is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +67,65 @@ struct Slot {
     /// Bytes of the main operation done so far (short reads and writes continue).
     done: usize,
     stage: Stage,
+    /// Storage operations in flight and reply parts not yet sent; the slot is free again
+    /// when both are zero and the final reply part has been queued.
+    ops: u16,
+    parts: u16,
+    final_queued: bool,
+    /// Reads: chunks still being read, the next chunk to send in order (simple replies),
+    /// and the first storage error (OS errno, file offset).
+    chunks_left: u16,
+    next_in_order: u16,
+    error: Option<(i32, u64)>,
+}
+
+impl Slot {
+    fn new(request: Request) -> Slot {
+        Slot {
+            request,
+            buf: None,
+            done: 0,
+            stage: Stage::Main,
+            ops: 0,
+            parts: 0,
+            final_queued: false,
+            chunks_left: 0,
+            next_in_order: 0,
+            error: None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkState {
+    Reading,
+    Ready,
+    /// Queued for sending, or dropped after an error.
+    Gone,
+}
+
+/// One piece of a read: a storage read into a buffer or a pipe, then a reply chunk.
+struct Chunk {
+    /// Where the storage read starts and how long it is; for an O_DIRECT bounce both are
+    /// aligned, and the requested bytes start `skip` bytes in.
+    file_offset: u64,
+    read_len: usize,
+    skip: usize,
+    /// Requested bytes this chunk carries to the client.
+    want: usize,
+    done: usize,
+    direct: bool,
+    buf: Option<Buf>,
+    pipe: Option<Pipe>,
+    state: ChunkState,
+}
+
+impl Chunk {
+    /// Read bytes needed before the chunk can be sent (an O_DIRECT read may stop short at
+    /// the end of the file, past the requested bytes).
+    fn need(&self) -> usize {
+        self.skip + self.want
+    }
 }
 
 /// Where the next received bytes go.
@@ -77,12 +153,23 @@ pub struct Connection {
     recv_in_flight: bool,
 
     slots: Vec<Option<Slot>>,
+    /// Chunks of each slot's read, kept apart from the slot so their Vec is reused.
+    chunks: Vec<Vec<Chunk>>,
     free_slots: Vec<u16>,
     inflight_bytes: usize,
     budget: Rc<Budget>,
 
     batch: Option<Box<SendBatch>>,
     queue: VecDeque<Part>,
+    /// A part whose data is being spliced from its pipe to the socket; nothing else may be
+    /// sent until it is done.
+    splicing: Option<Part>,
+    /// A read whose reply must stay contiguous on the wire (simple replies, or one
+    /// OFFSET_DATA chunk for DF) and has started going out; other replies wait in `deferred`
+    /// until its last part is queued, and other such reads wait in `stream_waiters`.
+    streaming: Option<u16>,
+    deferred: VecDeque<Part>,
+    stream_waiters: VecDeque<u16>,
     spare_vecs: Vec<Vec<u8>>,
     /// Scratch space reused across requests so the hot path does not allocate.
     finished_parts: Vec<Part>,
@@ -127,10 +214,36 @@ impl Budget {
     }
 }
 
+/// Says once per process that pipes ran out, the one case where splice falls back to copy.
+/// The header in front of a contiguous read's first chunk.
+enum Head {
+    Simple([u8; SIMPLE_REPLY_BYTES]),
+    Data([u8; reply::OFFSET_DATA_HEADER_BYTES]),
+    None,
+}
+
+impl Head {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Head::Simple(h) => h,
+            Head::Data(h) => h,
+            Head::None => &[],
+        }
+    }
+}
+
+fn log_once_pipes_exhausted() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        log::info!("all splice pipes are in use; further reads are copied until some are free (said once)")
+    });
+}
+
 /// What a connection needs from its worker to make progress.
 pub struct Ctx<'a> {
     pub ring: &'a mut Ring,
     pub pool: &'a mut Pool,
+    pub pipes: &'a mut Pipes,
     pub index: u32,
 }
 
@@ -163,11 +276,16 @@ impl Connection {
             after_discard: None,
             recv_in_flight: false,
             slots: (0..slots_max).map(|_| None).collect(),
+            chunks: (0..slots_max).map(|_| Vec::new()).collect(),
             free_slots: (0..slots_max as u16).rev().collect(),
             inflight_bytes: 0,
             budget,
             batch: Some(SendBatch::new(SEND_PARTS_MAX)),
             queue: VecDeque::with_capacity(slots_max),
+            splicing: None,
+            streaming: None,
+            deferred: VecDeque::new(),
+            stream_waiters: VecDeque::new(),
             spare_vecs: Vec::new(),
             finished_parts: Vec::with_capacity(SEND_PARTS_MAX),
             extents: Vec::new(),
@@ -228,7 +346,17 @@ impl Connection {
         match op {
             OP_RECV => self.received(ctx, result, buf.expect("recv returns its buffer")),
             OP_SEND => self.send_done(ctx, result, batch.expect("send returns its batch")),
-            _ => self.slot_done(ctx, (op - OP_SLOT_BASE) as u16, result, buf),
+            OP_SPLICE_OUT => self.splice_out_done(ctx, result),
+            _ => {
+                let slot = ((op - OP_SLOT_BASE) as usize / CHUNKS_PER_READ_MAX) as u16;
+                let chunk = (op - OP_SLOT_BASE) as usize % CHUNKS_PER_READ_MAX;
+                self.slots[slot as usize].as_mut().expect("completion for a live slot").ops -= 1;
+                if matches!(self.slots[slot as usize].as_ref().map(|s| s.request.command), Some(Command::Read { .. })) {
+                    self.chunk_done(ctx, slot, chunk, result, buf)
+                } else {
+                    self.slot_done(ctx, slot, result, buf)
+                }
+            }
         }
     }
 
@@ -357,7 +485,7 @@ impl Connection {
             Err(rej) => {
                 log::debug!("{}: {:?} rejected: {} ({})", self.peer, raw, rej.errno, rej.reason);
                 let request = Request { handle: raw.handle, command: Command::Flush };
-                self.slots[slot as usize] = Some(Slot { request, buf: None, done: 0, stage: Stage::Main });
+                self.slots[slot as usize] = Some(Slot::new(request));
                 if rej.discard > 0 {
                     // Clients match replies only to requests they finished sending: answer
                     // once the payload has been read and dropped.
@@ -369,7 +497,7 @@ impl Connection {
                 return true;
             }
         };
-        let mut s = Slot { request, buf: None, done: 0, stage: Stage::Main };
+        let mut s = Slot::new(request);
         match request.command {
             Command::Disconnect => {
                 self.free_slots.push(slot);
@@ -378,7 +506,10 @@ impl Connection {
             }
             Command::Read { range, .. } | Command::Write { range, .. } => {
                 let len = range.length as usize;
-                s.buf = Some(ctx.pool.get(len));
+                if let Command::Write { .. } = request.command {
+                    s.buf = Some(ctx.pool.get(len));
+                }
+                // A read's buffers (or pipes) are taken per chunk, but count from now.
                 self.inflight_bytes += len;
                 self.budget.used.set(self.budget.used.get() + len);
             }
@@ -408,23 +539,31 @@ impl Connection {
 
     // ---- executing -------------------------------------------------------------------
 
+    fn slot_user(ctx: &Ctx, slot: u16, chunk: usize) -> u64 {
+        ctx.user(OP_SLOT_BASE + (slot as usize * CHUNKS_PER_READ_MAX + chunk) as u32)
+    }
+
     fn submit_io(&mut self, ctx: &mut Ctx, slot: u16) {
         let fd = self.export.backend.fd().expect("only descriptor backends do I/O");
-        let user = ctx.user(OP_SLOT_BASE + slot as u32);
+        let user = Self::slot_user(ctx, slot, 0);
         let caps = self.export.backend.caps();
+        let direct = self.direct_fd();
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
         self.ops += 1;
+        s.ops += 1;
         match (s.stage, s.request.command) {
             (Stage::Sync, _) | (Stage::Main, Command::Flush) => ctx.ring.fdatasync(fd, user),
-            (Stage::Main, Command::Read { range, .. }) => {
-                let buf = s.buf.take().expect("read has a buffer");
-                let len = range.length as usize - s.done;
-                ctx.ring.read_at(fd, buf, s.done, len, range.offset + s.done as u64, user);
-            }
             (Stage::Main, Command::Write { range, fua }) => {
                 let buf = s.buf.take().expect("write has a buffer");
                 let len = range.length as usize - s.done;
-                ctx.ring.write_at(fd, buf, s.done, len, range.offset + s.done as u64, fua, user);
+                let offset = range.offset + s.done as u64;
+                // Unaligned writes go through the page cache, which the kernel keeps coherent
+                // with O_DIRECT; a read-modify-write here would race with other writers.
+                let fd = match direct {
+                    Some((dfd, align)) if (offset as usize | len | s.done) % align == 0 => dfd,
+                    _ => fd,
+                };
+                ctx.ring.write_at(fd, buf, s.done, len, offset, fua, user);
             }
             (Stage::Main, Command::Trim { range, .. }) => {
                 let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
@@ -485,10 +624,15 @@ impl Connection {
         }
         if self.export.backend.fd().is_none() {
             // Null backend: nothing to wait for.
-            if let Command::Read { .. } = command {
-                s.buf.as_mut().expect("read has a buffer").as_mut_slice().fill(0);
+            if let Command::Read { range, .. } = command {
+                let mut buf = ctx.pool.get(range.length as usize);
+                buf.as_mut_slice().fill(0);
+                s.buf = Some(buf);
             }
             return self.reply_ok(slot);
+        }
+        if let Command::Read { range, .. } = command {
+            return self.start_read(ctx, slot, range.offset, range.length as usize);
         }
         if let Command::WriteZeroes { fast, may_trim, .. } = command {
             let caps = self.export.backend.caps();
@@ -502,13 +646,236 @@ impl Connection {
         self.submit_io(ctx, slot);
     }
 
+    /// The O_DIRECT descriptor and its alignment, when the export's path uses one.
+    fn direct_fd(&self) -> Option<(RawFd, usize)> {
+        let b = &self.export.backend;
+        b.direct_fd().filter(|_| self.export.data_path.uses_direct()).map(|fd| (fd, b.direct_align()))
+    }
+
+    /// Splits a read into chunks and submits them all.
+    fn start_read(&mut self, ctx: &mut Ctx, slot: u16, offset: u64, len: usize) {
+        let end = offset + len as u64;
+        let path = self.export.data_path;
+        let direct = self.direct_fd();
+        let aligned = direct.is_some_and(|(_, a)| (offset as usize | len) % a == 0);
+        // Splice only whole requested ranges (an O_DIRECT splice must be aligned) and only
+        // when big enough to pay for its two worker-thread hops.
+        let splice = path.uses_splice() && len >= SPLICE_MIN_BYTES && ctx.pipes.bytes() > 0;
+        let splice_direct = splice && aligned;
+        // O_DIRECT into buffers reads whole aligned blocks and sends the requested part.
+        let bounce = !splice && direct.is_some();
+        let (lo, hi) = match direct {
+            Some((_, a)) if bounce => (offset / a as u64 * a as u64, end.next_multiple_of(a as u64)),
+            _ => (offset, end),
+        };
+        let span = (hi - lo) as usize;
+        let mut chunk = match self.export.chunk_bytes as usize {
+            0 => span,
+            c => c.max(span.div_ceil(CHUNKS_PER_READ_MAX)).next_multiple_of(BUFFER_ALIGN_BYTES),
+        };
+        if splice {
+            chunk = chunk.min(ctx.pipes.bytes());
+        }
+        let mut chunks = std::mem::take(&mut self.chunks[slot as usize]);
+        chunks.clear();
+        let mut at = lo;
+        while at < hi {
+            let c1 = (at + chunk as u64).min(hi);
+            let first = offset.max(at);
+            chunks.push(Chunk {
+                file_offset: at,
+                read_len: (c1 - at) as usize,
+                skip: (first - at) as usize,
+                want: (c1.min(end) - first) as usize,
+                done: 0,
+                direct: bounce || splice_direct,
+                buf: None,
+                pipe: None,
+                state: ChunkState::Reading,
+            });
+            at = c1;
+        }
+        debug_assert!(chunks.len() <= CHUNKS_PER_READ_MAX);
+        let s = self.slots[slot as usize].as_mut().expect("slot is live");
+        s.chunks_left = chunks.len() as u16;
+        for c in chunks.iter_mut() {
+            if splice {
+                c.pipe = ctx.pipes.get();
+                if c.pipe.is_none() {
+                    log_once_pipes_exhausted();
+                }
+            }
+            if c.pipe.is_none() {
+                c.buf = Some(ctx.pool.get(c.read_len));
+            }
+        }
+        self.chunks[slot as usize] = chunks;
+        for i in 0..self.chunks[slot as usize].len() {
+            self.submit_chunk(ctx, slot, i);
+        }
+    }
+
+    /// Submits (the rest of) one chunk's storage read.
+    fn submit_chunk(&mut self, ctx: &mut Ctx, slot: u16, i: usize) {
+        let user = Self::slot_user(ctx, slot, i);
+        let buffered = self.export.backend.fd().expect("only descriptor backends do I/O");
+        let fd = match self.direct_fd() {
+            Some((dfd, _)) if self.chunks[slot as usize][i].direct => dfd,
+            _ => buffered,
+        };
+        let c = &mut self.chunks[slot as usize][i];
+        self.ops += 1;
+        self.slots[slot as usize].as_mut().expect("slot is live").ops += 1;
+        let offset = c.file_offset + c.done as u64;
+        let len = c.read_len - c.done;
+        match &c.pipe {
+            Some(pipe) => ctx.ring.splice(fd, Some(offset), pipe.write_fd(), len, user),
+            None => {
+                let buf = c.buf.take().expect("an unspliced chunk has a buffer");
+                ctx.ring.read_at(fd, buf, c.done, len, offset, user);
+            }
+        }
+    }
+
+    fn chunk_done(&mut self, ctx: &mut Ctx, slot: u16, i: usize, result: i32, buf: Option<Buf>) {
+        let c = &mut self.chunks[slot as usize][i];
+        if buf.is_some() {
+            c.buf = buf;
+        }
+        let failure = match result {
+            r if r < 0 => Some(-r),
+            0 if c.done < c.need() => {
+                // The file shrank under us, or the device returned nothing.
+                Some(libc::EIO)
+            }
+            n => {
+                c.done += n as usize;
+                None
+            }
+        };
+        let error_offset = c.file_offset + c.done as u64;
+        let short = failure.is_none() && c.done < c.need();
+        if short && !self.broken && self.slots[slot as usize].as_ref().is_some_and(|s| s.error.is_none()) {
+            return self.submit_chunk(ctx, slot, i);
+        }
+        let s = self.slots[slot as usize].as_mut().expect("slot is live");
+        s.chunks_left -= 1;
+        let c = &mut self.chunks[slot as usize][i];
+        if let Some(code) = failure {
+            c.state = ChunkState::Gone;
+            drop((c.buf.take(), c.pipe.take()));
+            if s.error.is_none() {
+                let offset = match s.request.command {
+                    Command::Read { range, .. } => error_offset.max(range.offset),
+                    _ => unreachable!("chunks belong to reads"),
+                };
+                log::debug!("{}: read at {offset} failed: {}", self.peer, std::io::Error::from_raw_os_error(code));
+                s.error = Some((code, offset));
+            }
+        } else if c.state == ChunkState::Reading {
+            c.state = ChunkState::Ready;
+        }
+        if self.broken {
+            return self.release_if_idle(slot);
+        }
+        self.flush_read(slot);
+    }
+
+    /// Queues whatever chunks of a read may go out now, and the final reply part once the
+    /// last chunk is in.
+    fn flush_read(&mut self, slot: u16) {
+        let s = self.slots[slot as usize].as_ref().expect("slot is live");
+        let last = s.chunks_left == 0;
+        let error = s.error;
+        let handle = s.request.handle;
+        let Command::Read { range: Range { offset, length }, whole } = s.request.command else {
+            unreachable!("chunks belong to reads")
+        };
+        // Simple replies, and DF reads, carry the data as one run after one header.
+        let contiguous = !self.session.structured || whole;
+        let hold = self.export.chunk_bytes == 0 && !last;
+        let n = self.chunks[slot as usize].len();
+        if let Some((code, offset)) = error {
+            // Nothing more goes out for this read but the error, once every chunk is back.
+            for c in self.chunks[slot as usize].iter_mut().filter(|c| c.state == ChunkState::Ready) {
+                c.state = ChunkState::Gone;
+                drop((c.buf.take(), c.pipe.take()));
+            }
+            let sent_some = self.slots[slot as usize].as_ref().expect("live").next_in_order > 0;
+            if contiguous && sent_some {
+                // Part of the data is already on the wire after a header promising all of
+                // it; the only way to tell the client is to drop the connection.
+                self.fail("a read failed after part of its data was sent; disconnecting");
+                return self.release_if_idle(slot);
+            }
+            if last {
+                let msg = std::io::Error::from_raw_os_error(code).to_string();
+                self.reply_error(slot, errno_from_os(code), &msg, Some(offset));
+            }
+            return;
+        }
+        if hold {
+            return;
+        }
+        if !contiguous {
+            let ready = self.chunks[slot as usize].iter().filter(|c| c.state == ChunkState::Ready).count();
+            let mut queued = 0;
+            for i in 0..n {
+                if self.chunks[slot as usize][i].state != ChunkState::Ready {
+                    continue;
+                }
+                queued += 1;
+                let done = last && queued == ready;
+                let c = &mut self.chunks[slot as usize][i];
+                let head = reply::offset_data_header(handle, c.file_offset + c.skip as u64, c.want as u32, done);
+                let part = Self::chunk_part(slot, c, &head);
+                self.queue_part(slot, part, done);
+            }
+            return;
+        }
+        let s = self.slots[slot as usize].as_ref().expect("slot is live");
+        if s.next_in_order == 0 && !last && self.streaming.is_some_and(|x| x != slot) {
+            // Another contiguous reply is on the wire; start once it is complete.
+            if !self.stream_waiters.contains(&slot) {
+                self.stream_waiters.push_back(slot);
+            }
+            return;
+        }
+        loop {
+            let s = self.slots[slot as usize].as_mut().expect("slot is live");
+            let i = s.next_in_order as usize;
+            if i == n || self.chunks[slot as usize][i].state != ChunkState::Ready {
+                break;
+            }
+            s.next_in_order += 1;
+            let head = match (i, self.session.structured) {
+                (0, false) => Head::Simple(reply::simple(handle, None)),
+                (0, true) => Head::Data(reply::offset_data_header(handle, offset, length, true)),
+                _ => Head::None,
+            };
+            let part = Self::chunk_part(slot, &mut self.chunks[slot as usize][i], head.bytes());
+            if i == 0 && !last {
+                self.streaming = Some(slot);
+            }
+            self.queue_part(slot, part, i + 1 == n);
+        }
+    }
+
+    fn chunk_part(slot: u16, c: &mut Chunk, head: &[u8]) -> Part {
+        c.state = ChunkState::Gone;
+        match c.pipe.take() {
+            Some(pipe) => Part::spliced(slot as u32, head, pipe, c.want),
+            None => Part::window(slot as u32, head, c.buf.take(), c.skip, c.want, Vec::new()),
+        }
+    }
+
     fn slot_done(&mut self, ctx: &mut Ctx, slot: u16, result: i32, buf: Option<Buf>) {
         let s = self.slots[slot as usize].as_mut().expect("completion for a live slot");
         if buf.is_some() {
             s.buf = buf;
         }
         if self.broken {
-            return self.release(slot);
+            return self.release_if_idle(slot);
         }
         let command = s.request.command;
         if result < 0 {
@@ -530,7 +897,7 @@ impl Connection {
             }
             let errno = errno_from_os(code);
             let offset = match command {
-                Command::Read { range, .. } | Command::Write { range, .. } => Some(range.offset + s.done as u64),
+                Command::Write { range, .. } => Some(range.offset + s.done as u64),
                 _ => None,
             };
             let msg = std::io::Error::from_raw_os_error(code).to_string();
@@ -539,7 +906,7 @@ impl Connection {
         }
         let n = result as usize;
         match (s.stage, command) {
-            (Stage::Main, Command::Read { range, .. }) | (Stage::Main, Command::Write { range, .. }) => {
+            (Stage::Main, Command::Write { range, .. }) => {
                 if n == 0 {
                     // The file shrank under us, or the device returned nothing.
                     let offset = range.offset + s.done as u64;
@@ -600,14 +967,14 @@ impl Connection {
                 Part::new(slot as u32, &reply::simple(handle, None), None, Vec::new())
             }
         };
-        self.queue_reply(part);
+        self.queue_part(slot, part, true);
     }
 
     fn reply_block_status(&mut self, slot: u16, context_id: u32, extents: &[Extent]) {
         let handle = self.slots[slot as usize].as_ref().expect("slot is live").request.handle;
         let mut extra = self.spare_vecs.pop().unwrap_or_default();
         reply::block_status(&mut extra, handle, context_id, extents);
-        self.queue_reply(Part::new(slot as u32, &[], None, extra));
+        self.queue_part(slot, Part::new(slot as u32, &[], None, extra), true);
     }
 
     fn reply_error(&mut self, slot: u16, errno: Errno, message: &str, offset: Option<u64>) {
@@ -622,20 +989,43 @@ impl Connection {
         } else {
             Part::new(slot as u32, &reply::simple(handle, Some(errno)), None, Vec::new())
         };
-        self.queue_reply(part);
+        self.queue_part(slot, part, true);
     }
 
-    fn queue_reply(&mut self, part: Part) {
+    /// Queues one part of a slot's reply; `last` marks the part that completes it.
+    fn queue_part(&mut self, slot: u16, part: Part, last: bool) {
+        let s = self.slots[slot as usize].as_mut().expect("slot is live");
+        debug_assert!(!s.final_queued, "nothing follows a reply's final part");
+        s.parts += 1;
+        s.final_queued |= last;
         if self.broken {
             return self.sent(part);
         }
+        if self.streaming.is_some_and(|x| x != slot) {
+            return self.deferred.push_back(part);
+        }
         self.queue.push_back(part);
+        if last && self.streaming == Some(slot) {
+            self.streaming = None;
+            self.queue.extend(self.deferred.drain(..));
+            for _ in 0..self.stream_waiters.len() {
+                let Some(waiter) = self.stream_waiters.pop_front() else { break };
+                if self.streaming.is_some() {
+                    self.stream_waiters.push_back(waiter);
+                } else if self.slots[waiter as usize].as_ref().is_some_and(|s| !s.final_queued) {
+                    self.flush_read(waiter);
+                }
+            }
+        }
     }
 
-    /// Sends queued replies when no send is in flight.
+    /// Sends queued replies when no send or splice is in flight.
     pub fn pump_output(&mut self, ctx: &mut Ctx) {
+        if self.splicing.is_some() {
+            return;
+        }
         let Some(mut batch) = self.batch.take() else { return };
-        while !batch.is_full() {
+        while !batch.is_full() && !batch.ends_with_splice() {
             let Some(part) = self.queue.pop_front() else { break };
             batch.push(part);
         }
@@ -658,6 +1048,15 @@ impl Connection {
         let mut finished = std::mem::take(&mut self.finished_parts);
         batch.consume(result as usize, |part| finished.push(part));
         for part in finished.drain(..) {
+            if part.pipe.is_some() && !self.broken {
+                // The header is out; its data follows straight from the pipe.
+                debug_assert!(batch.is_empty(), "a spliced part ends its batch");
+                let pipe = part.pipe.as_ref().expect("checked");
+                self.ops += 1;
+                ctx.ring.splice(pipe.read_fd(), None, self.raw_fd(), part.pipe_left, ctx.user(OP_SPLICE_OUT));
+                self.splicing = Some(part);
+                continue;
+            }
             self.sent(part);
         }
         self.finished_parts = finished;
@@ -668,6 +1067,9 @@ impl Connection {
             return;
         }
         self.batch = Some(batch);
+        if self.splicing.is_some() {
+            return;
+        }
         self.pump_output(ctx);
         // Slots freed up: requests may be waiting in the receive buffer.
         if self.reading {
@@ -675,18 +1077,62 @@ impl Connection {
         }
     }
 
-    /// A reply left (or will never leave): its slot and buffers are free again.
+    fn splice_out_done(&mut self, ctx: &mut Ctx, result: i32) {
+        let mut part = self.splicing.take().expect("a splice completion has its part");
+        if self.broken {
+            return self.sent(part);
+        }
+        if result <= 0 {
+            let why = if result == 0 { "the socket took no data".to_string() } else { std::io::Error::from_raw_os_error(-result).to_string() };
+            self.sent(part);
+            return self.fail(&format!("splice to the socket failed: {why}"));
+        }
+        part.pipe_left -= result as usize;
+        if part.pipe_left > 0 {
+            let pipe = part.pipe.as_ref().expect("a spliced part has its pipe");
+            self.ops += 1;
+            ctx.ring.splice(pipe.read_fd(), None, self.raw_fd(), part.pipe_left, ctx.user(OP_SPLICE_OUT));
+            self.splicing = Some(part);
+            return;
+        }
+        // Drained: the pipe can carry another chunk.
+        ctx.pipes.put(part.pipe.take().expect("a spliced part has its pipe"));
+        self.sent(part);
+        self.pump_output(ctx);
+        if self.reading {
+            self.pump_input(ctx);
+        }
+    }
+
+    /// A reply part left (or will never leave): its buffers are free, and its slot too
+    /// once nothing else of it is pending.
     fn sent(&mut self, mut part: Part) {
         drop(part.data.take());
+        drop(part.pipe.take());
         if part.extra.capacity() > 0 {
             let mut v = std::mem::take(&mut part.extra);
             v.clear();
             self.spare_vecs.push(v);
         }
-        self.release(part.tag as u16);
+        let slot = part.tag as u16;
+        self.slots[slot as usize].as_mut().expect("a sent part's slot is live").parts -= 1;
+        self.release_if_idle(slot);
+    }
+
+    fn release_if_idle(&mut self, slot: u16) {
+        let s = self.slots[slot as usize].as_ref().expect("slot is live");
+        if s.ops == 0 && s.parts == 0 && (s.final_queued || self.broken) {
+            self.release(slot);
+        }
     }
 
     fn release(&mut self, slot: u16) {
+        // Chunks never sent (after an error or a failed connection) give back their buffers.
+        self.chunks[slot as usize].clear();
+        self.stream_waiters.retain(|&w| w != slot);
+        if self.streaming == Some(slot) {
+            self.streaming = None;
+        }
         let s = self.slots[slot as usize].take().expect("released slot was live");
         if let Command::Read { range, .. } | Command::Write { range, .. } = s.request.command {
             self.inflight_bytes -= range.length as usize;

@@ -10,6 +10,8 @@ use sluice_proto::limits::{BLOCK_PREFERRED_BYTES, REQUEST_PAYLOAD_MAX_BYTES};
 use sluice_proto::wire::*;
 use sluice_proto::{Catalog, ExportSummary};
 
+use serde::Deserialize;
+
 use crate::backend::{Backend, FdBackend, NullBackend};
 
 /// Where an export's data lives, as written on the command line or in the config file.
@@ -88,21 +90,104 @@ pub fn parse_size(s: &str) -> Result<u64, SpecError> {
     Ok(value)
 }
 
+/// How data moves between storage and the socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataPath {
+    /// Buffered read into a buffer, then send: what every other server does.
+    Copy,
+    /// O_DIRECT into registered buffers: no page cache on the server.
+    Direct,
+    /// File -> pipe -> socket through the page cache; the CPU never touches the bytes.
+    #[default]
+    Splice,
+    /// Splice from an O_DIRECT descriptor: storage -> pipe pages -> socket, no page cache.
+    SpliceDirect,
+}
+
+impl DataPath {
+    pub const NAMES: &'static str = "copy, direct, splice or splice-direct";
+
+    pub fn uses_direct(self) -> bool {
+        matches!(self, DataPath::Direct | DataPath::SpliceDirect)
+    }
+
+    pub fn uses_splice(self) -> bool {
+        matches!(self, DataPath::Splice | DataPath::SpliceDirect)
+    }
+}
+
+impl fmt::Display for DataPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DataPath::Copy => "copy",
+            DataPath::Direct => "direct",
+            DataPath::Splice => "splice",
+            DataPath::SpliceDirect => "splice-direct",
+        })
+    }
+}
+
+impl std::str::FromStr for DataPath {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<DataPath, SpecError> {
+        match s {
+            "copy" => Ok(DataPath::Copy),
+            "direct" => Ok(DataPath::Direct),
+            "splice" => Ok(DataPath::Splice),
+            "splice-direct" => Ok(DataPath::SpliceDirect),
+            _ => Err(SpecError(format!("unknown data path {s:?} (expected {})", DataPath::NAMES))),
+        }
+    }
+}
+
+/// Everything about an export besides where its data lives.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub read_only: bool,
+    pub description: Option<String>,
+    pub data_path: DataPath,
+    /// Reads larger than this are split and each piece sent as soon as it is read; 0 sends
+    /// a read only once all of it is read.
+    pub chunk_bytes: u32,
+}
+
 pub struct Export {
     pub name: String,
     pub description: Option<String>,
     pub read_only: bool,
+    /// The path actually used: a requested direct path falls back when O_DIRECT is refused.
+    pub data_path: DataPath,
+    pub chunk_bytes: u32,
     pub backend: Box<dyn Backend>,
 }
 
 impl Export {
-    pub fn open(name: &str, spec: &Spec, read_only: bool, description: Option<String>) -> std::io::Result<Export> {
+    pub fn open(name: &str, spec: &Spec, options: Options) -> std::io::Result<Export> {
+        let Options { read_only, description, mut data_path, chunk_bytes } = options;
         let backend: Box<dyn Backend> = match spec {
-            Spec::Path(p) => Box::new(FdBackend::open(p, read_only)?),
-            Spec::Memory(size) => Box::new(FdBackend::memory(*size)?),
+            Spec::Path(p) => {
+                let mut b = FdBackend::open(p, read_only)?;
+                if data_path.uses_direct() {
+                    if let Err(e) = b.open_direct(p, read_only) {
+                        let fallback = if data_path == DataPath::Direct { DataPath::Copy } else { DataPath::Splice };
+                        log::warn!("export {name:?}: no O_DIRECT on {} ({e}); using the {fallback} path", p.display());
+                        data_path = fallback;
+                    }
+                }
+                Box::new(b)
+            }
+            Spec::Memory(size) => {
+                if data_path.uses_direct() {
+                    // The page cache is the storage; there is nothing to bypass.
+                    data_path = if data_path == DataPath::Direct { DataPath::Copy } else { DataPath::Splice };
+                    log::info!("export {name:?}: RAM exports have no storage below the page cache; using the {data_path} path");
+                }
+                Box::new(FdBackend::memory(*size)?)
+            }
             Spec::Null(size) => Box::new(NullBackend::new(*size)),
         };
-        Ok(Export { name: name.to_owned(), description, read_only, backend })
+        Ok(Export { name: name.to_owned(), description, read_only, data_path, chunk_bytes, backend })
     }
 
     /// Transmission flags, before the handshake adds SEND_DF.
@@ -133,7 +218,9 @@ impl Export {
             flags: self.flags(),
             description: self.description.clone(),
             block_min: 1,
-            block_preferred: BLOCK_PREFERRED_BYTES,
+            // Unaligned requests work on every path (bounced or through the page cache), so
+            // the minimum stays 1; the preferred size tells clients what avoids the bounce.
+            block_preferred: BLOCK_PREFERRED_BYTES.max(self.backend.direct_align() as u32),
             block_max: REQUEST_PAYLOAD_MAX_BYTES,
         }
     }
@@ -209,7 +296,7 @@ mod tests {
 
     #[test]
     fn read_only_exports_advertise_no_writes() {
-        let e = Export::open("", &Spec::Null(4096), true, None).unwrap();
+        let e = Export::open("", &Spec::Null(4096), Options { read_only: true, ..Options::default() }).unwrap();
         let f = e.flags();
         assert_ne!(f & FLAG_READ_ONLY, 0);
         assert_eq!(f & (FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO), 0);

@@ -10,6 +10,7 @@ pub mod errors;
 pub mod export;
 pub mod limits;
 mod listen;
+pub mod metrics;
 pub mod server;
 mod worker;
 

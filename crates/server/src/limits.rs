@@ -25,6 +25,14 @@ pub const BUFFER_POOL_BYTES_PER_WORKER: usize = 2 * l::REQUEST_PAYLOAD_MAX_BYTES
 /// budgets. With the per-connection cap, four stalled clients are needed to make others wait.
 pub const INFLIGHT_BYTES_PER_WORKER: usize = 4 * l::INFLIGHT_BYTES_PER_CONNECTION_MAX;
 
+/// Capacity asked for each splice pipe, which bounds the chunk of a spliced read. 1 MiB is
+/// the default pipe-max-size, so unprivileged servers get it too.
+pub const PIPE_BYTES: usize = 1024 * 1024;
+
+/// Pipes one worker may have in use; beyond that, reads are copied. Each pipe is two file
+/// descriptors, and the byte budget already bounds the data they hold.
+pub const PIPES_PER_WORKER_MAX: usize = 128;
+
 /// Submission queue entries per ring; completions get twice as many by io_uring's default.
 pub const RING_ENTRIES: u32 = 1024;
 

@@ -12,9 +12,9 @@ use sluice_proto::Session;
 
 use crate::connection::{Budget, Connection, Ctx};
 use std::rc::Rc;
-use crate::engine::{Buf, Completion, Pool, Ring};
+use crate::engine::{Buf, Completion, Pipes, Pool, Ring};
 use crate::export::Export;
-use crate::limits::{Limits, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS};
+use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS};
 
 /// A connection that finished its handshake, on its way to a worker.
 pub struct NewConnection {
@@ -74,8 +74,10 @@ pub fn spawn(id: usize, limits: Limits, shutdown: Arc<AtomicBool>) -> std::io::R
 }
 
 struct Worker {
+    // Dropped first: the ring cancels and waits for operations that use the pool and pipes.
     ring: Ring,
     pool: Pool,
+    pipes: Pipes,
     limits: Limits,
     inbox: Receiver<NewConnection>,
     wake: Arc<OwnedFd>,
@@ -99,7 +101,8 @@ impl Worker {
             log::warn!("could not register I/O buffers ({e}); using unregistered buffers (raise RLIMIT_MEMLOCK to fix)");
         }
         let budget = Rc::new(Budget::new(limits.inflight_bytes_per_worker));
-        Worker { ring, pool, limits, inbox, wake, shutdown, conns: Vec::new(), free: Vec::new(), live: 0, budget }
+        let pipes = Pipes::new(PIPES_PER_WORKER_MAX, PIPE_BYTES);
+        Worker { ring, pool, pipes, limits, inbox, wake, shutdown, conns: Vec::new(), free: Vec::new(), live: 0, budget }
     }
 
     fn run(&mut self) -> std::io::Result<()> {
@@ -131,7 +134,7 @@ impl Worker {
                 }
                 let index = (c.user >> 32) as u32;
                 let op = c.user as u32;
-                let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, index };
+                let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, index };
                 let (conn, _) = self.conns[index as usize].as_mut().expect("completion for a live connection");
                 conn.complete(&mut ctx, op, c.result, c.buf, c.batch);
                 conn.pump_output(&mut ctx);
@@ -160,7 +163,7 @@ impl Worker {
             let conn = Connection::new(new.fd, new.peer, new.export, new.session, self.limits, budget);
             self.conns[index as usize] = Some((conn, new.permit));
             self.live += 1;
-            let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, index };
+            let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, index };
             let (conn, _) = self.conns[index as usize].as_mut().expect("just stored");
             conn.start(&mut ctx);
         }
@@ -169,7 +172,7 @@ impl Worker {
     /// Lets connections that waited for the worker's byte budget read again.
     fn resume_waiters(&mut self) {
         while let Some(index) = self.budget.next_waiter() {
-            let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, index };
+            let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, index };
             if let Some((conn, _)) = self.conns.get_mut(index as usize).and_then(Option::as_mut) {
                 conn.start(&mut ctx);
                 conn.pump_output(&mut ctx);

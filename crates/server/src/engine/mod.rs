@@ -4,7 +4,9 @@
 #![allow(unsafe_code)]
 
 mod buffer;
+mod pipe;
 mod ring;
 
-pub use buffer::{Buf, Pool};
+pub use buffer::{Buf, Pool, BUFFER_ALIGN_BYTES};
+pub use pipe::{Pipe, Pipes};
 pub use ring::{Completion, Part, Ring, SendBatch};

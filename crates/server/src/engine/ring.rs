@@ -9,6 +9,7 @@ use std::os::fd::RawFd;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use super::buffer::{Buf, Pool};
+use super::pipe::Pipe;
 
 /// Bytes of a reply header stored inline in a send part; the largest, OFFSET_HOLE, is 32.
 pub const INLINE_HEAD_BYTES: usize = 32;
@@ -21,26 +22,58 @@ pub struct Completion {
     pub batch: Option<Box<SendBatch>>,
 }
 
-/// One reply on its way out: an inline header, then an optional data buffer, then optional
-/// extra bytes (block status descriptors, error messages).
+/// One reply on its way out: an inline header, then data (a window of a buffer, or bytes
+/// waiting in a pipe to be spliced after the header), then optional extra bytes (block
+/// status descriptors, error messages).
 pub struct Part {
     pub tag: u32,
     head: [u8; INLINE_HEAD_BYTES],
     head_len: u8,
     pub data: Option<Buf>,
+    data_start: usize,
+    data_len: usize,
     pub extra: Vec<u8>,
+    /// Data that follows the header straight from a pipe, and how much of it is still there.
+    pub pipe: Option<Pipe>,
+    pub pipe_left: usize,
     sent: usize,
 }
 
 impl Part {
     pub fn new(tag: u32, head: &[u8], data: Option<Buf>, extra: Vec<u8>) -> Part {
+        let len = data.as_ref().map_or(0, Buf::len);
+        Part::window(tag, head, data, 0, len, extra)
+    }
+
+    /// A part whose data is `data[start..start + len]`.
+    pub fn window(tag: u32, head: &[u8], data: Option<Buf>, start: usize, len: usize, extra: Vec<u8>) -> Part {
+        assert!(data.as_ref().map_or(start + len == 0, |d| start + len <= d.len()));
         let mut h = [0u8; INLINE_HEAD_BYTES];
         h[..head.len()].copy_from_slice(head);
-        Part { tag, head: h, head_len: head.len() as u8, data, extra, sent: 0 }
+        Part {
+            tag,
+            head: h,
+            head_len: head.len() as u8,
+            data,
+            data_start: start,
+            data_len: len,
+            extra,
+            pipe: None,
+            pipe_left: 0,
+            sent: 0,
+        }
+    }
+
+    /// A header sent by sendmsg, then `len` bytes spliced from `pipe` to the socket.
+    pub fn spliced(tag: u32, head: &[u8], pipe: Pipe, len: usize) -> Part {
+        let mut p = Part::window(tag, head, None, 0, 0, Vec::new());
+        p.pipe = Some(pipe);
+        p.pipe_left = len;
+        p
     }
 
     fn total(&self) -> usize {
-        self.head_len as usize + self.data.as_ref().map_or(0, Buf::len) + self.extra.len()
+        self.head_len as usize + self.data_len + self.extra.len()
     }
 }
 
@@ -74,7 +107,14 @@ impl SendBatch {
 
     pub fn push(&mut self, part: Part) {
         assert!(!self.is_full());
+        assert!(self.parts.back().is_none_or(|p| p.pipe.is_none()), "a spliced part ends its batch");
         self.parts.push_back(part);
+    }
+
+    /// Whether the last part's data follows by splice, so the header should not be pushed
+    /// out on its own.
+    pub fn ends_with_splice(&self) -> bool {
+        self.parts.back().is_some_and(|p| p.pipe.is_some())
     }
 
     /// Accounts `n` sent bytes; parts sent in full are passed to `done` in order.
@@ -100,7 +140,8 @@ impl SendBatch {
         self.iov.clear();
         for p in &self.parts {
             let mut skip = p.sent;
-            let data = p.data.as_ref().map(|b| (b.ptr() as *const u8, b.len()));
+            // SAFETY: Part::window checked data_start + data_len <= the buffer's length.
+            let data = p.data.as_ref().map(|b| (unsafe { b.ptr().add(p.data_start) } as *const u8, p.data_len));
             let pieces = [
                 (p.head.as_ptr(), p.head_len as usize),
                 data.unwrap_or((std::ptr::null(), 0)),
@@ -176,10 +217,26 @@ impl Ring {
         self.push(sqe, Op { user, buf: Some(buf), batch: None });
     }
 
+    /// Sends the whole batch: MSG_WAITALL makes the kernel finish a partial send itself
+    /// instead of completing early; MSG_MORE holds back a header whose data is spliced next.
     pub fn send(&mut self, fd: RawFd, mut batch: Box<SendBatch>, user: u64) {
         batch.prepare();
-        let sqe = opcode::SendMsg::new(types::Fd(fd), &batch.msg).flags(libc::MSG_NOSIGNAL as u32).build();
+        let mut flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
+        if batch.ends_with_splice() {
+            flags |= libc::MSG_MORE;
+        }
+        let sqe = opcode::SendMsg::new(types::Fd(fd), &batch.msg).flags(flags as u32).build();
         self.push(sqe, Op { user, buf: None, batch: Some(batch) });
+    }
+
+    /// Moves `len` bytes from `fd_in` (at `off_in`, or its position when None) to `fd_out`;
+    /// one side must be a pipe. The descriptors belong to the caller, which keeps them open
+    /// until the completion arrives.
+    pub fn splice(&mut self, fd_in: RawFd, off_in: Option<u64>, fd_out: RawFd, len: usize, user: u64) {
+        let off = off_in.map_or(-1, |o| o as i64);
+        let len = len.min(u32::MAX as usize) as u32;
+        let sqe = opcode::Splice::new(types::Fd(fd_in), off, types::Fd(fd_out), -1, len).build();
+        self.push(sqe, Op { user, buf: None, batch: None });
     }
 
     /// Reads `len` bytes at file offset `offset` into `buf[at..at + len]`.

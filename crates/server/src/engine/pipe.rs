@@ -1,0 +1,91 @@
+//! Pipes for the splice data path: file -> pipe -> socket without the CPU touching the
+//! bytes. A worker keeps a bounded pool; a pipe that may still hold data is never reused.
+
+use std::cell::Cell;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+
+/// One pipe sized to hold a whole chunk, so a file -> pipe splice never waits for a reader.
+pub struct Pipe {
+    /// Read and write ends; taken out only when the pipe goes back to the pool.
+    fds: Option<(OwnedFd, OwnedFd)>,
+    out: Rc<Cell<usize>>,
+}
+
+impl Pipe {
+    pub fn read_fd(&self) -> RawFd {
+        self.fds.as_ref().expect("a live pipe has descriptors").0.as_raw_fd()
+    }
+
+    pub fn write_fd(&self) -> RawFd {
+        self.fds.as_ref().expect("a live pipe has descriptors").1.as_raw_fd()
+    }
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        self.out.set(self.out.get() - 1);
+    }
+}
+
+/// A worker's pipes: at most `max` handed out at once, each with at least `bytes` capacity.
+pub struct Pipes {
+    free: Vec<(OwnedFd, OwnedFd)>,
+    out: Rc<Cell<usize>>,
+    max: usize,
+    bytes: usize,
+}
+
+impl Pipes {
+    /// Probes the largest pipe the system grants up to `bytes_wanted` (pipe-max-size bounds
+    /// unprivileged users); every pipe of the pool then has that capacity.
+    pub fn new(max: usize, bytes_wanted: usize) -> Pipes {
+        let out = Rc::new(Cell::new(0));
+        match make(bytes_wanted) {
+            Ok((r, w, bytes)) => Pipes { free: vec![(r, w)], out, max, bytes },
+            Err(e) => {
+                log::warn!("cannot create pipes ({e}); spliced reads are copied instead");
+                Pipes { free: Vec::new(), out, max: 0, bytes: 0 }
+            }
+        }
+    }
+
+    /// Capacity of every pipe in the pool; 0 when pipes are unavailable.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// A pipe, or None when the pool is exhausted or the system refuses another.
+    pub fn get(&mut self) -> Option<Pipe> {
+        if self.out.get() >= self.max {
+            return None;
+        }
+        let fds = match self.free.pop() {
+            Some(p) => p,
+            None => match make(self.bytes) {
+                Ok((r, w, cap)) if cap >= self.bytes => (r, w),
+                // Smaller than promised (the per-user pipe page limit): a chunk could block.
+                _ => return None,
+            },
+        };
+        self.out.set(self.out.get() + 1);
+        Some(Pipe { fds: Some(fds), out: Rc::clone(&self.out) })
+    }
+
+    /// Returns a pipe that was drained completely; anything else must simply be dropped.
+    pub fn put(&mut self, mut pipe: Pipe) {
+        if let Some(fds) = pipe.fds.take() {
+            self.free.push(fds);
+        }
+    }
+}
+
+fn make(bytes: usize) -> io::Result<(OwnedFd, OwnedFd, usize)> {
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let cap = match rustix::pipe::fcntl_setpipe_size(&w, bytes) {
+        Ok(cap) => cap,
+        Err(_) => rustix::pipe::fcntl_getpipe_size(&w)?,
+    };
+    Ok((r, w, cap))
+}
