@@ -64,6 +64,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE")]
     chunk: Option<String>,
 
+    /// Serve Prometheus metrics (per-export request counts, bytes, errors, and per-phase
+    /// latency histograms) at http://ADDR:PORT/metrics. Off by default.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
+
     /// Make every export read-only.
     #[arg(long)]
     read_only: bool,
@@ -202,7 +207,14 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
     }
     let limits: Limits = file.limits;
     limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
-    Ok(Config { tcp, tcp_ipv6_optional: defaults, unix, threads, limits, exports })
+    let metrics = match args.metrics.as_deref().or(file.metrics.as_deref()) {
+        Some(m) => {
+            let mut addrs = parse_listen(m).map_err(|Usage(e)| Usage(e.replace("--listen", "--metrics")))?;
+            Some(addrs.remove(0))
+        }
+        None => None,
+    };
+    Ok(Config { tcp, tcp_ipv6_optional: defaults, unix, threads, limits, exports, metrics })
 }
 
 fn parse_listen(s: &str) -> Result<Vec<SocketAddr>, Usage> {

@@ -54,23 +54,31 @@ fn nbdsh(script: &str) -> String {
     out
 }
 
-/// A server with a 8 MiB file-backed export "file" (random content) and a memory export "mem".
-fn file_and_memory(dir: &std::path::Path, mem: &str) -> (Sluice, std::path::PathBuf) {
-    let path = dir.join("disk.img");
-    write_file(&path, &pattern(8 << 20, 7));
-    let file_spec = format!("file={}", path.display());
-    let mem_spec = format!("mem=memory:{mem}");
-    (Sluice::start(&["--export", &file_spec, "--export", &mem_spec]), path)
+/// Every data path; the tests that move data run once per path, with small chunks so that
+/// reads of a few hundred KiB are split, pipelined and (for splice) spliced.
+const DATA_PATHS: [&str; 4] = ["copy", "direct", "splice", "splice-direct"];
+const TEST_CHUNK: &str = "64K";
+
+/// A server with a file-backed export "file" of `file_len` bytes (random content) and a
+/// memory export "mem", both on data path `path`.
+fn file_and_memory(dir: &std::path::Path, file_len: usize, mem: &str, path: &str) -> (Sluice, std::path::PathBuf) {
+    let backing = dir.join(format!("disk-{path}.img"));
+    write_file(&backing, &pattern(file_len, 7));
+    let file_spec = format!("file={},data-path={path}", backing.display());
+    let mem_spec = format!("mem=memory:{mem},data-path={path}");
+    let s = Sluice::start(&["--export", &file_spec, "--export", &mem_spec, "--chunk", TEST_CHUNK]);
+    (s, backing)
 }
 
 #[test]
 fn unaligned_random_writes_read_back_byte_exact() {
     require!("nbdsh");
-    let dir = tempfile::tempdir().unwrap();
-    let (s, backing) = file_and_memory(dir.path(), "8M");
-    let shadow_path = dir.path().join("shadow.img");
-    nbdsh(&format!(
-        r#"
+    for path in DATA_PATHS {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, backing) = file_and_memory(dir.path(), 8 << 20, "8M", path);
+        let shadow_path = dir.path().join("shadow.img");
+        nbdsh(&format!(
+            r#"
 for uri, initial in (("{file}", open("{backing}", "rb").read()), ("{mem}", bytes(8 << 20))):
     h = connect(uri)
     size = h.get_size()
@@ -90,31 +98,49 @@ for uri, initial in (("{file}", open("{backing}", "rb").read()), ("{mem}", bytes
         assert got == shadow[off:off + n], "read of %d at %d differs" % (n, off)
     whole = h.pread(size, 0)
     assert whole == shadow, "first difference at %d" % next(i for i in range(size) if whole[i] != shadow[i])
+    # Simple replies: chunks go out in order behind one header, never interleaved.
+    simple = nbd.NBD()
+    simple.set_request_structured_replies(False)
+    simple.connect_uri(uri)
+    assert not simple.get_structured_replies_negotiated()
+    cookies = []
+    for i in range(40):
+        n = rng.randint(1, 400000)
+        off = rng.randint(0, size - n)
+        buf = nbd.Buffer(n)
+        cookies.append((simple.aio_pread(buf, off), buf, off, n))
+    for cookie, buf, off, n in cookies:
+        while not simple.aio_command_completed(cookie):
+            simple.poll(-1)
+        assert buf.to_bytearray() == shadow[off:off + n], "simple read of %d at %d differs" % (n, off)
+    simple.shutdown()
     h.flush()
     h.shutdown()
     if uri == "{file}":
         open("{shadow}", "wb").write(shadow)
 "#,
-        file = s.uri_for("file"),
-        mem = s.uri_for("mem"),
-        backing = backing.display(),
-        shadow = shadow_path.display(),
-    ));
-    // What the client saw is what the backing file holds.
-    let on_disk = std::fs::read(&backing).unwrap();
-    let expected = std::fs::read(&shadow_path).unwrap();
-    assert!(on_disk == expected, "backing file differs from what the client wrote");
-    assert_eq!(s.stop().code(), Some(0));
+            file = s.uri_for("file"),
+            mem = s.uri_for("mem"),
+            backing = backing.display(),
+            shadow = shadow_path.display(),
+        ));
+        // What the client saw is what the backing file holds.
+        let on_disk = std::fs::read(&backing).unwrap();
+        let expected = std::fs::read(&shadow_path).unwrap();
+        assert!(on_disk == expected, "backing file differs from what the client wrote");
+        assert_eq!(s.stop().code(), Some(0));
+    }
 }
 
 #[test]
 fn write_and_flush_on_one_connection_is_read_on_another() {
     require!("nbdsh");
-    let dir = tempfile::tempdir().unwrap();
-    let (s, _) = file_and_memory(dir.path(), "8M");
-    let tcp_mem = format!("nbd://127.0.0.1:{}/mem", s.port);
-    nbdsh(&format!(
-        r#"
+    for path in DATA_PATHS {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = file_and_memory(dir.path(), 8 << 20, "8M", path);
+        let tcp_mem = format!("nbd://127.0.0.1:{}/mem", s.port);
+        nbdsh(&format!(
+            r#"
 for a_uri, b_uri in (("{file}", "{file}"), ("{mem}", "{mem}"), ("{mem}", "{tcp_mem}")):
     a = connect(a_uri)
     b = connect(b_uri)
@@ -128,20 +154,22 @@ for a_uri, b_uri in (("{file}", "{file}"), ("{mem}", "{mem}"), ("{mem}", "{tcp_m
     a.shutdown()
     b.shutdown()
 "#,
-        file = s.uri_for("file"),
-        mem = s.uri_for("mem"),
-    ));
-    assert_eq!(s.stop().code(), Some(0));
+            file = s.uri_for("file"),
+            mem = s.uri_for("mem"),
+        ));
+        assert_eq!(s.stop().code(), Some(0));
+    }
 }
 
 #[test]
 fn fua_writes_trims_and_zeroes_are_acknowledged_and_durable_in_the_file() {
     require!("nbdsh");
-    let dir = tempfile::tempdir().unwrap();
-    let (s, backing) = file_and_memory(dir.path(), "8M");
-    let written = dir.path().join("written");
-    nbdsh(&format!(
-        r#"
+    for path in DATA_PATHS {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, backing) = file_and_memory(dir.path(), 8 << 20, "8M", path);
+        let written = dir.path().join("written");
+        nbdsh(&format!(
+            r#"
 for uri in ("{file}", "{mem}"):
     h = connect(uri)
     other = connect(uri)
@@ -163,29 +191,31 @@ for uri in ("{file}", "{mem}"):
     if uri == "{file}":
         open("{written}", "wb").write(data)
 "#,
-        file = s.uri_for("file"),
-        mem = s.uri_for("mem"),
-        written = written.display(),
-    ));
-    // FUA means on stable storage; at the least it must be in the file, not in sluice.
-    let disk = std::fs::read(&backing).unwrap();
-    let data = std::fs::read(&written).unwrap();
-    let initial = pattern(8 << 20, 7);
-    assert!(disk[..12345] == initial[..12345], "bytes before the write changed");
-    assert!(disk[12345..20000] == data[..20000 - 12345], "FUA write is not in the file");
-    assert!(disk[20000..25000].iter().all(|&b| b == 0), "FUA zero is not in the file");
-    assert!(disk[25000..12345 + 70001] == data[25000 - 12345..], "FUA write is not in the file");
-    assert!(disk[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0), "FUA trim is not in the file");
-    assert_eq!(s.stop().code(), Some(0));
+            file = s.uri_for("file"),
+            mem = s.uri_for("mem"),
+            written = written.display(),
+        ));
+        // FUA means on stable storage; at the least it must be in the file, not in sluice.
+        let disk = std::fs::read(&backing).unwrap();
+        let data = std::fs::read(&written).unwrap();
+        let initial = pattern(8 << 20, 7);
+        assert!(disk[..12345] == initial[..12345], "bytes before the write changed");
+        assert!(disk[12345..20000] == data[..20000 - 12345], "FUA write is not in the file");
+        assert!(disk[20000..25000].iter().all(|&b| b == 0), "FUA zero is not in the file");
+        assert!(disk[25000..12345 + 70001] == data[25000 - 12345..], "FUA write is not in the file");
+        assert!(disk[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0), "FUA trim is not in the file");
+        assert_eq!(s.stop().code(), Some(0));
+    }
 }
 
 #[test]
 fn trim_reads_back_zeros_and_keeps_neighbouring_bytes() {
     require!("nbdsh");
-    let dir = tempfile::tempdir().unwrap();
-    let (s, _) = file_and_memory(dir.path(), "8M");
-    nbdsh(&format!(
-        r#"
+    for path in DATA_PATHS {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = file_and_memory(dir.path(), 8 << 20, "8M", path);
+        nbdsh(&format!(
+            r#"
 for uri in ("{file}", "{mem}"):
     h = connect(uri, meta=True)
     assert h.can_trim()
@@ -199,19 +229,21 @@ for uri in ("{file}", "{mem}"):
     assert kind_at(extents(h, 2 << 20, 0), 0, 65536 + 4096) & 1 == 1, extents(h, 2 << 20, 0)
     h.shutdown()
 "#,
-        file = s.uri_for("file"),
-        mem = s.uri_for("mem"),
-    ));
-    assert_eq!(s.stop().code(), Some(0));
+            file = s.uri_for("file"),
+            mem = s.uri_for("mem"),
+        ));
+        assert_eq!(s.stop().code(), Some(0));
+    }
 }
 
 #[test]
 fn write_zeroes_with_and_without_no_hole_and_fast_zero() {
     require!("nbdsh");
-    let dir = tempfile::tempdir().unwrap();
-    let (s, _) = file_and_memory(dir.path(), "8M");
-    let out = nbdsh(&format!(
-        r#"
+    for path in DATA_PATHS {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = file_and_memory(dir.path(), 8 << 20, "8M", path);
+        let out = nbdsh(&format!(
+            r#"
 F = nbd.CMD_FLAG_NO_HOLE
 Z = nbd.CMD_FLAG_FAST_ZERO
 for uri in ("{file}", "{mem}"):
@@ -235,24 +267,26 @@ for uri in ("{file}", "{mem}"):
             assert all(fl & 1 == 0 for _, fl in ext), "NO_HOLE zero left a hole: %r" % ext
     h.shutdown()
 "#,
-        file = s.uri_for("file"),
-        mem = s.uri_for("mem"),
-    ));
-    // Plain zeroing and NO_HOLE without FAST_ZERO must never be refused.
-    for line in out.lines().filter(|l| l.starts_with("refused")) {
-        let flags: u32 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        assert_ne!(flags & 16, 0, "a zero request without FAST_ZERO was refused: {line}");
+            file = s.uri_for("file"),
+            mem = s.uri_for("mem"),
+        ));
+        // Plain zeroing and NO_HOLE without FAST_ZERO must never be refused.
+        for line in out.lines().filter(|l| l.starts_with("refused")) {
+            let flags: u32 = line.rsplit(' ').next().unwrap().parse().unwrap();
+            assert_ne!(flags & 16, 0, "a zero request without FAST_ZERO was refused: {line}");
+        }
+        assert_eq!(s.stop().code(), Some(0));
     }
-    assert_eq!(s.stop().code(), Some(0));
 }
 
 #[test]
 fn requests_crossing_the_end_fail_and_the_connection_stays_usable() {
     require!("nbdsh");
-    let dir = tempfile::tempdir().unwrap();
-    let (s, _) = file_and_memory(dir.path(), "1000000");
-    nbdsh(&format!(
-        r#"
+    for path in DATA_PATHS {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = file_and_memory(dir.path(), 1_000_000 + 4321, "1000000", path);
+        nbdsh(&format!(
+            r#"
 for uri in ("{file}", "{mem}"):
     h = connect(uri, strict=False, meta=True)
     size = h.get_size()
@@ -271,10 +305,11 @@ for uri in ("{file}", "{mem}"):
     assert h.pread(2, 0) == b"ok"
     h.shutdown()
 "#,
-        file = s.uri_for("file"),
-        mem = s.uri_for("mem"),
-    ));
-    assert_eq!(s.stop().code(), Some(0));
+            file = s.uri_for("file"),
+            mem = s.uri_for("mem"),
+        ));
+        assert_eq!(s.stop().code(), Some(0));
+    }
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::time::Instant;
 
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::reply::{self, Extent};
@@ -23,6 +24,7 @@ use crate::engine::{Buf, Part, Pipe, Pipes, Pool, Ring, SendBatch, BUFFER_ALIGN_
 use crate::errors::errno_from_os;
 use crate::export::Export;
 use crate::limits::Limits;
+use crate::metrics::{self, Metrics, Phases};
 
 /// Receive buffer for request headers; payloads that do not fit go straight to their buffer.
 pub const RECV_BUFFER_BYTES: usize = 64 * 1024;
@@ -77,6 +79,43 @@ struct Slot {
     chunks_left: u16,
     next_in_order: u16,
     error: Option<(i32, u64)>,
+    /// Answered with an error, and refused before it ran (which metrics leave out).
+    failed: bool,
+    rejected: bool,
+    times: Times,
+}
+
+/// When a request passed each phase boundary (the research's INIT, READ, SEND_INIT, SEND,
+/// FIN); recorded into the metrics when its slot is released.
+#[derive(Clone, Copy)]
+struct Times {
+    decoded: Instant,
+    received: Option<Instant>,
+    storage_start: Option<Instant>,
+    storage_end: Option<Instant>,
+    queued: Option<Instant>,
+    sending: Option<Instant>,
+}
+
+impl Times {
+    fn new(now: Instant) -> Times {
+        Times { decoded: now, received: None, storage_start: None, storage_end: None, queued: None, sending: None }
+    }
+
+    fn phases(&self, done: Instant) -> Phases {
+        let ns = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a).as_nanos() as u64,
+            _ => 0,
+        };
+        let received = self.received.unwrap_or(self.decoded);
+        Phases {
+            receive_ns: ns(Some(self.decoded), Some(received)),
+            storage_ns: ns(self.storage_start, self.storage_end),
+            queue_ns: ns(self.queued, self.sending),
+            send_ns: ns(self.sending, Some(done)),
+            total_ns: ns(Some(self.decoded), Some(done)),
+        }
+    }
 }
 
 impl Slot {
@@ -92,6 +131,9 @@ impl Slot {
             chunks_left: 0,
             next_in_order: 0,
             error: None,
+            failed: false,
+            rejected: false,
+            times: Times::new(Instant::now()),
         }
     }
 }
@@ -171,6 +213,8 @@ pub struct Connection {
     deferred: VecDeque<Part>,
     stream_waiters: VecDeque<u16>,
     spare_vecs: Vec<Vec<u8>>,
+    metrics: Arc<Metrics>,
+    metrics_export: usize,
     /// Scratch space reused across requests so the hot path does not allocate.
     finished_parts: Vec<Part>,
     extents: Vec<Extent>,
@@ -261,8 +305,11 @@ impl Connection {
         session: Session,
         limits: Limits,
         budget: Rc<Budget>,
+        metrics: Arc<Metrics>,
     ) -> Connection {
         let slots_max = limits.inflight_requests_per_connection;
+        let metrics_export = metrics.export_index(&export.name).expect("metrics know every export");
+        metrics.connection_opened(metrics_export);
         Connection {
             fd,
             peer,
@@ -287,6 +334,8 @@ impl Connection {
             deferred: VecDeque::new(),
             stream_waiters: VecDeque::new(),
             spare_vecs: Vec::new(),
+            metrics,
+            metrics_export,
             finished_parts: Vec::with_capacity(SEND_PARTS_MAX),
             extents: Vec::new(),
             reading: true,
@@ -350,7 +399,9 @@ impl Connection {
             _ => {
                 let slot = ((op - OP_SLOT_BASE) as usize / CHUNKS_PER_READ_MAX) as u16;
                 let chunk = (op - OP_SLOT_BASE) as usize % CHUNKS_PER_READ_MAX;
-                self.slots[slot as usize].as_mut().expect("completion for a live slot").ops -= 1;
+                let s = self.slots[slot as usize].as_mut().expect("completion for a live slot");
+                s.ops -= 1;
+                s.times.storage_end = Some(Instant::now());
                 if matches!(self.slots[slot as usize].as_ref().map(|s| s.request.command), Some(Command::Read { .. })) {
                     self.chunk_done(ctx, slot, chunk, result, buf)
                 } else {
@@ -485,7 +536,9 @@ impl Connection {
             Err(rej) => {
                 log::debug!("{}: {:?} rejected: {} ({})", self.peer, raw, rej.errno, rej.reason);
                 let request = Request { handle: raw.handle, command: Command::Flush };
-                self.slots[slot as usize] = Some(Slot::new(request));
+                let mut s = Slot::new(request);
+                s.rejected = true;
+                self.slots[slot as usize] = Some(s);
                 if rej.discard > 0 {
                     // Clients match replies only to requests they finished sending: answer
                     // once the payload has been read and dropped.
@@ -515,6 +568,7 @@ impl Connection {
             }
             _ => {}
         }
+        self.metrics.request_started(self.metrics_export);
         self.slots[slot as usize] = Some(s);
         if let Command::Write { range, .. } = request.command {
             let len = range.length as usize;
@@ -551,6 +605,7 @@ impl Connection {
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
         self.ops += 1;
         s.ops += 1;
+        s.times.storage_start.get_or_insert_with(Instant::now);
         match (s.stage, s.request.command) {
             (Stage::Sync, _) | (Stage::Main, Command::Flush) => ctx.ring.fdatasync(fd, user),
             (Stage::Main, Command::Write { range, fua }) => {
@@ -595,6 +650,9 @@ impl Connection {
     fn dispatch(&mut self, ctx: &mut Ctx, slot: u16) {
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
         let command = s.request.command;
+        if let Command::Write { .. } = command {
+            s.times.received = Some(Instant::now());
+        }
         if let Command::BlockStatus { range, context_id, one } = command {
             let mut extents = std::mem::take(&mut self.extents);
             extents.clear();
@@ -725,7 +783,9 @@ impl Connection {
         };
         let c = &mut self.chunks[slot as usize][i];
         self.ops += 1;
-        self.slots[slot as usize].as_mut().expect("slot is live").ops += 1;
+        let s = self.slots[slot as usize].as_mut().expect("slot is live");
+        s.ops += 1;
+        s.times.storage_start.get_or_insert_with(Instant::now);
         let offset = c.file_offset + c.done as u64;
         let len = c.read_len - c.done;
         match &c.pipe {
@@ -980,6 +1040,7 @@ impl Connection {
     fn reply_error(&mut self, slot: u16, errno: Errno, message: &str, offset: Option<u64>) {
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
         let handle = s.request.handle;
+        s.failed = true;
         // An error reply never carries data, whatever buffer the request held.
         drop(s.buf.take());
         let part = if self.session.structured {
@@ -998,6 +1059,7 @@ impl Connection {
         debug_assert!(!s.final_queued, "nothing follows a reply's final part");
         s.parts += 1;
         s.final_queued |= last;
+        s.times.queued.get_or_insert_with(Instant::now);
         if self.broken {
             return self.sent(part);
         }
@@ -1025,8 +1087,12 @@ impl Connection {
             return;
         }
         let Some(mut batch) = self.batch.take() else { return };
+        let now = Instant::now();
         while !batch.is_full() && !batch.ends_with_splice() {
             let Some(part) = self.queue.pop_front() else { break };
+            if let Some(s) = self.slots[part.tag as usize].as_mut() {
+                s.times.sending.get_or_insert(now);
+            }
             batch.push(part);
         }
         if batch.is_empty() {
@@ -1134,10 +1200,33 @@ impl Connection {
             self.streaming = None;
         }
         let s = self.slots[slot as usize].take().expect("released slot was live");
+        let mut bytes = 0;
         if let Command::Read { range, .. } | Command::Write { range, .. } = s.request.command {
+            bytes = range.length as u64;
             self.inflight_bytes -= range.length as usize;
             self.budget.used.set(self.budget.used.get() - range.length as usize);
         }
         self.free_slots.push(slot);
+        if !s.rejected {
+            let op = match s.request.command {
+                Command::Read { .. } => metrics::Op::Read,
+                Command::Write { .. } => metrics::Op::Write,
+                Command::Flush | Command::Disconnect => metrics::Op::Flush,
+                Command::Trim { .. } => metrics::Op::Trim,
+                Command::WriteZeroes { .. } => metrics::Op::WriteZeroes,
+                Command::Cache { .. } => metrics::Op::Cache,
+                Command::BlockStatus { .. } => metrics::Op::BlockStatus,
+            };
+            let ok = !s.failed && !self.broken;
+            let bytes = if ok { bytes } else { 0 };
+            self.metrics.record(self.metrics_export, op, &s.times.phases(Instant::now()), bytes, ok);
+            self.metrics.request_finished(self.metrics_export);
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.metrics.connection_closed(self.metrics_export);
     }
 }

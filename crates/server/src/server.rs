@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::export::Exports;
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Listener};
+use crate::metrics::{self, Metrics, MetricsServer};
 use crate::worker;
 
 pub struct Config {
@@ -19,6 +20,8 @@ pub struct Config {
     pub threads: usize,
     pub limits: Limits,
     pub exports: Exports,
+    /// Where to serve Prometheus metrics over HTTP, if anywhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 #[derive(Debug)]
@@ -47,6 +50,8 @@ pub struct Server {
     listeners: Vec<Arc<Listener>>,
     config: Config,
     shutdown: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+    metrics_server: Option<MetricsServer>,
 }
 
 impl Server {
@@ -74,11 +79,25 @@ impl Server {
         if listeners.is_empty() {
             return Err(StartError::Config("nothing to listen on".into()));
         }
-        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)) })
+        let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
+        let metrics = Metrics::new(&names);
+        let metrics_server = match config.metrics {
+            Some(addr) => Some(
+                metrics::serve_http(addr, Arc::clone(&metrics))
+                    .map_err(|source| StartError::Bind { address: format!("metrics {addr}"), source })?,
+            ),
+            None => None,
+        };
+        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)), metrics, metrics_server })
     }
 
     pub fn addresses(&self) -> Vec<String> {
         self.listeners.iter().map(|l| l.describe()).collect()
+    }
+
+    /// The metrics endpoint's address, when one was asked for.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_server.as_ref().map(MetricsServer::local_addr)
     }
 
     /// A handle that stops the server from any thread (a signal handler thread, a test).
@@ -88,11 +107,14 @@ impl Server {
 
     /// Serves until `Stopper::stop`, then lets in-flight requests finish and returns.
     pub fn serve(self, stopper: &Stopper) -> Result<(), StartError> {
-        let Server { listeners, config, shutdown } = self;
+        let Server { listeners, config, shutdown, metrics, metrics_server } = self;
+        if let Some(m) = &metrics_server {
+            log::info!("metrics at http://{}/metrics", m.local_addr());
+        }
         let mut handles = Vec::new();
         let mut joins = Vec::new();
         for id in 0..config.threads.max(1) {
-            let (h, j) = worker::spawn(id, config.limits, Arc::clone(&shutdown)).map_err(StartError::Engine)?;
+            let (h, j) = worker::spawn(id, config.limits, Arc::clone(&shutdown), Arc::clone(&metrics)).map_err(StartError::Engine)?;
             handles.push(h);
             joins.push(j);
         }
@@ -117,6 +139,7 @@ impl Server {
         for j in joins {
             let _ = j.join();
         }
+        drop(metrics_server);
         Ok(())
     }
 }

@@ -14,6 +14,7 @@ use crate::connection::{Budget, Connection, Ctx};
 use std::rc::Rc;
 use crate::engine::{Buf, Completion, Pipes, Pool, Ring};
 use crate::export::Export;
+use crate::metrics::Metrics;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS};
 
 /// A connection that finished its handshake, on its way to a worker.
@@ -48,7 +49,12 @@ impl WorkerHandle {
 /// User data of the eventfd read that wakes the worker.
 const WAKE_USER: u64 = u64::MAX - 1;
 
-pub fn spawn(id: usize, limits: Limits, shutdown: Arc<AtomicBool>) -> std::io::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
+pub fn spawn(
+    id: usize,
+    limits: Limits,
+    shutdown: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
     let wake = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)?);
     let (tx, rx) = channel();
     let handle = WorkerHandle { tx, wake: Arc::clone(&wake) };
@@ -63,7 +69,7 @@ pub fn spawn(id: usize, limits: Limits, shutdown: Arc<AtomicBool>) -> std::io::R
             Ok(p) => p,
             Err(e) => return drop(ready_tx.send(Err(e))),
         };
-        let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown);
+        let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics);
         let _ = ready_tx.send(Ok(()));
         if let Err(e) = worker.run() {
             log::error!("worker {id} stopped: {e}");
@@ -86,6 +92,7 @@ struct Worker {
     free: Vec<u32>,
     live: usize,
     budget: Rc<Budget>,
+    metrics: Arc<Metrics>,
 }
 
 impl Worker {
@@ -96,13 +103,27 @@ impl Worker {
         inbox: Receiver<NewConnection>,
         wake: Arc<OwnedFd>,
         shutdown: Arc<AtomicBool>,
+        metrics: Arc<Metrics>,
     ) -> Worker {
         if let Err(e) = ring.register(&pool) {
             log::warn!("could not register I/O buffers ({e}); using unregistered buffers (raise RLIMIT_MEMLOCK to fix)");
         }
         let budget = Rc::new(Budget::new(limits.inflight_bytes_per_worker));
         let pipes = Pipes::new(PIPES_PER_WORKER_MAX, PIPE_BYTES);
-        Worker { ring, pool, pipes, limits, inbox, wake, shutdown, conns: Vec::new(), free: Vec::new(), live: 0, budget }
+        Worker {
+            ring,
+            pool,
+            pipes,
+            limits,
+            inbox,
+            wake,
+            shutdown,
+            conns: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            budget,
+            metrics,
+        }
     }
 
     fn run(&mut self) -> std::io::Result<()> {
@@ -160,7 +181,8 @@ impl Worker {
             };
             log::info!("{}: serving export {:?}", new.peer, new.export.name);
             let budget = Rc::clone(&self.budget);
-            let conn = Connection::new(new.fd, new.peer, new.export, new.session, self.limits, budget);
+            let metrics = Arc::clone(&self.metrics);
+            let conn = Connection::new(new.fd, new.peer, new.export, new.session, self.limits, budget, metrics);
             self.conns[index as usize] = Some((conn, new.permit));
             self.live += 1;
             let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, index };
