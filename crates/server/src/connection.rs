@@ -223,6 +223,9 @@ pub struct Connection {
     reading: bool,
     /// The socket failed: nothing more can be sent.
     broken: bool,
+    /// A reply was cut short: what is queued goes out, nothing more, then the connection
+    /// closes (the protocol's way to report an error after part of a read's data).
+    closing: bool,
     shut_down: bool,
     /// Operations submitted and not yet completed.
     ops: usize,
@@ -340,6 +343,7 @@ impl Connection {
             extents: Vec::new(),
             reading: true,
             broken: false,
+            closing: false,
             shut_down: false,
             ops: 0,
             limits,
@@ -802,7 +806,7 @@ impl Connection {
         if buf.is_some() {
             c.buf = buf;
         }
-        let failure = match result {
+        let mut failure = match result {
             r if r < 0 => Some(-r),
             0 if c.done < c.need() => {
                 // The file shrank under us, or the device returned nothing.
@@ -814,7 +818,14 @@ impl Connection {
             }
         };
         let error_offset = c.file_offset + c.done as u64;
-        let short = failure.is_none() && c.done < c.need();
+        let mut short = failure.is_none() && c.done < c.need();
+        let align = self.export.backend.direct_align();
+        if short && c.direct && c.done % align != 0 {
+            // O_DIRECT stopped mid-block: that is the end of the file, and the rest of the
+            // chunk cannot be asked for at an unaligned offset anyway.
+            failure = Some(libc::EIO);
+            short = false;
+        }
         if short && !self.broken && self.slots[slot as usize].as_ref().is_some_and(|s| s.error.is_none()) {
             return self.submit_chunk(ctx, slot, i);
         }
@@ -863,9 +874,10 @@ impl Connection {
             }
             let sent_some = self.slots[slot as usize].as_ref().expect("live").next_in_order > 0;
             if contiguous && sent_some {
-                // Part of the data is already on the wire after a header promising all of
-                // it; the only way to tell the client is to drop the connection.
-                self.fail("a read failed after part of its data was sent; disconnecting");
+                // Part of the data is queued after a header promising all of it; the only
+                // way to tell the client is to close the connection once that part is out.
+                self.slots[slot as usize].as_mut().expect("live").final_queued = true;
+                self.close_after_queue("a read failed after part of its data was queued");
                 return self.release_if_idle(slot);
             }
             if last {
@@ -1053,6 +1065,16 @@ impl Connection {
         self.queue_part(slot, part, true);
     }
 
+    /// Stops taking requests and queueing replies; the connection closes once what is
+    /// already queued has been sent.
+    fn close_after_queue(&mut self, why: &str) {
+        self.closing = true;
+        self.stop_reading(why);
+        while let Some(part) = self.deferred.pop_front() {
+            self.sent(part);
+        }
+    }
+
     /// Queues one part of a slot's reply; `last` marks the part that completes it.
     fn queue_part(&mut self, slot: u16, part: Part, last: bool) {
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
@@ -1060,7 +1082,7 @@ impl Connection {
         s.parts += 1;
         s.final_queued |= last;
         s.times.queued.get_or_insert_with(Instant::now);
-        if self.broken {
+        if self.broken || self.closing {
             return self.sent(part);
         }
         if self.streaming.is_some_and(|x| x != slot) {
@@ -1085,6 +1107,9 @@ impl Connection {
     pub fn pump_output(&mut self, ctx: &mut Ctx) {
         if self.splicing.is_some() {
             return;
+        }
+        if self.closing && !self.broken && self.queue.is_empty() && self.batch.is_some() {
+            return self.fail("closing after a read that failed part way");
         }
         let Some(mut batch) = self.batch.take() else { return };
         let now = Instant::now();
