@@ -388,7 +388,7 @@ impl Connection {
         self.stop_reading(why);
         let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
         self.shut_down = true;
-        while let Some(part) = self.queue.pop_front() {
+        while let Some(part) = self.queue.pop_front().or_else(|| self.deferred.pop_front()) {
             self.sent(part);
         }
     }
@@ -1113,6 +1113,16 @@ impl Connection {
         }
         let Some(mut batch) = self.batch.take() else { return };
         let now = Instant::now();
+        if self.queue.front().is_some_and(Part::is_bare_splice) {
+            // Data with no header in front (a later piece of a contiguous read): no sendmsg,
+            // straight to the splice.
+            self.batch = Some(batch);
+            let part = self.queue.pop_front().expect("checked");
+            if let Some(s) = self.slots[part.tag as usize].as_mut() {
+                s.times.sending.get_or_insert(now);
+            }
+            return self.start_splice_out(ctx, part);
+        }
         while !batch.is_full() && !batch.ends_with_splice() {
             let Some(part) = self.queue.pop_front() else { break };
             if let Some(s) = self.slots[part.tag as usize].as_mut() {
@@ -1142,10 +1152,7 @@ impl Connection {
             if part.pipe.is_some() && !self.broken {
                 // The header is out; its data follows straight from the pipe.
                 debug_assert!(batch.is_empty(), "a spliced part ends its batch");
-                let pipe = part.pipe.as_ref().expect("checked");
-                self.ops += 1;
-                ctx.ring.splice(pipe.read_fd(), None, self.raw_fd(), part.pipe_left, ctx.user(OP_SPLICE_OUT));
-                self.splicing = Some(part);
+                self.start_splice_out(ctx, part);
                 continue;
             }
             self.sent(part);
@@ -1168,6 +1175,13 @@ impl Connection {
         }
     }
 
+    fn start_splice_out(&mut self, ctx: &mut Ctx, part: Part) {
+        let pipe = part.pipe.as_ref().expect("a spliced part has its pipe");
+        self.ops += 1;
+        ctx.ring.splice(pipe.read_fd(), None, self.raw_fd(), part.pipe_left, ctx.user(OP_SPLICE_OUT));
+        self.splicing = Some(part);
+    }
+
     fn splice_out_done(&mut self, ctx: &mut Ctx, result: i32) {
         let mut part = self.splicing.take().expect("a splice completion has its part");
         if self.broken {
@@ -1180,11 +1194,7 @@ impl Connection {
         }
         part.pipe_left -= result as usize;
         if part.pipe_left > 0 {
-            let pipe = part.pipe.as_ref().expect("a spliced part has its pipe");
-            self.ops += 1;
-            ctx.ring.splice(pipe.read_fd(), None, self.raw_fd(), part.pipe_left, ctx.user(OP_SPLICE_OUT));
-            self.splicing = Some(part);
-            return;
+            return self.start_splice_out(ctx, part);
         }
         // Drained: the pipe can carry another chunk.
         ctx.pipes.put(part.pipe.take().expect("a spliced part has its pipe"));

@@ -75,6 +75,11 @@ impl Part {
     fn total(&self) -> usize {
         self.head_len as usize + self.data_len + self.extra.len()
     }
+
+    /// Only spliced data: nothing for sendmsg to do.
+    pub fn is_bare_splice(&self) -> bool {
+        self.pipe.is_some() && self.total() == 0
+    }
 }
 
 /// A gather list for one sendmsg. It lives in a Box so the iovecs and msghdr keep their
@@ -181,7 +186,18 @@ pub struct Ring {
 
 impl Ring {
     pub fn new(entries: u32) -> io::Result<Ring> {
-        let uring = IoUring::builder().setup_clamp().build(entries)?;
+        // One thread owns the ring, so completion work can wait until that thread asks for
+        // completions instead of interrupting it (Linux 6.1+); older kernels get a plain ring.
+        let uring = match IoUring::builder()
+            .setup_clamp()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_submit_all()
+            .build(entries)
+        {
+            Ok(u) => u,
+            Err(_) => IoUring::builder().setup_clamp().build(entries)?,
+        };
         Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), registered: false, cqes: Vec::new() })
     }
 
