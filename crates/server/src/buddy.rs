@@ -154,7 +154,7 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if x % 3 != 0 || live.is_empty() {
+            if !x.is_multiple_of(3) || live.is_empty() {
                 let order = (x >> 8) as u8 % 5;
                 if let Some(block) = b.alloc(order) {
                     assert_eq!(block % (1 << order), 0, "runs are aligned to their size");

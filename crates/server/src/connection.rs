@@ -619,7 +619,7 @@ impl Connection {
                 // Unaligned writes go through the page cache, which the kernel keeps coherent
                 // with O_DIRECT; a read-modify-write here would race with other writers.
                 let fd = match direct {
-                    Some((dfd, align)) if (offset as usize | len | s.done) % align == 0 => dfd,
+                    Some((dfd, align)) if (offset as usize | len | s.done).is_multiple_of(align) => dfd,
                     _ => fd,
                 };
                 ctx.ring.write_at(fd, buf, s.done, len, offset, fua, user);
@@ -719,7 +719,7 @@ impl Connection {
         let end = offset + len as u64;
         let path = self.export.data_path;
         let direct = self.direct_fd();
-        let aligned = direct.is_some_and(|(_, a)| (offset as usize | len) % a == 0);
+        let aligned = direct.is_some_and(|(_, a)| (offset as usize | len).is_multiple_of(a));
         // Splice only whole requested ranges (an O_DIRECT splice must be aligned) and only
         // when big enough to pay for its two worker-thread hops.
         let splice = path.uses_splice() && len >= SPLICE_MIN_BYTES && ctx.pipes.bytes() > 0;
@@ -820,7 +820,7 @@ impl Connection {
         let error_offset = c.file_offset + c.done as u64;
         let mut short = failure.is_none() && c.done < c.need();
         let align = self.export.backend.direct_align();
-        if short && c.direct && c.done % align != 0 {
+        if short && c.direct && !c.done.is_multiple_of(align) {
             // O_DIRECT stopped mid-block: that is the end of the file, and the rest of the
             // chunk cannot be asked for at an unaligned offset anyway.
             failure = Some(libc::EIO);

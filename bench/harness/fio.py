@@ -1,0 +1,148 @@
+"""The one client: fio, over NBD (nbd engine, libnbd) or on the local file (io_uring engine)."""
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+
+# fio gets this long beyond its own runtime (connection setup, 256 threads starting,
+# a server that stops answering) before it is killed and the point counts as failed.
+FIO_GRACE_SECONDS = 60
+
+
+@dataclass
+class Job:
+    rw: str                 # read, randread, write, randwrite
+    bs: int                 # request size in bytes
+    iodepth: int            # outstanding requests per connection
+    runtime: int            # seconds
+    time_based: bool = True  # False: stop after one pass over the image or at runtime, whichever first
+    numjobs: int = 1        # connections (fio threads), each with iodepth outstanding requests
+
+
+@dataclass
+class Result:
+    bytes: int
+    ios: int
+    seconds: float
+    bw: float           # bytes per second, all connections together
+    iops: float
+    lat_us: float       # mean latency, submission to completion, in microseconds
+
+
+class FioError(Exception):
+    pass
+
+
+def nbd_command(uri: str, job: Job) -> list:
+    return ["fio", "--ioengine=nbd", f"--uri={uri}"] + _common(job)
+
+
+def local_command(path: str, job: Job) -> list:
+    return ["fio", "--ioengine=io_uring", f"--filename={path}"] + _common(job)
+
+
+def _common(job: Job) -> list:
+    args = [
+        "--name=bench",
+        f"--rw={job.rw}",
+        f"--bs={job.bs}",
+        f"--iodepth={job.iodepth}",
+        "--direct=1",
+        f"--runtime={job.runtime}",
+        f"--numjobs={job.numjobs}",
+        "--thread",
+        "--group_reporting",
+        "--output-format=json",
+    ]
+    if job.time_based:
+        args.append("--time_based")
+    return args
+
+
+def run(command: list, job: Job, json_path: str) -> Result:
+    """Run fio, keep its JSON at json_path, and return the totals over reads and writes."""
+    timeout = job.runtime + FIO_GRACE_SECONDS
+    with open(json_path + ".stderr", "w") as err:
+        try:
+            proc = subprocess.run(command + [f"--output={json_path}"], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=err, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise FioError(f"fio did not finish within {timeout} s (killed)")
+    if proc.returncode != 0:
+        why = _error_line(json_path) or _tail(json_path + ".stderr") or "no message"
+        raise FioError(f"fio exited with {proc.returncode}: {why}")
+    return parse(json_path)
+
+
+def _error_line(json_path: str) -> str:
+    """fio puts its error messages ('fio: pid=..., error=...') in --output, before the JSON."""
+    try:
+        with open(json_path) as f:
+            for line in f:
+                if line.startswith("{"):
+                    break
+                if "err" in line:
+                    return line.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def parse(json_path: str) -> Result:
+    with open(json_path) as f:
+        text = f.read()
+    # The nbd engine prints "fio: connected to NBD server" lines before the JSON.
+    start = text.find("\n{") + 1 if not text.startswith("{") else 0
+    try:
+        data = json.loads(text[start:])
+    except ValueError:
+        raise FioError(f"no JSON from fio in {json_path}")
+    job = data["jobs"][0]  # --group_reporting: one entry for all connections
+    if job.get("error"):
+        raise FioError(f"fio job error {job['error']}")
+    total_bytes = total_ios = 0
+    bw = iops = lat_weighted = 0.0
+    for direction in ("read", "write"):
+        d = job[direction]
+        total_bytes += d["io_bytes"]
+        total_ios += d["total_ios"]
+        bw += d["bw_bytes"]
+        iops += d["iops"]
+        lat_weighted += d["lat_ns"]["mean"] * d["total_ios"]
+    if total_ios == 0:
+        raise FioError("fio completed no I/O")
+    return Result(bytes=total_bytes, ios=total_ios, seconds=job["job_runtime"] / 1000.0,
+                  bw=bw, iops=iops, lat_us=lat_weighted / total_ios / 1000.0)
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        with open(path) as f:
+            return " | ".join(l.strip() for l in f.read().splitlines()[-lines:] if l.strip())
+    except OSError:
+        return ""
+
+
+def version() -> str:
+    try:
+        return subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "missing"
+
+
+def has_nbd_engine() -> bool:
+    try:
+        out = subprocess.run(["fio", "--enghelp"], capture_output=True, text=True).stdout
+    except OSError:
+        return False
+    return any(line.strip() == "nbd" for line in out.splitlines())
+
+
+def cleanup(json_path: str) -> None:
+    """Drop an empty stderr file of a clean run; the JSON stays for whoever wants the detail."""
+    try:
+        if os.path.getsize(json_path + ".stderr") == 0:
+            os.unlink(json_path + ".stderr")
+    except OSError:
+        pass

@@ -1,0 +1,137 @@
+"""Experiment `peers`: sluice against nbdkit, qemu-nbd and nbd-server on the same jobs,
+with nbdkit's null plugin as the network ceiling. Warm (page cache holds the image) and
+cold (page cache dropped before each job; servers use their O_DIRECT or no-cache option)."""
+
+import cache
+import fio
+import servers
+from build import UNCACHED_DATA_PATHS
+from measure import Context, run_point
+from units import fmt, fmt_sig, parse_size, percent, ratio
+
+# (label, fio rw, request size, outstanding requests)
+JOBS = [
+    ("1M seq read QD1", "read", "1M", 1),
+    ("1M seq read QD4", "read", "1M", 4),
+    ("4K randread QD1", "randread", "4K", 1),
+    ("4K randread QD32", "randread", "4K", 32),
+    ("1M seq write QD4", "write", "1M", 4),
+    ("4K randwrite QD32", "randwrite", "4K", 32),
+]
+QUICK_JOBS = ("1M seq read QD4", "4K randread QD32", "4K randwrite QD32")
+PEER_KINDS = ("nbdkit", "qemu-nbd", "nbd-server")
+
+HEADERS = ["server", "cache", "MB/s", "IOPS", "lat µs", "CPU s/GiB", "CPU µs/IO", "% null",
+           "best sluice ÷"]
+CSV_HEADERS = ["variant", "job", "rw", "bs", "iodepth", "server", "cache", "mb_per_s", "iops",
+               "lat_us", "cpu_seconds", "cpu_s_per_gib", "cpu_us_per_io", "pct_of_null",
+               "best_sluice_ratio", "bytes", "ios", "seconds", "error"]
+
+
+def server_list(ctx: Context, cold: bool) -> list:
+    lineup = []
+    if ctx.data_paths:
+        for path in ctx.data_paths:
+            if not cold or path in UNCACHED_DATA_PATHS:
+                lineup.append(servers.sluice(ctx.binary, data_path=path))
+    else:
+        lineup.append(servers.sluice(ctx.binary))
+    if ctx.have("nbdkit"):
+        lineup.append(servers.nbdkit_file(cold, ctx.nbdkit_cache_none))
+    if ctx.have("qemu-nbd"):
+        lineup.append(servers.qemu_nbd(cold, ctx.qemu_aio))
+    if ctx.have("nbd-server"):
+        lineup.append(servers.nbd_server())
+    if ctx.have("nbdkit"):
+        lineup.append(servers.nbdkit_null(ctx.image_size))
+    return lineup
+
+
+def run(ctx: Context) -> None:
+    r = ctx.report
+    r.heading("peers: sluice and other NBD servers, same jobs, same client")
+    jobs = [j for j in JOBS if not ctx.quick or j[0] in QUICK_JOBS]
+    variants = ["warm"]
+    if ctx.cold_ok:
+        variants.append("cold")
+    else:
+        r.say(f"note: {ctx.cold_reason}")
+    if not ctx.data_paths:
+        r.say("note: this sluice binary has no --data-path; sluice runs its default path only "
+              "(the per-path rows are skipped)")
+    r.say(f"fio nbd engine, one connection; {ctx.runtime} s per job. Warm: the image is read once "
+          "before each job. Cold: page cache dropped before each run, and the run stops after "
+          "one pass over the image (or at the runtime) so no block is read twice.")
+    r.say("Reads use the image, writes its scratch copy. 'best sluice ÷' = MB/s of the fastest "
+          "sluice row over this row; '% null' = this row's MB/s over the null ceiling's.")
+
+    csv_rows, overview = [], []
+    for variant in variants:
+        cold = variant == "cold"
+        for label, rw, bs, qd in jobs:
+            write = "write" in rw
+            img = ctx.scratch if write else ctx.image
+            if not cold:
+                cache.warm(img)
+            job = fio.Job(rw=rw, bs=parse_size(bs), iodepth=qd, runtime=ctx.runtime,
+                          time_based=not cold)
+            measured = []
+            for server in server_list(ctx, cold):
+                running = ctx.start(server, img)
+                if running is None:
+                    continue
+                try:
+                    point = run_point(ctx, running, fio.nbd_command(running.uri, job), job,
+                                      name=f"peers-{variant}-{label}-{server.name}",
+                                      drop_cache=cold, op="write" if write else "read")
+                finally:
+                    running.stop()
+                r.progress(f"peers {variant} | {label} | {server.name}: "
+                           + (f"{point.mb_per_s:,.0f} MB/s" if point.ok else f"failed: {point.error}"))
+                measured.append((server, point))
+            _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview)
+    r.csv("peers.csv", CSV_HEADERS, csv_rows)
+    _overview(ctx, overview)
+
+
+def _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview) -> None:
+    sluice_rows = [(s, p) for s, p in measured if s.is_sluice and p.ok]
+    best = max(sluice_rows, key=lambda sp: sp[1].mb_per_s, default=(None, None))
+    best_mb = best[1].mb_per_s if best[1] else None
+    null_mb = next((p.mb_per_s for s, p in measured if s.kind == "null" and p.ok), None)
+    rows = []
+    for server, p in measured:
+        vs = ratio(best_mb, p.mb_per_s) if server.kind != "null" else "-"
+        rows.append([server.name, server.cache, fmt(p.mb_per_s), fmt(p.iops), fmt(p.lat_us),
+                     fmt_sig(p.cpu_s_per_gib), fmt_sig(p.cpu_us_per_io),
+                     percent(p.mb_per_s, null_mb), vs if p.ok else "failed (below)"])
+        csv_rows.append([variant, label, rw, bs, qd, server.name, server.cache,
+                         _r(p.mb_per_s, 2), _r(p.iops, 1), _r(p.lat_us, 2), _r(p.cpu_seconds, 3),
+                         _r(p.cpu_s_per_gib, 4), _r(p.cpu_us_per_io, 3),
+                         _r(100 * p.mb_per_s / null_mb if p.ok and null_mb else None, 1),
+                         _r(best_mb / p.mb_per_s if p.ok and best_mb and p.mb_per_s else None, 3),
+                         p.result.bytes if p.ok else None, p.result.ios if p.ok else None,
+                         _r(p.result.seconds, 3) if p.ok else None, p.error])
+    ctx.report.table(f"[{variant}] {label}", HEADERS, rows, left=2)
+    for server, p in measured:
+        if not p.ok:
+            ctx.report.say(f"  {server.name} failed: {p.error}")
+    peers = {}
+    for server, p in measured:
+        if server.kind in PEER_KINDS and p.ok:
+            peers[server.kind] = p.mb_per_s
+    overview.append([label, variant, best[0].name if best[0] else "-", fmt(best_mb)]
+                    + [ratio(best_mb, peers.get(k)) for k in PEER_KINDS]
+                    + [percent(best_mb, null_mb)])
+
+
+def _overview(ctx, overview) -> None:
+    if not overview:
+        return
+    ctx.report.table("peers overview: the fastest sluice row of each job, as a multiple of each peer",
+                     ["job", "cache", "best sluice", "MB/s", "× nbdkit", "× qemu-nbd",
+                      "× nbd-server", "% null"], overview, left=3)
+
+
+def _r(value, digits):
+    return None if value is None else round(value, digits)
