@@ -17,7 +17,7 @@ const NBD_PORT: u16 = 10809;
 /// Size of the in-memory export served when no PATH or --export is given.
 const DEFAULT_MEMORY_EXPORT_BYTES: u64 = 1 << 30;
 /// Default read chunk; see bench/README.md for the measurement behind it.
-const DEFAULT_CHUNK_BYTES: u64 = 256 * 1024;
+const DEFAULT_CHUNK_BYTES: u64 = 1024 * 1024;
 
 #[derive(Args, Debug)]
 #[command(after_help = "EXAMPLES:
@@ -60,7 +60,7 @@ pub struct ServeArgs {
     data_path: Option<String>,
 
     /// Split reads larger than SIZE into chunks sent as soon as each is read (out of order
-    /// with structured replies); 0 sends a read only when all of it is read. Default: 256K.
+    /// with structured replies); 0 sends a read only when all of it is read. Default: 1M.
     #[arg(long, value_name = "SIZE")]
     chunk: Option<String>,
 

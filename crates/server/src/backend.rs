@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
@@ -30,6 +30,10 @@ pub trait Backend: Send + Sync {
     fn caps(&self) -> Caps;
     /// The descriptor the engine reads and writes; None for backends without storage.
     fn fd(&self) -> Option<RawFd>;
+    /// The same descriptor, for system calls made directly.
+    fn file(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
     /// A second descriptor on the same data opened with O_DIRECT, when the export asked for
     /// one and the filesystem allows it.
     fn direct_fd(&self) -> Option<RawFd> {
@@ -137,6 +141,9 @@ impl Backend for FdBackend {
     }
     fn fd(&self) -> Option<RawFd> {
         Some(self.fd.as_raw_fd())
+    }
+    fn file(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.fd.as_fd())
     }
     fn direct_fd(&self) -> Option<RawFd> {
         self.direct.as_ref().map(|(fd, _)| fd.as_raw_fd())

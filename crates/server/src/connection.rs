@@ -20,7 +20,7 @@ use sluice_proto::reply::{self, Extent};
 use sluice_proto::wire::{REQUEST_BYTES, SIMPLE_REPLY_BYTES};
 use sluice_proto::{validate, Command, Errno, Range, RawRequest, Request, Session};
 
-use crate::engine::{Buf, Part, Pipe, Pipes, Pool, Ring, SendBatch, BUFFER_ALIGN_BYTES};
+use crate::engine::{fully_cached, splice_now, Buf, Part, Pipe, Pipes, Pool, Ring, SendBatch, BUFFER_ALIGN_BYTES};
 use crate::errors::errno_from_os;
 use crate::export::Export;
 use crate::limits::Limits;
@@ -35,6 +35,8 @@ pub const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// Most pieces one read is split into; a huge read uses chunks larger than configured.
 pub const CHUNKS_PER_READ_MAX: usize = 256;
+/// Buffered writes up to this size are written by the worker thread itself (see submit_io).
+pub const INLINE_WRITE_MAX_BYTES: usize = 64 * 1024;
 /// Spliced reads smaller than this are copied: two trips through io_uring's worker threads
 /// cost more than copying a few pages.
 pub const SPLICE_MIN_BYTES: usize = 64 * 1024;
@@ -607,9 +609,30 @@ impl Connection {
         let caps = self.export.backend.caps();
         let direct = self.direct_fd();
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
+        s.times.storage_start.get_or_insert_with(Instant::now);
+        if let (Stage::Main, Command::Write { range, fua: false }) = (s.stage, s.request.command) {
+            let len = range.length as usize - s.done;
+            let offset = range.offset + s.done as u64;
+            // Whole pages, or pages already cached, need no read from the disk first.
+            let no_read = (offset as usize | len).is_multiple_of(BUFFER_ALIGN_BYTES)
+                || fully_cached(fd, offset, len) == Some(true);
+            if direct.is_none() && len <= INLINE_WRITE_MAX_BYTES && no_read {
+                // A small buffered write is a copy into the page cache: doing it here costs
+                // less than handing it to io_uring's worker thread and back, which is where
+                // io_uring runs buffered writes on most filesystems.
+                let buf = s.buf.as_ref().expect("write has a buffer");
+                let data = &buf.as_slice()[s.done..s.done + len];
+                let file = self.export.backend.file().expect("only descriptor backends do I/O");
+                let result = match rustix::io::pwrite(file, data, offset) {
+                    Ok(n) => n as i32,
+                    Err(e) => -e.raw_os_error(),
+                };
+                s.times.storage_end = Some(Instant::now());
+                return self.slot_done(ctx, slot, result, None);
+            }
+        }
         self.ops += 1;
         s.ops += 1;
-        s.times.storage_start.get_or_insert_with(Instant::now);
         match (s.stage, s.request.command) {
             (Stage::Sync, _) | (Stage::Main, Command::Flush) => ctx.ring.fdatasync(fd, user),
             (Stage::Main, Command::Write { range, fua }) => {
@@ -786,12 +809,22 @@ impl Connection {
             _ => buffered,
         };
         let c = &mut self.chunks[slot as usize][i];
-        self.ops += 1;
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
-        s.ops += 1;
         s.times.storage_start.get_or_insert_with(Instant::now);
         let offset = c.file_offset + c.done as u64;
         let len = c.read_len - c.done;
+        if let Some(pipe) = c.pipe.as_ref().filter(|_| !c.direct) {
+            // Cached data moves into the pipe at once, saving two trips through io_uring's
+            // worker threads (io_uring always runs splice there).
+            if fully_cached(fd, offset, len) == Some(true) {
+                if let Ok(n @ 1..) = splice_now(fd, offset, pipe, len) {
+                    s.times.storage_end = Some(Instant::now());
+                    return self.chunk_done(ctx, slot, i, n as i32, None);
+                }
+            }
+        }
+        self.ops += 1;
+        s.ops += 1;
         match &c.pipe {
             Some(pipe) => ctx.ring.splice(fd, Some(offset), pipe.write_fd(), len, user),
             None => {

@@ -8,5 +8,5 @@ mod pipe;
 mod ring;
 
 pub use buffer::{Buf, Pool, BUFFER_ALIGN_BYTES};
-pub use pipe::{Pipe, Pipes};
+pub use pipe::{fully_cached, splice_now, Pipe, Pipes};
 pub use ring::{Completion, Part, Ring, SendBatch};

@@ -89,3 +89,47 @@ fn make(bytes: usize) -> io::Result<(OwnedFd, OwnedFd, usize)> {
     };
     Ok((r, w, cap))
 }
+
+/// Whether every page of `[offset, offset + len)` of `fd` is in the page cache, by the
+/// cachestat system call (Linux 6.5+); None when the kernel cannot tell.
+pub fn fully_cached(fd: RawFd, offset: u64, len: usize) -> Option<bool> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    /// The same number on every architecture: it was allocated after the tables merged.
+    const SYS_CACHESTAT: libc::c_long = 451;
+    const PAGE: u64 = 4096;
+    let range = Range { off: offset, len: len as u64 };
+    let mut stat = Stat::default();
+    // SAFETY: both pointers refer to live, properly laid out structs of this frame that the
+    // kernel only reads (range) or writes (stat) during the call.
+    let rc = unsafe { libc::syscall(SYS_CACHESTAT, fd, &range as *const Range, &mut stat as *mut Stat, 0u32) };
+    if rc != 0 {
+        return None;
+    }
+    let pages = (offset + len as u64).div_ceil(PAGE) - offset / PAGE;
+    Some(stat.nr_cache >= pages)
+}
+
+/// Moves up to `len` bytes at `offset` of `file` into `pipe` now, without waiting for the
+/// pipe; meant for data already in the page cache.
+pub fn splice_now(file: RawFd, offset: u64, pipe: &Pipe, len: usize) -> io::Result<usize> {
+    // SAFETY: the descriptors are borrowed only for this call; the pipe keeps its own open.
+    let (file, out) = unsafe {
+        (std::os::fd::BorrowedFd::borrow_raw(file), std::os::fd::BorrowedFd::borrow_raw(pipe.write_fd()))
+    };
+    let mut off = offset;
+    let n = rustix::pipe::splice(file, Some(&mut off), out, None, len, rustix::pipe::SpliceFlags::NONBLOCK)?;
+    Ok(n)
+}
