@@ -69,6 +69,11 @@ fn other_bad_command_lines_exit_2_with_a_message() {
         &["--export", "a=memory:1M,rw"],
         &["--export", "a=memory:1M", "--export", "a=memory:2M"],
         &["--no-such-option"],
+        &["--data-path", "fast"],
+        &["--export", "a=memory:1M,data-path=zero-copy"],
+        &["--chunk", "lots"],
+        &["--chunk", "64M"],
+        &["--metrics", "nowhere"],
     ];
     for args in cases {
         let (code, err) = serve_refuses(args);
@@ -104,10 +109,22 @@ fn serve_help_mentions_every_option_and_the_exit_codes() {
     let out = Command::new(SLUICE).args(["serve", "--help"]).output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for option in ["--listen", "--unix", "--export", "--read-only", "--config", "--threads", "--log-level", "--help"] {
+    for option in [
+        "--listen",
+        "--unix",
+        "--export",
+        "--read-only",
+        "--config",
+        "--threads",
+        "--log-level",
+        "--data-path",
+        "--chunk",
+        "--metrics",
+        "--help",
+    ] {
         assert!(help.contains(option), "serve --help does not mention {option}:\n{help}");
     }
-    for word in ["memory:", "null:", "description=", "ro", "Exit status"] {
+    for word in ["memory:", "null:", "description=", "ro", "Exit status", "splice-direct", "data-path="] {
         assert!(help.contains(word), "serve --help does not mention {word:?}:\n{help}");
     }
     let out = Command::new(SLUICE).arg("--help").output().unwrap();
