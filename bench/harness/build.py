@@ -80,6 +80,22 @@ def data_paths(binary: str) -> tuple:
     return DATA_PATHS + tuple(p for p in LATER_DATA_PATHS if p in text)
 
 
+def defaults(binary: str) -> dict:
+    """{flag: default} for the OPTIONAL_FLAGS whose help entry says 'Default: X' (the chunk
+    size and data path sluice uses when the harness does not set them), e.g.
+    {'--data-path': 'splice', '--chunk': '1M'}."""
+    text = _serve_help(binary)
+    out = {}
+    for flag in OPTIONAL_FLAGS:
+        # the flag's entry runs from its line to the next option line
+        entry = re.search(rf"^\s*(?:-\w,\s*)?{re.escape(flag)}(?:[\s=<]|$).*?(?=^\s*-|\Z)",
+                          text, re.MULTILINE | re.DOTALL)
+        found = entry and re.search(r"Default:\s*([^\s.,;]+)", entry.group(0))
+        if found:
+            out[flag] = found.group(1)
+    return out
+
+
 def _serve_help(binary: str) -> str:
     try:
         return subprocess.run([binary, "serve", "--help"], capture_output=True, text=True,

@@ -7,7 +7,7 @@ import os
 import fio
 import proc
 import servers
-from measure import Context, run_point
+from measure import Context, repeat_note, run_point
 from units import fmt, fmt_sig
 
 COUNTS = [1 << i for i in range(9)]       # 1 ... 256
@@ -31,9 +31,11 @@ def run(ctx: Context) -> None:
     lineup = [servers.sluice(ctx.binary)]
     if ctx.have("nbdkit"):
         lineup.append(servers.nbdkit_file(cold=False, has_cache_none=ctx.nbdkit_cache_none))
-    r.say(f"fio numjobs=N --thread: N connections, {ctx.runtime} s per point, writes to the scratch "
-          "image through the page cache (buffered). Each server starts fresh for each N, so its "
-          "peak RSS (VmHWM over its process tree) is the peak for that N.")
+    r.say(f"fio numjobs=N --thread: N connections, {ctx.runtime} s per run, writes to the scratch "
+          "image through the page cache (buffered). sluice runs its default data path "
+          f"({ctx.serve_defaults.get('--data-path', 'as the binary chooses')}). "
+          f"{repeat_note(ctx)} Each server starts fresh for each N and serves all its runs, so "
+          "its peak RSS (VmHWM over its process tree) is the peak over that N's runs.")
 
     csv_rows = []
     for server in lineup:
@@ -50,16 +52,15 @@ def run(ctx: Context) -> None:
                 rss = proc.peak_rss_bytes(running.pid)
             finally:
                 running.stop()
-            r.progress(f"clients | {server.name} | {n} connections: "
-                       + (f"{point.mb_per_s:,.0f} MB/s, peak RSS {rss / MIB:,.0f} MiB" if point.ok
-                          else f"failed: {point.error}"))
+            r.progress(f"clients | {server.name} | {n} connections: {point.summary()}"
+                       + (f", peak RSS {rss / MIB:,.0f} MiB" if point.ok else ""))
             results.append((n, point, rss))
             rows.append([n, fmt(point.mb_per_s), fmt(point.iops), fmt(point.lat_us),
                          fmt(rss / MIB), fmt_sig(point.cpu_s_per_gib),
                          "ok" if point.ok else "failed (below)"])
-            csv_rows.append([server.name, n, _round(point.mb_per_s, 2), _round(point.iops, 1),
-                             _round(point.lat_us, 2), rss, _round(point.cpu_s_per_gib, 4),
-                             point.error])
+            csv_rows.append([server.name, n, _round(point.mb_per_s, 2), point.mb_spread,
+                             len(point.good), _round(point.iops, 1), _round(point.lat_us, 2), rss,
+                             _round(point.cpu_s_per_gib, 4), point.error])
         if rows:
             if all(row[-1] == "ok" for row in rows):
                 rows = [row[:-1] for row in rows]
@@ -68,11 +69,11 @@ def run(ctx: Context) -> None:
                 headers = HEADERS + ["fio"]
             r.table(server.name, headers, rows, left=0)
             for n, p, _ in results:
-                if not p.ok:
-                    r.say(f"  {n} clients failed: {p.error}")
+                if p.error:
+                    r.say(f"  {n} clients {'partly failed' if p.ok else 'failed'}: {p.error}")
             _verdicts(ctx, server, results)
-    r.csv("clients.csv", ["server", "clients", "mb_per_s", "iops", "lat_us", "peak_rss_bytes",
-                          "cpu_s_per_gib", "error"], csv_rows)
+    r.csv("clients.csv", ["server", "clients", "mb_per_s", "mb_per_s_min_max", "runs", "iops",
+                          "lat_us", "peak_rss_bytes", "cpu_s_per_gib", "error"], csv_rows)
 
 
 def sluice_budget_bytes() -> tuple:

@@ -30,6 +30,8 @@ def describe(repo: str, binary: str, features: set, image: str, scratch: str, ar
         f"sluice serve options present: "
         f"{', '.join(sorted(features)) or 'none of ' + ', '.join(build.OPTIONAL_FLAGS)}",
         f"sluice data paths measured: {', '.join(build.data_paths(binary)) or 'default only'}",
+        f"sluice serve defaults: "
+        f"{', '.join(f'{k} {v}' for k, v in build.defaults(binary).items()) or 'not stated'}",
         f"image: {image} ({size_label(image_mod.size_of(image))}) on {fstype} {device}",
         f"scratch image (write jobs): {scratch}",
         f"io scheduler of {device}: {_scheduler(device)}",

@@ -29,8 +29,13 @@ from report import Report
 from units import parse_size, size_label
 
 EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run}
-RUNTIME_SECONDS = 5
+# The full run: 432 points (84 peers, 330 sweep, 18 clients) x 3 runs of 1 s; a run takes
+# about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s with 256 fio threads),
+# so about 33 minutes on a 2-core machine (bench/README.md, Time).
+RUNTIME_SECONDS = 1
+REPEAT = 3
 QUICK_RUNTIME_SECONDS = 1
+QUICK_REPEAT = 1
 DEFAULT_IMAGE_BYTES = 2 << 30
 
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,11 +47,14 @@ def parse_args(argv):
         prog="bench/run",
         description="Benchmarks of sluice against other NBD servers (see bench/README.md).")
     p.add_argument("--quick", action="store_true",
-                   help=f"short runs and fewer points ({QUICK_RUNTIME_SECONDS} s each); "
+                   help=f"fewer points, {QUICK_REPEAT} run of {QUICK_RUNTIME_SECONDS} s each; "
                         "the whole run takes a few minutes")
     p.add_argument("--runtime", type=int, metavar="SECONDS",
-                   help=f"seconds per measured point (default {RUNTIME_SECONDS}, "
+                   help=f"seconds per fio run (default {RUNTIME_SECONDS}, "
                         f"{QUICK_RUNTIME_SECONDS} with --quick)")
+    p.add_argument("--repeat", type=int, metavar="N",
+                   help=f"fio runs per measured point; tables show the median of each figure "
+                        f"(default {REPEAT}, {QUICK_REPEAT} with --quick)")
     p.add_argument("--only", metavar="EXPERIMENT",
                    help="run only these, comma-separated: peers, sweep, clients")
     p.add_argument("--image", metavar="PATH",
@@ -69,6 +77,8 @@ def parse_args(argv):
             p.error(f"unknown experiment {e!r}: choose from {', '.join(EXPERIMENTS)}")
     if args.runtime is not None and args.runtime < 1:
         p.error("--runtime must be at least 1 second")
+    if args.repeat is not None and args.repeat < 1:
+        p.error("--repeat must be at least 1")
     try:
         args.size = parse_size(args.size)
     except ValueError as e:
@@ -173,10 +183,13 @@ def prepare(args, report, out_dir, workdir, argv):
         report.say("  " + line)
 
     runtime = args.runtime or (QUICK_RUNTIME_SECONDS if args.quick else RUNTIME_SECONDS)
+    repeat = args.repeat or (QUICK_REPEAT if args.quick else REPEAT)
     return Context(report=report, out_dir=out_dir, workdir=workdir, binary=binary,
-                   features=features, data_paths=build.data_paths(binary), image=image_path,
+                   features=features, serve_defaults=build.defaults(binary),
+                   data_paths=build.data_paths(binary), image=image_path,
                    scratch=scratch, image_size=image_size,
-                   runtime=runtime, quick=args.quick, cold_ok=cold_ok, cold_reason=cold_reason,
+                   runtime=runtime, repeat=repeat, quick=args.quick,
+                   cold_ok=cold_ok, cold_reason=cold_reason,
                    nbdkit_cache_none=tools.nbdkit_has_cache_none(), qemu_aio=tools.qemu_nbd_aio(),
                    missing=missing)
 

@@ -6,7 +6,7 @@ import cache
 import fio
 import servers
 from build import UNCACHED_DATA_PATHS
-from measure import Context, run_point
+from measure import Context, repeat_note, run_point
 from units import fmt, fmt_sig, parse_size, percent, ratio
 
 # (label, fio rw, request size, outstanding requests)
@@ -20,12 +20,19 @@ JOBS = [
 ]
 QUICK_JOBS = ("1M seq read QD4", "4K randread QD32", "4K randwrite QD32")
 PEER_KINDS = ("nbdkit", "qemu-nbd", "nbd-server")
+# The sluice row the overview compares with the peers: what a user gets without tuning.
+# Warm: sluice's default data path (splice; read from `sluice serve --help` when it says).
+# Cold: direct, the page-cache-free path one sets when the cache is not to be used (splice
+# reads through the page cache, so it has no cold rows).
+DEFAULT_DATA_PATH = "splice"
+COLD_DATA_PATH = "direct"
 
 HEADERS = ["server", "cache", "MB/s", "IOPS", "lat µs", "CPU s/GiB", "CPU µs/IO", "% null",
            "best sluice ÷"]
-CSV_HEADERS = ["variant", "job", "rw", "bs", "iodepth", "server", "cache", "mb_per_s", "iops",
-               "lat_us", "cpu_seconds", "cpu_s_per_gib", "cpu_us_per_io", "pct_of_null",
-               "best_sluice_ratio", "bytes", "ios", "seconds", "error"]
+CSV_HEADERS = ["variant", "job", "rw", "bs", "iodepth", "server", "cache", "mb_per_s",
+               "mb_per_s_min_max", "runs", "iops", "lat_us", "cpu_seconds", "cpu_s_per_gib",
+               "cpu_us_per_io", "pct_of_null", "best_sluice_ratio", "bytes", "ios", "seconds",
+               "error"]
 
 
 def server_list(ctx: Context, cold: bool) -> list:
@@ -59,11 +66,13 @@ def run(ctx: Context) -> None:
     if not ctx.data_paths:
         r.say("note: this sluice binary has no --data-path; sluice runs its default path only "
               "(the per-path rows are skipped)")
-    r.say(f"fio nbd engine, one connection; {ctx.runtime} s per job. Warm: the image is read once "
-          "before each job. Cold: page cache dropped before each run, and the run stops after "
-          "one pass over the image (or at the runtime) so no block is read twice.")
+    r.say(repeat_note(ctx) + f" fio nbd engine, one connection; {ctx.runtime} s per run. "
+          "Warm: the image is read once before each job. Cold: page cache dropped before each "
+          "run, and the run stops after one pass over the image (or at the runtime) so no block "
+          "is read twice.")
     r.say("Reads use the image, writes its scratch copy. 'best sluice ÷' = MB/s of the fastest "
-          "sluice row over this row; '% null' = this row's MB/s over the null ceiling's.")
+          "sluice row over this row; '% null' = this row's MB/s over the null ceiling's. sluice "
+          f"rows use the default chunk ({ctx.serve_defaults.get('--chunk', 'of the binary')}).")
 
     csv_rows, overview = [], []
     for variant in variants:
@@ -86,8 +95,7 @@ def run(ctx: Context) -> None:
                                       drop_cache=cold, op="write" if write else "read")
                 finally:
                     running.stop()
-                r.progress(f"peers {variant} | {label} | {server.name}: "
-                           + (f"{point.mb_per_s:,.0f} MB/s" if point.ok else f"failed: {point.error}"))
+                r.progress(f"peers {variant} | {label} | {server.name}: {point.summary()}")
                 measured.append((server, point))
             _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview)
     r.csv("peers.csv", CSV_HEADERS, csv_rows)
@@ -106,32 +114,59 @@ def _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview) ->
                      fmt_sig(p.cpu_s_per_gib), fmt_sig(p.cpu_us_per_io),
                      percent(p.mb_per_s, null_mb), vs if p.ok else "failed (below)"])
         csv_rows.append([variant, label, rw, bs, qd, server.name, server.cache,
-                         _r(p.mb_per_s, 2), _r(p.iops, 1), _r(p.lat_us, 2), _r(p.cpu_seconds, 3),
+                         _r(p.mb_per_s, 2), p.mb_spread, len(p.good), _r(p.iops, 1),
+                         _r(p.lat_us, 2), _r(p.cpu_seconds, 3),
                          _r(p.cpu_s_per_gib, 4), _r(p.cpu_us_per_io, 3),
                          _r(100 * p.mb_per_s / null_mb if p.ok and null_mb else None, 1),
                          _r(best_mb / p.mb_per_s if p.ok and best_mb and p.mb_per_s else None, 3),
-                         p.result.bytes if p.ok else None, p.result.ios if p.ok else None,
-                         _r(p.result.seconds, 3) if p.ok else None, p.error])
+                         _int(p.bytes), _int(p.ios), _r(p.seconds, 3), p.error])
     ctx.report.table(f"[{variant}] {label}", HEADERS, rows, left=2)
     for server, p in measured:
-        if not p.ok:
-            ctx.report.say(f"  {server.name} failed: {p.error}")
+        if p.error:
+            ctx.report.say(f"  {server.name} {'partly failed' if p.ok else 'failed'}: {p.error}")
     peers = {}
     for server, p in measured:
         if server.kind in PEER_KINDS and p.ok:
             peers[server.kind] = p.mb_per_s
-    overview.append([label, variant, best[0].name if best[0] else "-", fmt(best_mb)]
-                    + [ratio(best_mb, peers.get(k)) for k in PEER_KINDS]
-                    + [percent(best_mb, null_mb)])
+    preferred = _preferred(ctx, variant, sluice_rows)
+    pref_mb = preferred[1].mb_per_s if preferred else None
+    overview.append([label, variant, preferred[0].name if preferred else "-",
+                     best[0].name if best[0] else "-", fmt(pref_mb), fmt(best_mb)]
+                    + [ratio(pref_mb, peers.get(k)) for k in PEER_KINDS]
+                    + [percent(pref_mb, null_mb)])
+
+
+def _preferred_path(ctx, variant):
+    """The data path of the overview's sluice row; None: the binary has no --data-path, so
+    its one sluice row (default path) is it."""
+    if not ctx.data_paths:
+        return None
+    if variant == "cold":
+        return COLD_DATA_PATH
+    return ctx.serve_defaults.get("--data-path", DEFAULT_DATA_PATH)
+
+
+def _preferred(ctx, variant, sluice_rows):
+    """The (server, point) of the overview's sluice row, or None when it did not run."""
+    path = _preferred_path(ctx, variant)
+    return next(((s, p) for s, p in sluice_rows if s.data_path == path), None)
 
 
 def _overview(ctx, overview) -> None:
     if not overview:
         return
-    ctx.report.table("peers overview: the fastest sluice row of each job, as a multiple of each peer",
-                     ["job", "cache", "best sluice", "MB/s", "× nbdkit", "× qemu-nbd",
-                      "× nbd-server", "% null"], overview, left=3)
+    which = (f"sluice {_preferred_path(ctx, 'warm')} (the default data path) warm, "
+             f"sluice {_preferred_path(ctx, 'cold')} cold"
+             if ctx.data_paths else "sluice's default data path")
+    ctx.report.table(f"peers overview: {which} (MB/s, × each peer, % null), "
+                     "beside the fastest sluice row (best MB/s)",
+                     ["job", "cache", "sluice", "best sluice", "MB/s", "best MB/s", "× nbdkit",
+                      "× qemu-nbd", "× nbd-server", "% null"], overview, left=4)
 
 
 def _r(value, digits):
     return None if value is None else round(value, digits)
+
+
+def _int(value):
+    return None if value is None else int(round(value))

@@ -47,6 +47,7 @@ class Server:
     daemon: bool = False            # forks into the background and writes a pid file
     metrics: bool = False           # serves Prometheus text on a second port
     extra_files: Callable[[Launch], None] = field(default=lambda launch: None)
+    data_path: Optional[str] = None  # sluice's --data-path; None: its default (or not sluice)
 
     @property
     def is_sluice(self) -> bool:
@@ -232,7 +233,8 @@ def sluice(binary: str, data_path: Optional[str] = None, chunk: Optional[str] = 
             args += ["--metrics", f"127.0.0.1:{launch.metrics_port}"]
         return args
 
-    return Server(name=name, kind="sluice", cache=cache, argv=argv, metrics=metrics)
+    return Server(name=name, kind="sluice", cache=cache, argv=argv, metrics=metrics,
+                  data_path=data_path)
 
 
 def nbdkit_file(cold: bool, has_cache_none: bool) -> Server:

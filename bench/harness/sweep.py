@@ -10,7 +10,7 @@ import fio
 import metrics
 import servers
 import svg
-from measure import Context, run_point
+from measure import Context, repeat_note, run_point
 from units import fmt, size_label
 
 SIZES = [1 << e for e in range(12, 23)]          # 4K ... 4M
@@ -20,6 +20,10 @@ QUICK_DEPTHS = [1, 4]
 
 PATH_COLORS = {"copy": "#1f77b4", "direct": "#d62728", "splice": "#2ca02c",
                "splice-direct": "#ff7f0e", None: "#9467bd"}
+
+
+# Chunk of the pipelined sweep curves (the server's default is larger, 1M).
+SWEEP_CHUNK = "128K"
 
 
 @dataclass
@@ -34,14 +38,17 @@ class Series:
 
 def series_list(ctx: Context) -> list:
     paths = ctx.data_paths or (None,)
-    chunks = (None, "0") if "--chunk" in ctx.features else (None,)
+    # Pipelined curves use a chunk well below the largest sizes, so splitting shows across
+    # most of the sweep; the dashed twins never split.
+    chunks = (SWEEP_CHUNK, "0") if "--chunk" in ctx.features else (None,)
     out = []
     for path in paths:
         for chunk in chunks:
             server = servers.sluice(ctx.binary, data_path=path, chunk=chunk,
                                     metrics="--metrics" in ctx.features)
             key = (path or "sluice") + ("/c0" if chunk == "0" else "")
-            label = f"sluice {path or '(default path)'}" + (", chunk 0" if chunk == "0" else "")
+            label = f"sluice {path or '(default path)'}" + (", chunk 0" if chunk == "0" else
+                                                           f", chunk {chunk}" if chunk else "")
             out.append(Series(key, label, server, True, PATH_COLORS.get(path, "#8c564b"),
                               "7 4" if chunk == "0" else ""))
     out.append(Series("disk", "local disk (fio, O_DIRECT)", None, True, "#000000"))
@@ -63,10 +70,15 @@ def run(ctx: Context) -> None:
         r.say("note: this sluice binary has no --data-path: one sluice curve, its default path")
     if "--chunk" not in ctx.features:
         r.say("note: this sluice binary has no --chunk: no 'chunk 0' (unpipelined) curves")
-    r.say(f"Sequential reads, {ctx.runtime} s per point. "
+    r.say(f"Sequential reads, {ctx.runtime} s per run. {repeat_note(ctx)} "
           + ("Disk-bound points (sluice, local disk) start with a dropped page cache and stop "
              "after one pass over the image or at the runtime. " if cold else "")
           + "The null ceiling has no storage behind it.")
+    if "--chunk" in ctx.features:
+        r.say(f"Solid sluice curves split reads into {SWEEP_CHUNK} chunks, all read at once and "
+              "each sent as soon as it is read (pipelined); a read no larger than that is never "
+              "split, so up to that size a dashed /c0 curve (never split) runs the same "
+              "configuration as its solid twin.")
 
     all_series = series_list(ctx)
     points = {}   # (series key, depth, size) -> Point
@@ -88,8 +100,7 @@ def run(ctx: Context) -> None:
                                       drop_cache=cold and series.disk_bound)
                     points[(series.key, depth, size)] = point
                     r.progress(f"sweep | {series.label} | QD{depth} {size_label(size)}: "
-                               + (f"{point.mb_per_s:,.0f} MB/s" if point.ok
-                                  else f"failed: {point.error}"))
+                               + point.summary())
         finally:
             if running:
                 running.stop()
@@ -112,11 +123,12 @@ def run(ctx: Context) -> None:
                                              if _mb(points.get((s.key, depth, size))) is not None],
                                    s.color, s.dash) for s in ran],
                        "request size (bytes, log2 scale)", "MB/s (10^6 bytes/s)", size_label,
-                       subtitle=f"sequential reads, fio nbd engine, {ctx.runtime} s per point; "
+                       subtitle=f"sequential reads, fio nbd engine, {_runs_text(ctx)}; "
                                 f"{os.path.basename(ctx.out_dir)}")
-    failed = [(key, depth, size, p.error) for (key, depth, size), p in points.items() if not p.ok]
-    for key, depth, size, error in failed:
-        r.say(f"  {key} QD{depth} {size_label(size)} failed: {error}")
+    for (key, depth, size), p in points.items():
+        if p.error:
+            r.say(f"  {key} QD{depth} {size_label(size)} {'partly failed' if p.ok else 'failed'}: "
+                  f"{p.error}")
     _phase_tables(ctx, ran, points, depths, sizes)
     _write_csv(ctx, ran, points, depths, sizes)
     r.say()
@@ -155,16 +167,24 @@ def _write_csv(ctx, ran, points, depths, sizes) -> None:
                 p = points.get((s.key, depth, size))
                 if p is None:
                     continue
-                rows.append([s.key, s.label, depth, size, _round(_mb(p), 2), _round(p.iops, 1),
-                             _round(p.lat_us, 2), _round(p.cpu_s_per_gib, 4), p.error])
+                rows.append([s.key, s.label, depth, size, _round(_mb(p), 2), p.mb_spread,
+                             len(p.good), _round(p.iops, 1), _round(p.lat_us, 2),
+                             _round(p.cpu_s_per_gib, 4), p.error])
                 if p.phases:
                     phase_rows.append([s.key, depth, size, _round(_mb(p), 2)]
                                       + [_round(p.phases.get(ph), 2) for ph in metrics.PHASES])
-    ctx.report.csv("sweep.csv", ["series", "label", "iodepth", "bs", "mb_per_s", "iops", "lat_us",
-                                 "cpu_s_per_gib", "error"], rows)
+    ctx.report.csv("sweep.csv", ["series", "label", "iodepth", "bs", "mb_per_s",
+                                 "mb_per_s_min_max", "runs", "iops", "lat_us", "cpu_s_per_gib",
+                                 "error"], rows)
     if phase_rows:
         ctx.report.csv("sweep_phases.csv", ["series", "iodepth", "bs", "mb_per_s"]
                        + [f"{ph}_us" for ph in metrics.PHASES], phase_rows)
+
+
+def _runs_text(ctx) -> str:
+    if ctx.repeat == 1:
+        return f"{ctx.runtime} s per point"
+    return f"median of {ctx.repeat} runs of {ctx.runtime} s per point"
 
 
 def _mb(point):
