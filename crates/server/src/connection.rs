@@ -197,6 +197,8 @@ pub struct Connection {
     recv_in_flight: bool,
 
     slots: Vec<Option<Slot>>,
+    /// Reads being worked on; the splice path is taken only by a read that is alone.
+    reads_in_flight: usize,
     /// Chunks of each slot's read, kept apart from the slot so their Vec is reused.
     chunks: Vec<Vec<Chunk>>,
     free_slots: Vec<u16>,
@@ -328,6 +330,7 @@ impl Connection {
             after_discard: None,
             recv_in_flight: false,
             slots: (0..slots_max).map(|_| None).collect(),
+            reads_in_flight: 0,
             chunks: (0..slots_max).map(|_| Vec::new()).collect(),
             free_slots: (0..slots_max as u16).rev().collect(),
             inflight_bytes: 0,
@@ -745,7 +748,17 @@ impl Connection {
         let aligned = direct.is_some_and(|(_, a)| (offset as usize | len).is_multiple_of(a));
         // Splice only whole requested ranges (an O_DIRECT splice must be aligned) and only
         // when big enough to pay for its two worker-thread hops.
-        let splice = path.uses_splice() && len >= SPLICE_MIN_BYTES && ctx.pipes.bytes() > 0;
+        // A pipe holds one chunk, so small pipes (when the system refused 1 MiB) may not
+        // cover a long read in CHUNKS_PER_READ_MAX chunks; such reads are copied.
+        let pipe_bytes = ctx.pipes.bytes();
+        let splice = path.uses_splice()
+            && len >= SPLICE_MIN_BYTES
+            && pipe_bytes > 0
+            && len.div_ceil(pipe_bytes) <= CHUNKS_PER_READ_MAX
+            // Spliced replies leave one after another, each through an io-wq round trip;
+            // with other reads in flight, copying keeps the socket busier for less CPU.
+            && self.reads_in_flight == 0;
+        self.reads_in_flight += 1;
         let splice_direct = splice && aligned;
         // O_DIRECT into buffers reads whole aligned blocks and sends the requested part.
         let bounce = !splice && direct.is_some();
@@ -780,7 +793,7 @@ impl Connection {
             });
             at = c1;
         }
-        debug_assert!(chunks.len() <= CHUNKS_PER_READ_MAX);
+        assert!(chunks.len() <= CHUNKS_PER_READ_MAX, "chunk numbers are part of the operation id");
         let s = self.slots[slot as usize].as_mut().expect("slot is live");
         s.chunks_left = chunks.len() as u16;
         for c in chunks.iter_mut() {
@@ -1269,6 +1282,11 @@ impl Connection {
         }
         let s = self.slots[slot as usize].take().expect("released slot was live");
         let mut bytes = 0;
+        if let (Command::Read { range, .. }, false) = (s.request.command, s.rejected) {
+            if range.length > 0 && self.export.backend.fd().is_some() {
+                self.reads_in_flight -= 1;
+            }
+        }
         if let Command::Read { range, .. } | Command::Write { range, .. } = s.request.command {
             bytes = range.length as u64;
             self.inflight_bytes -= range.length as usize;
