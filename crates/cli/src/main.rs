@@ -1,15 +1,21 @@
 //! The `sluice` command. Subcommands are thin: they parse, then call the library crates.
 
+mod bench;
+mod client_cli;
 mod config;
+mod copy;
+mod info;
 mod logger;
+mod mount;
 mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
-/// Exit status when the server could not start or failed while running.
+/// Exit status when the server could not start or failed while running, or a client
+/// subcommand failed (unreachable server, unknown export, I/O error).
 pub const EXIT_FAILURE: u8 = 1;
-/// Exit status for a bad command line or configuration (clap also uses 2).
+/// Exit status for a bad command line, configuration or URI (clap also uses 2).
 pub const EXIT_USAGE: u8 = 2;
 
 #[derive(Parser)]
@@ -23,11 +29,23 @@ struct Cli {
 enum Command {
     /// Serve files, block devices, RAM or a null device over NBD.
     Serve(serve::ServeArgs),
+    /// Show an export's size, flags and block sizes, list exports, or map its allocation.
+    Info(info::InfoArgs),
+    /// Copy between NBD exports, files and stdin/stdout, in parallel, keeping holes.
+    Copy(copy::CopyArgs),
+    /// Measure an export: bandwidth and latency over request size and queue depth.
+    Bench(bench::BenchArgs),
+    /// Expose an export as a single file through FUSE (for losetup, mkfs, mount).
+    Mount(mount::MountArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Info(args) => info::run(args),
+        Command::Copy(args) => copy::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Mount(args) => mount::run(args),
     }
 }

@@ -2,6 +2,7 @@
 //! replies in, bytes out. Spec: NetworkBlockDevice/nbd, doc/proto.md.
 #![forbid(unsafe_code)]
 
+pub mod client;
 pub mod errno;
 pub mod handshake;
 pub mod limits;

@@ -1,0 +1,382 @@
+//! The public client: one export over one or more connections. Checks each call against
+//! what the export allows before sending, splits ranges larger than one request, and
+//! spreads requests over connections (multi-conn) by fewest in flight.
+
+use crate::connection::{self, Connection, Outcome};
+use crate::error::Error;
+use crate::handshake;
+pub use crate::handshake::Export;
+use crate::limits::*;
+use crate::uri::Uri;
+use sluice_proto::wire::*;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to connect.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Connections to open. More than one is used only when the server advertises
+    /// CAN_MULTI_CONN (otherwise their caches could disagree); the rest are not opened.
+    pub connections: usize,
+    /// Ask for structured replies (needed for block status and chunked reads).
+    pub structured: bool,
+    /// Ask for base:allocation, so `block_status` can report holes.
+    pub block_status: bool,
+    /// Time allowed to connect and finish the handshake, per connection.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { connections: 1, structured: true, block_status: true, connect_timeout: Duration::from_millis(CONNECT_TIMEOUT_MS) }
+    }
+}
+
+/// One run of the export with the same allocation state, from base:allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub offset: u64,
+    pub length: u64,
+    /// Not allocated on the server (reads as zeros when `zero` is also set).
+    pub hole: bool,
+    /// Known to read as zeros.
+    pub zero: bool,
+}
+
+/// A connected export. Cheap to clone; clones share the connections. Every method may be
+/// called concurrently: that is how requests get in flight together.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    export: Export,
+    connections: Vec<Connection>,
+}
+
+impl Client {
+    /// Connects to an NBD URI with default options.
+    pub async fn connect(uri: &str) -> Result<Client, Error> {
+        Client::connect_with(&Uri::parse(uri)?, &Options::default()).await
+    }
+
+    pub async fn connect_with(uri: &Uri, options: &Options) -> Result<Client, Error> {
+        let first = open_one(uri, options).await?;
+        let export = first.0.clone();
+        let mut connections = vec![first.1];
+        let wanted = options.connections.clamp(1, CONNECTIONS_MAX);
+        if wanted > 1 && export.can_multi_conn() {
+            for _ in 1..wanted {
+                let (ex, conn) = open_one(uri, options).await?;
+                if ex.size != export.size || ex.flags != export.flags {
+                    return Err(Error::Protocol("connections to the same export disagree on its size or flags".into()));
+                }
+                connections.push(conn);
+            }
+        }
+        Ok(Client { inner: Arc::new(Inner { export, connections }) })
+    }
+
+    /// The export as negotiated.
+    pub fn export(&self) -> &Export {
+        &self.inner.export
+    }
+
+    pub fn size(&self) -> u64 {
+        self.inner.export.size
+    }
+
+    /// Connections actually open (1 unless the server allows multi-conn and more were asked).
+    pub fn connections(&self) -> usize {
+        self.inner.connections.len()
+    }
+
+    fn pick(&self) -> Result<&Connection, Error> {
+        let live = self.inner.connections.iter().filter(|c| !c.is_dead());
+        live.min_by_key(|c| c.in_flight()).ok_or(Error::Closed)
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {
+        let size = self.inner.export.size;
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(Error::OutOfRange { offset, len, size }),
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), Error> {
+        if self.inner.export.read_only() {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `offset` into `buf` and hands it back. The data goes from
+    /// the socket straight into `buf`; no staging copy. The buffer is zero-filled first, so
+    /// nothing stale can leak through a misbehaving reply.
+    pub async fn read_owned(&self, offset: u64, buf: Vec<u8>) -> Result<Vec<u8>, Error> {
+        let mut bufs = self.read_vectored(offset, vec![buf]).await?;
+        Ok(bufs.pop().unwrap_or_default())
+    }
+
+    /// Reads into several buffers in order (scatter): `offset` goes to the start of the
+    /// first. Large ranges are split into requests the server accepts and sent together.
+    pub async fn read_vectored(&self, offset: u64, mut bufs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, Error> {
+        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        self.check_range(offset, total)?;
+        for b in &mut bufs {
+            b.fill(0);
+        }
+        let max = self.inner.export.request_max_bytes() as u64;
+        if total <= max {
+            return self.read_request(offset, bufs).await;
+        }
+        // Too big for one request: read each piece into its own buffer, all in flight
+        // together, then copy into the caller's. Splitting the caller's buffers in place
+        // would need aliasing the borrow checker cannot see through.
+        let pieces = (0..total.div_ceil(max)).map(|i| {
+            let n = (total - i * max).min(max);
+            self.read_request(offset + i * max, vec![vec![0u8; n as usize]])
+        });
+        let mut data = Vec::new();
+        for r in join_all(pieces).await {
+            data.extend(r?);
+        }
+        let mut src = data.iter().flat_map(|d| d.iter());
+        for b in &mut bufs {
+            for (d, s) in b.iter_mut().zip(&mut src) {
+                *d = *s;
+            }
+        }
+        Ok(bufs)
+    }
+
+    /// One READ request; the buffers' lengths add up to at most the request maximum.
+    async fn read_request(&self, offset: u64, bufs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, Error> {
+        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        if total == 0 {
+            return Ok(bufs);
+        }
+        match self.pick()?.call(CMD_READ, 0, offset, total as u32, &[], bufs).await? {
+            Outcome::Read(b) => Ok(b),
+            _ => Err(Error::Protocol("read answered without data".into())),
+        }
+    }
+
+    /// Reads into a borrowed buffer. This costs one copy from an owned buffer; use
+    /// `read_owned` or `read_vectored` on hot paths.
+    pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+        let data = self.read_owned(offset, vec![0u8; buf.len()]).await?;
+        buf.copy_from_slice(&data);
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`; with `fua`, the server has it on stable storage before
+    /// answering.
+    pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Error> {
+        self.write_vectored(offset, &[IoSlice::new(data)], fua).await
+    }
+
+    /// Writes several buffers in order (gather) as one range starting at `offset`. The
+    /// buffers go to the socket with writev, without staging copies.
+    pub async fn write_vectored(&self, offset: u64, data: &[IoSlice<'_>], fua: bool) -> Result<(), Error> {
+        self.check_writable()?;
+        let total: u64 = data.iter().map(|b| b.len() as u64).sum();
+        self.check_range(offset, total)?;
+        let flags = self.fua_flag(fua)?;
+        let max = self.inner.export.request_max_bytes() as u64;
+        if total <= max {
+            if total == 0 {
+                return Ok(());
+            }
+            self.pick()?.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new()).await?;
+            return Ok(());
+        }
+        // Split into requests of at most `max` bytes, each a list of sub-slices, all sent at once.
+        let mut requests: Vec<(u64, Vec<IoSlice<'_>>)> = Vec::new();
+        let mut cur: Vec<IoSlice<'_>> = Vec::new();
+        let (mut cur_len, mut cur_off) = (0u64, offset);
+        for s in data {
+            let mut s: &[u8] = s;
+            while !s.is_empty() {
+                let n = (s.len() as u64).min(max - cur_len) as usize;
+                cur.push(IoSlice::new(&s[..n]));
+                cur_len += n as u64;
+                s = &s[n..];
+                if cur_len == max {
+                    requests.push((cur_off, std::mem::take(&mut cur)));
+                    cur_off += cur_len;
+                    cur_len = 0;
+                }
+            }
+        }
+        if cur_len > 0 {
+            requests.push((cur_off, cur));
+        }
+        let calls = requests.iter().map(|(off, slices)| {
+            let len: usize = slices.iter().map(|s| s.len()).sum();
+            async move { self.pick()?.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new()).await }
+        });
+        for r in join_all(calls).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    fn fua_flag(&self, fua: bool) -> Result<u16, Error> {
+        match (fua, self.inner.export.can_fua()) {
+            (false, _) => Ok(0),
+            (true, true) => Ok(CMD_FLAG_FUA),
+            (true, false) => Err(Error::Unsupported("FUA")),
+        }
+    }
+
+    /// Asks the server to make every completed write durable. With multi-conn, one flush
+    /// covers writes completed on every connection (that is what CAN_MULTI_CONN promises),
+    /// so it is sent on all of them only to be safe against in-flight ones.
+    pub async fn flush(&self) -> Result<(), Error> {
+        if !self.inner.export.can_flush() {
+            // The server says writes are durable when answered.
+            return Ok(());
+        }
+        let calls = self.inner.connections.iter().map(|c| c.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()));
+        for r in join_all(calls).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Tells the server the range is no longer needed (it may then read as anything).
+    pub async fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), Error> {
+        self.check_writable()?;
+        if !self.inner.export.can_trim() {
+            return Err(Error::Unsupported("TRIM"));
+        }
+        let flags = self.fua_flag(fua)?;
+        self.ranged(CMD_TRIM, flags, offset, len).await
+    }
+
+    /// Writes zeros over the range. `may_trim` lets the server punch a hole instead of
+    /// allocating; `fast` asks it to fail (with `Server { errno: ENOTSUP }`) rather than
+    /// write zeros slowly.
+    pub async fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool, fast: bool) -> Result<(), Error> {
+        self.check_writable()?;
+        if !self.inner.export.can_zero() {
+            return Err(Error::Unsupported("WRITE_ZEROES"));
+        }
+        if fast && !self.inner.export.can_fast_zero() {
+            return Err(Error::Unsupported("fast zero"));
+        }
+        let mut flags = self.fua_flag(fua)?;
+        if !may_trim {
+            flags |= CMD_FLAG_NO_HOLE;
+        }
+        if fast {
+            flags |= CMD_FLAG_FAST_ZERO;
+        }
+        self.ranged(CMD_WRITE_ZEROES, flags, offset, len).await
+    }
+
+    /// Asks the server to prefetch the range into its cache.
+    pub async fn cache(&self, offset: u64, len: u64) -> Result<(), Error> {
+        if !self.inner.export.can_cache() {
+            return Err(Error::Unsupported("CACHE"));
+        }
+        self.ranged(CMD_CACHE, 0, offset, len).await
+    }
+
+    /// A command that only names a range, split into requests of at most a GiB.
+    async fn ranged(&self, cmd: u16, flags: u16, offset: u64, len: u64) -> Result<(), Error> {
+        self.check_range(offset, len)?;
+        let step = RANGE_REQUEST_MAX_BYTES as u64;
+        let calls = (0..len.div_ceil(step)).map(|i| {
+            let at = offset + i * step;
+            let n = (len - i * step).min(step) as u32;
+            async move { self.pick()?.call(cmd, flags, at, n, &[], Vec::new()).await }
+        });
+        for r in join_all(calls).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// The allocation state from `offset` on, as base:allocation reports it. The server
+    /// may describe less than `len` (at least one extent); extents never reach past
+    /// `offset + len`. Without base:allocation, the whole range is reported as data.
+    pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, Error> {
+        self.check_range(offset, len)?;
+        let len = len.min(RANGE_REQUEST_MAX_BYTES as u64);
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        if !self.inner.export.base_allocation {
+            return Ok(vec![Extent { offset, length: len, hole: false, zero: false }]);
+        }
+        let descriptors = match self.pick()?.call(CMD_BLOCK_STATUS, 0, offset, len as u32, &[], Vec::new()).await? {
+            Outcome::Extents(e) => e,
+            _ => return Err(Error::Protocol("block status answered without extents".into())),
+        };
+        let end = offset + len;
+        let mut at = offset;
+        let mut out = Vec::with_capacity(descriptors.len());
+        for (length, flags) in descriptors {
+            if at >= end {
+                // A server may describe past the request; what lies beyond is not ours to use.
+                break;
+            }
+            let length = (length as u64).min(end - at);
+            let (hole, zero) = (flags & STATE_HOLE != 0, flags & STATE_ZERO != 0);
+            match out.last_mut() {
+                Some(Extent { length: l, hole: h, zero: z, .. }) if *h == hole && *z == zero => *l += length,
+                _ => out.push(Extent { offset: at, length, hole, zero }),
+            }
+            at += length;
+        }
+        Ok(out)
+    }
+
+    /// Sends NBD_CMD_DISC on every connection. Requests in flight may still complete; new
+    /// ones fail with `Error::Closed`.
+    pub async fn disconnect(&self) {
+        for c in &self.inner.connections {
+            c.disconnect().await;
+        }
+    }
+}
+
+async fn open_one(uri: &Uri, options: &Options) -> Result<(Export, Connection), Error> {
+    let work = async {
+        let (mut r, mut w) = connection::open(&uri.address).await?;
+        let n = handshake::negotiate(&mut r, &mut w, &uri.export, options.structured, options.block_status).await?;
+        let conn = Connection::start(r, w, &n.export, n.base_allocation_id);
+        Ok((n.export, conn))
+    };
+    tokio::time::timeout(options.connect_timeout, work).await.unwrap_or(Err(Error::Timeout))
+}
+
+/// Polls all futures together (they share the connections, so this is what puts their
+/// requests in flight at once) and returns their results in order.
+async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut results: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (f, r) in futures.iter_mut().zip(results.iter_mut()) {
+            if r.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *r = Some(v),
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    results.into_iter().map(|r| r.unwrap()).collect()
+}

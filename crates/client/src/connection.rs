@@ -1,0 +1,445 @@
+//! One NBD connection in transmission: callers send requests under a write lock and wait on
+//! a oneshot; one reader task per connection parses replies, matches them to requests by
+//! handle in whatever order they come, reads data straight into the request's own buffers,
+//! and checks every chunk against the request before believing it.
+
+use crate::error::Error;
+use crate::handshake::Export;
+use crate::limits::*;
+use crate::uri::Address;
+use sluice_proto::client as wire_c;
+use sluice_proto::wire::*;
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+
+pub(crate) type Reader = BufReader<Box<dyn AsyncRead + Send + Unpin>>;
+pub(crate) type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Opens the socket a URI names.
+pub(crate) async fn open(address: &Address) -> Result<(Reader, Writer), Error> {
+    let (r, w): (Box<dyn AsyncRead + Send + Unpin>, Writer) = match address {
+        Address::Tcp { host, port } => {
+            let s = tokio::net::TcpStream::connect((host.as_str(), *port))
+                .await
+                .map_err(|e| Error::io(std::io::Error::new(e.kind(), format!("cannot connect to {host}:{port}: {e}"))))?;
+            // Requests are written whole; Nagle would only hold small ones back.
+            s.set_nodelay(true)?;
+            let (r, w) = s.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Address::Unix(path) => {
+            let s = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|e| Error::io(std::io::Error::new(e.kind(), format!("cannot connect to {}: {e}", path.display()))))?;
+            let (r, w) = s.into_split();
+            (Box::new(r), Box::new(w))
+        }
+    };
+    Ok((BufReader::with_capacity(READ_BUFFER_BYTES, r), w))
+}
+
+/// What a finished request hands back.
+pub(crate) enum Outcome {
+    Done,
+    Read(Vec<Vec<u8>>),
+    /// (length, flags) descriptors from base:allocation.
+    Extents(Vec<(u32, u32)>),
+}
+
+struct Pending {
+    cmd: u16,
+    offset: u64,
+    len: u32,
+    /// Read destination: zero-filled buffers whose lengths add up to `len`.
+    bufs: Vec<Vec<u8>>,
+    /// Byte ranges (relative to `offset`) already filled by data or hole chunks, for the
+    /// overlap and coverage checks.
+    covered: Vec<(u32, u32)>,
+    covered_bytes: u64,
+    extents: Option<Vec<(u32, u32)>>,
+    error: Option<Error>,
+    done: oneshot::Sender<Result<Outcome, Error>>,
+}
+
+#[derive(Default)]
+struct State {
+    next_handle: u64,
+    pending: HashMap<u64, Pending>,
+    /// Set once the connection failed; every later request gets this error.
+    dead: Option<Error>,
+}
+
+pub(crate) struct Connection {
+    writer: tokio::sync::Mutex<Writer>,
+    state: Arc<Mutex<State>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// What the reader task needs to know about the session.
+#[derive(Clone, Copy)]
+struct Session {
+    structured: bool,
+    base_allocation_id: Option<u32>,
+}
+
+impl Connection {
+    pub(crate) fn start(reader: Reader, writer: Writer, export: &Export, base_allocation_id: Option<u32>) -> Connection {
+        let state = Arc::new(Mutex::new(State::default()));
+        let session = Session { structured: export.structured, base_allocation_id };
+        let task = tokio::spawn(read_replies(reader, state.clone(), session));
+        Connection { writer: tokio::sync::Mutex::new(writer), state, reader: task }
+    }
+
+    /// Requests sent and not yet answered.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.state.lock().unwrap().pending.len()
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.state.lock().unwrap().dead.is_some()
+    }
+
+    /// Sends one request and waits for its reply. `payload` follows the header (writes);
+    /// `bufs` receive a read's data.
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+        debug_assert!(cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len as u64);
+        let (tx, rx) = oneshot::channel();
+        let handle = {
+            let mut st = self.state.lock().unwrap();
+            if let Some(e) = &st.dead {
+                return Err(e.clone());
+            }
+            let handle = st.next_handle;
+            st.next_handle = st.next_handle.wrapping_add(1);
+            let p = Pending { cmd, offset, len, bufs, covered: Vec::new(), covered_bytes: 0, extents: None, error: None, done: tx };
+            st.pending.insert(handle, p);
+            handle
+        };
+        // If this future is dropped before the request is fully written, the entry must go,
+        // and a half-written request leaves the stream unusable.
+        let mut guard = SendGuard { conn: self, handle, started: false, finished: false };
+        let mut header = Vec::with_capacity(REQUEST_BYTES);
+        wire_c::request(&mut header, flags, cmd, handle, offset, len);
+        {
+            let mut w = self.writer.lock().await;
+            guard.started = true;
+            let mut slices = Vec::with_capacity(1 + payload.len());
+            slices.push(IoSlice::new(&header));
+            slices.extend(payload.iter().map(|s| IoSlice::new(s)));
+            if let Err(e) = write_all_vectored(&mut **w, &mut slices).await {
+                drop(w);
+                let e = Error::io(e);
+                self.fail(e.clone());
+                guard.finished = true;
+                return Err(e);
+            }
+            guard.finished = true;
+        }
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(self.state.lock().unwrap().dead.clone().unwrap_or(Error::Closed)),
+        }
+    }
+
+    /// Marks the connection failed and fails everything in flight with `e`.
+    fn fail(&self, e: Error) {
+        fail_all(&self.state, e);
+        self.reader.abort();
+    }
+
+    /// Sends NBD_CMD_DISC and closes the write side; requests in flight still get answers
+    /// (the spec lets the server finish them).
+    pub(crate) async fn disconnect(&self) {
+        let mut header = Vec::with_capacity(REQUEST_BYTES);
+        wire_c::request(&mut header, 0, CMD_DISC, u64::MAX, 0, 0);
+        let mut w = self.writer.lock().await;
+        let _ = w.write_all(&header).await;
+        let _ = w.shutdown().await;
+    }
+}
+
+struct SendGuard<'a> {
+    conn: &'a Connection,
+    handle: u64,
+    started: bool,
+    finished: bool,
+}
+
+impl Drop for SendGuard<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if self.started {
+            self.conn.fail(Error::Protocol("a request was abandoned half-written; the connection is closed".into()));
+        } else {
+            self.conn.state.lock().unwrap().pending.remove(&self.handle);
+        }
+    }
+}
+
+async fn write_all_vectored(w: &mut (dyn AsyncWrite + Send + Unpin), mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    while !slices.is_empty() {
+        let n = w.write_vectored(slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut slices, n);
+    }
+    w.flush().await
+}
+
+fn fail_all(state: &Mutex<State>, e: Error) {
+    let pending = {
+        let mut st = state.lock().unwrap();
+        if st.dead.is_none() {
+            st.dead = Some(e.clone());
+        }
+        std::mem::take(&mut st.pending)
+    };
+    for (_, p) in pending {
+        let _ = p.done.send(Err(e.clone()));
+    }
+}
+
+async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, session: Session) {
+    let e = loop {
+        if let Err(e) = read_reply(&mut r, &state, session).await {
+            break e;
+        }
+    };
+    log::debug!("connection reader stops: {e}");
+    fail_all(&state, e);
+}
+
+fn protocol<T>(m: impl Into<String>) -> Result<T, Error> {
+    Err(Error::Protocol(m.into()))
+}
+
+async fn read_exact(r: &mut Reader, buf: &mut [u8]) -> Result<(), Error> {
+    match r.read_exact(buf).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Closed),
+        Err(e) => Err(Error::io(e)),
+    }
+}
+
+/// Takes the request a reply names out of the table while its payload is read, so the
+/// lock is never held across I/O. A handle we did not send is a protocol error.
+fn take(state: &Mutex<State>, handle: u64) -> Result<Pending, Error> {
+    match state.lock().unwrap().pending.remove(&handle) {
+        Some(p) => Ok(p),
+        None => protocol(format!("reply for handle {handle:#x}, which has no request in flight")),
+    }
+}
+
+fn finish(p: Pending, result: Result<Outcome, Error>) {
+    let _ = p.done.send(result);
+}
+
+async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> Result<(), Error> {
+    let mut magic = [0u8; 4];
+    read_exact(r, &mut magic).await?;
+    match wire_c::reply_magic(&magic) {
+        SIMPLE_REPLY_MAGIC => {
+            let mut rest = [0u8; SIMPLE_REPLY_BYTES - 4];
+            read_exact(r, &mut rest).await?;
+            let (code, handle) = wire_c::decode_simple(&rest);
+            let mut p = take(state, handle)?;
+            if code != 0 {
+                finish(p, Err(Error::Server { errno: code, message: None }));
+                return Ok(());
+            }
+            match p.cmd {
+                CMD_READ => {
+                    // Simple replies carry the whole range; the buffers are exactly its size.
+                    for i in 0..p.bufs.len() {
+                        if let Err(e) = read_exact(r, &mut p.bufs[i]).await {
+                            finish(p, Err(e.clone()));
+                            return Err(e);
+                        }
+                    }
+                    let bufs = std::mem::take(&mut p.bufs);
+                    finish(p, Ok(Outcome::Read(bufs)));
+                }
+                CMD_BLOCK_STATUS => return protocol("simple reply to BLOCK_STATUS"),
+                _ => finish(p, Ok(Outcome::Done)),
+            }
+            Ok(())
+        }
+        STRUCTURED_REPLY_MAGIC if session.structured => {
+            let mut rest = [0u8; CHUNK_HEADER_BYTES - 4];
+            read_exact(r, &mut rest).await?;
+            let h = wire_c::ChunkHeader::decode(&rest);
+            let mut p = take(state, h.handle)?;
+            if let Err(e) = chunk(r, &mut p, &h, session).await {
+                finish(p, Err(e.clone()));
+                return Err(e);
+            }
+            if h.done() {
+                let result = complete(&mut p);
+                match result {
+                    Err(e @ Error::Protocol(_)) => {
+                        finish(p, Err(e.clone()));
+                        return Err(e);
+                    }
+                    other => finish(p, other),
+                }
+            } else {
+                state.lock().unwrap().pending.insert(h.handle, p);
+            }
+            Ok(())
+        }
+        STRUCTURED_REPLY_MAGIC => protocol("structured reply chunk without structured replies negotiated"),
+        other => protocol(format!("bad reply magic {other:#010x}")),
+    }
+}
+
+/// Reads and checks one structured chunk's payload into its request.
+async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session: Session) -> Result<(), Error> {
+    let end = p.offset + p.len as u64;
+    match h.kind {
+        REPLY_TYPE_OFFSET_DATA => {
+            if p.cmd != CMD_READ {
+                return protocol("OFFSET_DATA chunk for a request that is not a read");
+            }
+            if h.len <= 8 || h.len - 8 > p.len {
+                return protocol(format!("OFFSET_DATA chunk of {} bytes for a {}-byte read", h.len, p.len));
+            }
+            let mut o = [0u8; 8];
+            read_exact(r, &mut o).await?;
+            let at = u64::from_be_bytes(o);
+            let n = h.len - 8;
+            let rel = place(p, at, n, end, "OFFSET_DATA")?;
+            // Straight from the socket into the caller's buffers.
+            let mut skip = rel as usize;
+            let mut left = n as usize;
+            for b in &mut p.bufs {
+                if left == 0 {
+                    break;
+                }
+                if skip >= b.len() {
+                    skip -= b.len();
+                    continue;
+                }
+                let take = (b.len() - skip).min(left);
+                read_exact(r, &mut b[skip..skip + take]).await?;
+                left -= take;
+                skip = 0;
+            }
+            debug_assert_eq!(left, 0);
+        }
+        REPLY_TYPE_OFFSET_HOLE => {
+            if p.cmd != CMD_READ {
+                return protocol("OFFSET_HOLE chunk for a request that is not a read");
+            }
+            let payload = small_payload(r, h).await?;
+            let (at, n) = wire_c::decode_offset_hole(&payload)?;
+            if n == 0 {
+                return protocol("OFFSET_HOLE chunk of length 0");
+            }
+            // The buffers were zero-filled and this range is new, so it already reads as zeros.
+            place(p, at, n, end, "OFFSET_HOLE")?;
+        }
+        REPLY_TYPE_BLOCK_STATUS => {
+            if p.cmd != CMD_BLOCK_STATUS {
+                return protocol("BLOCK_STATUS chunk for a request that is not block status");
+            }
+            let payload = small_payload(r, h).await?;
+            let (id, extents) = wire_c::decode_block_status(&payload)?;
+            if Some(id) != session.base_allocation_id {
+                return protocol(format!("BLOCK_STATUS for metadata context {id}, which was not negotiated"));
+            }
+            if p.extents.is_some() {
+                return protocol("two BLOCK_STATUS chunks for one context");
+            }
+            if extents.iter().any(|&(len, _)| len == 0) {
+                return protocol("BLOCK_STATUS extent of length 0");
+            }
+            p.extents = Some(extents);
+        }
+        REPLY_TYPE_NONE => {
+            if h.len != 0 {
+                return protocol(format!("NONE chunk with {} bytes of payload", h.len));
+            }
+            if !h.done() {
+                return protocol("NONE chunk without the DONE flag");
+            }
+        }
+        kind if h.is_error() => {
+            let payload = small_payload(r, h).await?;
+            let e = wire_c::decode_error_chunk(kind, &payload)?;
+            if let Some(at) = e.offset {
+                if at < p.offset || at >= end {
+                    return protocol(format!("ERROR_OFFSET {at} outside the request {}..{end}", p.offset));
+                }
+            }
+            if p.error.is_none() {
+                let message = (!e.message.is_empty()).then_some(e.message);
+                p.error = Some(Error::Server { errno: e.code, message });
+            }
+        }
+        kind => return protocol(format!("unknown reply chunk type {kind}")),
+    }
+    Ok(())
+}
+
+/// Reads a non-data chunk's payload, refusing sizes no honest server sends.
+async fn small_payload(r: &mut Reader, h: &wire_c::ChunkHeader) -> Result<Vec<u8>, Error> {
+    if h.len > CHUNK_PAYLOAD_MAX_BYTES {
+        return protocol(format!("reply chunk of {} bytes (limit {CHUNK_PAYLOAD_MAX_BYTES})", h.len));
+    }
+    let mut payload = vec![0u8; h.len as usize];
+    read_exact(r, &mut payload).await?;
+    Ok(payload)
+}
+
+/// Checks that `n` bytes at `at` lie inside the request and overlap nothing already
+/// received, records them, and returns their offset within the request.
+fn place(p: &mut Pending, at: u64, n: u32, end: u64, what: &str) -> Result<u32, Error> {
+    let Some(chunk_end) = at.checked_add(n as u64) else {
+        return protocol(format!("{what} chunk offset overflows"));
+    };
+    if at < p.offset || chunk_end > end {
+        return protocol(format!("{what} chunk {at}..{chunk_end} outside the request {}..{end}", p.offset));
+    }
+    let rel = (at - p.offset) as u32;
+    let rel_end = rel + n;
+    let i = p.covered.partition_point(|&(s, _)| s < rel);
+    let overlaps_prev = i > 0 && p.covered[i - 1].1 > rel;
+    let overlaps_next = i < p.covered.len() && p.covered[i].0 < rel_end;
+    if overlaps_prev || overlaps_next {
+        return protocol(format!("{what} chunk {at}..{chunk_end} overlaps data already received"));
+    }
+    p.covered.insert(i, (rel, rel_end));
+    p.covered_bytes += n as u64;
+    Ok(rel)
+}
+
+/// The request's final result once its DONE chunk arrived.
+fn complete(p: &mut Pending) -> Result<Outcome, Error> {
+    if let Some(e) = p.error.take() {
+        return Err(e);
+    }
+    match p.cmd {
+        CMD_READ if p.covered_bytes != p.len as u64 => protocol(format!(
+            "read of {} bytes at {} answered with only {} bytes and no error",
+            p.len, p.offset, p.covered_bytes
+        )),
+        CMD_READ => Ok(Outcome::Read(std::mem::take(&mut p.bufs))),
+        CMD_BLOCK_STATUS => match p.extents.take() {
+            Some(e) => Ok(Outcome::Extents(e)),
+            None => protocol("block status finished without a BLOCK_STATUS chunk"),
+        },
+        _ => Ok(Outcome::Done),
+    }
+}

@@ -1,0 +1,78 @@
+use std::sync::Arc;
+
+/// Everything a client call can fail with. `Server` is a request the server refused or
+/// failed; `Protocol` is a server that broke the protocol (the connection is closed).
+#[derive(Clone, Debug)]
+pub enum Error {
+    /// The URI does not parse or asks for something unsupported.
+    Uri(String),
+    /// Connecting, or the connection failed.
+    Io(Arc<std::io::Error>),
+    /// The handshake did not finish in time.
+    Timeout,
+    /// The server has no export by this name.
+    UnknownExport(String),
+    /// An option the client needs was refused; the text says which and why.
+    Refused(String),
+    /// The server broke the protocol; the connection is closed.
+    Protocol(String),
+    /// The server answered the request with an error.
+    Server { errno: u32, message: Option<String> },
+    /// A write, trim or zero to a read-only export; nothing was sent.
+    ReadOnly,
+    /// The export does not support this command; nothing was sent.
+    Unsupported(&'static str),
+    /// The request reaches past the end of the export; nothing was sent.
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    /// The connection is closed (by us, or earlier after an error).
+    Closed,
+}
+
+impl Error {
+    pub(crate) fn io(e: std::io::Error) -> Error {
+        Error::Io(Arc::new(e))
+    }
+
+    /// The errno name for a `Server` error, as the spec numbers them.
+    pub fn errno_name(code: u32) -> &'static str {
+        match sluice_proto::Errno::from_code(code) {
+            Some(e) => e.name(),
+            None => "OK",
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Uri(m) => write!(f, "bad NBD URI: {m}"),
+            Error::Io(e) => write!(f, "{e}"),
+            Error::Timeout => write!(f, "timed out connecting to the server"),
+            Error::UnknownExport(name) => write!(f, "the server has no export named {name:?}"),
+            Error::Refused(m) => write!(f, "{m}"),
+            Error::Protocol(m) => write!(f, "protocol error from the server: {m}"),
+            Error::Server { errno, message: Some(m) } => write!(f, "server error {}: {m}", Error::errno_name(*errno)),
+            Error::Server { errno, message: None } => write!(f, "server error {}", Error::errno_name(*errno)),
+            Error::ReadOnly => write!(f, "the export is read-only"),
+            Error::Unsupported(what) => write!(f, "the export does not support {what}"),
+            Error::OutOfRange { offset, len, size } => {
+                write!(f, "request at offset {offset} of {len} bytes reaches past the end of the export ({size} bytes)")
+            }
+            Error::Closed => write!(f, "the connection is closed"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::io(e)
+    }
+}
+
+impl From<sluice_proto::client::Malformed> for Error {
+    fn from(e: sluice_proto::client::Malformed) -> Error {
+        Error::Protocol(e.0)
+    }
+}

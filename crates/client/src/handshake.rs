@@ -1,0 +1,322 @@
+//! The client side of the fixed-newstyle handshake: greeting, structured replies,
+//! base:allocation, then NBD_OPT_GO (or NBD_OPT_EXPORT_NAME on servers without GO); and
+//! NBD_OPT_LIST / NBD_OPT_INFO for listing exports.
+
+use crate::connection::{self, Reader, Writer};
+use crate::error::Error;
+use crate::limits::*;
+use crate::uri::Uri;
+use sluice_proto::client as wire_c;
+use sluice_proto::client::{Info, OptionReply, OPTION_REPLY_BYTES};
+use sluice_proto::wire::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// An export as negotiated: its size, flags and block sizes, and what the connection agreed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Export {
+    pub name: String,
+    pub description: Option<String>,
+    pub size: u64,
+    /// Transmission flags as the server sent them (NBD_FLAG_*).
+    pub flags: u16,
+    /// Block sizes from NBD_INFO_BLOCK_SIZE, or the spec's defaults (1, 4096, 32 MiB)
+    /// when the server sends none.
+    pub block_min: u32,
+    pub block_preferred: u32,
+    pub block_max: u32,
+    /// Structured replies were negotiated.
+    pub structured: bool,
+    /// base:allocation was negotiated: block status reports holes and zeros.
+    pub base_allocation: bool,
+}
+
+impl Export {
+    fn has(&self, flag: u16) -> bool {
+        self.flags & flag != 0
+    }
+    pub fn read_only(&self) -> bool {
+        self.has(FLAG_READ_ONLY)
+    }
+    pub fn can_flush(&self) -> bool {
+        self.has(FLAG_SEND_FLUSH)
+    }
+    pub fn can_fua(&self) -> bool {
+        self.has(FLAG_SEND_FUA)
+    }
+    pub fn can_trim(&self) -> bool {
+        self.has(FLAG_SEND_TRIM)
+    }
+    pub fn can_zero(&self) -> bool {
+        self.has(FLAG_SEND_WRITE_ZEROES)
+    }
+    pub fn can_fast_zero(&self) -> bool {
+        self.has(FLAG_SEND_FAST_ZERO)
+    }
+    pub fn can_df(&self) -> bool {
+        self.has(FLAG_SEND_DF)
+    }
+    pub fn can_multi_conn(&self) -> bool {
+        self.has(FLAG_CAN_MULTI_CONN)
+    }
+    pub fn can_cache(&self) -> bool {
+        self.has(FLAG_SEND_CACHE)
+    }
+    pub fn rotational(&self) -> bool {
+        self.has(FLAG_ROTATIONAL)
+    }
+    /// The largest READ or WRITE this client sends to the export.
+    pub fn request_max_bytes(&self) -> u32 {
+        self.block_max.min(REQUEST_DEFAULT_MAX_BYTES).max(self.block_min)
+    }
+}
+
+/// One export as NBD_OPT_LIST names it, with its details when NBD_OPT_INFO gave them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportEntry {
+    pub name: String,
+    pub description: Option<String>,
+    pub details: Option<Export>,
+}
+
+/// What the handshake settled, beyond the export itself.
+pub(crate) struct Negotiated {
+    pub export: Export,
+    pub base_allocation_id: Option<u32>,
+}
+
+async fn read_exact(r: &mut Reader, buf: &mut [u8], what: &str) -> Result<(), Error> {
+    match r.read_exact(buf).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Protocol(format!("the server closed the connection during {what}"))),
+        Err(e) => Err(Error::io(e)),
+    }
+}
+
+/// Reads the greeting and answers with our flags. Returns the server's handshake flags.
+async fn greet(r: &mut Reader, w: &mut Writer) -> Result<u16, Error> {
+    let mut g = [0u8; GREETING_BYTES];
+    read_exact(r, &mut g, "the greeting").await?;
+    let flags = wire_c::decode_greeting(&g)?;
+    if flags & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(Error::Refused("the server does not speak fixed newstyle NBD".into()));
+    }
+    let ours = FLAG_C_FIXED_NEWSTYLE | if flags & FLAG_NO_ZEROES != 0 { FLAG_C_NO_ZEROES } else { 0 };
+    w.write_all(&ours.to_be_bytes()).await?;
+    Ok(flags)
+}
+
+async fn send(w: &mut Writer, out: &mut Vec<u8>) -> Result<(), Error> {
+    w.write_all(out).await?;
+    w.flush().await?;
+    out.clear();
+    Ok(())
+}
+
+/// Reads one option reply to `option`, with its payload (bounded).
+async fn reply(r: &mut Reader, option: u32) -> Result<(OptionReply, Vec<u8>), Error> {
+    let mut h = [0u8; OPTION_REPLY_BYTES];
+    read_exact(r, &mut h, "option negotiation").await?;
+    let rep = OptionReply::decode(&h)?;
+    if rep.option != option {
+        return Err(Error::Protocol(format!("reply to option {} while waiting for option {option}", rep.option)));
+    }
+    if rep.len > OPTION_REPLY_MAX_BYTES {
+        return Err(Error::Protocol(format!("option reply of {} bytes (limit {OPTION_REPLY_MAX_BYTES})", rep.len)));
+    }
+    let mut p = vec![0u8; rep.len as usize];
+    read_exact(r, &mut p, "option negotiation").await?;
+    Ok((rep, p))
+}
+
+fn refused(what: &str, rep: &OptionReply, payload: &[u8]) -> Error {
+    let why = wire_c::option_error_name(rep.kind);
+    match wire_c::decode_option_error_message(payload) {
+        Some(m) => Error::Refused(format!("{what}: {why} ({m})")),
+        None => Error::Refused(format!("{what}: {why}")),
+    }
+}
+
+/// Negotiates transmission of `export` on a fresh connection.
+pub(crate) async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured: bool, want_block_status: bool) -> Result<Negotiated, Error> {
+    let server_flags = greet(r, w).await?;
+    let mut out = Vec::new();
+
+    let mut structured = false;
+    if want_structured {
+        wire_c::option(&mut out, OPT_STRUCTURED_REPLY, &[]);
+        send(w, &mut out).await?;
+        let (rep, _) = reply(r, OPT_STRUCTURED_REPLY).await?;
+        structured = rep.kind == REP_ACK;
+        if !structured && !rep.is_error() {
+            return Err(Error::Protocol(format!("unexpected reply type {:#x} to STRUCTURED_REPLY", rep.kind)));
+        }
+    }
+
+    let mut base_allocation_id = None;
+    if structured && want_block_status {
+        wire_c::meta_context_request(&mut out, OPT_SET_META_CONTEXT, export, &[META_BASE_ALLOCATION]);
+        send(w, &mut out).await?;
+        for _ in 0..OPTION_REPLIES_MAX {
+            let (rep, p) = reply(r, OPT_SET_META_CONTEXT).await?;
+            match rep.kind {
+                REP_META_CONTEXT => {
+                    let (id, name) = wire_c::decode_meta_context(&p)?;
+                    if name == META_BASE_ALLOCATION {
+                        base_allocation_id = Some(id);
+                    }
+                }
+                REP_ACK => break,
+                // An unknown export is reported by GO below, with a better message.
+                k if rep.is_error() => {
+                    log::debug!("SET_META_CONTEXT refused: {}", wire_c::option_error_name(k));
+                    break;
+                }
+                k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to SET_META_CONTEXT"))),
+            }
+        }
+    }
+
+    let infos = [INFO_BLOCK_SIZE, INFO_DESCRIPTION];
+    wire_c::info_request(&mut out, OPT_GO, export, &infos);
+    send(w, &mut out).await?;
+    let mut ex = blank_export(export, structured);
+    match collect_info(r, OPT_GO, &mut ex).await? {
+        InfoOutcome::Ok => {}
+        InfoOutcome::Unsupported => export_name(r, w, server_flags, &mut ex).await?,
+    }
+    ex.base_allocation = base_allocation_id.is_some();
+    Ok(Negotiated { export: ex, base_allocation_id })
+}
+
+fn blank_export(name: &str, structured: bool) -> Export {
+    Export {
+        name: name.to_string(),
+        description: None,
+        size: 0,
+        flags: 0,
+        block_min: 1,
+        block_preferred: 4096,
+        block_max: REQUEST_DEFAULT_MAX_BYTES,
+        structured,
+        base_allocation: false,
+    }
+}
+
+enum InfoOutcome {
+    Ok,
+    /// The server does not know GO/INFO.
+    Unsupported,
+}
+
+/// Reads the replies to GO or INFO into `ex` until the final ACK.
+async fn collect_info(r: &mut Reader, opt: u32, ex: &mut Export) -> Result<InfoOutcome, Error> {
+    let mut got_export = false;
+    for _ in 0..OPTION_REPLIES_MAX {
+        let (rep, p) = reply(r, opt).await?;
+        match rep.kind {
+            REP_INFO => match wire_c::decode_info(&p)? {
+                Info::Export { size, flags } => {
+                    got_export = true;
+                    ex.size = size;
+                    ex.flags = flags;
+                }
+                Info::Description(d) => ex.description = Some(d),
+                Info::Name(n) => ex.name = n,
+                Info::BlockSize { min, preferred, max } => {
+                    ex.block_min = min;
+                    ex.block_preferred = preferred;
+                    ex.block_max = max;
+                }
+                Info::Unknown(_) => {}
+            },
+            REP_ACK if got_export => return Ok(InfoOutcome::Ok),
+            REP_ACK => return Err(Error::Protocol("the server finished GO without sending the export's size".into())),
+            REP_ERR_UNSUP if opt == OPT_GO => return Ok(InfoOutcome::Unsupported),
+            REP_ERR_UNKNOWN => return Err(Error::UnknownExport(ex.name.clone())),
+            _ if rep.is_error() => return Err(refused(&format!("export {:?}", ex.name), &rep, &p)),
+            k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to option {opt}"))),
+        }
+    }
+    Err(Error::Protocol("too many option replies".into()))
+}
+
+/// The old way in, for servers without NBD_OPT_GO: no error replies, so an unknown export
+/// shows up as a closed connection.
+async fn export_name(r: &mut Reader, w: &mut Writer, server_flags: u16, ex: &mut Export) -> Result<(), Error> {
+    let mut out = Vec::new();
+    wire_c::option(&mut out, OPT_EXPORT_NAME, ex.name.as_bytes());
+    send(w, &mut out).await?;
+    let mut b = [0u8; 10];
+    if r.read_exact(&mut b).await.is_err() {
+        return Err(Error::UnknownExport(ex.name.clone()));
+    }
+    ex.size = u64::from_be_bytes(b[0..8].try_into().unwrap());
+    ex.flags = u16::from_be_bytes(b[8..10].try_into().unwrap());
+    if server_flags & FLAG_NO_ZEROES == 0 {
+        let mut pad = [0u8; EXPORT_NAME_PADDING_BYTES];
+        read_exact(r, &mut pad, "EXPORT_NAME").await?;
+    }
+    // Structured replies were agreed before; EXPORT_NAME keeps them.
+    Ok(())
+}
+
+/// Lists the server's exports with NBD_OPT_LIST; with `details`, asks NBD_OPT_INFO about
+/// each one (servers without INFO leave `details` empty).
+pub async fn list_exports(uri: &Uri, details: bool) -> Result<Vec<ExportEntry>, Error> {
+    let deadline = std::time::Duration::from_millis(CONNECT_TIMEOUT_MS);
+    tokio::time::timeout(deadline, async {
+        let (mut r, mut w) = connection::open(&uri.address).await?;
+        greet(&mut r, &mut w).await?;
+        let mut out = Vec::new();
+        wire_c::option(&mut out, OPT_LIST, &[]);
+        send(&mut w, &mut out).await?;
+        let mut entries = Vec::new();
+        loop {
+            if entries.len() >= OPTION_REPLIES_MAX {
+                return Err(Error::Protocol("too many exports listed".into()));
+            }
+            let (rep, p) = reply(&mut r, OPT_LIST).await?;
+            match rep.kind {
+                REP_SERVER => {
+                    let (name, description) = wire_c::decode_server_entry(&p)?;
+                    entries.push(ExportEntry { name, description, details: None });
+                }
+                REP_ACK => break,
+                _ if rep.is_error() => return Err(refused("listing exports", &rep, &p)),
+                k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to LIST"))),
+            }
+        }
+        if details {
+            for e in &mut entries {
+                wire_c::info_request(&mut out, OPT_INFO, &e.name, &[INFO_BLOCK_SIZE, INFO_DESCRIPTION]);
+                send(&mut w, &mut out).await?;
+                let mut ex = blank_export(&e.name, false);
+                match collect_info(&mut r, OPT_INFO, &mut ex).await {
+                    Ok(InfoOutcome::Ok) => {
+                        if e.description.is_none() {
+                            e.description = ex.description.clone();
+                        }
+                        e.details = Some(ex);
+                    }
+                    // One export we may not look at should not hide the others.
+                    Ok(InfoOutcome::Unsupported) | Err(Error::Refused(_) | Error::UnknownExport(_)) => {}
+                    Err(other) => return Err(other),
+                }
+            }
+        }
+        abort(&mut r, &mut w).await;
+        Ok(entries)
+    })
+    .await
+    .unwrap_or(Err(Error::Timeout))
+}
+
+/// Ends option haggling politely: NBD_OPT_ABORT, then a short wait for the ACK.
+async fn abort(r: &mut Reader, w: &mut Writer) {
+    let mut out = Vec::new();
+    wire_c::option(&mut out, OPT_ABORT, &[]);
+    if send(w, &mut out).await.is_ok() {
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(500), reply(r, OPT_ABORT)).await;
+    }
+    let _ = w.shutdown().await;
+}

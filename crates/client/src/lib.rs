@@ -1,0 +1,32 @@
+//! An async NBD client (tokio). Connects by NBD URI, negotiates fixed newstyle with
+//! structured replies and base:allocation, keeps many requests in flight on each connection
+//! with replies matched by handle in any order, and spreads requests over several
+//! connections when the server allows multi-conn.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), sluice_client::Error> {
+//! let client = sluice_client::Client::connect("nbd://localhost/disk").await?;
+//! let data = client.read_owned(0, vec![0; 4096]).await?;
+//! client.write(4096, &data, false).await?;
+//! client.flush().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The server is not trusted: every reply chunk is checked against the request it answers
+//! (inside its range, no overlap, the whole range covered, sane sizes), and a server that
+//! breaks the protocol ends the connection with `Error::Protocol`, never a panic.
+#![forbid(unsafe_code)]
+
+mod client;
+mod connection;
+mod error;
+mod handshake;
+pub mod limits;
+mod readahead;
+mod uri;
+
+pub use client::{Client, Export, Extent, Options};
+pub use error::Error;
+pub use handshake::{list_exports, ExportEntry};
+pub use readahead::Readahead;
+pub use uri::{Address, Uri};

@@ -1,0 +1,35 @@
+//! Bounds the client puts on what a server controls, and its defaults. Units last.
+
+/// Largest READ or WRITE the client sends when the server names no maximum: the spec's
+/// default, which every server accepts.
+pub const REQUEST_DEFAULT_MAX_BYTES: u32 = 32 * 1024 * 1024;
+
+/// Largest TRIM, WRITE_ZEROES, CACHE or BLOCK_STATUS length sent in one request; a larger
+/// range is split. A power of two, so it stays aligned to any minimum block size.
+pub const RANGE_REQUEST_MAX_BYTES: u32 = 1 << 30;
+
+/// Largest payload of a non-data reply chunk (errors, block status, option replies). The
+/// biggest legitimate one is a block status reply; servers send at most a few thousand
+/// extents. A server claiming more is refused instead of believed.
+pub const CHUNK_PAYLOAD_MAX_BYTES: u32 = 1 << 20;
+
+/// Largest option reply payload read during the handshake.
+pub const OPTION_REPLY_MAX_BYTES: u32 = 64 * 1024;
+
+/// Option replies accepted for one option (NBD_OPT_LIST answers one per export).
+pub const OPTION_REPLIES_MAX: usize = 65536;
+
+/// Default connections for multi-conn when the caller asks for "as many as useful".
+pub const CONNECTIONS_DEFAULT: usize = 4;
+
+/// Connections one client opens at most.
+pub const CONNECTIONS_MAX: usize = 64;
+
+/// Time allowed to connect and finish the handshake.
+pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
+
+/// Buffered bytes between the socket and the reply parser; larger payloads bypass it.
+pub const READ_BUFFER_BYTES: usize = 256 * 1024;
+
+const _: () = assert!(RANGE_REQUEST_MAX_BYTES.is_power_of_two());
+const _: () = assert!(CHUNK_PAYLOAD_MAX_BYTES >= OPTION_REPLY_MAX_BYTES);

@@ -1,0 +1,197 @@
+//! NBD URIs as doc/uri.md of NetworkBlockDevice/nbd defines them:
+//! `nbd://host[:port][/export]` and `nbd+unix:///[export]?socket=PATH`. The TLS schemes
+//! (`nbds`, `nbds+unix`) parse but are refused until sluice speaks TLS.
+
+use crate::error::Error;
+use std::path::PathBuf;
+
+/// The IANA port for NBD.
+pub const DEFAULT_PORT: u16 = 10809;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    /// A host name or IP address (IPv6 without brackets) and port.
+    Tcp { host: String, port: u16 },
+    Unix(PathBuf),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Uri {
+    pub address: Address,
+    /// Export name, percent-decoded; empty means the server's default export.
+    pub export: String,
+}
+
+impl Uri {
+    pub fn parse(s: &str) -> Result<Uri, Error> {
+        let bad = |m: &str| Err(Error::Uri(format!("{m} in {s:?}")));
+        let Some((scheme, rest)) = s.split_once("://") else {
+            return bad("no scheme (expected nbd:// or nbd+unix://)");
+        };
+        let (tls, unix) = match scheme.to_ascii_lowercase().as_str() {
+            "nbd" => (false, false),
+            "nbd+unix" => (false, true),
+            "nbds" => (true, false),
+            "nbds+unix" => (true, true),
+            "nbd+vsock" | "nbds+vsock" => return bad("vsock is not supported"),
+            _ => return bad("unknown scheme (expected nbd:// or nbd+unix://)"),
+        };
+        if tls {
+            return Err(Error::Uri(format!("TLS (nbds://) is not supported yet: {s:?}")));
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, q),
+            None => (rest, ""),
+        };
+        let rest = rest.split_once('#').map_or(rest, |(r, _)| r);
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, ""),
+        };
+        let export = percent_decode(path).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the export name of {s:?}")))?;
+        let mut socket = None;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_decode(v).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the query of {s:?}")))?;
+            match k {
+                "socket" => socket = Some(PathBuf::from(v)),
+                // TLS parameters and ones we do not know are ignored, as the spec permits.
+                _ => {}
+            }
+        }
+        if authority.contains('@') {
+            return bad("user names are not supported");
+        }
+        let address = if unix {
+            if !authority.is_empty() {
+                return bad("nbd+unix:// takes no host");
+            }
+            match socket {
+                Some(p) if !p.as_os_str().is_empty() => Address::Unix(p),
+                _ => return bad("nbd+unix:// needs ?socket=PATH"),
+            }
+        } else {
+            if socket.is_some() {
+                return bad("socket= only goes with nbd+unix://");
+            }
+            let (host, port) = split_host_port(authority).ok_or_else(|| Error::Uri(format!("bad host or port in {s:?}")))?;
+            Address::Tcp { host, port }
+        };
+        Ok(Uri { address, export })
+    }
+}
+
+impl std::fmt::Display for Uri {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let export = percent_encode(&self.export);
+        match &self.address {
+            Address::Tcp { host, port } if host.contains(':') => write!(f, "nbd://[{host}]:{port}/{export}"),
+            Address::Tcp { host, port } => write!(f, "nbd://{host}:{port}/{export}"),
+            Address::Unix(p) => write!(f, "nbd+unix:///{export}?socket={}", percent_encode(&p.to_string_lossy())),
+        }
+    }
+}
+
+impl std::str::FromStr for Uri {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Uri, Error> {
+        Uri::parse(s)
+    }
+}
+
+fn split_host_port(a: &str) -> Option<(String, u16)> {
+    let (host, port) = if let Some(v6) = a.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        match after {
+            "" => (host, None),
+            p => (host, Some(p.strip_prefix(':')?)),
+        }
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (a, None),
+        }
+    };
+    let port = match port {
+        None | Some("") => DEFAULT_PORT,
+        Some(p) => p.parse().ok().filter(|&p| p != 0)?,
+    };
+    let host = percent_decode(host)?;
+    let host = if host.is_empty() { "localhost".to_string() } else { host };
+    Some((host, port))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.bytes() {
+        if c.is_ascii_alphanumeric() || b"-._~/".contains(&c) {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("%{c:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp(host: &str, port: u16, export: &str) -> Uri {
+        Uri { address: Address::Tcp { host: host.into(), port }, export: export.into() }
+    }
+
+    #[test]
+    fn tcp_forms() {
+        assert_eq!(Uri::parse("nbd://example.com").unwrap(), tcp("example.com", 10809, ""));
+        assert_eq!(Uri::parse("nbd://example.com/").unwrap(), tcp("example.com", 10809, ""));
+        assert_eq!(Uri::parse("nbd://example.com:1234/disk").unwrap(), tcp("example.com", 1234, "disk"));
+        assert_eq!(Uri::parse("nbd://[::1]:99/a%20b").unwrap(), tcp("::1", 99, "a b"));
+        assert_eq!(Uri::parse("nbd://[::1]").unwrap(), tcp("::1", 10809, ""));
+        assert_eq!(Uri::parse("nbd:///x").unwrap(), tcp("localhost", 10809, "x"));
+        assert_eq!(Uri::parse("NBD://h//lead").unwrap(), tcp("h", 10809, "/lead"));
+    }
+
+    #[test]
+    fn unix_forms() {
+        let u = Uri::parse("nbd+unix:///disk?socket=/tmp/s%20k").unwrap();
+        assert_eq!(u, Uri { address: Address::Unix("/tmp/s k".into()), export: "disk".into() });
+        assert_eq!(Uri::parse(&u.to_string()).unwrap(), u);
+        assert!(Uri::parse("nbd+unix:///disk").is_err());
+        assert!(Uri::parse("nbd+unix://host/disk?socket=/s").is_err());
+    }
+
+    #[test]
+    fn refusals() {
+        for bad in ["", "disk", "http://x/", "nbd://h:0/", "nbd://h:99999/", "nbd://h:x/", "nbd://h/%zz", "nbd://u@h/", "nbd://h/?socket=/s"] {
+            assert!(Uri::parse(bad).is_err(), "{bad}");
+        }
+        let e = Uri::parse("nbds://h/").unwrap_err().to_string();
+        assert!(e.contains("TLS"), "{e}");
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in ["nbd://h:1/e%3Fx", "nbd://[::1]:10809/", "nbd+unix:///?socket=/run/x.sock"] {
+            let u = Uri::parse(s).unwrap();
+            assert_eq!(Uri::parse(&u.to_string()).unwrap(), u, "{s}");
+        }
+    }
+}
