@@ -1,0 +1,391 @@
+//! The client against a fake server that lies: chunks outside the request, overlapping
+//! chunks, huge lengths, unknown chunk types, stray handles, bad handshakes. Every case must
+//! end in a clean error, within a time bound, with no panic.
+
+use sluice_client::{Client, Error};
+use sluice_proto::reply;
+use sluice_proto::wire::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+const SIZE: u64 = 1 << 20;
+const CONTEXT: u32 = 9;
+
+/// What the fake server does: answer the handshake honestly (or not), then reply to the
+/// first request with whatever the script writes.
+type Script = fn(&mut TcpStream, Request);
+
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    kind: u16,
+    handle: u64,
+    offset: u64,
+    len: u32,
+}
+
+fn read_exact(s: &mut TcpStream, n: usize) -> Option<Vec<u8>> {
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b).ok()?;
+    Some(b)
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+
+fn option_reply(s: &mut TcpStream, opt: u32, kind: u32, payload: &[u8]) {
+    let mut out = Vec::new();
+    out.extend_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&opt.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    s.write_all(&out).unwrap();
+}
+
+/// An honest fixed-newstyle handshake with structured replies and base:allocation.
+fn handshake(s: &mut TcpStream) -> Option<()> {
+    let mut g = NBDMAGIC.to_be_bytes().to_vec();
+    g.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    g.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&g).ok()?;
+    read_exact(s, 4)?;
+    loop {
+        let h = read_exact(s, 16)?;
+        let opt = be32(&h[8..]);
+        read_exact(s, be32(&h[12..]) as usize)?;
+        match opt {
+            OPT_STRUCTURED_REPLY => option_reply(s, opt, REP_ACK, &[]),
+            OPT_SET_META_CONTEXT => {
+                let mut p = CONTEXT.to_be_bytes().to_vec();
+                p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+                option_reply(s, opt, REP_META_CONTEXT, &p);
+                option_reply(s, opt, REP_ACK, &[]);
+            }
+            OPT_GO => {
+                let mut p = INFO_EXPORT.to_be_bytes().to_vec();
+                p.extend_from_slice(&SIZE.to_be_bytes());
+                p.extend_from_slice(&(FLAG_HAS_FLAGS | FLAG_SEND_FLUSH).to_be_bytes());
+                option_reply(s, opt, REP_INFO, &p);
+                option_reply(s, opt, REP_ACK, &[]);
+                return Some(());
+            }
+            _ => option_reply(s, opt, REP_ERR_UNSUP, &[]),
+        }
+    }
+}
+
+fn next_request(s: &mut TcpStream) -> Option<Request> {
+    let b = read_exact(s, REQUEST_BYTES)?;
+    let raw = sluice_proto::RawRequest::decode(b[..].try_into().unwrap()).ok()?;
+    read_exact(s, raw.payload_len() as usize)?;
+    Some(Request { kind: raw.kind, handle: raw.handle, offset: raw.offset, len: raw.length })
+}
+
+/// Starts a fake server that handshakes, then runs `script` on the first request and keeps
+/// the connection open (reading and ignoring) until the client goes away.
+fn fake(script: Script) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        if handshake(&mut s).is_none() {
+            return;
+        }
+        let Some(r) = next_request(&mut s) else { return };
+        script(&mut s, r);
+        let mut sink = [0u8; 4096];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    port
+}
+
+/// Connects, reads 4096 bytes at 4096 and returns the result, all within 10 seconds.
+fn read_from(port: u16) -> Result<Vec<u8>, Error> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let c = Client::connect(&format!("nbd://127.0.0.1:{port}/")).await?;
+            let first = c.read_owned(4096, vec![0; 4096]).await;
+            if matches!(first, Err(Error::Protocol(_))) {
+                // The connection must now refuse further work rather than hang.
+                let again = c.read_owned(0, vec![0; 512]).await;
+                assert!(again.is_err(), "connection still used after a protocol error");
+            }
+            first
+        })
+        .await
+        .expect("client hung on a hostile server")
+    })
+}
+
+fn assert_protocol_error(script: Script, what: &str) {
+    match read_from(fake(script)) {
+        Err(Error::Protocol(m)) => eprintln!("{what}: {m}"),
+        other => panic!("{what}: expected a protocol error, got {:?}", other.map(|v| v.len())),
+    }
+}
+
+fn data_chunk(s: &mut TcpStream, handle: u64, offset: u64, data: &[u8], done: bool) {
+    let _ = s.write_all(&reply::offset_data_header(handle, offset, data.len() as u32, done));
+    let _ = s.write_all(data);
+}
+
+#[test]
+fn chunk_before_the_request() {
+    assert_protocol_error(|s, r| data_chunk(s, r.handle, r.offset - 1, &[1; 4096], true), "before");
+}
+
+#[test]
+fn chunk_past_the_request() {
+    assert_protocol_error(|s, r| data_chunk(s, r.handle, r.offset + 1, &[1; 4096], true), "past");
+}
+
+#[test]
+fn chunk_offset_overflow() {
+    assert_protocol_error(|s, r| data_chunk(s, r.handle, u64::MAX - 10, &[1; 100], true), "overflow");
+}
+
+#[test]
+fn overlapping_chunks() {
+    assert_protocol_error(
+        |s, r| {
+            data_chunk(s, r.handle, r.offset, &[1; 2048], false);
+            data_chunk(s, r.handle, r.offset + 1024, &[2; 2048], true);
+        },
+        "overlap",
+    );
+}
+
+#[test]
+fn overlapping_hole_and_data() {
+    assert_protocol_error(
+        |s, r| {
+            let _ = s.write_all(&reply::offset_hole(r.handle, r.offset + 2048, 2048, false));
+            data_chunk(s, r.handle, r.offset + 1024, &[2; 2048], true);
+        },
+        "hole overlap",
+    );
+}
+
+#[test]
+fn huge_data_length() {
+    // Claims 4 GiB of data for a 4 KiB read: refused from the header, nothing allocated.
+    assert_protocol_error(
+        |s, r| {
+            let _ = s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_OFFSET_DATA, true, u32::MAX));
+            let _ = s.write_all(&r.offset.to_be_bytes());
+        },
+        "huge data",
+    );
+}
+
+#[test]
+fn huge_error_chunk() {
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_ERROR, true, 0x7fff_ffff))), "huge error");
+}
+
+#[test]
+fn unknown_chunk_type() {
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, 77, true, 0))), "unknown type");
+}
+
+#[test]
+fn reply_to_a_handle_never_sent() {
+    assert_protocol_error(|s, r| data_chunk(s, r.handle ^ 0xdead_beef, r.offset, &[1; 4096], true), "stray handle");
+}
+
+#[test]
+fn done_without_covering_the_read() {
+    assert_protocol_error(|s, r| data_chunk(s, r.handle, r.offset, &[1; 1024], true), "short");
+}
+
+#[test]
+fn zero_length_data_chunk() {
+    assert_protocol_error(|s, r| data_chunk(s, r.handle, r.offset, &[], true), "empty data");
+}
+
+#[test]
+fn bad_reply_magic() {
+    assert_protocol_error(|s, _| drop(s.write_all(&[0x12; 64])), "bad magic");
+}
+
+#[test]
+fn none_chunk_with_payload() {
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_NONE, true, 4))), "NONE with payload");
+}
+
+#[test]
+fn error_offset_outside_the_request() {
+    assert_protocol_error(
+        |s, r| {
+            let mut out = Vec::new();
+            reply::error_chunk(&mut out, r.handle, sluice_proto::Errno::Io, "x", Some(r.offset + r.len as u64));
+            let _ = s.write_all(&out);
+        },
+        "error offset",
+    );
+}
+
+#[test]
+fn hole_chunk_with_wrong_size() {
+    assert_protocol_error(
+        |s, r| {
+            let _ = s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_OFFSET_HOLE, true, 11));
+            let _ = s.write_all(&[0; 11]);
+        },
+        "hole size",
+    );
+}
+
+#[test]
+fn close_in_the_middle_of_data() {
+    let port = fake(|s, r| {
+        let _ = s.write_all(&reply::offset_data_header(r.handle, r.offset, 4096, true));
+        let _ = s.write_all(&[1; 100]);
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    });
+    match read_from(port) {
+        Err(Error::Closed | Error::Io(_)) => {}
+        other => panic!("expected a closed connection, got {:?}", other.map(|v| v.len())),
+    }
+}
+
+#[test]
+fn unknown_error_type_fails_only_the_request() {
+    // Error types (bit 15) the client does not know still carry an errno and message.
+    let port = fake(|s, r| {
+        let mut p = 28u32.to_be_bytes().to_vec();
+        p.extend_from_slice(&2u16.to_be_bytes());
+        p.extend_from_slice(b"no");
+        let _ = s.write_all(&reply::chunk_header(r.handle, 0x8007, true, p.len() as u32));
+        let _ = s.write_all(&p);
+    });
+    match read_from(port) {
+        Err(Error::Server { errno: 28, message: Some(m) }) => assert_eq!(m, "no"),
+        other => panic!("expected ENOSPC, got {:?}", other.map(|v| v.len())),
+    }
+}
+
+#[test]
+fn honest_out_of_order_chunks_with_a_hole_are_accepted() {
+    // The control case: the same fake server, telling the truth in a strange order.
+    let port = fake(|s, r| {
+        data_chunk(s, r.handle, r.offset + 3072, &[3; 1024], false);
+        let _ = s.write_all(&reply::offset_hole(r.handle, r.offset + 1024, 2048, false));
+        data_chunk(s, r.handle, r.offset, &[1; 1024], true);
+    });
+    let got = read_from(port).expect("honest reply refused");
+    assert!(got[..1024].iter().all(|&b| b == 1));
+    assert!(got[1024..3072].iter().all(|&b| b == 0));
+    assert!(got[3072..].iter().all(|&b| b == 3));
+}
+
+/// A fake whose handshake itself misbehaves.
+fn fake_handshake(script: fn(&mut TcpStream)) -> Error {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        script(&mut s);
+        let mut sink = [0u8; 4096];
+        while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(15), Client::connect(&format!("nbd://127.0.0.1:{port}/")))
+            .await
+            .expect("client hung in a hostile handshake")
+            .err()
+            .expect("hostile handshake accepted")
+    })
+}
+
+fn greet(s: &mut TcpStream) {
+    let mut g = NBDMAGIC.to_be_bytes().to_vec();
+    g.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    g.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&g).unwrap();
+    read_exact(s, 4);
+}
+
+fn skip_option(s: &mut TcpStream) -> u32 {
+    let h = read_exact(s, 16).unwrap();
+    read_exact(s, be32(&h[12..]) as usize);
+    be32(&h[8..])
+}
+
+#[test]
+fn handshake_garbage_greeting() {
+    let e = fake_handshake(|s| drop(s.write_all(b"HTTP/1.1 200 OK\r\n\r\nhello there")));
+    assert!(matches!(e, Error::Protocol(_)), "{e}");
+}
+
+#[test]
+fn handshake_huge_option_reply() {
+    let e = fake_handshake(|s| {
+        greet(s);
+        let opt = skip_option(s);
+        let mut out = OPTION_REPLY_MAGIC.to_be_bytes().to_vec();
+        out.extend_from_slice(&opt.to_be_bytes());
+        out.extend_from_slice(&REP_ACK.to_be_bytes());
+        out.extend_from_slice(&u32::MAX.to_be_bytes());
+        let _ = s.write_all(&out);
+    });
+    assert!(matches!(e, Error::Protocol(_)), "{e}");
+}
+
+#[test]
+fn handshake_reply_to_another_option() {
+    let e = fake_handshake(|s| {
+        greet(s);
+        skip_option(s);
+        option_reply(s, OPT_LIST, REP_ACK, &[]);
+    });
+    assert!(matches!(e, Error::Protocol(_)), "{e}");
+}
+
+#[test]
+fn handshake_go_without_export_info() {
+    let e = fake_handshake(|s| {
+        greet(s);
+        loop {
+            let opt = skip_option(s);
+            let kind = if opt == OPT_SET_META_CONTEXT { REP_ERR_UNSUP } else { REP_ACK };
+            option_reply(s, opt, kind, &[]);
+            if opt == OPT_GO {
+                return;
+            }
+        }
+    });
+    assert!(matches!(e, Error::Protocol(_)), "{e}");
+}
+
+#[test]
+fn handshake_impossible_block_sizes() {
+    let e = fake_handshake(|s| {
+        greet(s);
+        loop {
+            let opt = skip_option(s);
+            if opt == OPT_GO {
+                let mut p = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                for v in [3u32, 4096, 1 << 20] {
+                    p.extend_from_slice(&v.to_be_bytes());
+                }
+                option_reply(s, opt, REP_INFO, &p);
+                return;
+            }
+            option_reply(s, opt, REP_ERR_UNSUP, &[]);
+        }
+    });
+    assert!(matches!(e, Error::Protocol(_)), "{e}");
+}
+
+#[test]
+fn handshake_closed_early() {
+    let e = fake_handshake(|s| drop(s.shutdown(std::net::Shutdown::Both)));
+    assert!(matches!(e, Error::Protocol(_) | Error::Io(_)), "{e}");
+}
