@@ -180,9 +180,15 @@ pub(crate) async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want
     wire_c::info_request(&mut out, OPT_GO, export, &infos);
     send(w, &mut out).await?;
     let mut ex = blank_export(export, structured);
-    match collect_info(r, OPT_GO, &mut ex).await? {
-        InfoOutcome::Ok => {}
-        InfoOutcome::Unsupported => export_name(r, w, server_flags, &mut ex).await?,
+    match collect_info(r, OPT_GO, &mut ex).await {
+        Ok(InfoOutcome::Ok) => {}
+        Ok(InfoOutcome::Unsupported) => export_name(r, w, server_flags, &mut ex).await?,
+        Err(e @ (Error::UnknownExport(_) | Error::Refused(_))) => {
+            // The server is still in option haggling; leave it the polite way.
+            abort(r, w).await;
+            return Err(e);
+        }
+        Err(e) => return Err(e),
     }
     ex.base_allocation = base_allocation_id.is_some();
     Ok(Negotiated { export: ex, base_allocation_id })
