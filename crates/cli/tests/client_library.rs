@@ -32,6 +32,7 @@ async fn connects_by_tcp_and_unix_uri_and_reports_the_export() {
         assert!(e.structured && e.base_allocation, "{e:?}");
         assert!(!e.read_only() && e.can_flush() && e.can_fua() && e.can_trim() && e.can_zero());
         c.disconnect().await;
+        assert!(matches!(c.read_owned(0, vec![0; 1]).await, Err(Error::Closed)));
     }
     let ro = connect(&s.uri_for("ro")).await;
     assert!(ro.export().read_only());

@@ -159,6 +159,12 @@ impl Connection {
     /// Sends NBD_CMD_DISC and closes the write side; requests in flight still get answers
     /// (the spec lets the server finish them).
     pub(crate) async fn disconnect(&self) {
+        {
+            let mut st = self.state.lock().unwrap();
+            if st.dead.is_none() {
+                st.dead = Some(Error::Closed);
+            }
+        }
         let mut header = Vec::with_capacity(REQUEST_BYTES);
         wire_c::request(&mut header, 0, CMD_DISC, u64::MAX, 0, 0);
         let mut w = self.writer.lock().await;
