@@ -1,6 +1,8 @@
 //! The `sluice` command. Subcommands are thin: they parse, then call the library crates.
 
 mod bench;
+mod bench_plot;
+mod bench_point;
 mod client_cli;
 mod config;
 mod copy;
