@@ -17,6 +17,7 @@ import traceback
 import build
 import cache
 import clients
+import clientside
 import fio
 import image
 import machine
@@ -28,7 +29,7 @@ from measure import Context
 from report import Report
 from units import parse_size, size_label
 
-EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run}
+EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run, "client": clientside.run}
 # The full run: 432 points (84 peers, 330 sweep, 18 clients) x 3 runs of 1 s; a run takes
 # about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s with 256 fio threads),
 # so about 33 minutes on a 2-core machine (bench/README.md, Time).
@@ -56,7 +57,7 @@ def parse_args(argv):
                    help=f"fio runs per measured point; tables show the median of each figure "
                         f"(default {REPEAT}, {QUICK_REPEAT} with --quick)")
     p.add_argument("--only", metavar="EXPERIMENT",
-                   help="run only these, comma-separated: peers, sweep, clients")
+                   help="run only these, comma-separated: peers, sweep, clients, client")
     p.add_argument("--image", metavar="PATH",
                    help="image to serve (default: /var/tmp/sluice-bench-SIZE.img, created once); "
                         "it is only read; writes go to a scratch copy in /var/tmp")

@@ -1,0 +1,180 @@
+"""Experiment `client`: sluice's client tools against libnbd's and fio's, on one sluice
+server serving the warm image. Two comparisons, each in the same run on the same server:
+
+- copy: the whole image to a file in /dev/shm (RAM, so the destination is not the limit),
+  `sluice copy` against `nbdcopy`;
+- requests: fixed size and queue depth, `sluice bench` against fio's nbd engine (libnbd).
+
+Besides throughput it reports the client's own CPU time (user + system, from wait4) per GiB
+moved: the client-side half of "CPU per byte"."""
+
+import csv
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+
+import fio
+import servers
+from measure import Context
+from units import fmt, fmt_sig
+
+GIB = 1 << 30
+KILL_AFTER_SECONDS = 300
+
+# (pattern, size, depth): the corners of the sweep that matter most to a client.
+REQUEST_POINTS = [("seq", 4096, 1), ("rand", 4096, 32), ("seq", 1 << 20, 1), ("seq", 1 << 20, 8)]
+QUICK_REQUEST_POINTS = [("rand", 4096, 32), ("seq", 1 << 20, 8)]
+
+
+def timed(argv: list) -> tuple:
+    """Runs argv; returns (ok, wall seconds, client CPU seconds, stderr tail)."""
+    import time
+    err = tempfile.TemporaryFile()
+    began = time.monotonic()
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    killer = threading.Timer(KILL_AFTER_SECONDS, p.kill)
+    killer.start()
+    try:
+        _, status, usage = os.wait4(p.pid, 0)
+    finally:
+        killer.cancel()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - began
+    err.seek(0)
+    tail = err.read().decode(errors="replace").strip().splitlines()[-3:]
+    return p.returncode == 0, wall, usage.ru_utime + usage.ru_stime, " | ".join(tail)
+
+
+def run(ctx: Context) -> None:
+    r = ctx.report
+    r.heading("client: sluice's client tools against nbdcopy and fio's nbd engine (libnbd)")
+    running = ctx.start(servers.sluice(ctx.binary), ctx.image)
+    if running is None:
+        return
+    rows_csv = []
+    try:
+        _copy(ctx, running, rows_csv)
+        _requests(ctx, running, rows_csv)
+    finally:
+        running.stop()
+    r.csv("client.csv", ["test", "tool", "pattern", "size_bytes", "depth", "mb_per_s", "client_cpu_s_per_gib",
+                         "runs", "error"], rows_csv)
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _copy(ctx, running, rows_csv) -> None:
+    r = ctx.report
+    if not shutil.which("nbdcopy"):
+        r.say("note: nbdcopy is not installed; the copy comparison is skipped")
+        return
+    dest = "/dev/shm/sluice-bench-copy.img"
+    size = ctx.image_size
+    r.say(f"copy: the whole {size / GIB:.1f} GiB image from {running.uri} to {dest} (RAM), "
+          f"{ctx.repeat} run(s) each, median; the destination is deleted between runs.")
+    tools = [("sluice copy", [ctx.binary, "copy", running.uri, dest]),
+             ("nbdcopy", ["nbdcopy", running.uri, dest])]
+    results = {}
+    for name, argv in tools:
+        speeds, cpus, errors = [], [], []
+        for _ in range(ctx.repeat):
+            _unlink(dest)
+            ok, wall, cpu, err = timed(argv)
+            if ok and os.path.getsize(dest) == size:
+                speeds.append(size / wall / 1e6)
+                cpus.append(cpu / (size / GIB))
+            else:
+                errors.append(err or "wrong output size")
+        _unlink(dest)
+        results[name] = (_median(speeds), _median(cpus))
+        r.progress(f"client | copy | {name}: {fmt(results[name][0])} MB/s, "
+                   f"{fmt_sig(results[name][1])} CPU s/GiB" + (f" ({errors[0]})" if errors else ""))
+        rows_csv.append(["copy", name, "seq", "", "", _round(results[name][0]), _round(results[name][1], 4),
+                         len(speeds), "; ".join(errors)])
+    _table(r, "copy", results, "sluice copy", "nbdcopy")
+
+
+def _requests(ctx, running, rows_csv) -> None:
+    r = ctx.report
+    points = QUICK_REQUEST_POINTS if ctx.quick else REQUEST_POINTS
+    r.say(f"requests: one connection, {ctx.runtime} s per run, {ctx.repeat} run(s), median. fio runs "
+          "its nbd engine with --direct=1; sluice bench runs one point with --warmup 0.")
+    for pattern, bs, qd in points:
+        results = {}
+        rw = "read" if pattern == "seq" else "randread"
+        job = fio.Job(rw=rw, bs=bs, iodepth=qd, runtime=ctx.runtime)
+        fio_json = os.path.join(ctx.fiodir, f"client-{rw}-{bs}-{qd}.json")
+        out_dir = tempfile.mkdtemp(prefix="sluice-bench-client-")
+        try:
+            for name in ("sluice bench", "fio nbd"):
+                speeds, cpus, errors = [], [], []
+                for _ in range(ctx.repeat):
+                    if name == "fio nbd":
+                        argv = fio.nbd_command(running.uri, job) + [f"--output={fio_json}"]
+                    else:
+                        argv = [ctx.binary, "bench", running.uri, "--ops", "read", "--patterns", pattern,
+                                "--sizes", str(bs), "--depths", str(qd), "--runtime", str(ctx.runtime),
+                                "--warmup", "0", "--out", out_dir]
+                    ok, wall, cpu, err = timed(argv)
+                    moved = _moved(name, fio_json, out_dir) if ok else None
+                    if moved:
+                        nbytes, seconds = moved
+                        speeds.append(nbytes / seconds / 1e6)
+                        cpus.append(cpu / (nbytes / GIB))
+                    else:
+                        errors.append(err or "no result")
+                results[name] = (_median(speeds), _median(cpus))
+                r.progress(f"client | {pattern} {bs} QD{qd} | {name}: {fmt(results[name][0])} MB/s, "
+                           f"{fmt_sig(results[name][1])} CPU s/GiB" + (f" ({errors[0]})" if errors else ""))
+                rows_csv.append(["requests", name, pattern, bs, qd, _round(results[name][0]),
+                                 _round(results[name][1], 4), len(speeds), "; ".join(errors)])
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            fio.cleanup(fio_json)
+        _table(r, f"{pattern} read, {bs // 1024}K, QD{qd}", results, "sluice bench", "fio nbd")
+
+
+def _moved(name, fio_json, out_dir):
+    """(bytes, seconds) the run reports, or None."""
+    if name == "fio nbd":
+        try:
+            res = fio.parse(fio_json)
+        except Exception:
+            return None
+        return (res.bytes, res.seconds) if res.bytes else None
+    path = os.path.join(out_dir, "bench.csv")
+    try:
+        with open(path) as f:
+            row = next(csv.DictReader(f))
+    except (OSError, StopIteration):
+        return None
+    nbytes, seconds = int(row["bytes"]), float(row["seconds"])
+    return (nbytes, seconds) if nbytes and seconds else None
+
+
+def _table(r, title, results, ours, theirs) -> None:
+    rows = [[name, fmt(mb), fmt_sig(cpu)] for name, (mb, cpu) in results.items()]
+    r.table(title, ["client", "MB/s", "client CPU s/GiB"], rows)
+    (a_mb, a_cpu), (b_mb, b_cpu) = results[ours], results[theirs]
+    if a_mb and b_mb:
+        line = f"{ours} / {theirs}: {a_mb / b_mb:.2f}x throughput"
+        if a_cpu and b_cpu:
+            line += f", {a_cpu / b_cpu:.2f}x CPU per GiB (lower is better)"
+        r.say(line)
+
+
+def _round(value, digits=2):
+    return None if value is None else round(value, digits)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
