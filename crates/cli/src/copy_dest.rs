@@ -48,6 +48,11 @@ pub struct Dest {
     zeros: Vec<u8>,
     /// Cleared when the file system or device refused to punch holes: stop asking.
     punch_works: AtomicBool,
+    /// One buffered write to a file at a time. Concurrent pwrites to one file serialize on
+    /// its inode lock anyway, and the waiters spin: measured, 16 writers to a tmpfs file
+    /// spent 13% of the copy's CPU in rwsem_spin_on_owner. The network, not one writer
+    /// thread, is what limits a copy.
+    file_writer: tokio::sync::Semaphore,
 }
 
 impl Dest {
@@ -58,6 +63,7 @@ impl Dest {
             sparse,
             zeros: vec![0u8; request_bytes],
             punch_works: AtomicBool::new(true),
+            file_writer: tokio::sync::Semaphore::new(1),
         }
     }
 
@@ -93,6 +99,7 @@ impl Dest {
             }
             Target::File { file, .. } => {
                 let (me, file) = (self.clone(), file.clone());
+                let _turn = self.file_writer.acquire().await.expect("the semaphore is never closed");
                 let (buf, r) = blocking(move || {
                     let r = ZeroRuns::new(offset, &buf, detect).try_for_each(|(range, zero)| {
                         let at = offset + range.start as u64;
