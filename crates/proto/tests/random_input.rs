@@ -234,11 +234,89 @@ fn session_encoding_round_trips() {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Server messages (the client's decoders)
+// ---------------------------------------------------------------------------------------
+
+const SERVER_MESSAGE_INPUTS: u32 = 100_000;
+
+/// A decoder selector, then bytes near what a server sends: the right lengths for the
+/// fixed-size messages, plausible length fields for the rest, then a few bytes mutated.
+fn server_message_input(rng: &mut Rng) -> Vec<u8> {
+    let which = rng.below(8) as u8;
+    let mut body = match which {
+        0 => {
+            let mut g = NBDMAGIC.to_be_bytes().to_vec();
+            g.extend_from_slice(&IHAVEOPT.to_be_bytes());
+            g.extend_from_slice(&(rng.next() as u16).to_be_bytes());
+            g
+        }
+        1 => {
+            let mut r = OPTION_REPLY_MAGIC.to_be_bytes().to_vec();
+            r.extend(rng.bytes(12));
+            r.resize(20, 0);
+            r
+        }
+        2 | 4 => {
+            let name = rng.bytes(20);
+            let mut p = (name.len() as u32 + rng.below(3) as u32).to_be_bytes().to_vec();
+            p.extend(name);
+            p.extend(rng.bytes(10));
+            p
+        }
+        3 => {
+            let mut p = (rng.below(6) as u16).to_be_bytes().to_vec();
+            for _ in 0..3 {
+                p.extend_from_slice(&(1u32 << rng.below(26)).to_be_bytes());
+            }
+            p.truncate(2 + rng.below(14) as usize);
+            p
+        }
+        5 => {
+            let message = rng.bytes(12);
+            let mut p = (rng.below(120) as u32).to_be_bytes().to_vec();
+            p.extend_from_slice(&(message.len() as u16 + rng.below(2) as u16).to_be_bytes());
+            p.extend(message);
+            if rng.percent(50) {
+                p.extend(rng.bytes(8));
+            }
+            p
+        }
+        6 => {
+            let n = rng.below(6) as usize;
+            let mut p = rng.bytes(4);
+            p.resize(4, 0);
+            p.extend(rng.bytes(8 * n as u64 + 1));
+            p
+        }
+        _ => rng.bytes(16),
+    };
+    for _ in 0..rng.below(3) {
+        if !body.is_empty() {
+            let at = rng.below(body.len() as u64) as usize;
+            body[at] = rng.next() as u8;
+        }
+    }
+    let mut input = vec![which];
+    input.extend(body);
+    input
+}
+
+#[test]
+fn server_message_harness_holds_on_random_messages() {
+    let mut rng = Rng::new(0x5eed_0004);
+    for i in 0..SERVER_MESSAGE_INPUTS {
+        let input = server_message_input(&mut rng);
+        run("server_message", i, &input, harness::server_message);
+    }
+}
+
 #[test]
 fn harness_bodies_survive_short_and_empty_input() {
     for len in 0..64 {
         let input = vec![0xa5; len];
         harness::handshake(&input);
         harness::request(&input);
+        harness::server_message(&input);
     }
 }

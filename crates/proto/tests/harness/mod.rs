@@ -440,3 +440,73 @@ fn check_validation(raw: &RawRequest, s: &Session) {
         }
     }
 }
+
+// =======================================================================================
+// Server messages, as the client decodes them
+// =======================================================================================
+
+/// The first byte picks a decoder of what a server sends; the rest is its input. Decoders
+/// must return `Malformed` rather than panic, and whatever they accept must be sane.
+pub fn server_message(input: &[u8]) {
+    use sluice_proto::client::*;
+    let Some((&which, p)) = input.split_first() else { return };
+    match which % 8 {
+        0 => {
+            if let Ok(b) = <&[u8; GREETING_BYTES]>::try_from(p) {
+                if let Ok(flags) = decode_greeting(b) {
+                    assert_eq!(u16::from_be_bytes([p[16], p[17]]), flags);
+                }
+            }
+        }
+        1 => {
+            if let Ok(b) = <&[u8; OPTION_REPLY_BYTES]>::try_from(p) {
+                if let Ok(r) = OptionReply::decode(b) {
+                    assert_eq!(r.is_error(), r.kind & (1 << 31) != 0);
+                }
+            }
+        }
+        2 => {
+            if let Ok((name, description)) = decode_server_entry(p) {
+                assert!(name.len() <= STRING_MAX_BYTES * 3 && !name.contains('\0'));
+                assert!(description.is_none_or(|d| !d.is_empty() && !d.contains('\0')));
+            }
+        }
+        3 => match decode_info(p) {
+            Ok(Info::BlockSize { min, preferred, max }) => {
+                assert!(min.is_power_of_two() && min <= 65536 && preferred >= min && max >= min);
+            }
+            Ok(Info::Export { .. }) => assert_eq!(p.len(), 12),
+            Ok(Info::Name(s) | Info::Description(s)) => assert!(!s.contains('\0')),
+            Ok(Info::Unknown(kind)) => assert!(kind > INFO_BLOCK_SIZE),
+            Err(_) => {}
+        },
+        4 => {
+            if let Ok((_, name)) = decode_meta_context(p) {
+                assert!(!name.contains('\0'));
+            }
+        }
+        5 => {
+            for kind in [REPLY_TYPE_ERROR, REPLY_TYPE_ERROR_OFFSET, 0x8007] {
+                if let Ok(e) = decode_error_chunk(kind, p) {
+                    assert!(e.code != 0 && !e.message.contains('\0'));
+                    assert_eq!(e.offset.is_some(), kind == REPLY_TYPE_ERROR_OFFSET);
+                }
+            }
+        }
+        6 => {
+            if let Ok((_, extents)) = decode_block_status(p) {
+                assert!(!extents.is_empty() && extents.len() * 8 + 4 == p.len());
+            }
+        }
+        _ => {
+            if let Ok((_, len)) = decode_offset_hole(p) {
+                assert_eq!(p.len(), 12);
+                let _ = len;
+            }
+            if let Ok(h) = <&[u8; CHUNK_HEADER_BYTES - 4]>::try_from(p) {
+                let c = ChunkHeader::decode(h);
+                assert_eq!(c.done(), c.flags & REPLY_FLAG_DONE != 0);
+            }
+        }
+    }
+}
