@@ -155,3 +155,34 @@ fn storage_error_mid_read_with_simple_replies_errors_or_disconnects() {
         assert_eq!(s.stop().code(), Some(0));
     }
 }
+
+/// A spliced chunk as long as the pipe but not page-aligned touches one page more than the
+/// pipe holds. Such reads once filled the pipe short of their length and never finished
+/// (found by `sluice mount --direct-io`, whose kernel requests are 1 MiB at any offset).
+#[test]
+fn unaligned_pipe_sized_reads_finish_on_the_splice_paths() {
+    let len = 6 << 20;
+    for path in ["splice", "splice-direct"] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("disk.img");
+        let data = pattern(len, 11);
+        write_file(&file, &data);
+        // The default chunk (1 MiB) equals the pipe size: the case that hung.
+        let s = Sluice::start(&[file.to_str().unwrap(), "--data-path", path]);
+        for cached in [true, false] {
+            if !cached {
+                let f = std::fs::File::open(&file).unwrap();
+                // SAFETY: posix_fadvise takes a descriptor we own and plain numbers.
+                unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            }
+            let (mut c, _) = Client::connect(&s.socket, "", true, false);
+            c.set_read_timeout(Duration::from_secs(10));
+            for (offset, n) in [(100u64, 1u32 << 20), (4095, 3 << 20), (4097, (2 << 20) + 7), (512, 1 << 20)] {
+                let r = c.call(0, CMD_READ, offset, n);
+                r.assert_ok();
+                let got = r.read_data();
+                assert!(got == data[offset as usize..offset as usize + n as usize], "{path} cached={cached}: read at {offset} of {n}");
+            }
+        }
+    }
+}

@@ -750,11 +750,12 @@ impl Connection {
         // when big enough to pay for its two worker-thread hops.
         // A pipe holds one chunk, so small pipes (when the system refused 1 MiB) may not
         // cover a long read in CHUNKS_PER_READ_MAX chunks; such reads are copied.
+        // Cutting chunks at pipe-sized page runs (below) adds at most one chunk.
         let pipe_bytes = ctx.pipes.bytes();
         let splice = path.uses_splice()
             && len >= SPLICE_MIN_BYTES
             && pipe_bytes > 0
-            && len.div_ceil(pipe_bytes) <= CHUNKS_PER_READ_MAX
+            && len.div_ceil(pipe_bytes) < CHUNKS_PER_READ_MAX
             // Spliced replies leave one after another, each through an io-wq round trip;
             // with other reads in flight, copying keeps the socket busier for less CPU.
             && self.reads_in_flight == 0;
@@ -778,7 +779,14 @@ impl Connection {
         chunks.clear();
         let mut at = lo;
         while at < hi {
-            let c1 = (at + chunk as u64).min(hi);
+            let mut c1 = (at + chunk as u64).min(hi);
+            if splice {
+                // A pipe holds pipe_bytes / PAGE page references, and a splice from the file
+                // takes one per page it touches: an unaligned chunk of pipe_bytes touches one
+                // page too many, fills the pipe short of its length and would never finish.
+                let page = BUFFER_ALIGN_BYTES as u64;
+                c1 = c1.min(at / page * page + pipe_bytes as u64);
+            }
             let first = offset.max(at);
             chunks.push(Chunk {
                 file_offset: at,
