@@ -9,6 +9,7 @@ mod copy;
 mod info;
 mod logger;
 mod mount;
+mod mount_fs;
 mod serve;
 
 use clap::{Parser, Subcommand};
