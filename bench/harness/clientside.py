@@ -3,7 +3,9 @@ server serving the warm image. Two comparisons, each in the same run on the same
 
 - copy: the whole image to a file in /dev/shm (RAM, so the destination is not the limit),
   `sluice copy` against `nbdcopy`;
-- requests: fixed size and queue depth, `sluice bench` against fio's nbd engine (libnbd).
+- requests: fixed size and queue depth, `sluice bench` against fio's nbd engine (libnbd);
+- mount: the export as a FUSE file read start to end with dd, `sluice mount` against
+  libnbd's `nbdfuse`.
 
 Besides throughput it reports the client's own CPU time (user + system, from wait4) per GiB
 moved: the client-side half of "CPU per byte"."""
@@ -17,6 +19,7 @@ import tempfile
 import threading
 
 import fio
+import proc
 import servers
 from measure import Context
 from units import fmt, fmt_sig
@@ -58,6 +61,7 @@ def run(ctx: Context) -> None:
     try:
         _copy(ctx, running, rows_csv)
         _requests(ctx, running, rows_csv)
+        _mount(ctx, running, rows_csv)
     finally:
         running.stop()
     r.csv("client.csv", ["test", "tool", "pattern", "size_bytes", "depth", "mb_per_s", "client_cpu_s_per_gib",
@@ -138,6 +142,71 @@ def _requests(ctx, running, rows_csv) -> None:
             shutil.rmtree(out_dir, ignore_errors=True)
             fio.cleanup(fio_json)
         _table(r, f"{pattern} read, {bs // 1024}K, QD{qd}", results, "sluice bench", "fio nbd")
+
+
+def _mounted(path: str) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f if len(line.split()) > 1)
+
+
+def _mount(ctx, running, rows_csv) -> None:
+    """Each tool mounts the export fresh (so the client's page cache starts empty), dd reads
+    the whole file with 1 MiB reads through the page cache, then the mount is ended. The
+    client CPU is dd's plus the mount process's over the read."""
+    import time
+    r = ctx.report
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        r.say("note: the mount comparison needs root and /dev/fuse; skipped")
+        return
+    if not shutil.which("nbdfuse"):
+        r.say("note: nbdfuse is not installed; the mount comparison is skipped")
+        return
+    size = ctx.image_size
+    r.say(f"mount: dd reads the whole {size / GIB:.1f} GiB export through a fresh FUSE mount, "
+          f"bs=1M, {ctx.repeat} run(s), median.")
+    results = {}
+    for name in ("sluice mount", "nbdfuse"):
+        speeds, cpus, errors = [], [], []
+        for _ in range(ctx.repeat):
+            top = tempfile.mkdtemp(prefix="sluice-bench-mount-")
+            if name == "sluice mount":
+                path = os.path.join(top, "disk")
+                argv = [ctx.binary, "mount", running.uri, path]
+            else:
+                path = os.path.join(top, "nbd")
+                argv = ["nbdfuse", top, running.uri]
+            mounted_at = path if name == "sluice mount" else top
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                deadline = time.monotonic() + 10
+                while not _mounted(mounted_at) and time.monotonic() < deadline and p.poll() is None:
+                    time.sleep(0.05)
+                if not _mounted(mounted_at):
+                    errors.append("did not mount")
+                    continue
+                before = proc.cpu_seconds(p.pid)
+                ok, wall, dd_cpu, err = timed(["dd", f"if={path}", "of=/dev/null", "bs=1M"])
+                mount_cpu = proc.cpu_seconds(p.pid) - before
+                if ok:
+                    speeds.append(size / wall / 1e6)
+                    cpus.append((dd_cpu + mount_cpu) / (size / GIB))
+                else:
+                    errors.append(err or "dd failed")
+            finally:
+                subprocess.run(["fusermount3", "-u", mounted_at], stderr=subprocess.DEVNULL)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                shutil.rmtree(top, ignore_errors=True)
+        results[name] = (_median(speeds), _median(cpus))
+        r.progress(f"client | mount | {name}: {fmt(results[name][0])} MB/s, "
+                   f"{fmt_sig(results[name][1])} CPU s/GiB" + (f" ({errors[0]})" if errors else ""))
+        rows_csv.append(["mount", name, "seq", 1 << 20, "", _round(results[name][0]), _round(results[name][1], 4),
+                         len(speeds), "; ".join(errors)])
+    _table(r, "mount (dd bs=1M through the FUSE file)", results, "sluice mount", "nbdfuse")
 
 
 def _moved(name, fio_json, out_dir):

@@ -23,39 +23,47 @@ impl Sluice {
     /// Starts `sluice serve ARGS... --unix SOCK --listen 127.0.0.1:PORT` and waits until
     /// it accepts connections.
     pub fn start(args: &[&str]) -> Sluice {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join("nbd.sock");
-        let log = dir.path().join("sluice.log");
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let child = Command::new(SLUICE)
-            .arg("serve")
-            .args(args)
-            .arg("--unix")
-            .arg(&socket)
-            .args(["--listen", &listen])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn sluice");
-        let mut s = Sluice { child: Some(child), dir, socket, port, log };
-        s.wait_ready();
-        s
+        // free_port() releases the port before sluice binds it, so another test's outgoing
+        // connection may take it in between: retry with a new port when that happens.
+        for attempt in 1.. {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let socket = dir.path().join("nbd.sock");
+            let log = dir.path().join("sluice.log");
+            let port = free_port();
+            let listen = format!("127.0.0.1:{port}");
+            let child = Command::new(SLUICE)
+                .arg("serve")
+                .args(args)
+                .arg("--unix")
+                .arg(&socket)
+                .args(["--listen", &listen])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("log file"))
+                .spawn()
+                .expect("spawn sluice");
+            let mut s = Sluice { child: Some(child), dir, socket, port, log };
+            match s.wait_ready() {
+                Ok(()) => return s,
+                Err(text) if attempt < 5 && text.contains(&format!("cannot listen on {listen}")) => continue,
+                Err(text) => panic!("{text}"),
+            }
+        }
+        unreachable!()
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if UnixStream::connect(&self.socket).is_ok() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+                return Ok(());
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("sluice exited early with {status}: {}", self.log_text());
+                return Err(format!("sluice exited early with {status}: {}", self.log_text()));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("sluice did not start listening: {}", self.log_text());
+        Err(format!("sluice did not start listening: {}", self.log_text()))
     }
 
     /// URI of the default export over the Unix socket.
