@@ -124,7 +124,7 @@ impl Shared {
     fn errno(&self, what: &str, e: &Error) -> Errno {
         let errno = errno_for(e);
         match e {
-            Error::Server { .. } | Error::ReadOnly | Error::Unsupported(_) | Error::OutOfRange { .. } => {
+            Error::Server { .. } | Error::ReadOnly | Error::Unsupported(_) | Error::OutOfRange { .. } | Error::Unaligned { .. } => {
                 log::debug!("{what}: {e}");
             }
             _ => {
@@ -156,6 +156,8 @@ pub fn errno_for(e: &Error) -> Errno {
         Error::ReadOnly => Errno::EROFS,
         Error::Unsupported(_) => Errno::EOPNOTSUPP,
         Error::OutOfRange { .. } => Errno::ENOSPC,
+        // The export's minimum block size, which a write here did not keep to.
+        Error::Unaligned { .. } => Errno::EINVAL,
         _ => Errno::EIO,
     }
 }

@@ -46,6 +46,12 @@ fn option_reply(s: &mut TcpStream, opt: u32, kind: u32, payload: &[u8]) {
 
 /// An honest fixed-newstyle handshake with structured replies and base:allocation.
 fn handshake(s: &mut TcpStream) -> Option<()> {
+    handshake_with(s, 1, false)
+}
+
+/// The handshake, advertising a minimum block size of `block_min`; with `meta_fails`,
+/// SET_META_CONTEXT names the context and then fails (so no context is selected).
+fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool) -> Option<()> {
     let mut g = NBDMAGIC.to_be_bytes().to_vec();
     g.extend_from_slice(&IHAVEOPT.to_be_bytes());
     g.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
@@ -61,13 +67,20 @@ fn handshake(s: &mut TcpStream) -> Option<()> {
                 let mut p = CONTEXT.to_be_bytes().to_vec();
                 p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
                 option_reply(s, opt, REP_META_CONTEXT, &p);
-                option_reply(s, opt, REP_ACK, &[]);
+                option_reply(s, opt, if meta_fails { REP_ERR_INVALID } else { REP_ACK }, &[]);
             }
             OPT_GO => {
                 let mut p = INFO_EXPORT.to_be_bytes().to_vec();
                 p.extend_from_slice(&SIZE.to_be_bytes());
-                p.extend_from_slice(&(FLAG_HAS_FLAGS | FLAG_SEND_FLUSH).to_be_bytes());
+                p.extend_from_slice(&(FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_WRITE_ZEROES).to_be_bytes());
                 option_reply(s, opt, REP_INFO, &p);
+                if block_min > 1 {
+                    let mut b = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                    for v in [block_min, block_min, 1 << 20] {
+                        b.extend_from_slice(&v.to_be_bytes());
+                    }
+                    option_reply(s, opt, REP_INFO, &b);
+                }
                 option_reply(s, opt, REP_ACK, &[]);
                 return Some(());
             }
@@ -86,12 +99,16 @@ fn next_request(s: &mut TcpStream) -> Option<Request> {
 /// Starts a fake server that handshakes, then runs `script` on the first request and keeps
 /// the connection open (reading and ignoring) until the client goes away.
 fn fake(script: Script) -> u16 {
+    fake_with(1, false, script)
+}
+
+fn fake_with(block_min: u32, meta_fails: bool, script: Script) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        if handshake(&mut s).is_none() {
+        if handshake_with(&mut s, block_min, meta_fails).is_none() {
             return;
         }
         let Some(r) = next_request(&mut s) else { return };
@@ -388,4 +405,80 @@ fn handshake_impossible_block_sizes() {
 fn handshake_closed_early() {
     let e = fake_handshake(|s| drop(s.shutdown(std::net::Shutdown::Both)));
     assert!(matches!(e, Error::Protocol(_) | Error::Io(_)), "{e}");
+}
+
+/// Runs `body` on a client connected to the fake server at `port`, within 10 seconds.
+fn with_client<T>(port: u16, body: impl AsyncFnOnce(Client) -> T) -> T {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let c = Client::connect(&format!("nbd://127.0.0.1:{port}/")).await.expect("connect");
+            body(c).await
+        })
+        .await
+        .expect("client hung on the fake server")
+    })
+}
+
+#[test]
+fn scattered_tiny_chunks_hit_the_fragment_cap() {
+    // 1-byte holes at every other byte of a 16 KiB read: more separate pieces than the cap.
+    let port = fake(|s, r| {
+        let mut out = Vec::new();
+        for i in 0..(r.len as u64 / 2) {
+            out.extend_from_slice(&reply::offset_hole(r.handle, r.offset + 2 * i, 1, false));
+        }
+        let _ = s.write_all(&out);
+    });
+    let got = with_client(port, async |c| c.read_owned(0, vec![0; 16384]).await);
+    assert!(matches!(got, Err(Error::Protocol(ref m)) if m.contains("pieces")), "{:?}", got.map(|v| v.len()));
+}
+
+#[test]
+fn a_large_block_status_reply_is_accepted() {
+    // qemu-nbd sends up to 2^17 extents in one chunk: more than a MiB of payload.
+    let port = fake(|s, r| {
+        let n = 1u32 << 17;
+        let mut out = reply::chunk_header(r.handle, REPLY_TYPE_BLOCK_STATUS, true, 4 + 8 * n).to_vec();
+        out.extend_from_slice(&CONTEXT.to_be_bytes());
+        for i in 0..n {
+            out.extend_from_slice(&1u32.to_be_bytes());
+            out.extend_from_slice(&(i % 2 * STATE_HOLE).to_be_bytes());
+        }
+        let _ = s.write_all(&out);
+    });
+    let extents = with_client(port, async |c| c.block_status(0, 1 << 17).await).expect("legal reply refused");
+    assert_eq!(extents.len(), 1 << 17);
+    assert_eq!(extents.iter().map(|e| e.length).sum::<u64>(), 1 << 17);
+}
+
+#[test]
+fn minimum_block_size_is_kept() {
+    // The server asks for 4096-byte blocks: an unaligned read goes out widened to whole
+    // blocks, and an unaligned write is refused before it is sent.
+    let port = fake_with(4096, false, |s, r| {
+        assert_eq!((r.kind, r.offset, r.len), (CMD_READ, 0, 8192), "the read was not widened to whole blocks");
+        let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
+        data_chunk(s, r.handle, 0, &data, true);
+    });
+    let (read, write) = with_client(port, async |c| {
+        let read = c.read_owned(100, vec![0; 5000]).await;
+        let write = c.write(100, &[1; 10], false).await;
+        let zero = c.write_zeroes(512, 4096, false, true, false).await;
+        assert!(matches!(zero, Err(Error::Unaligned { block: 4096, .. })), "{zero:?}");
+        (read, write)
+    });
+    let want: Vec<u8> = (100..5100u32).map(|i| i as u8).collect();
+    assert_eq!(read.expect("widened read"), want);
+    assert!(matches!(write, Err(Error::Unaligned { offset: 100, len: 10, block: 4096 })), "{write:?}");
+}
+
+#[test]
+fn a_failed_set_meta_context_selects_no_context() {
+    let port = fake_with(1, true, |_, _| {});
+    let (base_allocation, extents) = with_client(port, async |c| (c.export().base_allocation, c.block_status(0, 4096).await));
+    assert!(!base_allocation, "context kept after SET_META_CONTEXT failed");
+    // Without the context no BLOCK_STATUS is sent: the whole range is reported as data.
+    let e = extents.unwrap();
+    assert_eq!((e.len(), e[0].hole, e[0].length), (1, false, 4096));
 }

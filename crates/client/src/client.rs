@@ -70,8 +70,9 @@ impl Client {
         if wanted > 1 && export.can_multi_conn() {
             for _ in 1..wanted {
                 let (ex, conn) = open_one(uri, options).await?;
-                if ex.size != export.size || ex.flags != export.flags {
-                    return Err(Error::Protocol("connections to the same export disagree on its size or flags".into()));
+                // Requests go to any connection, so each must have agreed the same things.
+                if ex != export {
+                    return Err(Error::Protocol("connections to the same export negotiated different sizes, flags or features".into()));
                 }
                 connections.push(conn);
             }
@@ -106,6 +107,17 @@ impl Client {
         }
     }
 
+    /// Writes and zeroes must keep to the minimum block size the server asked for. A
+    /// read-modify-write here could lose a concurrent write to the same block, so an
+    /// unaligned request is refused instead.
+    fn check_aligned(&self, offset: u64, len: u64) -> Result<(), Error> {
+        let ex = &self.inner.export;
+        match ex.aligned(offset, len) {
+            true => Ok(()),
+            false => Err(Error::Unaligned { offset, len, block: ex.block_min }),
+        }
+    }
+
     fn check_writable(&self) -> Result<(), Error> {
         if self.inner.export.read_only() {
             return Err(Error::ReadOnly);
@@ -129,22 +141,28 @@ impl Client {
         for b in &mut bufs {
             b.fill(0);
         }
-        let max = self.inner.export.request_max_bytes() as u64;
-        if total <= max {
+        let ex = &self.inner.export;
+        let max = ex.request_max_bytes() as u64;
+        if total <= max && ex.aligned(offset, total) {
             return self.read_request(offset, bufs).await;
         }
-        // Too big for one request: read each piece into its own buffer, all in flight
-        // together, then copy into the caller's. Splitting the caller's buffers in place
-        // would need aliasing the borrow checker cannot see through.
-        let pieces = (0..total.div_ceil(max)).map(|i| {
-            let n = (total - i * max).min(max);
-            self.read_request(offset + i * max, vec![vec![0u8; n as usize]])
+        // Too big for one request, or not on the export's block boundaries: read whole
+        // blocks in pieces of at most `max`, each into its own buffer, all in flight
+        // together, then copy the wanted bytes into the caller's buffers. (Splitting the
+        // caller's buffers in place would need aliasing the borrow checker cannot see.)
+        let b = ex.block_min as u64;
+        let lo = offset / b * b;
+        let hi = (offset + total).next_multiple_of(b).min(ex.size);
+        let pieces = (0..(hi - lo).div_ceil(max)).map(|i| {
+            let n = (hi - lo - i * max).min(max);
+            self.read_request(lo + i * max, vec![vec![0u8; n as usize]])
         });
         let mut data = Vec::new();
         for r in join_all(pieces).await {
             data.extend(r?);
         }
-        let mut src = data.iter().flat_map(|d| d.iter());
+        let skip = (offset - lo) as usize;
+        let mut src = data.iter().flat_map(|d| d.iter()).skip(skip);
         for b in &mut bufs {
             for (d, s) in b.iter_mut().zip(&mut src) {
                 *d = *s;
@@ -185,6 +203,7 @@ impl Client {
         self.check_writable()?;
         let total: u64 = data.iter().map(|b| b.len() as u64).sum();
         self.check_range(offset, total)?;
+        self.check_aligned(offset, total)?;
         let flags = self.fua_flag(fua)?;
         let max = self.inner.export.request_max_bytes() as u64;
         if total <= max {
@@ -233,18 +252,15 @@ impl Client {
         }
     }
 
-    /// Asks the server to make every completed write durable. With multi-conn, one flush
-    /// covers writes completed on every connection (that is what CAN_MULTI_CONN promises),
-    /// so it is sent on all of them only to be safe against in-flight ones.
+    /// Asks the server to make every completed write durable. With multi-conn, a flush on
+    /// one connection covers writes completed on all of them (that is what CAN_MULTI_CONN
+    /// promises); writes still in flight are never covered by a flush.
     pub async fn flush(&self) -> Result<(), Error> {
         if !self.inner.export.can_flush() {
             // The server says writes are durable when answered.
             return Ok(());
         }
-        let calls = self.inner.connections.iter().map(|c| c.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()));
-        for r in join_all(calls).await {
-            r?;
-        }
+        self.pick()?.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()).await?;
         Ok(())
     }
 
@@ -255,7 +271,16 @@ impl Client {
             return Err(Error::Unsupported("TRIM"));
         }
         let flags = self.fua_flag(fua)?;
-        self.ranged(CMD_TRIM, flags, offset, len).await
+        self.check_range(offset, len)?;
+        // Trimming is advisory: only the whole blocks inside the range are sent.
+        let b = self.inner.export.block_min as u64;
+        let lo = offset.next_multiple_of(b);
+        let end = offset + len;
+        let hi = if end == self.inner.export.size { end } else { end / b * b };
+        if hi <= lo {
+            return Ok(());
+        }
+        self.ranged(CMD_TRIM, flags, lo, hi - lo, RANGE_REQUEST_MAX_BYTES).await
     }
 
     /// Writes zeros over the range. `may_trim` lets the server punch a hole instead of
@@ -276,7 +301,11 @@ impl Client {
         if fast {
             flags |= CMD_FLAG_FAST_ZERO;
         }
-        self.ranged(CMD_WRITE_ZEROES, flags, offset, len).await
+        self.check_range(offset, len)?;
+        self.check_aligned(offset, len)?;
+        // The maximum block size bounds WRITE_ZEROES too, unless it is a fast zero.
+        let step = if fast { RANGE_REQUEST_MAX_BYTES } else { self.data_request_step() };
+        self.ranged(CMD_WRITE_ZEROES, flags, offset, len, step).await
     }
 
     /// Asks the server to prefetch the range into its cache.
@@ -284,13 +313,24 @@ impl Client {
         if !self.inner.export.can_cache() {
             return Err(Error::Unsupported("CACHE"));
         }
-        self.ranged(CMD_CACHE, 0, offset, len).await
+        self.check_range(offset, len)?;
+        // Prefetching more than asked is harmless: widen to whole blocks.
+        let ex = &self.inner.export;
+        let b = ex.block_min as u64;
+        let (lo, hi) = (offset / b * b, (offset + len).next_multiple_of(b).min(ex.size));
+        self.ranged(CMD_CACHE, 0, lo, hi - lo, self.data_request_step()).await
     }
 
-    /// A command that only names a range, split into requests of at most a GiB.
-    async fn ranged(&self, cmd: u16, flags: u16, offset: u64, len: u64) -> Result<(), Error> {
-        self.check_range(offset, len)?;
-        let step = RANGE_REQUEST_MAX_BYTES as u64;
+    /// Split size for commands the maximum block size bounds (CACHE, WRITE_ZEROES).
+    fn data_request_step(&self) -> u32 {
+        self.inner.export.request_max_bytes().min(RANGE_REQUEST_MAX_BYTES)
+    }
+
+    /// A command that only names a range, split into requests of at most `step` bytes
+    /// (a whole number of minimum blocks), all in flight together.
+    async fn ranged(&self, cmd: u16, flags: u16, offset: u64, len: u64, step: u32) -> Result<(), Error> {
+        let b = self.inner.export.block_min;
+        let step = (step / b * b).max(b) as u64;
         let calls = (0..len.div_ceil(step)).map(|i| {
             let at = offset + i * step;
             let n = (len - i * step).min(step) as u32;
@@ -311,28 +351,47 @@ impl Client {
         if len == 0 {
             return Ok(Vec::new());
         }
-        if !self.inner.export.base_allocation {
+        let ex = &self.inner.export;
+        if !ex.base_allocation {
             return Ok(vec![Extent { offset, length: len, hole: false, zero: false }]);
         }
-        let descriptors = match self.pick()?.call(CMD_BLOCK_STATUS, 0, offset, len as u32, &[], Vec::new()).await? {
+        // Asked on whole blocks; the answer is clipped back to the range below.
+        let b = ex.block_min as u64;
+        let lo = offset / b * b;
+        let hi = (offset + len).next_multiple_of(b).min(ex.size);
+        let descriptors = match self.pick()?.call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new()).await? {
             Outcome::Extents(e) => e,
             _ => return Err(Error::Protocol("block status answered without extents".into())),
         };
         let end = offset + len;
-        let mut at = offset;
+        let mut at = lo;
         let mut out = Vec::with_capacity(descriptors.len());
         for (length, flags) in descriptors {
             if at >= end {
                 // A server may describe past the request; what lies beyond is not ours to use.
                 break;
             }
-            let length = (length as u64).min(end - at);
+            let mut length = (length as u64).min(end - at);
+            if at < offset {
+                // The part of the first block before the range.
+                let before = (offset - at).min(length);
+                at += before;
+                length -= before;
+                if length == 0 {
+                    continue;
+                }
+            }
             let (hole, zero) = (flags & STATE_HOLE != 0, flags & STATE_ZERO != 0);
             match out.last_mut() {
                 Some(Extent { length: l, hole: h, zero: z, .. }) if *h == hole && *z == zero => *l += length,
                 _ => out.push(Extent { offset: at, length, hole, zero }),
             }
             at += length;
+        }
+        if out.is_empty() {
+            // Everything described lay before `offset`, within its block: say "data" (always
+            // safe to assume) up to the block's end, so a caller's loop moves on.
+            out.push(Extent { offset, length: (lo + b).min(end) - offset, hole: false, zero: false });
         }
         Ok(out)
     }

@@ -72,8 +72,12 @@ struct State {
     dead: Option<Error>,
 }
 
+/// The write half; `None` once the connection is closed (by DISC or after a failure).
+/// Dropping a write half shuts the socket's sending side, which ends the connection.
+type SharedWriter = Arc<tokio::sync::Mutex<Option<Writer>>>;
+
 pub(crate) struct Connection {
-    writer: tokio::sync::Mutex<Writer>,
+    writer: SharedWriter,
     state: Arc<Mutex<State>>,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -95,8 +99,9 @@ impl Connection {
     pub(crate) fn start(reader: Reader, writer: Writer, export: &Export, base_allocation_id: Option<u32>) -> Connection {
         let state = Arc::new(Mutex::new(State::default()));
         let session = Session { structured: export.structured, base_allocation_id };
-        let task = tokio::spawn(read_replies(reader, state.clone(), session));
-        Connection { writer: tokio::sync::Mutex::new(writer), state, reader: task }
+        let writer = Arc::new(tokio::sync::Mutex::new(Some(writer)));
+        let task = tokio::spawn(read_replies(reader, state.clone(), writer.clone(), session));
+        Connection { writer, state, reader: task }
     }
 
     /// Requests sent and not yet answered.
@@ -126,23 +131,42 @@ impl Connection {
         };
         // If this future is dropped before the request is fully written, the entry must go,
         // and a half-written request leaves the stream unusable.
-        let mut guard = SendGuard { conn: self, handle, started: false, finished: false };
+        let mut guard = SendGuard { conn: self, handle, written: 0, finished: false };
         let mut header = Vec::with_capacity(REQUEST_BYTES);
         wire_c::request(&mut header, flags, cmd, handle, offset, len);
         {
-            let mut w = self.writer.lock().await;
-            guard.started = true;
+            let mut lock = self.writer.lock().await;
+            let Some(w) = lock.as_mut() else {
+                // Closed (DISC sent, or failed) after the check above.
+                self.state.lock().unwrap().pending.remove(&handle);
+                guard.finished = true;
+                return Err(self.state.lock().unwrap().dead.clone().unwrap_or(Error::Closed));
+            };
             let mut slices = Vec::with_capacity(1 + payload.len());
             slices.push(IoSlice::new(&header));
             slices.extend(payload.iter().map(|s| IoSlice::new(s)));
-            if let Err(e) = write_all_vectored(&mut **w, &mut slices).await {
-                drop(w);
-                let e = Error::io(e);
-                self.fail(e.clone());
-                guard.finished = true;
-                return Err(e);
+            let mut slices = &mut slices[..];
+            let mut failed = None;
+            while !slices.is_empty() {
+                match w.write_vectored(slices).await {
+                    Ok(0) => failed = Some(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+                    Ok(n) => {
+                        guard.written += n;
+                        IoSlice::advance_slices(&mut slices, n);
+                        continue;
+                    }
+                    Err(e) => failed = Some(e),
+                }
+                break;
             }
             guard.finished = true;
+            if let Some(e) = failed {
+                let e = Error::io(e);
+                lock.take();
+                fail_all(&self.state, e.clone());
+                self.reader.abort();
+                return Err(e);
+            }
         }
         match rx.await {
             Ok(r) => r,
@@ -150,14 +174,20 @@ impl Connection {
         }
     }
 
-    /// Marks the connection failed and fails everything in flight with `e`.
+    /// Marks the connection failed, fails everything in flight with `e`, and closes it: a
+    /// client that saw the protocol broken must hard-disconnect.
     fn fail(&self, e: Error) {
         fail_all(&self.state, e);
         self.reader.abort();
+        // The writer is free unless a send is in progress; that send then fails or finds
+        // the connection dead, and the Connection's drop closes it at the latest.
+        if let Ok(mut w) = self.writer.try_lock() {
+            w.take();
+        }
     }
 
     /// Sends NBD_CMD_DISC and closes the write side; requests in flight still get answers
-    /// (the spec lets the server finish them).
+    /// (the spec lets the server finish them). Nothing is sent after DISC.
     pub(crate) async fn disconnect(&self) {
         {
             let mut st = self.state.lock().unwrap();
@@ -168,15 +198,18 @@ impl Connection {
         let mut header = Vec::with_capacity(REQUEST_BYTES);
         wire_c::request(&mut header, 0, CMD_DISC, u64::MAX, 0, 0);
         let mut w = self.writer.lock().await;
-        let _ = w.write_all(&header).await;
-        let _ = w.shutdown().await;
+        if let Some(mut writer) = w.take() {
+            let _ = writer.write_all(&header).await;
+            let _ = writer.shutdown().await;
+        }
     }
 }
 
 struct SendGuard<'a> {
     conn: &'a Connection,
     handle: u64,
-    started: bool,
+    /// Bytes of this request already on the wire.
+    written: usize,
     finished: bool,
 }
 
@@ -185,23 +218,15 @@ impl Drop for SendGuard<'_> {
         if self.finished {
             return;
         }
-        if self.started {
-            self.conn.fail(Error::Protocol("a request was abandoned half-written; the connection is closed".into()));
+        if self.written > 0 {
+            // The caller gave up with part of the request sent: the stream cannot carry
+            // another request, so the connection ends (not the server's fault).
+            let why = std::io::Error::other("a request was cancelled while being sent; the connection was closed");
+            self.conn.fail(Error::io(why));
         } else {
             self.conn.state.lock().unwrap().pending.remove(&self.handle);
         }
     }
-}
-
-async fn write_all_vectored(w: &mut (dyn AsyncWrite + Send + Unpin), mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-    while !slices.is_empty() {
-        let n = w.write_vectored(slices).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut slices, n);
-    }
-    w.flush().await
 }
 
 fn fail_all(state: &Mutex<State>, e: Error) {
@@ -217,7 +242,7 @@ fn fail_all(state: &Mutex<State>, e: Error) {
     }
 }
 
-async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, session: Session) {
+async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer: SharedWriter, session: Session) {
     let e = loop {
         if let Err(e) = read_reply(&mut r, &state, session).await {
             break e;
@@ -225,6 +250,9 @@ async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, session: Session)
     };
     log::debug!("connection reader stops: {e}");
     fail_all(&state, e);
+    // Close our side too: after a protocol error the spec wants a hard disconnect, and
+    // after the server closed there is nothing left to say.
+    writer.lock().await.take();
 }
 
 fn protocol<T>(m: impl Into<String>) -> Result<T, Error> {
@@ -277,7 +305,11 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
                     let bufs = std::mem::take(&mut p.bufs);
                     finish(p, Ok(Outcome::Read(bufs)));
                 }
-                CMD_BLOCK_STATUS => return protocol("simple reply to BLOCK_STATUS"),
+                CMD_BLOCK_STATUS => {
+                    let e = Error::Protocol("simple reply to BLOCK_STATUS".into());
+                    finish(p, Err(e.clone()));
+                    return Err(e);
+                }
                 _ => finish(p, Ok(Outcome::Done)),
             }
             Ok(())
@@ -301,7 +333,19 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
                     other => finish(p, other),
                 }
             } else {
-                state.lock().unwrap().pending.insert(h.handle, p);
+                let mut st = state.lock().unwrap();
+                match &st.dead {
+                    // The connection failed while this chunk was read: fail_all has run and
+                    // will not see the entry, so finish it here.
+                    Some(e) => {
+                        let e = e.clone();
+                        drop(st);
+                        finish(p, Err(e));
+                    }
+                    None => {
+                        st.pending.insert(h.handle, p);
+                    }
+                }
             }
             Ok(())
         }
@@ -360,7 +404,11 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
             if p.cmd != CMD_BLOCK_STATUS {
                 return protocol("BLOCK_STATUS chunk for a request that is not block status");
             }
-            let payload = small_payload(r, h).await?;
+            if h.len > BLOCK_STATUS_PAYLOAD_MAX_BYTES {
+                return protocol(format!("BLOCK_STATUS chunk of {} bytes (limit {BLOCK_STATUS_PAYLOAD_MAX_BYTES})", h.len));
+            }
+            let mut payload = vec![0u8; h.len as usize];
+            read_exact(r, &mut payload).await?;
             let (id, extents) = wire_c::decode_block_status(&payload)?;
             if Some(id) != session.base_allocation_id {
                 return protocol(format!("BLOCK_STATUS for metadata context {id}, which was not negotiated"));
@@ -426,7 +474,25 @@ fn place(p: &mut Pending, at: u64, n: u32, end: u64, what: &str) -> Result<u32, 
     if overlaps_prev || overlaps_next {
         return protocol(format!("{what} chunk {at}..{chunk_end} overlaps data already received"));
     }
-    p.covered.insert(i, (rel, rel_end));
+    // Merged with touching neighbours, so an honest server's chunks (in any order) keep the
+    // list short; a server scattering tiny chunks runs into the cap instead of making each
+    // insert cost more.
+    let joins_prev = i > 0 && p.covered[i - 1].1 == rel;
+    let joins_next = i < p.covered.len() && p.covered[i].0 == rel_end;
+    match (joins_prev, joins_next) {
+        (true, true) => {
+            p.covered[i - 1].1 = p.covered[i].1;
+            p.covered.remove(i);
+        }
+        (true, false) => p.covered[i - 1].1 = rel_end,
+        (false, true) => p.covered[i].0 = rel,
+        (false, false) => {
+            if p.covered.len() >= COVERED_RANGES_MAX {
+                return protocol(format!("read reply scattered into more than {COVERED_RANGES_MAX} separate pieces"));
+            }
+            p.covered.insert(i, (rel, rel_end));
+        }
+    }
     p.covered_bytes += n as u64;
     Ok(rel)
 }

@@ -24,6 +24,9 @@ pub enum Error {
     Unsupported(&'static str),
     /// The request reaches past the end of the export; nothing was sent.
     OutOfRange { offset: u64, len: u64, size: u64 },
+    /// A write or zero that does not start and end on the export's minimum block size,
+    /// which the server asked clients to keep to; nothing was sent.
+    Unaligned { offset: u64, len: u64, block: u32 },
     /// The connection is closed (by us, or earlier after an error).
     Closed,
 }
@@ -57,6 +60,9 @@ impl std::fmt::Display for Error {
             Error::Unsupported(what) => write!(f, "the export does not support {what}"),
             Error::OutOfRange { offset, len, size } => {
                 write!(f, "request at offset {offset} of {len} bytes reaches past the end of the export ({size} bytes)")
+            }
+            Error::Unaligned { offset, len, block } => {
+                write!(f, "request at offset {offset} of {len} bytes is not aligned to the export's {block}-byte blocks")
             }
             Error::Closed => write!(f, "the connection is closed"),
         }

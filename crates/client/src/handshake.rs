@@ -64,9 +64,18 @@ impl Export {
     pub fn rotational(&self) -> bool {
         self.has(FLAG_ROTATIONAL)
     }
-    /// The largest READ or WRITE this client sends to the export.
+    /// The largest READ or WRITE this client sends to the export: a whole number of
+    /// minimum blocks.
     pub fn request_max_bytes(&self) -> u32 {
-        self.block_max.min(REQUEST_DEFAULT_MAX_BYTES).max(self.block_min)
+        let max = self.block_max.min(REQUEST_DEFAULT_MAX_BYTES);
+        (max / self.block_min * self.block_min).max(self.block_min)
+    }
+
+    /// Whether a range starts and ends on the minimum block size (the export's end counts
+    /// as a boundary, for an export whose size is not a multiple of it).
+    pub fn aligned(&self, offset: u64, len: u64) -> bool {
+        let b = self.block_min as u64;
+        offset % b == 0 && (len % b == 0 || offset + len == self.size)
     }
 }
 
@@ -136,6 +145,16 @@ fn refused(what: &str, rep: &OptionReply, payload: &[u8]) -> Error {
     }
 }
 
+/// A server shutting down wants the client to leave politely (a soft disconnect).
+async fn shutting_down(r: &mut Reader, w: &mut Writer, rep: &OptionReply, payload: &[u8]) -> Result<(), Error> {
+    if rep.kind != REP_ERR_SHUTDOWN {
+        return Ok(());
+    }
+    let e = refused("negotiation", rep, payload);
+    abort(r, w).await;
+    Err(e)
+}
+
 /// Negotiates transmission of `export` on a fresh connection.
 pub(crate) async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured: bool, want_block_status: bool) -> Result<Negotiated, Error> {
     let server_flags = greet(r, w).await?;
@@ -145,7 +164,8 @@ pub(crate) async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want
     if want_structured {
         wire_c::option(&mut out, OPT_STRUCTURED_REPLY, &[]);
         send(w, &mut out).await?;
-        let (rep, _) = reply(r, OPT_STRUCTURED_REPLY).await?;
+        let (rep, p) = reply(r, OPT_STRUCTURED_REPLY).await?;
+        shutting_down(r, w, &rep, &p).await?;
         structured = rep.kind == REP_ACK;
         if !structured && !rep.is_error() {
             return Err(Error::Protocol(format!("unexpected reply type {:#x} to STRUCTURED_REPLY", rep.kind)));
@@ -156,8 +176,10 @@ pub(crate) async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want
     if structured && want_block_status {
         wire_c::meta_context_request(&mut out, OPT_SET_META_CONTEXT, export, &[META_BASE_ALLOCATION]);
         send(w, &mut out).await?;
+        let mut finished = false;
         for _ in 0..OPTION_REPLIES_MAX {
             let (rep, p) = reply(r, OPT_SET_META_CONTEXT).await?;
+            shutting_down(r, w, &rep, &p).await?;
             match rep.kind {
                 REP_META_CONTEXT => {
                     let (id, name) = wire_c::decode_meta_context(&p)?;
@@ -165,14 +187,23 @@ pub(crate) async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want
                         base_allocation_id = Some(id);
                     }
                 }
-                REP_ACK => break,
+                REP_ACK => {
+                    finished = true;
+                    break;
+                }
+                // A failed SET_META_CONTEXT selects no context, whatever it sent before.
                 // An unknown export is reported by GO below, with a better message.
                 k if rep.is_error() => {
                     log::debug!("SET_META_CONTEXT refused: {}", wire_c::option_error_name(k));
+                    base_allocation_id = None;
+                    finished = true;
                     break;
                 }
                 k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to SET_META_CONTEXT"))),
             }
+        }
+        if !finished {
+            return Err(Error::Protocol("too many replies to SET_META_CONTEXT".into()));
         }
     }
 
@@ -277,18 +308,24 @@ pub async fn list_exports(uri: &Uri, details: bool) -> Result<Vec<ExportEntry>, 
         wire_c::option(&mut out, OPT_LIST, &[]);
         send(&mut w, &mut out).await?;
         let mut entries = Vec::new();
+        let mut bytes = 0usize;
         loop {
-            if entries.len() >= OPTION_REPLIES_MAX {
-                return Err(Error::Protocol("too many exports listed".into()));
+            if entries.len() >= LIST_ENTRIES_MAX || bytes > LIST_BYTES_MAX {
+                return Err(Error::Protocol(format!("the server lists more than {LIST_ENTRIES_MAX} exports or {LIST_BYTES_MAX} bytes of names")));
             }
             let (rep, p) = reply(&mut r, OPT_LIST).await?;
             match rep.kind {
                 REP_SERVER => {
                     let (name, description) = wire_c::decode_server_entry(&p)?;
+                    bytes += p.len();
                     entries.push(ExportEntry { name, description, details: None });
                 }
                 REP_ACK => break,
-                _ if rep.is_error() => return Err(refused("listing exports", &rep, &p)),
+                _ if rep.is_error() => {
+                    let e = refused("listing exports", &rep, &p);
+                    abort(&mut r, &mut w).await;
+                    return Err(e);
+                }
                 k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to LIST"))),
             }
         }

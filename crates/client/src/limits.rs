@@ -8,16 +8,27 @@ pub const REQUEST_DEFAULT_MAX_BYTES: u32 = 32 * 1024 * 1024;
 /// range is split. A power of two, so it stays aligned to any minimum block size.
 pub const RANGE_REQUEST_MAX_BYTES: u32 = 1 << 30;
 
-/// Largest payload of a non-data reply chunk (errors, block status, option replies). The
-/// biggest legitimate one is a block status reply; servers send at most a few thousand
-/// extents. A server claiming more is refused instead of believed.
+/// Largest payload of a non-data, non-block-status reply chunk (errors, holes, NONE). A
+/// server claiming more is refused instead of believed.
 pub const CHUNK_PAYLOAD_MAX_BYTES: u32 = 1 << 20;
+
+/// Largest BLOCK_STATUS chunk: 2^21 extents. qemu-nbd sends up to 2^17 (1 MiB of
+/// descriptors) and the spec sets no limit, so this leaves room while bounding memory.
+pub const BLOCK_STATUS_PAYLOAD_MAX_BYTES: u32 = 4 + 8 * (1 << 21);
+
+/// Separate byte ranges a read's reply may arrive in before the client gives up. Chunks
+/// that touch are merged, so a server sending whole chunks in any order stays far below.
+pub const COVERED_RANGES_MAX: usize = 4096;
+
+/// Exports NBD_OPT_LIST may name, and the bytes of names and descriptions together.
+pub const LIST_ENTRIES_MAX: usize = 16384;
+pub const LIST_BYTES_MAX: usize = 16 << 20;
 
 /// Largest option reply payload read during the handshake.
 pub const OPTION_REPLY_MAX_BYTES: u32 = 64 * 1024;
 
-/// Option replies accepted for one option (NBD_OPT_LIST answers one per export).
-pub const OPTION_REPLIES_MAX: usize = 65536;
+/// Option replies accepted for one option other than NBD_OPT_LIST.
+pub const OPTION_REPLIES_MAX: usize = 1024;
 
 /// Default connections for multi-conn when the caller asks for "as many as useful".
 pub const CONNECTIONS_DEFAULT: usize = 4;

@@ -39,7 +39,9 @@ impl Readahead {
     }
 
     pub async fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
-        let end = offset + buf.len() as u64;
+        let Some(end) = offset.checked_add(buf.len() as u64) else {
+            return Err(Error::OutOfRange { offset, len: buf.len() as u64, size: self.client.size() });
+        };
         let sequential = self.last_end == Some(offset);
         self.last_end = Some(end);
         if self.window == 0 || !sequential {

@@ -39,29 +39,33 @@ impl Uri {
         if tls {
             return Err(Error::Uri(format!("TLS (nbds://) is not supported yet: {s:?}")));
         }
+        // The fragment goes first: a '?' inside it is not a query.
+        let rest = rest.split_once('#').map_or(rest, |(r, _)| r);
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, q),
             None => (rest, ""),
         };
-        let rest = rest.split_once('#').map_or(rest, |(r, _)| r);
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, ""),
         };
         let export = percent_decode(path).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the export name of {s:?}")))?;
+        if export.contains('\0') || export.len() > sluice_proto::limits::STRING_MAX_BYTES {
+            return bad("the export name contains NUL or is longer than 4096 bytes");
+        }
         let mut socket = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let v = percent_decode(v).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the query of {s:?}")))?;
             match k {
                 "socket" => socket = Some(PathBuf::from(v)),
-                // TLS parameters and ones we do not know are ignored, as the spec permits.
-                _ => {}
+                // TLS parameters mean nothing without TLS; others are reported, as uri.md asks.
+                k if k.starts_with("tls-") => {}
+                k => log::warn!("ignoring unknown NBD URI parameter {k:?}"),
             }
         }
-        if authority.contains('@') {
-            return bad("user names are not supported");
-        }
+        // A user name only matters for TLS (PSK identity); without TLS it is ignored.
+        let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
         let address = if unix {
             if !authority.is_empty() {
                 return bad("nbd+unix:// takes no host");
@@ -108,13 +112,16 @@ fn split_host_port(a: &str) -> Option<(String, u16)> {
         }
     } else {
         match a.rsplit_once(':') {
+            // An IPv6 address must be in brackets; more colons mean one was not.
+            Some((h, _)) if h.contains(':') => return None,
             Some((h, p)) => (h, Some(p)),
             None => (a, None),
         }
     };
     let port = match port {
         None | Some("") => DEFAULT_PORT,
-        Some(p) => p.parse().ok().filter(|&p| p != 0)?,
+        Some(p) if p.bytes().all(|c| c.is_ascii_digit()) => p.parse().ok().filter(|&p| p != 0)?,
+        Some(_) => return None,
     };
     let host = percent_decode(host)?;
     let host = if host.is_empty() { "localhost".to_string() } else { host };
@@ -127,8 +134,11 @@ fn percent_decode(s: &str) -> Option<String> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            let hex = b.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             i += 3;
         } else {
             out.push(b[i]);
@@ -167,6 +177,8 @@ mod tests {
         assert_eq!(Uri::parse("nbd://[::1]").unwrap(), tcp("::1", 10809, ""));
         assert_eq!(Uri::parse("nbd:///x").unwrap(), tcp("localhost", 10809, "x"));
         assert_eq!(Uri::parse("NBD://h//lead").unwrap(), tcp("h", 10809, "/lead"));
+        assert_eq!(Uri::parse("nbd://user@h:5/e").unwrap(), tcp("h", 5, "e"));
+        assert_eq!(Uri::parse("nbd://h/e#frag?x=1").unwrap(), tcp("h", 10809, "e"));
     }
 
     #[test]
@@ -180,7 +192,7 @@ mod tests {
 
     #[test]
     fn refusals() {
-        for bad in ["", "disk", "http://x/", "nbd://h:0/", "nbd://h:99999/", "nbd://h:x/", "nbd://h/%zz", "nbd://u@h/", "nbd://h/?socket=/s"] {
+        for bad in ["", "disk", "http://x/", "nbd://h:0/", "nbd://h:99999/", "nbd://h:x/", "nbd://h/%zz", "nbd://h/%+f", "nbd://h:+80/", "nbd://::1/", "nbd://h/a%00b", "nbd://h/?socket=/s"] {
             assert!(Uri::parse(bad).is_err(), "{bad}");
         }
         let e = Uri::parse("nbds://h/").unwrap_err().to_string();
