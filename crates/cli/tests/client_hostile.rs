@@ -482,3 +482,21 @@ fn a_failed_set_meta_context_selects_no_context() {
     let e = extents.unwrap();
     assert_eq!((e.len(), e[0].hole, e[0].length), (1, false, 4096));
 }
+
+#[test]
+fn a_dropped_client_still_sends_disc() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        handshake(&mut s).unwrap();
+        let _ = tx.send(next_request(&mut s).map(|r| r.kind));
+    });
+    with_client(port, async |c| {
+        drop(c);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), Some(CMD_DISC));
+}

@@ -85,6 +85,19 @@ pub(crate) struct Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.reader.abort();
+        // A client dropped without `disconnect()` still leaves the polite way when it can:
+        // NBD_CMD_DISC from a task, if a runtime is there to run it (best effort).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let writer = self.writer.clone();
+            runtime.spawn(async move {
+                if let Some(mut w) = writer.lock().await.take() {
+                    let mut header = Vec::with_capacity(REQUEST_BYTES);
+                    wire_c::request(&mut header, 0, CMD_DISC, u64::MAX, 0, 0);
+                    let _ = w.write_all(&header).await;
+                    let _ = w.shutdown().await;
+                }
+            });
+        }
     }
 }
 
