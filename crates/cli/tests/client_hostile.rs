@@ -500,3 +500,29 @@ fn a_dropped_client_still_sends_disc() {
     });
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), Some(CMD_DISC));
 }
+
+#[test]
+fn eshutdown_means_no_new_requests_then_disc() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        handshake(&mut s).unwrap();
+        let r = next_request(&mut s).unwrap();
+        let mut out = Vec::new();
+        reply::error_chunk(&mut out, r.handle, sluice_proto::Errno::Shutdown, "going away", None);
+        s.write_all(&out).unwrap();
+        // What the client sends next must be DISC: no new request after ESHUTDOWN.
+        let _ = tx.send(next_request(&mut s).map(|r| r.kind));
+    });
+    let (first, second) = with_client(port, async |c| {
+        let first = c.read_owned(0, vec![0; 512]).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (first, c.read_owned(0, vec![0; 512]).await)
+    });
+    assert!(matches!(first, Err(Error::Server { errno: 108, .. })), "{:?}", first.map(|v| v.len()));
+    assert!(second.is_err(), "a request was accepted after ESHUTDOWN");
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), Some(CMD_DISC));
+}

@@ -70,6 +70,11 @@ struct State {
     pending: HashMap<u64, Pending>,
     /// Set once the connection failed; every later request gets this error.
     dead: Option<Error>,
+    /// The server answered ESHUTDOWN: it is going away, and the spec asks the client to
+    /// send nothing new and disconnect once the requests in flight are answered.
+    server_shutting_down: bool,
+    /// fail_all has run: requests in flight were failed and the table must stay empty.
+    failed: bool,
 }
 
 /// The write half; `None` once the connection is closed (by DISC or after a failure).
@@ -248,6 +253,7 @@ fn fail_all(state: &Mutex<State>, e: Error) {
         if st.dead.is_none() {
             st.dead = Some(e.clone());
         }
+        st.failed = true;
         std::mem::take(&mut st.pending)
     };
     for (_, p) in pending {
@@ -259,6 +265,20 @@ async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer: SharedWri
     let e = loop {
         if let Err(e) = read_reply(&mut r, &state, session).await {
             break e;
+        }
+        let leave = {
+            let st = state.lock().unwrap();
+            st.server_shutting_down && st.pending.is_empty()
+        };
+        if leave {
+            // The soft disconnect ESHUTDOWN asks for.
+            if let Some(mut w) = writer.lock().await.take() {
+                let mut header = Vec::with_capacity(REQUEST_BYTES);
+                wire_c::request(&mut header, 0, CMD_DISC, u64::MAX, 0, 0);
+                let _ = w.write_all(&header).await;
+                let _ = w.shutdown().await;
+            }
+            break Error::Closed;
         }
     };
     log::debug!("connection reader stops: {e}");
@@ -293,6 +313,17 @@ fn finish(p: Pending, result: Result<Outcome, Error>) {
     let _ = p.done.send(result);
 }
 
+/// Notes an ESHUTDOWN answer: no new requests from now on (they get this error).
+fn note_shutdown(state: &Mutex<State>, result: &Result<Outcome, Error>) {
+    if let Err(e @ Error::Server { errno, .. }) = result {
+        if *errno == sluice_proto::Errno::Shutdown.code() {
+            let mut st = state.lock().unwrap();
+            st.server_shutting_down = true;
+            st.dead.get_or_insert_with(|| e.clone());
+        }
+    }
+}
+
 async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> Result<(), Error> {
     let mut magic = [0u8; 4];
     read_exact(r, &mut magic).await?;
@@ -303,7 +334,9 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
             let (code, handle) = wire_c::decode_simple(&rest);
             let mut p = take(state, handle)?;
             if code != 0 {
-                finish(p, Err(Error::Server { errno: code, message: None }));
+                let result = Err(Error::Server { errno: code, message: None });
+                note_shutdown(state, &result);
+                finish(p, result);
                 return Ok(());
             }
             match p.cmd {
@@ -343,21 +376,21 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
                         finish(p, Err(e.clone()));
                         return Err(e);
                     }
-                    other => finish(p, other),
+                    other => {
+                        note_shutdown(state, &other);
+                        finish(p, other);
+                    }
                 }
             } else {
                 let mut st = state.lock().unwrap();
-                match &st.dead {
+                if st.failed {
                     // The connection failed while this chunk was read: fail_all has run and
                     // will not see the entry, so finish it here.
-                    Some(e) => {
-                        let e = e.clone();
-                        drop(st);
-                        finish(p, Err(e));
-                    }
-                    None => {
-                        st.pending.insert(h.handle, p);
-                    }
+                    let e = st.dead.clone().unwrap_or(Error::Closed);
+                    drop(st);
+                    finish(p, Err(e));
+                } else {
+                    st.pending.insert(h.handle, p);
                 }
             }
             Ok(())
