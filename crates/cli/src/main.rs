@@ -1,4 +1,5 @@
 //! The `sluice` command. Subcommands are thin: they parse, then call the library crates.
+#![forbid(unsafe_code)]
 
 mod bench;
 mod bench_plot;
