@@ -91,7 +91,8 @@ pub fn run(args: MountArgs) -> ExitCode {
         return ExitCode::from(EXIT_FAILURE);
     }
     let runtime = client_cli::runtime();
-    let options = Options { connections: args.connections as usize, block_status: false, ..Options::default() };
+    // base:allocation answers SEEK_DATA and SEEK_HOLE on the file.
+    let options = Options { connections: args.connections as usize, ..Options::default() };
     let client = match runtime.block_on(client_cli::connect(&args.uri, &options)) {
         Ok(c) => c,
         Err(e) => return fail(CMD, &e),

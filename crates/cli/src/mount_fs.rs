@@ -6,7 +6,7 @@
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
-    ReplyEmpty, ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyEmpty, ReplyLseek, ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use sluice_client::{Client, Error};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -337,6 +337,33 @@ impl Filesystem for ExportFile {
     /// PUNCH_HOLE and ZERO_RANGE become NBD_CMD_WRITE_ZEROES, letting the server punch a
     /// hole for the first. A punched hole must read back as zeros, which NBD_CMD_TRIM does
     /// not promise, so an export without WRITE_ZEROES gets EOPNOTSUPP rather than a TRIM.
+    /// SEEK_DATA and SEEK_HOLE from the export's allocation map (base:allocation), so `cp
+    /// --sparse`, `qemu-img convert` and the like skip the holes of a sparse export. The
+    /// kernel handles the other whence values itself. Without base:allocation everything
+    /// is data, as on a file system without hole support.
+    fn lseek(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let want_hole = match whence {
+            libc::SEEK_DATA => false,
+            libc::SEEK_HOLE => true,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let size = self.shared.attr.size;
+        let Ok(offset) = u64::try_from(offset) else { return reply.error(Errno::EINVAL) };
+        if offset >= size {
+            return reply.error(Errno::ENXIO);
+        }
+        let shared = self.shared.clone();
+        self.runtime.spawn(async move {
+            match seek_extent(&shared.client, offset, want_hole).await {
+                Ok(Some(at)) => reply.offset(at as i64),
+                // The end of the file is a hole; past the last data there is no more data.
+                Ok(None) if want_hole => reply.offset(size as i64),
+                Ok(None) => reply.error(Errno::ENXIO),
+                Err(e) => reply.error(shared.errno("lseek", &e)),
+            }
+        });
+    }
+
     fn fallocate(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         let may_trim = match mode & !libc::FALLOC_FL_KEEP_SIZE {
             libc::FALLOC_FL_PUNCH_HOLE => true,
@@ -369,6 +396,24 @@ impl Filesystem for ExportFile {
             }
         });
     }
+}
+
+/// Where the first extent at or after `offset` whose hole state is `want_hole` begins, from
+/// the export's block status; None when there is none before the end.
+async fn seek_extent(client: &Client, offset: u64, want_hole: bool) -> Result<Option<u64>, Error> {
+    let size = client.size();
+    let mut at = offset;
+    while at < size {
+        let extents = client.block_status(at, size - at).await?;
+        for e in &extents {
+            if e.hole == want_hole {
+                return Ok(Some(e.offset.max(offset)));
+            }
+        }
+        // block_status always describes at least one byte, so this moves forward.
+        at = extents.last().map_or(size, |e| e.offset + e.length);
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -411,3 +411,39 @@ fn errors_before_mounting_have_clear_messages_and_exit_codes() {
 
     assert!(!file.exists(), "a failed mount left FILE behind");
 }
+
+#[test]
+fn seek_data_and_seek_hole_follow_the_exports_allocation() {
+    require_fuse_and_loop!();
+    use rustix::fs::SeekFrom;
+    let (_dir, dir) = workdir();
+    let disk = dir.join("sparse.img");
+    sparse_file(&disk, 64 * MIB);
+    let f = fs::OpenOptions::new().write(true).open(&disk).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &pattern(2 * MIB as usize, 1), 10 * MIB).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &pattern(4096, 2), 40 * MIB).unwrap();
+    f.sync_all().unwrap();
+    let server = Sluice::start(&["--export", &format!("disk={}", disk.display())]);
+    let file = dir.join("nbd");
+    let fuse = FuseMount::start(&server.uri_for("disk"), &file, &[]);
+    let f = file.clone();
+    let seeks = bounded("seeking in the mount", move || {
+        let file = fs::File::open(f).unwrap();
+        let seek = |whence: SeekFrom| rustix::fs::seek(&file, whence).map_err(|e| e.raw_os_error());
+        [
+            seek(SeekFrom::Data(0)),
+            seek(SeekFrom::Hole(10 * MIB)),
+            seek(SeekFrom::Data(12 * MIB)),
+            seek(SeekFrom::Hole(40 * MIB)),
+            seek(SeekFrom::Hole(0)),
+            seek(SeekFrom::Data(41 * MIB)),
+            seek(SeekFrom::Hole(41 * MIB)),
+        ]
+    });
+    assert_eq!(
+        seeks,
+        [Ok(10 * MIB), Ok(12 * MIB), Ok(40 * MIB), Ok(40 * MIB + 4096), Ok(0), Err(libc::ENXIO), Ok(41 * MIB)],
+        "SEEK_DATA/SEEK_HOLE through the mount"
+    );
+    assert!(fuse.stop().success());
+}
