@@ -1,8 +1,8 @@
 """Experiment `client`: sluice's client tools against libnbd's and fio's, on one sluice
 server serving the warm image. Two comparisons, each in the same run on the same server:
 
-- copy: the whole image to a file in /dev/shm (RAM, so the destination is not the limit),
-  `sluice copy` against `nbdcopy`;
+- copy: the whole image out to a file in /dev/shm (RAM, so the destination is not the
+  limit), and that file in to a sluice memory export, `sluice copy` against `nbdcopy`;
 - requests: fixed size and queue depth, `sluice bench` against fio's nbd engine (libnbd);
 - mount: the export as a FUSE file read start to end with dd, `sluice mount` against
   libnbd's `nbdfuse`.
@@ -81,31 +81,48 @@ def _copy(ctx, running, rows_csv) -> None:
     if not shutil.which("nbdcopy"):
         r.say("note: nbdcopy is not installed; the copy comparison is skipped")
         return
-    dest = "/dev/shm/sluice-bench-copy.img"
+    local = "/dev/shm/sluice-bench-copy.img"
     size = ctx.image_size
-    r.say(f"copy: the whole {size / GIB:.1f} GiB image from {running.uri} over a file of the same "
-          f"size in {dest} (RAM), {ctx.repeat} run(s) each, median. The file is made once and "
-          "overwritten in place, so no run pays for allocating RAM (that varied by 3x run to run).")
-    shutil.copyfile(ctx.image, dest)
-    tools = [("sluice copy", [ctx.binary, "copy", running.uri, dest]),
-             ("nbdcopy", ["nbdcopy", running.uri, dest])]
+    r.say(f"copy out: the whole {size / GIB:.1f} GiB image from {running.uri} over a file of the "
+          f"same size in {local} (RAM); copy in: that file to a sluice memory:{size} export. "
+          f"{ctx.repeat} run(s) each, median. The file is made once and overwritten in place, so "
+          "no run pays for allocating RAM (that varied by 3x run to run); the memory export is "
+          "written over and over, so only its first run allocates (each tool gets one such run "
+          "before the measured ones).")
+    shutil.copyfile(ctx.image, local)
+    try:
+        _copy_direction(ctx, rows_csv, "copy out", running.uri, local, size)
+        target = ctx.start(servers.sluice(ctx.binary), f"memory:{size}")
+        if target is None:
+            return
+        try:
+            _copy_direction(ctx, rows_csv, "copy in", local, target.uri, size, warm_up=True)
+        finally:
+            target.stop()
+    finally:
+        _unlink(local)
+
+
+def _copy_direction(ctx, rows_csv, title, src, dst, size, warm_up=False) -> None:
+    r = ctx.report
     results = {}
-    for name, argv in tools:
+    for name, argv in (("sluice copy", [ctx.binary, "copy", src, dst]), ("nbdcopy", ["nbdcopy", src, dst])):
+        if warm_up:
+            timed(argv)
         speeds, cpus, errors = [], [], []
         for _ in range(ctx.repeat):
             ok, wall, cpu, err = timed(argv)
-            if ok and os.path.getsize(dest) == size:
+            if ok and (dst.startswith("nbd") or os.path.getsize(dst) == size):
                 speeds.append(size / wall / 1e6)
                 cpus.append(cpu / (size / GIB))
             else:
                 errors.append(err or "wrong output size")
         results[name] = (_median(speeds), _median(cpus))
-        r.progress(f"client | copy | {name}: {fmt(results[name][0])} MB/s, "
+        r.progress(f"client | {title} | {name}: {fmt(results[name][0])} MB/s, "
                    f"{fmt_sig(results[name][1])} CPU s/GiB" + (f" ({errors[0]})" if errors else ""))
-        rows_csv.append(["copy", name, "seq", "", "", _round(results[name][0]), _round(results[name][1], 4),
-                         len(speeds), "; ".join(errors)])
-    _unlink(dest)
-    _table(r, "copy", results, "sluice copy", "nbdcopy")
+        rows_csv.append([title.replace(" ", "_"), name, "seq", "", "", _round(results[name][0]),
+                         _round(results[name][1], 4), len(speeds), "; ".join(errors)])
+    _table(r, title, results, "sluice copy", "nbdcopy")
 
 
 def _requests(ctx, running, rows_csv) -> None:
