@@ -99,6 +99,21 @@ impl ExportFile {
     fn inside(&self, offset: u64, len: u64) -> u64 {
         self.shared.attr.size.saturating_sub(offset).min(len)
     }
+
+    /// Sends NBD_CMD_FLUSH and answers the kernel when it is done. The caller has cleared
+    /// `dirty`; a failed flush sets it again so the next close retries.
+    fn flush_then_reply(&self, what: &'static str, reply: ReplyEmpty) {
+        let shared = self.shared.clone();
+        self.runtime.spawn(async move {
+            match shared.client.flush().await {
+                Ok(()) => reply.ok(),
+                Err(e) => {
+                    shared.dirty.store(true, Ordering::Release);
+                    reply.error(shared.errno(what, &e));
+                }
+            }
+        });
+    }
 }
 
 impl Shared {
@@ -303,16 +318,7 @@ impl Filesystem for ExportFile {
         if !self.shared.dirty.swap(false, Ordering::AcqRel) {
             return reply.ok();
         }
-        let shared = self.shared.clone();
-        self.runtime.spawn(async move {
-            match shared.client.flush().await {
-                Ok(()) => reply.ok(),
-                Err(e) => {
-                    shared.dirty.store(true, Ordering::Release);
-                    reply.error(shared.errno("flush", &e));
-                }
-            }
-        });
+        self.flush_then_reply("flush", reply);
     }
 
     /// Always sends NBD_CMD_FLUSH (when writable): skipping it because another fsync's flush
@@ -322,16 +328,7 @@ impl Filesystem for ExportFile {
             return reply.ok();
         }
         self.shared.dirty.store(false, Ordering::Release);
-        let shared = self.shared.clone();
-        self.runtime.spawn(async move {
-            match shared.client.flush().await {
-                Ok(()) => reply.ok(),
-                Err(e) => {
-                    shared.dirty.store(true, Ordering::Release);
-                    reply.error(shared.errno("fsync", &e));
-                }
-            }
-        });
+        self.flush_then_reply("fsync", reply);
     }
 
     /// PUNCH_HOLE and ZERO_RANGE become NBD_CMD_WRITE_ZEROES, letting the server punch a

@@ -95,8 +95,8 @@ impl Client {
     }
 
     fn pick(&self) -> Result<&Connection, Error> {
-        let live = self.inner.connections.iter().filter(|c| !c.is_dead());
-        live.min_by_key(|c| c.in_flight()).ok_or(Error::Closed)
+        let live = self.inner.connections.iter().filter_map(|c| c.load().map(|n| (n, c)));
+        live.min_by_key(|&(n, _)| n).map(|(_, c)| c).ok_or(Error::Closed)
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {

@@ -9,6 +9,7 @@ use crate::limits::*;
 use crate::uri::Address;
 use sluice_proto::client as wire_c;
 use sluice_proto::wire::*;
+use sluice_proto::RawRequest;
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
@@ -94,15 +95,18 @@ impl Drop for Connection {
         // NBD_CMD_DISC from a task, if a runtime is there to run it (best effort).
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let writer = self.writer.clone();
-            runtime.spawn(async move {
-                if let Some(mut w) = writer.lock().await.take() {
-                    let mut header = Vec::with_capacity(REQUEST_BYTES);
-                    wire_c::request(&mut header, 0, CMD_DISC, u64::MAX, 0, 0);
-                    let _ = w.write_all(&header).await;
-                    let _ = w.shutdown().await;
-                }
-            });
+            runtime.spawn(async move { send_disc(&writer).await });
         }
+    }
+}
+
+/// Sends NBD_CMD_DISC and closes the write side, unless it is closed already. Nothing is
+/// ever sent after it: the writer is taken out for good.
+async fn send_disc(writer: &SharedWriter) {
+    if let Some(mut w) = writer.lock().await.take() {
+        let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: u64::MAX, offset: 0, length: 0 };
+        let _ = w.write_all(&disc.encode()).await;
+        let _ = w.shutdown().await;
     }
 }
 
@@ -122,13 +126,11 @@ impl Connection {
         Connection { writer, state, reader: task }
     }
 
-    /// Requests sent and not yet answered.
-    pub(crate) fn in_flight(&self) -> usize {
-        self.state.lock().unwrap().pending.len()
-    }
-
-    pub(crate) fn is_dead(&self) -> bool {
-        self.state.lock().unwrap().dead.is_some()
+    /// Requests sent and not yet answered, or None once the connection takes no more
+    /// (failed, disconnected, or the server is shutting down). One lock per look.
+    pub(crate) fn load(&self) -> Option<usize> {
+        let st = self.state.lock().unwrap();
+        st.dead.is_none().then_some(st.pending.len())
     }
 
     /// Sends one request and waits for its reply. `payload` follows the header (writes);
@@ -150,8 +152,7 @@ impl Connection {
         // If this future is dropped before the request is fully written, the entry must go,
         // and a half-written request leaves the stream unusable.
         let mut guard = SendGuard { conn: self, handle, written: 0, finished: false };
-        let mut header = Vec::with_capacity(REQUEST_BYTES);
-        wire_c::request(&mut header, flags, cmd, handle, offset, len);
+        let header = RawRequest { flags, kind: cmd, handle, offset, length: len }.encode();
         {
             let mut lock = self.writer.lock().await;
             let Some(w) = lock.as_mut() else {
@@ -160,10 +161,19 @@ impl Connection {
                 guard.finished = true;
                 return Err(self.state.lock().unwrap().dead.clone().unwrap_or(Error::Closed));
             };
-            let mut slices = Vec::with_capacity(1 + payload.len());
-            slices.push(IoSlice::new(&header));
-            slices.extend(payload.iter().map(|s| IoSlice::new(s)));
-            let mut slices = &mut slices[..];
+            // Header and payload in one writev; no allocation for the usual one-slice payload.
+            let mut few = [IoSlice::new(&header), IoSlice::new(&[])];
+            let mut many = Vec::new();
+            let mut slices: &mut [IoSlice<'_>] = if payload.len() <= 1 {
+                if let Some(p) = payload.first() {
+                    few[1] = IoSlice::new(p);
+                }
+                &mut few[..1 + payload.len()]
+            } else {
+                many.push(IoSlice::new(&header));
+                many.extend(payload.iter().map(|s| IoSlice::new(s)));
+                &mut many[..]
+            };
             let mut failed = None;
             while !slices.is_empty() {
                 match w.write_vectored(slices).await {
@@ -213,13 +223,7 @@ impl Connection {
                 st.dead = Some(Error::Closed);
             }
         }
-        let mut header = Vec::with_capacity(REQUEST_BYTES);
-        wire_c::request(&mut header, 0, CMD_DISC, u64::MAX, 0, 0);
-        let mut w = self.writer.lock().await;
-        if let Some(mut writer) = w.take() {
-            let _ = writer.write_all(&header).await;
-            let _ = writer.shutdown().await;
-        }
+        send_disc(&self.writer).await;
     }
 }
 
@@ -272,12 +276,7 @@ async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer: SharedWri
         };
         if leave {
             // The soft disconnect ESHUTDOWN asks for.
-            if let Some(mut w) = writer.lock().await.take() {
-                let mut header = Vec::with_capacity(REQUEST_BYTES);
-                wire_c::request(&mut header, 0, CMD_DISC, u64::MAX, 0, 0);
-                let _ = w.write_all(&header).await;
-                let _ = w.shutdown().await;
-            }
+            send_disc(&writer).await;
             break Error::Closed;
         }
     };

@@ -200,12 +200,6 @@ pub fn decode_option_error_message(p: &[u8]) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
-/// Appends a transmission request header.
-pub fn request(out: &mut Vec<u8>, flags: u16, kind: u16, handle: u64, offset: u64, length: u32) {
-    let raw = crate::request::RawRequest { flags, kind, handle, offset, length };
-    out.extend_from_slice(&raw.encode());
-}
-
 /// The first four bytes of every reply tell its shape.
 pub fn reply_magic(b: &[u8; 4]) -> u32 {
     u32::from_be_bytes(*b)
