@@ -6,13 +6,14 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use sluice_proto::limits::{BLOCK_PREFERRED_BYTES, REQUEST_PAYLOAD_MAX_BYTES};
+use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::wire::*;
 use sluice_proto::{Catalog, ExportSummary};
 
 use serde::Deserialize;
 
-use crate::backend::{Backend, FdBackend, NullBackend};
+use crate::backend::{self, Backend, Caps, FileBackend, NullBackend};
+use crate::limits::BLOCK_PREFERRED_BYTES;
 
 /// Where an export's data lives, as written on the command line or in the config file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,7 +168,7 @@ impl Export {
         let Options { read_only, description, mut data_path, chunk_bytes } = options;
         let backend: Box<dyn Backend> = match spec {
             Spec::Path(p) => {
-                let mut b = FdBackend::open(p, read_only)?;
+                let mut b = FileBackend::open(p, read_only)?;
                 if data_path.uses_direct() {
                     if let Err(e) = b.open_direct(p, read_only) {
                         let fallback = if data_path == DataPath::Direct { DataPath::Copy } else { DataPath::Splice };
@@ -183,11 +184,20 @@ impl Export {
                     data_path = if data_path == DataPath::Direct { DataPath::Copy } else { DataPath::Splice };
                     log::info!("export {name:?}: RAM exports have no storage below the page cache; using the {data_path} path");
                 }
-                Box::new(FdBackend::memory(*size)?)
+                Box::new(backend::memory(*size)?)
             }
             Spec::Null(size) => Box::new(NullBackend::new(*size)),
         };
         Ok(Export { name: name.to_owned(), description, read_only, data_path, chunk_bytes, backend })
+    }
+
+    pub fn caps(&self) -> Caps {
+        self.backend.caps()
+    }
+
+    /// The O_DIRECT alignment when this export's data path uses O_DIRECT.
+    pub fn direct_align(&self) -> Option<usize> {
+        self.caps().direct_align.filter(|_| self.data_path.uses_direct())
     }
 
     /// Transmission flags, before the handshake adds SEND_DF.
@@ -220,7 +230,7 @@ impl Export {
             block_min: 1,
             // Unaligned requests work on every path (bounced or through the page cache), so
             // the minimum stays 1; the preferred size tells clients what avoids the bounce.
-            block_preferred: BLOCK_PREFERRED_BYTES.max(self.backend.direct_align() as u32),
+            block_preferred: BLOCK_PREFERRED_BYTES.max(self.caps().direct_align.unwrap_or(0) as u32),
             block_max: REQUEST_PAYLOAD_MAX_BYTES,
         }
     }

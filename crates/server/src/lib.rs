@@ -1,13 +1,14 @@
-//! sluice's NBD server: exports and backends, the handshake, and the io_uring engine that
-//! serves transmission. `unsafe` is denied everywhere but the `engine` module.
+//! sluice's NBD server: exports and backends, the handshake, the transmission core, and
+//! the io_uring engine that drives it. `unsafe` is denied everywhere but the `engine` module.
 #![deny(unsafe_code)]
 
+mod admission;
 pub mod backend;
-mod buddy;
-mod connection;
+mod conn;
 mod engine;
 pub mod errors;
 pub mod export;
+mod handshake;
 pub mod limits;
 mod listen;
 pub mod metrics;

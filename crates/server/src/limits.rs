@@ -1,29 +1,79 @@
-//! The budgets an operator may change (config file `[limits]`). Defaults and the reasons
-//! for them live with the protocol limits in `sluice_proto::limits`.
+//! Every limit and tuning constant of the server, named once with its unit last and the
+//! reason for its value. `Limits` holds the budgets an operator may change (the `[limits]`
+//! table of the configuration file); the constants below are fixed. Limits of the protocol
+//! itself (string and option sizes, the largest request) live in `sluice_proto::limits`.
 
 use serde::Deserialize;
-use sluice_proto::limits as l;
+use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
-#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Limits {
-    pub inflight_requests_per_connection: usize,
-    pub inflight_bytes_per_connection: usize,
-    /// Payload bytes all connections of one worker thread may hold; bounds server memory.
-    pub inflight_bytes_per_worker: usize,
-    pub connections: usize,
-    pub handshake_timeout_ms: u64,
-    /// Registered buffer region per worker thread.
-    pub buffer_pool_bytes_per_worker: usize,
-}
+/// Pages are the unit of the page cache, of pipe capacity and of O_DIRECT alignment.
+pub const PAGE_BYTES: usize = 4096;
 
-/// Registered memory per worker: two maximal requests, or 64 requests of 1 MiB, so common
-/// queue depths never touch the heap fallback. Registration pins this much RAM per thread.
-pub const BUFFER_POOL_BYTES_PER_WORKER: usize = 2 * l::REQUEST_PAYLOAD_MAX_BYTES as usize;
+const REQUEST_MAX_BYTES: usize = REQUEST_PAYLOAD_MAX_BYTES as usize;
+
+// ---- defaults of the configurable budgets ---------------------------------------------
+
+/// Requests one connection may have in flight; more stay unread in the socket. 64 covers
+/// the queue depths real clients use (the kernel client defaults to 128 tags over several
+/// connections, qemu to 16 per connection).
+pub const INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT: usize = 64;
+
+/// Payload bytes one connection may have in flight: two maximal requests, so one client
+/// can pipeline large requests without holding a whole worker's memory.
+pub const INFLIGHT_BYTES_PER_CONNECTION_DEFAULT: usize = 2 * REQUEST_MAX_BYTES;
 
 /// Payload bytes one worker's connections may hold together: four connections' full
 /// budgets. With the per-connection cap, four stalled clients are needed to make others wait.
-pub const INFLIGHT_BYTES_PER_WORKER: usize = 4 * l::INFLIGHT_BYTES_PER_CONNECTION_MAX;
+pub const INFLIGHT_BYTES_PER_WORKER_DEFAULT: usize = 4 * INFLIGHT_BYTES_PER_CONNECTION_DEFAULT;
+
+/// Concurrent client connections, handshaking or transmitting, across the server.
+pub const CONNECTIONS_DEFAULT: usize = 1024;
+
+/// Time a client has to finish the handshake before it is dropped.
+pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+
+/// Registered memory per worker: two maximal requests, or 64 requests of 1 MiB, so common
+/// queue depths never touch the heap fallback. Registration pins this much RAM per thread.
+pub const BUFFER_POOL_BYTES_PER_WORKER_DEFAULT: usize = 2 * REQUEST_MAX_BYTES;
+
+// ---- what the server advertises ---------------------------------------------------------
+
+/// Block size clients are told to prefer: a page, so O_DIRECT and the page cache both see
+/// whole pages.
+pub const BLOCK_PREFERRED_BYTES: u32 = PAGE_BYTES as u32;
+
+/// Extents in one BLOCK_STATUS reply; bounds reply size for a huge, fragmented range.
+pub const EXTENTS_PER_REPLY_MAX: usize = 1024;
+
+// ---- the transmission core --------------------------------------------------------------
+
+/// Receive buffer for request headers; payloads that do not fit go straight to their buffer.
+pub const RECV_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Replies gathered into one sendmsg: enough to answer a full queue of small requests in
+/// one system call, few enough that the iovec array stays small.
+pub const SEND_PARTS_MAX: usize = 32;
+
+/// Largest write issued when emulating WRITE_ZEROES by writing zeros.
+pub const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Most pieces one read is split into; a huge read uses chunks larger than configured.
+/// The chunk number of a storage operation is a u16.
+pub const CHUNKS_PER_READ_MAX: usize = 256;
+
+/// Buffered writes up to this size are copied into the page cache by the worker itself:
+/// cheaper than a round trip through io_uring's worker threads, where buffered writes run.
+pub const INLINE_WRITE_MAX_BYTES: usize = 64 * 1024;
+
+/// Spliced reads smaller than this are copied: two trips through io_uring's worker threads
+/// cost more than copying a few pages.
+pub const SPLICE_MIN_BYTES: usize = 64 * 1024;
+
+/// O_DIRECT alignment assumed when the kernel cannot say (statx DIOALIGN is Linux 6.1+):
+/// the page size, which every device accepts and which our buffers already have.
+pub const DIRECT_ALIGN_DEFAULT_BYTES: usize = PAGE_BYTES;
+
+// ---- workers and the engine -------------------------------------------------------------
 
 /// Capacity asked for each splice pipe, which bounds the chunk of a spliced read. 1 MiB is
 /// the default pipe-max-size, so unprivileged servers get it too.
@@ -39,17 +89,48 @@ pub const RING_ENTRIES: u32 = 1024;
 /// Time given to in-flight requests to finish after SIGINT/SIGTERM before exiting anyway.
 pub const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 5_000;
 
-const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER >= l::REQUEST_PAYLOAD_MAX_BYTES as usize);
+/// How often a draining worker looks at the clock while it waits for its connections.
+pub const SHUTDOWN_POLL_MS: u64 = 100;
+
+/// Pause after a failed accept (out of descriptors, say): such errors last a while, and
+/// retrying at once would spin and fill the log.
+pub const ACCEPT_RETRY_DELAY_MS: u64 = 100;
+
+const _: () = assert!(INFLIGHT_BYTES_PER_CONNECTION_DEFAULT >= REQUEST_MAX_BYTES);
+const _: () = assert!(INFLIGHT_BYTES_PER_WORKER_DEFAULT >= INFLIGHT_BYTES_PER_CONNECTION_DEFAULT);
+const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER_DEFAULT >= REQUEST_MAX_BYTES);
+const _: () = assert!(INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT <= u16::MAX as usize);
+const _: () = assert!(RECV_BUFFER_BYTES >= 2 * sluice_proto::wire::REQUEST_BYTES);
+const _: () = assert!(ZERO_FILL_CHUNK_BYTES <= REQUEST_MAX_BYTES);
+const _: () = assert!(CHUNKS_PER_READ_MAX <= u16::MAX as usize + 1);
+const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES.is_multiple_of(BLOCK_PREFERRED_BYTES));
+const _: () = assert!(PIPE_BYTES.is_multiple_of(PAGE_BYTES) && PIPE_BYTES >= SPLICE_MIN_BYTES);
+// A spliced read of the largest size fits the chunk count with pipe-sized chunks.
+const _: () = assert!(REQUEST_MAX_BYTES / PIPE_BYTES < CHUNKS_PER_READ_MAX);
+
+/// The budgets an operator may change.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Limits {
+    pub inflight_requests_per_connection: usize,
+    pub inflight_bytes_per_connection: usize,
+    /// Payload bytes all connections of one worker thread may hold; bounds server memory.
+    pub inflight_bytes_per_worker: usize,
+    pub connections: usize,
+    pub handshake_timeout_ms: u64,
+    /// Registered buffer region per worker thread.
+    pub buffer_pool_bytes_per_worker: usize,
+}
 
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
-            inflight_requests_per_connection: l::INFLIGHT_REQUESTS_PER_CONNECTION_MAX,
-            inflight_bytes_per_connection: l::INFLIGHT_BYTES_PER_CONNECTION_MAX,
-            inflight_bytes_per_worker: INFLIGHT_BYTES_PER_WORKER,
-            connections: l::CONNECTIONS_MAX,
-            handshake_timeout_ms: l::HANDSHAKE_TIMEOUT_MS,
-            buffer_pool_bytes_per_worker: BUFFER_POOL_BYTES_PER_WORKER,
+            inflight_requests_per_connection: INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT,
+            inflight_bytes_per_connection: INFLIGHT_BYTES_PER_CONNECTION_DEFAULT,
+            inflight_bytes_per_worker: INFLIGHT_BYTES_PER_WORKER_DEFAULT,
+            connections: CONNECTIONS_DEFAULT,
+            handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            buffer_pool_bytes_per_worker: BUFFER_POOL_BYTES_PER_WORKER_DEFAULT,
         }
     }
 }
@@ -60,10 +141,9 @@ impl Limits {
         if self.inflight_requests_per_connection == 0 || self.inflight_requests_per_connection > u16::MAX as usize {
             return Err("inflight-requests-per-connection must be between 1 and 65535".into());
         }
-        if self.inflight_bytes_per_connection < l::REQUEST_PAYLOAD_MAX_BYTES as usize {
+        if self.inflight_bytes_per_connection < REQUEST_MAX_BYTES {
             return Err(format!(
-                "inflight-bytes-per-connection must be at least {} (one maximal request)",
-                l::REQUEST_PAYLOAD_MAX_BYTES
+                "inflight-bytes-per-connection must be at least {REQUEST_MAX_BYTES} (one maximal request)"
             ));
         }
         if self.inflight_bytes_per_worker < self.inflight_bytes_per_connection {
@@ -72,8 +152,8 @@ impl Limits {
         if self.connections == 0 {
             return Err("connections must be at least 1".into());
         }
-        if self.buffer_pool_bytes_per_worker < l::REQUEST_PAYLOAD_MAX_BYTES as usize {
-            return Err(format!("buffer-pool-bytes-per-worker must be at least {}", l::REQUEST_PAYLOAD_MAX_BYTES));
+        if self.buffer_pool_bytes_per_worker < REQUEST_MAX_BYTES {
+            return Err(format!("buffer-pool-bytes-per-worker must be at least {REQUEST_MAX_BYTES}"));
         }
         Ok(())
     }

@@ -1,6 +1,6 @@
-//! Listening sockets, the accept loops, and the handshake. A handshake runs on a short-
-//! lived thread with a deadline, so a slow or silent client holds only that thread; the
-//! connection then moves to a worker's ring for transmission.
+//! Listening sockets and the accept loops. Each accepted connection takes a permit and gets
+//! a short-lived thread for its handshake, so a slow or silent client holds only that
+//! thread; the connection then moves to a worker's ring for transmission.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -9,13 +9,12 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
-use sluice_proto::{Handshake, Next, Session};
-
+use crate::admission::Permit;
 use crate::export::Exports;
-use crate::limits::Limits;
+use crate::handshake::{negotiate, Timeouts};
+use crate::limits::{Limits, ACCEPT_RETRY_DELAY_MS};
 use crate::worker::{NewConnection, WorkerHandle};
 
 pub enum Listener {
@@ -87,7 +86,7 @@ enum Stream {
     Unix(UnixStream),
 }
 
-impl Stream {
+impl Timeouts for Stream {
     fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(Some(t)),
@@ -101,7 +100,9 @@ impl Stream {
             Stream::Unix(s) => s.set_write_timeout(Some(t)),
         }
     }
+}
 
+impl Stream {
     fn into_fd(self) -> io::Result<OwnedFd> {
         // The worker's ring expects blocking sockets; clear the handshake timeouts.
         let fd: OwnedFd = match self {
@@ -141,24 +142,6 @@ impl Write for Stream {
     }
 }
 
-/// One unit of the server-wide connection budget, returned on drop.
-pub struct Permit(Arc<AtomicUsize>);
-
-impl Permit {
-    fn try_take(count: &Arc<AtomicUsize>, max: usize) -> Option<Permit> {
-        count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .ok()
-            .map(|_| Permit(Arc::clone(count)))
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// Shared by every accept loop.
 pub struct Acceptor {
     pub exports: Arc<Exports>,
@@ -192,7 +175,7 @@ impl Acceptor {
                     }
                     // EMFILE and friends: back off instead of spinning.
                     log::warn!("accept on {} failed: {e}", listener.describe());
-                    std::thread::sleep(Duration::from_millis(100));
+                    std::thread::sleep(Duration::from_millis(ACCEPT_RETRY_DELAY_MS));
                     continue;
                 }
             };
@@ -211,7 +194,7 @@ impl Acceptor {
     }
 
     fn handshake(&self, mut stream: Stream, peer: String, permit: Permit) {
-        match self.negotiate(&mut stream) {
+        match negotiate(&mut stream, &self.exports, self.limits.handshake_timeout_ms) {
             Ok(Some(session_and_export)) => {
                 let (session, export) = session_and_export;
                 let fd = match stream.into_fd() {
@@ -223,53 +206,6 @@ impl Acceptor {
             }
             Ok(None) => {}
             Err(e) => log::info!("{peer}: handshake ended: {e}"),
-        }
-    }
-
-    /// Runs the handshake state machine over the socket until transmission or close.
-    fn negotiate(&self, stream: &mut Stream) -> io::Result<Option<(Session, Arc<crate::export::Export>)>> {
-        let deadline = Instant::now() + Duration::from_millis(self.limits.handshake_timeout_ms);
-        let remaining = || {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                Err(io::Error::new(io::ErrorKind::TimedOut, "handshake took too long"))
-            } else {
-                Ok(left)
-            }
-        };
-        stream.set_write_timeout(remaining()?)?;
-        stream.write_all(&Handshake::greeting())?;
-        let mut hs = Handshake::new();
-        let mut next = Handshake::start();
-        let mut input = Vec::new();
-        let mut out = Vec::new();
-        loop {
-            match next {
-                Next::Read(n) => {
-                    input.resize(n, 0);
-                    stream.set_read_timeout(remaining()?)?;
-                    stream.read_exact(&mut input)?;
-                    out.clear();
-                    next = hs.input(&input, self.exports.as_ref(), &mut out);
-                    stream.set_write_timeout(remaining()?)?;
-                    stream.write_all(&out)?;
-                }
-                Next::Close { reason } => {
-                    log::debug!("handshake closed: {reason}");
-                    return Ok(None);
-                }
-                Next::Transmission(neg) => {
-                    let export = Arc::clone(self.exports.get(&neg.export).expect("negotiated export exists"));
-                    let session = Session {
-                        size: neg.summary.size,
-                        flags: neg.flags,
-                        structured: neg.structured,
-                        base_allocation: neg.base_allocation,
-                        payload_max_bytes: REQUEST_PAYLOAD_MAX_BYTES,
-                    };
-                    return Ok(Some((session, export)));
-                }
-            }
         }
     }
 }

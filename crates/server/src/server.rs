@@ -124,7 +124,7 @@ impl Server {
         }
         for e in config.exports.iter() {
             let ro = if e.read_only { ", read-only" } else { "" };
-            let path = if e.backend.fd().is_some() { format!(", {} data path", e.data_path) } else { String::new() };
+            let path = if e.caps().instant { String::new() } else { format!(", {} data path", e.data_path) };
             log::info!("export {:?}: {} backend, {} bytes{ro}{path}", e.name, e.backend.kind(), e.backend.size());
         }
         let acceptor = Arc::new(Acceptor::new(Arc::new(config.exports), handles, config.limits, Arc::clone(&shutdown)));

@@ -1,5 +1,7 @@
-//! A worker thread: one ring, one buffer pool, and the connections handed to it. The
-//! thread never blocks except in the ring's wait.
+//! A worker thread: one ring, one buffer pool, one byte budget, and the connections handed
+//! to it. It routes each completion to its connection's core, carries out the operations
+//! the core asks for (socket operations on the ring, storage operations through the
+//! export's backend), and never blocks except in the ring's wait.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,12 +12,12 @@ use std::time::{Duration, Instant};
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::Session;
 
-use crate::connection::{Budget, Connection, Ctx};
-use std::rc::Rc;
-use crate::engine::{Buf, Completion, Pipes, Pool, Ring};
+use crate::admission::{Budget, Permit};
+use crate::conn::{Conn, Env, Io, Shutdown};
+use crate::engine::{Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
+use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::Metrics;
-use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS};
 
 /// A connection that finished its handshake, on its way to a worker.
 pub struct NewConnection {
@@ -24,7 +26,7 @@ pub struct NewConnection {
     pub export: Arc<Export>,
     pub session: Session,
     /// Released when the connection closes; counts against the connection limit.
-    pub permit: crate::listen::Permit,
+    pub permit: Permit,
 }
 
 /// The acceptor's handle on a worker.
@@ -45,9 +47,6 @@ impl WorkerHandle {
         let _ = rustix::io::write(self.wake.as_fd(), &1u64.to_ne_bytes());
     }
 }
-
-/// User data of the eventfd read that wakes the worker.
-const WAKE_USER: u64 = u64::MAX - 1;
 
 pub fn spawn(
     id: usize,
@@ -79,19 +78,41 @@ pub fn spawn(
     Ok((handle, join))
 }
 
+/// A connection of this worker: its core and what the core must not own.
+struct Entry {
+    conn: Conn,
+    fd: OwnedFd,
+    export: Arc<Export>,
+    _permit: Permit,
+}
+
+/// The worker's resources a connection borrows while the worker drives it.
+struct Shared<'a> {
+    ring: &'a mut Ring,
+    pool: &'a mut Pool,
+    pipes: &'a mut Pipes,
+    budget: &'a mut Budget,
+}
+
+impl Shared<'_> {
+    fn env(&mut self) -> Env<'_> {
+        Env { now: Instant::now(), pool: self.pool, pipes: self.pipes, budget: self.budget }
+    }
+}
+
 struct Worker {
     // Dropped first: the ring cancels and waits for operations that use the pool and pipes.
     ring: Ring,
     pool: Pool,
     pipes: Pipes,
+    budget: Budget,
     limits: Limits,
     inbox: Receiver<NewConnection>,
     wake: Arc<OwnedFd>,
     shutdown: Arc<AtomicBool>,
-    conns: Vec<Option<(Connection, crate::listen::Permit)>>,
+    entries: Vec<Option<Entry>>,
     free: Vec<u32>,
     live: usize,
-    budget: Rc<Budget>,
     metrics: Arc<Metrics>,
 }
 
@@ -108,26 +129,24 @@ impl Worker {
         if let Err(e) = ring.register(&pool) {
             log::warn!("could not register I/O buffers ({e}); using unregistered buffers (raise RLIMIT_MEMLOCK to fix)");
         }
-        let budget = Rc::new(Budget::new(limits.inflight_bytes_per_worker));
-        let pipes = Pipes::new(PIPES_PER_WORKER_MAX, PIPE_BYTES);
         Worker {
             ring,
             pool,
-            pipes,
+            pipes: Pipes::new(PIPES_PER_WORKER_MAX, PIPE_BYTES),
+            budget: Budget::new(limits.inflight_bytes_per_worker),
             limits,
             inbox,
             wake,
             shutdown,
-            conns: Vec::new(),
+            entries: Vec::new(),
             free: Vec::new(),
             live: 0,
-            budget,
             metrics,
         }
     }
 
     fn run(&mut self) -> std::io::Result<()> {
-        self.ring.recv_eventfd(self.wake.as_raw_fd(), Buf::heap(8), WAKE_USER);
+        self.ring.recv_wake(self.wake.as_raw_fd(), Buf::heap(8));
         let mut completions: Vec<Completion> = Vec::with_capacity(RING_ENTRIES as usize);
         let mut draining_since: Option<Instant> = None;
         loop {
@@ -145,25 +164,43 @@ impl Worker {
                     return Ok(());
                 }
             }
-            let timeout = draining_since.map(|_| Duration::from_millis(100));
+            let timeout = draining_since.map(|_| Duration::from_millis(SHUTDOWN_POLL_MS));
             self.ring.wait(&mut completions, timeout)?;
             for c in completions.drain(..) {
-                if c.user == WAKE_USER {
-                    self.accept_new();
-                    self.ring.recv_eventfd(self.wake.as_raw_fd(), c.buf.expect("eventfd buffer"), WAKE_USER);
-                    continue;
-                }
-                let index = (c.user >> 32) as u32;
-                let op = c.user as u32;
-                let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, index };
-                let (conn, _) = self.conns[index as usize].as_mut().expect("completion for a live connection");
-                conn.complete(&mut ctx, op, c.result, c.buf, c.batch);
-                conn.pump_output(&mut ctx);
-                if conn.finished() {
-                    self.close(index);
-                }
+                self.route(c);
             }
             self.resume_waiters();
+        }
+    }
+
+    /// Hands a completion to the connection it belongs to.
+    fn route(&mut self, Completion { token, result }: Completion) {
+        match token {
+            Token::Wake { buf } => {
+                self.accept_new();
+                self.ring.recv_wake(self.wake.as_raw_fd(), buf);
+            }
+            Token::Recv { conn, buf } => self.on(conn, |c, env| c.handle_recv(env, result, buf)),
+            Token::Send { conn, batch } => self.on(conn, |c, env| c.handle_send(env, result, batch)),
+            Token::SpliceOut { conn, pipe } => self.on(conn, |c, env| c.handle_splice_out(env, result, pipe)),
+            Token::Storage { id: StorageId { conn, tag }, held } => {
+                self.on(conn, |c, env| c.handle_storage(env, tag, result, held))
+            }
+        }
+    }
+
+    /// Runs `event` on a connection's core, carries out what it asks for, and closes the
+    /// connection when it is done.
+    fn on(&mut self, id: ConnId, event: impl FnOnce(&mut Conn, &mut Env)) {
+        let Some(entry) = self.entries.get_mut(id.0 as usize).and_then(Option::as_mut) else {
+            debug_assert!(false, "a completion for connection {id:?}, which is closed");
+            return;
+        };
+        let mut shared = Shared { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget };
+        event(&mut entry.conn, &mut shared.env());
+        drive(entry, id, &mut shared);
+        if entry.conn.is_done() {
+            self.close(id);
         }
     }
 
@@ -172,52 +209,68 @@ impl Worker {
             if self.shutdown.load(Ordering::Relaxed) {
                 continue;
             }
-            let index = match self.free.pop() {
-                Some(i) => i,
-                None => {
-                    self.conns.push(None);
-                    (self.conns.len() - 1) as u32
-                }
-            };
+            let index = self.free.pop().unwrap_or_else(|| {
+                self.entries.push(None);
+                (self.entries.len() - 1) as u32
+            });
             log::info!("{}: serving export {:?}", new.peer, new.export.name);
-            let budget = Rc::clone(&self.budget);
             let metrics = Arc::clone(&self.metrics);
-            let conn = Connection::new(new.fd, new.peer, new.export, new.session, self.limits, budget, metrics);
-            self.conns[index as usize] = Some((conn, new.permit));
+            let conn = Conn::new(new.peer, Arc::clone(&new.export), new.session, self.limits, metrics);
+            self.entries[index as usize] = Some(Entry { conn, fd: new.fd, export: new.export, _permit: new.permit });
             self.live += 1;
-            let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, index };
-            let (conn, _) = self.conns[index as usize].as_mut().expect("just stored");
-            conn.start(&mut ctx);
+            self.on(ConnId(index), |c, env| c.resume(env));
         }
     }
 
     /// Lets connections that waited for the worker's byte budget read again.
     fn resume_waiters(&mut self) {
-        while let Some(index) = self.budget.next_waiter() {
-            let mut ctx = Ctx { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, index };
-            if let Some((conn, _)) = self.conns.get_mut(index as usize).and_then(Option::as_mut) {
-                conn.start(&mut ctx);
-                conn.pump_output(&mut ctx);
+        while let Some(id) = self.budget.next_waiter() {
+            if self.entries.get(id.0 as usize).is_some_and(Option::is_some) {
+                self.on(id, |c, env| c.resume(env));
             }
         }
     }
 
     fn stop_all(&mut self) {
-        for index in 0..self.conns.len() {
-            if let Some((conn, _)) = self.conns[index].as_mut() {
-                conn.stop_reading("server shutting down");
-                if conn.finished() {
-                    self.close(index as u32);
-                }
+        for index in 0..self.entries.len() {
+            if self.entries[index].is_some() {
+                self.on(ConnId(index as u32), |c, env| c.stop(env, "server shutting down"));
             }
         }
     }
 
-    fn close(&mut self, index: u32) {
-        if let Some((conn, _permit)) = self.conns[index as usize].take() {
-            log::info!("{}: connection closed", conn.peer);
-            self.free.push(index);
+    fn close(&mut self, id: ConnId) {
+        if let Some(entry) = self.entries[id.0 as usize].take() {
+            log::info!("{}: connection closed", entry.conn.peer());
+            self.budget.forget(id);
+            self.free.push(id.0);
             self.live -= 1;
+        }
+    }
+}
+
+/// Carries out every operation a connection's core has asked for. Storage operations that
+/// a backend finishes at once are answered here, which may ask for more.
+fn drive(entry: &mut Entry, id: ConnId, shared: &mut Shared) {
+    let fd = entry.fd.as_raw_fd();
+    while let Some(io) = entry.conn.poll_io() {
+        match io {
+            Io::Recv { buf, at } => shared.ring.recv(fd, buf, at, id),
+            Io::Send { batch } => shared.ring.send(fd, batch, id),
+            Io::SpliceOut { pipe, len } => shared.ring.splice_out(pipe, fd, len, id),
+            Io::Storage { tag, op } => {
+                if let Some(done) = entry.export.backend.start(op, StorageId { conn: id, tag }, shared.ring) {
+                    entry.conn.handle_storage(&mut shared.env(), tag, done.result, done.held);
+                }
+            }
+            Io::Shutdown(how) => {
+                let how = match how {
+                    Shutdown::Read => rustix::net::Shutdown::Read,
+                    Shutdown::Both => rustix::net::Shutdown::Both,
+                };
+                let _ = rustix::net::shutdown(&entry.fd, how);
+            }
+            Io::AwaitBudget => shared.budget.wait(id),
         }
     }
 }

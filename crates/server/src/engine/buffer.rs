@@ -7,10 +7,10 @@ use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
-use crate::buddy::{order_for, Buddy};
+use super::buddy::{order_for, Buddy};
 
-/// Alignment and allocation unit of every buffer; what O_DIRECT needs on any device.
-pub const BUFFER_ALIGN_BYTES: usize = 4096;
+/// Alignment and allocation unit of every buffer: a page, what O_DIRECT needs on any device.
+pub const BUFFER_ALIGN_BYTES: usize = crate::limits::PAGE_BYTES;
 
 struct Region {
     base: NonNull<u8>,

@@ -1,12 +1,17 @@
-//! The engine: io_uring submission and the buffers the kernel reads and writes. All of
-//! sluice's `unsafe` lives under this module; everything outside it uses safe ownership-
-//! passing interfaces.
+//! The engine: io_uring submission, typed operation ids, and the buffers and pipes the
+//! kernel reads and writes. All of sluice's `unsafe` lives under this module; everything
+//! outside it uses safe ownership-passing interfaces.
 #![allow(unsafe_code)]
 
+mod buddy;
 mod buffer;
+mod op;
 mod pipe;
 mod ring;
+mod send;
 
 pub use buffer::{Buf, Pool, BUFFER_ALIGN_BYTES};
+pub use op::{Completion, ConnId, Held, StorageId, Tag, Token};
 pub use pipe::{fully_cached, splice_now, Pipe, Pipes};
-pub use ring::{Completion, Part, Ring, SendBatch};
+pub use ring::Ring;
+pub use send::{Part, SendBatch};

@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 
 /// One pipe sized to hold a whole chunk, so a file -> pipe splice never waits for a reader.
@@ -20,6 +20,16 @@ impl Pipe {
 
     pub fn write_fd(&self) -> RawFd {
         self.fds.as_ref().expect("a live pipe has descriptors").1.as_raw_fd()
+    }
+
+    /// The read end, for system calls made directly.
+    pub fn read_end(&self) -> BorrowedFd<'_> {
+        self.fds.as_ref().expect("a live pipe has descriptors").0.as_fd()
+    }
+
+    /// The write end, for system calls made directly.
+    pub fn write_end(&self) -> BorrowedFd<'_> {
+        self.fds.as_ref().expect("a live pipe has descriptors").1.as_fd()
     }
 }
 
@@ -92,7 +102,7 @@ fn make(bytes: usize) -> io::Result<(OwnedFd, OwnedFd, usize)> {
 
 /// Whether every page of `[offset, offset + len)` of `fd` is in the page cache, by the
 /// cachestat system call (Linux 6.5+); None when the kernel cannot tell.
-pub fn fully_cached(fd: RawFd, offset: u64, len: usize) -> Option<bool> {
+pub fn fully_cached(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Option<bool> {
     #[repr(C)]
     struct Range {
         off: u64,
@@ -109,12 +119,12 @@ pub fn fully_cached(fd: RawFd, offset: u64, len: usize) -> Option<bool> {
     }
     /// The same number on every architecture: it was allocated after the tables merged.
     const SYS_CACHESTAT: libc::c_long = 451;
-    const PAGE: u64 = 4096;
+    const PAGE: u64 = crate::limits::PAGE_BYTES as u64;
     let range = Range { off: offset, len: len as u64 };
     let mut stat = Stat::default();
     // SAFETY: both pointers refer to live, properly laid out structs of this frame that the
     // kernel only reads (range) or writes (stat) during the call.
-    let rc = unsafe { libc::syscall(SYS_CACHESTAT, fd, &range as *const Range, &mut stat as *mut Stat, 0u32) };
+    let rc = unsafe { libc::syscall(SYS_CACHESTAT, fd.as_raw_fd(), &range as *const Range, &mut stat as *mut Stat, 0u32) };
     if rc != 0 {
         return None;
     }
@@ -124,12 +134,8 @@ pub fn fully_cached(fd: RawFd, offset: u64, len: usize) -> Option<bool> {
 
 /// Moves up to `len` bytes at `offset` of `file` into `pipe` now, without waiting for the
 /// pipe; meant for data already in the page cache.
-pub fn splice_now(file: RawFd, offset: u64, pipe: &Pipe, len: usize) -> io::Result<usize> {
-    // SAFETY: the descriptors are borrowed only for this call; the pipe keeps its own open.
-    let (file, out) = unsafe {
-        (std::os::fd::BorrowedFd::borrow_raw(file), std::os::fd::BorrowedFd::borrow_raw(pipe.write_fd()))
-    };
+pub fn splice_now(file: BorrowedFd<'_>, offset: u64, pipe: &Pipe, len: usize) -> io::Result<usize> {
     let mut off = offset;
-    let n = rustix::pipe::splice(file, Some(&mut off), out, None, len, rustix::pipe::SpliceFlags::NONBLOCK)?;
+    let n = rustix::pipe::splice(file, Some(&mut off), pipe.write_end(), None, len, rustix::pipe::SpliceFlags::NONBLOCK)?;
     Ok(n)
 }

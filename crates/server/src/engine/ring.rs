@@ -1,183 +1,23 @@
 //! One io_uring per worker thread, behind a safe interface: every operation takes ownership
-//! of the memory the kernel will touch (a `Buf` or a `SendBatch`) and hands it back with the
-//! completion, so no Rust reference can alias memory the kernel is using.
+//! of the memory and descriptors the kernel will touch (in its `Token`) and hands them back
+//! with the completion, so no Rust reference can alias memory the kernel is using.
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use super::buffer::{Buf, Pool};
+use super::op::{Completion, ConnId, Held, StorageId, Token};
 use super::pipe::Pipe;
+use super::send::SendBatch;
 
-/// Bytes of a reply header stored inline in a send part; the largest, OFFSET_HOLE, is 32.
-pub const INLINE_HEAD_BYTES: usize = 32;
-
-/// What one finished operation gives back.
-pub struct Completion {
-    pub user: u64,
-    pub result: i32,
-    pub buf: Option<Buf>,
-    pub batch: Option<Box<SendBatch>>,
-}
-
-/// One reply on its way out: an inline header, then data (a window of a buffer, or bytes
-/// waiting in a pipe to be spliced after the header), then optional extra bytes (block
-/// status descriptors, error messages).
-pub struct Part {
-    pub tag: u32,
-    head: [u8; INLINE_HEAD_BYTES],
-    head_len: u8,
-    pub data: Option<Buf>,
-    data_start: usize,
-    data_len: usize,
-    pub extra: Vec<u8>,
-    /// Data that follows the header straight from a pipe, and how much of it is still there.
-    pub pipe: Option<Pipe>,
-    pub pipe_left: usize,
-    sent: usize,
-}
-
-impl Part {
-    pub fn new(tag: u32, head: &[u8], data: Option<Buf>, extra: Vec<u8>) -> Part {
-        let len = data.as_ref().map_or(0, Buf::len);
-        Part::window(tag, head, data, 0, len, extra)
-    }
-
-    /// A part whose data is `data[start..start + len]`.
-    pub fn window(tag: u32, head: &[u8], data: Option<Buf>, start: usize, len: usize, extra: Vec<u8>) -> Part {
-        assert!(data.as_ref().map_or(start + len == 0, |d| start + len <= d.len()));
-        let mut h = [0u8; INLINE_HEAD_BYTES];
-        h[..head.len()].copy_from_slice(head);
-        Part {
-            tag,
-            head: h,
-            head_len: head.len() as u8,
-            data,
-            data_start: start,
-            data_len: len,
-            extra,
-            pipe: None,
-            pipe_left: 0,
-            sent: 0,
-        }
-    }
-
-    /// A header sent by sendmsg, then `len` bytes spliced from `pipe` to the socket.
-    pub fn spliced(tag: u32, head: &[u8], pipe: Pipe, len: usize) -> Part {
-        let mut p = Part::window(tag, head, None, 0, 0, Vec::new());
-        p.pipe = Some(pipe);
-        p.pipe_left = len;
-        p
-    }
-
-    fn total(&self) -> usize {
-        self.head_len as usize + self.data_len + self.extra.len()
-    }
-
-    /// Only spliced data: nothing for sendmsg to do.
-    pub fn is_bare_splice(&self) -> bool {
-        self.pipe.is_some() && self.total() == 0
-    }
-}
-
-/// A gather list for one sendmsg. It lives in a Box so the iovecs and msghdr keep their
-/// addresses while the kernel reads them.
-pub struct SendBatch {
-    parts: VecDeque<Part>,
-    iov: Vec<libc::iovec>,
-    msg: libc::msghdr,
-    parts_max: usize,
-}
-
-impl SendBatch {
-    pub fn new(parts_max: usize) -> Box<SendBatch> {
-        Box::new(SendBatch {
-            parts: VecDeque::with_capacity(parts_max),
-            iov: Vec::with_capacity(3 * parts_max),
-            // SAFETY: msghdr is plain old data for which all-zero is a valid value.
-            msg: unsafe { std::mem::zeroed() },
-            parts_max,
-        })
-    }
-
-    pub fn is_full(&self) -> bool {
-        self.parts.len() >= self.parts_max
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.parts.is_empty()
-    }
-
-    pub fn push(&mut self, part: Part) {
-        assert!(!self.is_full());
-        assert!(self.parts.back().is_none_or(|p| p.pipe.is_none()), "a spliced part ends its batch");
-        self.parts.push_back(part);
-    }
-
-    /// Whether the last part's data follows by splice, so the header should not be pushed
-    /// out on its own.
-    pub fn ends_with_splice(&self) -> bool {
-        self.parts.back().is_some_and(|p| p.pipe.is_some())
-    }
-
-    /// Accounts `n` sent bytes; parts sent in full are passed to `done` in order.
-    pub fn consume(&mut self, mut n: usize, mut done: impl FnMut(Part)) {
-        while let Some(front) = self.parts.front_mut() {
-            let left = front.total() - front.sent;
-            if n < left {
-                front.sent += n;
-                return;
-            }
-            n -= left;
-            done(self.parts.pop_front().expect("front exists"));
-        }
-        debug_assert_eq!(n, 0, "the kernel reported more bytes sent than were queued");
-    }
-
-    /// Takes every part back, sent or not (the connection is going away).
-    pub fn drain(&mut self, done: impl FnMut(Part)) {
-        self.parts.drain(..).for_each(done);
-    }
-
-    fn prepare(&mut self) {
-        self.iov.clear();
-        for p in &self.parts {
-            let mut skip = p.sent;
-            // SAFETY: Part::window checked data_start + data_len <= the buffer's length.
-            let data = p.data.as_ref().map(|b| (unsafe { b.ptr().add(p.data_start) } as *const u8, p.data_len));
-            let pieces = [
-                (p.head.as_ptr(), p.head_len as usize),
-                data.unwrap_or((std::ptr::null(), 0)),
-                (p.extra.as_ptr(), p.extra.len()),
-            ];
-            for (ptr, len) in pieces {
-                if skip >= len {
-                    skip -= len;
-                    continue;
-                }
-                // SAFETY: skip < len, so the pointer stays inside the piece.
-                let base = unsafe { ptr.add(skip) };
-                self.iov.push(libc::iovec { iov_base: base as *mut libc::c_void, iov_len: len - skip });
-                skip = 0;
-            }
-        }
-        self.msg.msg_iov = self.iov.as_mut_ptr();
-        self.msg.msg_iovlen = self.iov.len() as _;
-    }
-}
-
-/// Resources an in-flight operation holds on the kernel's behalf.
-struct Op {
-    user: u64,
-    buf: Option<Buf>,
-    batch: Option<Box<SendBatch>>,
-}
+/// Kernel user data of the cancel request sent at drop; slab ids are 32-bit.
+const CANCEL_USER_DATA: u64 = u64::MAX;
 
 pub struct Ring {
     uring: IoUring,
-    ops: Vec<Option<Op>>,
+    ops: Vec<Option<Token>>,
     free_ops: Vec<u32>,
     /// The pool region registered as fixed buffer 0, when registration succeeded.
     registered: bool,
@@ -218,45 +58,47 @@ impl Ring {
     }
 
     /// Receives into `buf[at..]`.
-    pub fn recv(&mut self, fd: RawFd, buf: Buf, at: usize, user: u64) {
+    pub fn recv(&mut self, fd: RawFd, buf: Buf, at: usize, conn: ConnId) {
         assert!(at < buf.len());
         // SAFETY: at < len, so the pointer stays inside the buffer.
         let ptr = unsafe { buf.ptr().add(at) };
         let len = (buf.len() - at) as u32;
         let sqe = opcode::Recv::new(types::Fd(fd), ptr, len).build();
-        self.push(sqe, Op { user, buf: Some(buf), batch: None });
+        self.push(sqe, Token::Recv { conn, buf });
     }
 
-    /// Reads from a stream (an eventfd) at its current position into the whole buffer.
-    pub fn recv_eventfd(&mut self, fd: RawFd, buf: Buf, user: u64) {
+    /// Reads the worker's wake-up eventfd into the whole buffer.
+    pub fn recv_wake(&mut self, fd: RawFd, buf: Buf) {
         let sqe = opcode::Read::new(types::Fd(fd), buf.ptr(), buf.len() as u32).offset(u64::MAX).build();
-        self.push(sqe, Op { user, buf: Some(buf), batch: None });
+        self.push(sqe, Token::Wake { buf });
     }
 
     /// Sends the whole batch: MSG_WAITALL makes the kernel finish a partial send itself
     /// instead of completing early; MSG_MORE holds back a header whose data is spliced next.
-    pub fn send(&mut self, fd: RawFd, mut batch: Box<SendBatch>, user: u64) {
-        batch.prepare();
+    pub fn send(&mut self, fd: RawFd, mut batch: Box<SendBatch>, conn: ConnId) {
+        let msg = batch.prepare();
         let mut flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
         if batch.ends_with_splice() {
             flags |= libc::MSG_MORE;
         }
-        let sqe = opcode::SendMsg::new(types::Fd(fd), &batch.msg).flags(flags as u32).build();
-        self.push(sqe, Op { user, buf: None, batch: Some(batch) });
+        let sqe = opcode::SendMsg::new(types::Fd(fd), msg).flags(flags as u32).build();
+        self.push(sqe, Token::Send { conn, batch });
     }
 
-    /// Moves `len` bytes from `fd_in` (at `off_in`, or its position when None) to `fd_out`;
-    /// one side must be a pipe. The descriptors belong to the caller, which keeps them open
-    /// until the completion arrives.
-    pub fn splice(&mut self, fd_in: RawFd, off_in: Option<u64>, fd_out: RawFd, len: usize, user: u64) {
-        let off = off_in.map_or(-1, |o| o as i64);
-        let len = len.min(u32::MAX as usize) as u32;
-        let sqe = opcode::Splice::new(types::Fd(fd_in), off, types::Fd(fd_out), -1, len).build();
-        self.push(sqe, Op { user, buf: None, batch: None });
+    /// Moves up to `len` bytes waiting in `pipe` to the socket `fd`.
+    pub fn splice_out(&mut self, pipe: Pipe, fd: RawFd, len: usize, conn: ConnId) {
+        let sqe = splice(pipe.read_fd(), -1, fd, len);
+        self.push(sqe, Token::SpliceOut { conn, pipe });
+    }
+
+    /// Moves up to `len` bytes at `offset` of file `fd` into `pipe`.
+    pub fn splice_in(&mut self, fd: RawFd, offset: u64, pipe: Pipe, len: usize, id: StorageId) {
+        let sqe = splice(fd, offset as i64, pipe.write_fd(), len);
+        self.push(sqe, Token::Storage { id, held: Held::Pipe(pipe) });
     }
 
     /// Reads `len` bytes at file offset `offset` into `buf[at..at + len]`.
-    pub fn read_at(&mut self, fd: RawFd, buf: Buf, at: usize, len: usize, offset: u64, user: u64) {
+    pub fn read_at(&mut self, fd: RawFd, buf: Buf, at: usize, len: usize, offset: u64, id: StorageId) {
         assert!(at + len <= buf.len() && len <= u32::MAX as usize);
         // SAFETY: at + len <= buf.len(), checked above.
         let ptr = unsafe { buf.ptr().add(at) };
@@ -265,12 +107,12 @@ impl Ring {
         } else {
             opcode::Read::new(types::Fd(fd), ptr, len as u32).offset(offset).build()
         };
-        self.push(sqe, Op { user, buf: Some(buf), batch: None });
+        self.push(sqe, Token::Storage { id, held: Held::Buf(buf) });
     }
 
     /// Writes `buf[at..at + len]` at `offset`; `dsync` makes it durable before completing.
     #[allow(clippy::too_many_arguments)]
-    pub fn write_at(&mut self, fd: RawFd, buf: Buf, at: usize, len: usize, offset: u64, dsync: bool, user: u64) {
+    pub fn write_at(&mut self, fd: RawFd, buf: Buf, at: usize, len: usize, offset: u64, dsync: bool, id: StorageId) {
         assert!(at + len <= buf.len() && len <= u32::MAX as usize);
         // SAFETY: at + len <= buf.len(), checked above.
         let ptr = unsafe { buf.ptr().add(at) } as *const u8;
@@ -280,24 +122,24 @@ impl Ring {
         } else {
             opcode::Write::new(types::Fd(fd), ptr, len as u32).offset(offset).rw_flags(flags).build()
         };
-        self.push(sqe, Op { user, buf: Some(buf), batch: None });
+        self.push(sqe, Token::Storage { id, held: Held::Buf(buf) });
     }
 
-    pub fn fdatasync(&mut self, fd: RawFd, user: u64) {
+    pub fn fdatasync(&mut self, fd: RawFd, id: StorageId) {
         let sqe = opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build();
-        self.push(sqe, Op { user, buf: None, batch: None });
+        self.push(sqe, Token::Storage { id, held: Held::Nothing });
     }
 
-    pub fn fallocate(&mut self, fd: RawFd, mode: i32, offset: u64, len: u64, user: u64) {
+    pub fn fallocate(&mut self, fd: RawFd, mode: i32, offset: u64, len: u64, id: StorageId) {
         let sqe = opcode::Fallocate::new(types::Fd(fd), len).offset(offset).mode(mode).build();
-        self.push(sqe, Op { user, buf: None, batch: None });
+        self.push(sqe, Token::Storage { id, held: Held::Nothing });
     }
 
-    pub fn fadvise_willneed(&mut self, fd: RawFd, offset: u64, len: u64, user: u64) {
+    pub fn fadvise_willneed(&mut self, fd: RawFd, offset: u64, len: u64, id: StorageId) {
         let sqe = opcode::Fadvise::new(types::Fd(fd), len as libc::off_t, libc::POSIX_FADV_WILLNEED)
             .offset(offset)
             .build();
-        self.push(sqe, Op { user, buf: None, batch: None });
+        self.push(sqe, Token::Storage { id, held: Held::Nothing });
     }
 
     /// Submits everything queued, waits for at least one completion (or `timeout`), and
@@ -327,12 +169,12 @@ impl Ring {
 
     fn finish(&mut self, cqe: &cqueue::Entry) -> Completion {
         let id = cqe.user_data() as u32;
-        let op = self.ops[id as usize].take().expect("a completion for a live operation");
+        let token = self.ops[id as usize].take().expect("the kernel completes each submitted operation once");
         self.free_ops.push(id);
-        Completion { user: op.user, result: cqe.result(), buf: op.buf, batch: op.batch }
+        Completion { token, result: cqe.result() }
     }
 
-    fn push(&mut self, sqe: squeue::Entry, op: Op) {
+    fn push(&mut self, sqe: squeue::Entry, op: Token) {
         let id = match self.free_ops.pop() {
             Some(id) => {
                 self.ops[id as usize] = Some(op);
@@ -345,9 +187,10 @@ impl Ring {
         };
         let sqe = sqe.user_data(id as u64);
         loop {
-            // SAFETY: every pointer in the entry refers to memory owned by `self.ops[id]`
-            // (a Buf or a boxed SendBatch), which is kept until the completion for `id`
-            // arrives; file descriptors are plain numbers the kernel validates itself.
+            // SAFETY: every pointer in the entry refers to memory owned by the token in
+            // `self.ops[id]` (a Buf or a boxed SendBatch), which is kept until the completion
+            // for `id` arrives; descriptors the entry names are kept open by the token (a
+            // Pipe) or by the caller (sockets and files outlive the ring's operations).
             if unsafe { self.uring.submission().push(&sqe) }.is_ok() {
                 return;
             }
@@ -368,7 +211,7 @@ impl Drop for Ring {
         if self.in_flight() == 0 {
             return;
         }
-        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(u64::MAX);
+        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL_USER_DATA);
         // SAFETY: the cancel request carries no pointers.
         let _ = unsafe { self.uring.submission().push(&cancel) };
         let mut spins = 0;
@@ -379,17 +222,21 @@ impl Drop for Ring {
             }
             let entries: Vec<cqueue::Entry> = self.uring.completion().collect();
             for cqe in entries {
-                if cqe.user_data() != u64::MAX {
+                if cqe.user_data() != CANCEL_USER_DATA {
                     drop(self.finish(&cqe));
                 }
             }
         }
         if self.in_flight() > 0 {
             // Leak rather than free memory the kernel may still write.
-            for op in self.ops.drain(..).flatten() {
-                std::mem::forget(op.buf);
-                std::mem::forget(op.batch);
+            for token in self.ops.drain(..).flatten() {
+                std::mem::forget(token);
             }
         }
     }
+}
+
+fn splice(fd_in: RawFd, off_in: i64, fd_out: RawFd, len: usize) -> squeue::Entry {
+    let len = len.min(u32::MAX as usize) as u32;
+    opcode::Splice::new(types::Fd(fd_in), off_in, types::Fd(fd_out), -1, len).build()
 }

@@ -1,58 +1,22 @@
-//! Backends: where an export's bytes live. Each states what it can do; the connection
-//! code drives file descriptors through the engine and emulates what a backend lacks.
+//! Files and block devices: anything the kernel reads and writes by offset. Reads and
+//! writes go through the worker's ring; small writes into cached pages and reads of cached
+//! pages into a pipe are done at once, which costs less than io_uring's worker threads.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
-use sluice_proto::limits::EXTENTS_PER_REPLY_MAX;
 use sluice_proto::reply::Extent;
 use sluice_proto::wire::{STATE_HOLE, STATE_ZERO};
 
-/// What a backend can do natively.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Caps {
-    /// Punching holes frees space and reads back as zeros.
-    pub trim: bool,
-    /// A zeroing primitive (fallocate ZERO_RANGE) that is faster than writing zeros.
-    pub zero: bool,
-    /// Allocation is visible through SEEK_DATA/SEEK_HOLE.
-    pub extents: bool,
-    pub rotational: bool,
-}
+use super::{Backend, Caps, Outcome, StorageOp};
+use crate::engine::{fully_cached, splice_now, Held, Ring, StorageId};
+use crate::limits::{DIRECT_ALIGN_DEFAULT_BYTES, EXTENTS_PER_REPLY_MAX, INLINE_WRITE_MAX_BYTES, PAGE_BYTES};
 
-pub trait Backend: Send + Sync {
-    /// "file", "block", "memory" or "null", for logs and `info`.
-    fn kind(&self) -> &'static str;
-    fn size(&self) -> u64;
-    fn caps(&self) -> Caps;
-    /// The descriptor the engine reads and writes; None for backends without storage.
-    fn fd(&self) -> Option<RawFd>;
-    /// The same descriptor, for system calls made directly.
-    fn file(&self) -> Option<BorrowedFd<'_>> {
-        None
-    }
-    /// A second descriptor on the same data opened with O_DIRECT, when the export asked for
-    /// one and the filesystem allows it.
-    fn direct_fd(&self) -> Option<RawFd> {
-        None
-    }
-    /// Offset and length alignment O_DIRECT needs on `direct_fd` (a power of two).
-    fn direct_align(&self) -> usize {
-        DIRECT_ALIGN_DEFAULT_BYTES
-    }
-    /// Appends base:allocation extents covering a prefix of [offset, offset + len).
-    fn extents(&self, offset: u64, len: u32, one: bool, out: &mut Vec<Extent>) -> io::Result<()>;
-}
-
-/// O_DIRECT alignment assumed when the kernel cannot say (statx DIOALIGN is Linux 6.1+):
-/// the page size, which every device accepts and which our buffers already have.
-pub const DIRECT_ALIGN_DEFAULT_BYTES: usize = 4096;
-
-/// A regular file, a block device, or a memfd: anything the kernel reads and writes by offset.
-pub struct FdBackend {
+/// A regular file, a block device, or a memfd.
+pub struct FileBackend {
     kind: &'static str,
     fd: OwnedFd,
     direct: Option<(OwnedFd, usize)>,
@@ -60,8 +24,8 @@ pub struct FdBackend {
     caps: Caps,
 }
 
-impl FdBackend {
-    pub fn open(path: &Path, read_only: bool) -> io::Result<FdBackend> {
+impl FileBackend {
+    pub fn open(path: &Path, read_only: bool) -> io::Result<FileBackend> {
         let file = OpenOptions::new().read(true).write(!read_only).open(path)?;
         let meta = file.metadata()?;
         let block = meta.file_type().is_block_device();
@@ -71,23 +35,14 @@ impl FdBackend {
         let kind = if block { "block" } else { "file" };
         let rotational = block && rotational(&meta);
         // Block devices cannot report holes; regular files and tmpfs can.
-        let caps = Caps { trim: true, zero: true, extents: !block, rotational };
-        FdBackend::from_file(kind, file, caps)
+        let caps = Caps { trim: true, zero: true, fua: true, extents: !block, rotational, splice: true, ..Caps::default() };
+        FileBackend::from_file(kind, file, caps)
     }
 
-    /// A sparse RAM export: a memfd on tmpfs, whose holes read as zeros without using memory.
-    pub fn memory(size: u64) -> io::Result<FdBackend> {
-        let fd = rustix::fs::memfd_create("sluice-memory", rustix::fs::MemfdFlags::CLOEXEC)?;
-        rustix::fs::ftruncate(&fd, size)?;
-        // tmpfs punches holes but has no ZERO_RANGE; punching is how it zeroes.
-        let caps = Caps { trim: true, zero: false, extents: true, rotational: false };
-        FdBackend::from_file("memory", File::from(fd), caps)
-    }
-
-    fn from_file(kind: &'static str, mut file: File, caps: Caps) -> io::Result<FdBackend> {
+    pub(super) fn from_file(kind: &'static str, mut file: File, caps: Caps) -> io::Result<FileBackend> {
         // Seeking to the end gives the size of files and block devices alike.
         let size = file.seek(SeekFrom::End(0))?;
-        Ok(FdBackend { kind, fd: file.into(), direct: None, size, caps })
+        Ok(FileBackend { kind, fd: file.into(), direct: None, size, caps })
     }
 
     /// Opens the same file again with O_DIRECT for the direct data paths. The kernel keeps
@@ -129,27 +84,29 @@ fn rotational(meta: &std::fs::Metadata) -> bool {
     [path, parent].iter().find_map(|p| std::fs::read_to_string(p).ok()).is_some_and(|s| s.trim() == "1")
 }
 
-impl Backend for FdBackend {
-    fn kind(&self) -> &'static str {
-        self.kind
+impl FileBackend {
+    /// The descriptor for an operation: the O_DIRECT one when asked for and present.
+    fn fd_for(&self, direct: bool) -> RawFd {
+        match &self.direct {
+            Some((fd, _)) if direct => fd.as_raw_fd(),
+            _ => self.fd.as_raw_fd(),
+        }
     }
-    fn size(&self) -> u64 {
-        self.size
+
+    /// Moves cached file pages into the pipe now; None when they are not all cached or the
+    /// splice would have to wait.
+    fn splice_cached(&self, offset: u64, len: usize, pipe: &crate::engine::Pipe) -> Option<usize> {
+        if fully_cached(self.fd.as_fd(), offset, len) != Some(true) {
+            return None;
+        }
+        splice_now(self.fd.as_fd(), offset, pipe, len).ok().filter(|&n| n > 0)
     }
-    fn caps(&self) -> Caps {
-        self.caps
-    }
-    fn fd(&self) -> Option<RawFd> {
-        Some(self.fd.as_raw_fd())
-    }
-    fn file(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.fd.as_fd())
-    }
-    fn direct_fd(&self) -> Option<RawFd> {
-        self.direct.as_ref().map(|(fd, _)| fd.as_raw_fd())
-    }
-    fn direct_align(&self) -> usize {
-        self.direct.as_ref().map_or(DIRECT_ALIGN_DEFAULT_BYTES, |&(_, a)| a)
+
+    /// Whether a buffered write is better done by this thread: small, and either whole
+    /// pages or pages already cached, so no read from the disk comes first.
+    fn write_inline(&self, offset: u64, len: usize) -> bool {
+        len <= INLINE_WRITE_MAX_BYTES
+            && ((offset as usize | len).is_multiple_of(PAGE_BYTES) || fully_cached(self.fd.as_fd(), offset, len) == Some(true))
     }
 
     fn extents(&self, offset: u64, len: u32, one: bool, out: &mut Vec<Extent>) -> io::Result<()> {
@@ -187,34 +144,55 @@ impl Backend for FdBackend {
     }
 }
 
-/// Reads return zeros and writes vanish: the protocol and network ceiling.
-pub struct NullBackend {
-    size: u64,
-}
-
-impl NullBackend {
-    pub fn new(size: u64) -> NullBackend {
-        NullBackend { size }
-    }
-}
-
-impl Backend for NullBackend {
+impl Backend for FileBackend {
     fn kind(&self) -> &'static str {
-        "null"
+        self.kind
     }
+
     fn size(&self) -> u64 {
         self.size
     }
+
     fn caps(&self) -> Caps {
-        Caps { trim: true, zero: true, extents: false, rotational: false }
+        Caps { direct_align: self.direct.as_ref().map(|&(_, a)| a), ..self.caps }
     }
-    fn fd(&self) -> Option<RawFd> {
+
+    fn start(&self, op: StorageOp, id: StorageId, ring: &mut Ring) -> Option<Outcome> {
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        match op {
+            StorageOp::Read { offset, len, into: Held::Pipe(pipe), direct, .. } => {
+                let cached = if direct { None } else { self.splice_cached(offset, len, &pipe) };
+                if let Some(n) = cached {
+                    return Some(Outcome { result: n as i32, held: Held::Pipe(pipe) });
+                }
+                ring.splice_in(self.fd_for(direct), offset, pipe, len, id);
+            }
+            StorageOp::Read { offset, len, into: Held::Buf(buf), at, direct } => {
+                ring.read_at(self.fd_for(direct), buf, at, len, offset, id)
+            }
+            StorageOp::Read { into, .. } => return Some(Outcome { result: -libc::EINVAL, held: into }),
+            StorageOp::Write { offset, buf, at, len, fua, direct } => {
+                if !fua && !direct && self.write_inline(offset, len) {
+                    let written = rustix::io::pwrite(self.fd.as_fd(), &buf.as_slice()[at..at + len], offset);
+                    return Some(Outcome::of(written.map_err(io::Error::from), Held::Buf(buf)));
+                }
+                ring.write_at(self.fd_for(direct), buf, at, len, offset, fua, id)
+            }
+            StorageOp::Flush => ring.fdatasync(self.fd.as_raw_fd(), id),
+            StorageOp::Trim { offset, len } => {
+                ring.fallocate(self.fd.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | KEEP, offset, len, id)
+            }
+            StorageOp::Zero { offset, len, may_trim } => {
+                let mode = if may_trim && self.caps.trim { libc::FALLOC_FL_PUNCH_HOLE } else { libc::FALLOC_FL_ZERO_RANGE };
+                ring.fallocate(self.fd.as_raw_fd(), mode | KEEP, offset, len, id)
+            }
+            StorageOp::Cache { offset, len } => ring.fadvise_willneed(self.fd.as_raw_fd(), offset, len, id),
+            StorageOp::Extents { offset, len, one, mut out } => {
+                let found = self.extents(offset, len, one, &mut out);
+                return Some(Outcome::of(found.map(|()| 0), Held::Extents(out)));
+            }
+        }
         None
-    }
-    fn extents(&self, _offset: u64, len: u32, _one: bool, out: &mut Vec<Extent>) -> io::Result<()> {
-        // Honest about content (all zeros) but claims no holes: nothing is allocated or not.
-        out.push(Extent { length: len, flags: STATE_ZERO });
-        Ok(())
     }
 }
 
@@ -224,7 +202,7 @@ mod tests {
 
     #[test]
     fn memory_backend_reports_written_regions_as_data() {
-        let b = FdBackend::memory(1 << 20).unwrap();
+        let b = super::super::memory(1 << 20).unwrap();
         let fd = b.fd.as_fd();
         rustix::io::pwrite(fd, &[7u8; 4096], 65536).unwrap();
         let mut out = Vec::new();

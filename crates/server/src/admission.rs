@@ -1,0 +1,111 @@
+//! Admission: how many connections the server takes, and how many payload bytes a worker's
+//! connections may hold at once. Both are owned above the connection (the acceptor, the
+//! worker) so that one client can never raise its own allowance.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::engine::ConnId;
+
+/// One unit of the server-wide connection budget, returned on drop.
+pub struct Permit(Arc<AtomicUsize>);
+
+impl Permit {
+    /// A permit if fewer than `max` are out.
+    pub fn try_take(count: &Arc<AtomicUsize>, max: usize) -> Option<Permit> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Permit(Arc::clone(count)))
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Payload bytes held by all of a worker's connections, against a cap, and the connections
+/// waiting for some to come back. A connection's own budget keeps one client from taking it
+/// all; this one bounds the worker's memory whatever the number of clients.
+pub struct Budget {
+    used_bytes: usize,
+    max_bytes: usize,
+    waiters: VecDeque<ConnId>,
+}
+
+impl Budget {
+    pub fn new(max_bytes: usize) -> Budget {
+        Budget { used_bytes: 0, max_bytes, waiters: VecDeque::new() }
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.used_bytes >= self.max_bytes
+    }
+
+    pub fn used_bytes(&self) -> usize {
+        self.used_bytes
+    }
+
+    /// Counts bytes a request holds. A request is admitted while the budget is not full,
+    /// so `used_bytes` may pass `max_bytes` by less than one request.
+    pub fn take(&mut self, bytes: usize) {
+        self.used_bytes += bytes;
+    }
+
+    pub fn give(&mut self, bytes: usize) {
+        debug_assert!(bytes <= self.used_bytes, "a budget is given back only what was taken");
+        self.used_bytes -= bytes;
+    }
+
+    /// Queues a connection to be resumed when bytes come back.
+    pub fn wait(&mut self, conn: ConnId) {
+        if !self.waiters.contains(&conn) {
+            self.waiters.push_back(conn);
+        }
+    }
+
+    /// The next connection to resume, oldest first, while there is room.
+    pub fn next_waiter(&mut self) -> Option<ConnId> {
+        if self.is_full() {
+            return None;
+        }
+        self.waiters.pop_front()
+    }
+
+    /// Forgets a connection that closed while waiting.
+    pub fn forget(&mut self, conn: ConnId) {
+        self.waiters.retain(|&c| c != conn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permits_stop_at_the_maximum_and_come_back_on_drop() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let a = Permit::try_take(&count, 2).unwrap();
+        let _b = Permit::try_take(&count, 2).unwrap();
+        assert!(Permit::try_take(&count, 2).is_none());
+        drop(a);
+        assert!(Permit::try_take(&count, 2).is_some());
+    }
+
+    #[test]
+    fn waiters_resume_in_order_only_when_there_is_room() {
+        let mut b = Budget::new(100);
+        b.take(100);
+        b.wait(ConnId(3));
+        b.wait(ConnId(1));
+        b.wait(ConnId(3));
+        assert_eq!(b.next_waiter(), None, "full: nobody resumes");
+        b.give(50);
+        assert_eq!(b.next_waiter(), Some(ConnId(3)));
+        assert_eq!(b.next_waiter(), Some(ConnId(1)));
+        assert_eq!(b.next_waiter(), None);
+    }
+}

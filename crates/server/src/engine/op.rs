@@ -1,0 +1,58 @@
+//! Typed operation ids: what each in-flight ring operation is for, together with what it
+//! owns on the kernel's behalf. The ring keys its own slab by a plain index; everything the
+//! worker needs to route a completion comes back in a `Token`, by type, so no completion is
+//! decoded from packed bits or unwrapped on the assumption of a shape.
+
+use sluice_proto::reply::Extent;
+
+use super::buffer::Buf;
+use super::pipe::Pipe;
+use super::send::SendBatch;
+
+/// A connection's place in its worker's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnId(pub u32);
+
+/// A storage operation of one request: the request's slot on its connection, and which
+/// piece of it (a read's chunk; 0 for everything else).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tag {
+    pub slot: u16,
+    pub chunk: u16,
+}
+
+/// A storage operation anywhere in the worker: its connection and its tag there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StorageId {
+    pub conn: ConnId,
+    pub tag: Tag,
+}
+
+/// What a storage operation carries to the backend and back: the buffer it reads into or
+/// writes from, the pipe it splices into, or the extents it reports.
+#[derive(Default)]
+pub enum Held {
+    #[default]
+    Nothing,
+    Buf(Buf),
+    Pipe(Pipe),
+    Extents(Vec<Extent>),
+}
+
+/// An operation in flight, with the memory and descriptors the kernel may use until it
+/// completes.
+pub enum Token {
+    /// The worker's wake-up eventfd read.
+    Wake { buf: Buf },
+    Recv { conn: ConnId, buf: Buf },
+    Send { conn: ConnId, batch: Box<SendBatch> },
+    /// Reply data moving from a pipe to the socket.
+    SpliceOut { conn: ConnId, pipe: Pipe },
+    Storage { id: StorageId, held: Held },
+}
+
+/// A finished operation: its token back, and the kernel's result (bytes, or -errno).
+pub struct Completion {
+    pub token: Token,
+    pub result: i32,
+}
