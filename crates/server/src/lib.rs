@@ -13,6 +13,8 @@ pub mod limits;
 mod listen;
 pub mod metrics;
 pub mod server;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 mod worker;
 
 pub use export::{Export, Exports, Spec};

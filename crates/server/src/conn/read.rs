@@ -243,6 +243,10 @@ impl Conn {
             let head = reply::offset_data_header(handle, c.file_offset + c.skip as u64, c.want as u32, done);
             let part = Self::chunk_part(slot, c, &head);
             self.queue_part(env, slot, part, done);
+            if done {
+                // The final part may have released the slot (on a closing connection).
+                return;
+            }
         }
     }
 
@@ -278,6 +282,10 @@ impl Conn {
                 self.streaming = Some(slot);
             }
             self.queue_part(env, slot, part, i + 1 == n);
+            if i + 1 == n {
+                // The final part may have released the slot (on a closing connection).
+                return;
+            }
         }
     }
 

@@ -36,7 +36,7 @@ impl Buddy {
         b
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     pub fn free_blocks(&self) -> usize {
         self.free_blocks
     }

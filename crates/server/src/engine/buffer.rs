@@ -155,7 +155,8 @@ impl Pool {
         self.heap_fallbacks
     }
 
-    #[cfg(test)]
+    /// Bytes of the region not handed out (the simulation checks that all come back).
+    #[cfg(any(test, feature = "sim"))]
     pub fn free_bytes(&self) -> usize {
         self.region.buddy.borrow().free_blocks() * BUFFER_ALIGN_BYTES
     }

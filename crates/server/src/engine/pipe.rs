@@ -66,6 +66,12 @@ impl Pipes {
         self.bytes
     }
 
+    /// Pipes handed out and not yet returned or dropped.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn in_use(&self) -> usize {
+        self.out.get()
+    }
+
     /// A pipe, or None when the pool is exhausted or the system refuses another.
     pub fn get(&mut self) -> Option<Pipe> {
         if self.out.get() >= self.max {
