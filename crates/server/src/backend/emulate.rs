@@ -193,3 +193,126 @@ impl Exec {
         Step::Fail(Failure::new(Errno::Io, "internal error: write buffer lost", None))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_proto::Range;
+
+    fn pool() -> Pool {
+        Pool::new(4 << 20, 1 << 20).unwrap()
+    }
+
+    fn caps(zero: bool, trim: bool, fua: bool) -> Caps {
+        Caps { zero, trim, fua, ..Caps::default() }
+    }
+
+    fn zeroes(len: u32, fua: bool, may_trim: bool, fast: bool) -> Command {
+        Command::WriteZeroes { range: Range { offset: 4096, length: len }, fua, may_trim, fast }
+    }
+
+    /// Runs a command to its end, answering each operation with `answer`.
+    fn drive(exec: &mut Exec, pool: &mut Pool, mut answer: impl FnMut(&StorageOp) -> i32) -> (Vec<String>, Step) {
+        let mut seen = Vec::new();
+        let mut step = exec.start(pool);
+        while let Step::Submit(op) = step {
+            let result = answer(&op);
+            let (name, held) = match op {
+                StorageOp::Write { buf, len, .. } => (format!("write {len}"), Held::Buf(buf)),
+                StorageOp::Flush => ("flush".into(), Held::Nothing),
+                StorageOp::Zero { .. } => ("zero".into(), Held::Nothing),
+                StorageOp::Trim { .. } => ("trim".into(), Held::Nothing),
+                _ => ("other".into(), Held::Nothing),
+            };
+            seen.push(name);
+            step = exec.complete(pool, result, held);
+        }
+        (seen, step)
+    }
+
+    fn len_of(op: &StorageOp) -> i32 {
+        match op {
+            StorageOp::Write { len, .. } => *len as i32,
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn zeroing_without_a_primitive_writes_zeros_in_chunks_then_flushes_for_fua() {
+        let mut pool = pool();
+        let len = ZERO_FILL_CHUNK_BYTES as u32 * 2 + 4096;
+        let mut exec = Exec::new(zeroes(len, true, false, false), None, caps(false, true, false), None);
+        let (seen, step) = drive(&mut exec, &mut pool, len_of);
+        assert_eq!(seen, ["write 1048576", "write 1048576", "write 4096", "flush"]);
+        assert!(matches!(step, Step::Done));
+    }
+
+    #[test]
+    fn fast_zero_fails_at_once_where_zeroing_means_writing() {
+        let mut pool = pool();
+        let mut exec = Exec::new(zeroes(8192, false, false, true), None, caps(false, false, true), None);
+        let (seen, step) = drive(&mut exec, &mut pool, len_of);
+        assert!(seen.is_empty());
+        assert!(matches!(step, Step::Fail(Failure { errno: Errno::NotSup, .. })));
+    }
+
+    #[test]
+    fn a_refused_zero_range_falls_back_to_writing_unless_fast() {
+        let mut pool = pool();
+        let mut exec = Exec::new(zeroes(8192, false, false, false), None, caps(true, false, true), None);
+        let (seen, step) = drive(&mut exec, &mut pool, |op| if matches!(op, StorageOp::Zero { .. }) { -libc::EOPNOTSUPP } else { len_of(op) });
+        assert_eq!(seen, ["zero", "write 8192"]);
+        assert!(matches!(step, Step::Done));
+        let mut exec = Exec::new(zeroes(8192, false, false, true), None, caps(true, false, true), None);
+        let (_, step) = drive(&mut exec, &mut pool, |_| -libc::EOPNOTSUPP);
+        assert!(matches!(step, Step::Fail(Failure { errno: Errno::NotSup, .. })));
+    }
+
+    #[test]
+    fn a_refused_trim_is_accepted_and_fua_still_flushes() {
+        let mut pool = pool();
+        let trim = Command::Trim { range: Range { offset: 0, length: 4096 }, fua: true };
+        let mut exec = Exec::new(trim, None, caps(true, true, true), None);
+        let (seen, step) = drive(&mut exec, &mut pool, |op| if matches!(op, StorageOp::Trim { .. }) { -libc::EOPNOTSUPP } else { 0 });
+        assert_eq!(seen, ["trim", "flush"]);
+        assert!(matches!(step, Step::Done));
+    }
+
+    #[test]
+    fn short_writes_continue_and_errors_name_where_the_write_stopped() {
+        let mut pool = pool();
+        let write = Command::Write { range: Range { offset: 1 << 20, length: 10_000 }, fua: true };
+        let buf = pool.get(10_000);
+        let mut exec = Exec::new(write, Some(buf), caps(true, true, false), None);
+        let mut calls = 0;
+        let (seen, step) = drive(&mut exec, &mut pool, |op| {
+            calls += 1;
+            match (calls, op) {
+                (1, StorageOp::Write { fua, .. }) => {
+                    assert!(!fua, "FUA is emulated by a flush when the backend has none");
+                    3000
+                }
+                (2, StorageOp::Write { .. }) => -libc::EIO,
+                _ => 0,
+            }
+        });
+        assert_eq!(seen, ["write 10000", "write 7000"]);
+        match step {
+            Step::Fail(f) => assert_eq!((f.errno, f.offset), (Errno::Io, Some((1 << 20) + 3000))),
+            _ => panic!("a failed write must fail the command"),
+        }
+    }
+
+    #[test]
+    fn direct_writes_only_when_aligned() {
+        let mut pool = pool();
+        for (offset, length, direct) in [(4096, 8192, true), (4096, 100, false), (10, 4096, false)] {
+            let write = Command::Write { range: Range { offset, length }, fua: false };
+            let mut exec = Exec::new(write, Some(pool.get(length as usize)), caps(true, true, true), Some(4096));
+            match exec.start(&mut pool) {
+                Step::Submit(StorageOp::Write { direct: d, .. }) => assert_eq!(d, direct, "{offset}+{length}"),
+                _ => panic!("a write starts with a write"),
+            }
+        }
+    }
+}

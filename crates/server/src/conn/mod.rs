@@ -274,9 +274,11 @@ impl Conn {
 
     /// The socket is unusable: nothing more is sent, and every queued part is dropped.
     fn fail(&mut self, env: &mut Env, why: &str) {
+        if !self.is_open() && self.life != Life::Broken {
+            log::debug!("{}: {why}", self.peer);
+        }
         self.stop_reading(env, why);
         if self.life != Life::Broken {
-            log::debug!("{}: {why}", self.peer);
             self.life = Life::Broken;
             self.emit(Io::Shutdown(Shutdown::Both));
         }
@@ -291,3 +293,6 @@ impl Drop for Conn {
         self.metrics.connection_closed(self.metrics_export);
     }
 }
+
+#[cfg(test)]
+mod tests;
