@@ -43,7 +43,7 @@ pub fn decode_greeting(b: &[u8; GREETING_BYTES]) -> Result<u16, Malformed> {
     }
     match be64(b, 8) {
         IHAVEOPT => Ok(be16(b, 16)),
-        0x0004_2028_1861_253 => malformed("the server speaks oldstyle NBD, which is not supported"),
+        0x0000_4202_8186_1253 => malformed("the server speaks oldstyle NBD, which is not supported"),
         other => malformed(format!("unknown handshake style {other:#018x}")),
     }
 }
@@ -276,7 +276,7 @@ pub fn decode_error_chunk(kind: u16, p: &[u8]) -> Result<ErrorChunk, Malformed> 
 
 /// A BLOCK_STATUS payload: context id, then (length, flags) descriptors.
 pub fn decode_block_status(p: &[u8]) -> Result<(u32, Vec<(u32, u32)>), Malformed> {
-    if p.len() < 12 || (p.len() - 4) % 8 != 0 {
+    if p.len() < 12 || !(p.len() - 4).is_multiple_of(8) {
         return malformed(format!("BLOCK_STATUS chunk of {} bytes is not 4 + 8n with n >= 1", p.len()));
     }
     let id = be32(p, 0);

@@ -45,6 +45,7 @@ impl Budget {
         self.used_bytes >= self.max_bytes
     }
 
+    #[cfg(any(test, feature = "sim"))]
     pub fn used_bytes(&self) -> usize {
         self.used_bytes
     }

@@ -164,7 +164,7 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
         stopped: false,
         cut: false,
     };
-    let metrics = Metrics::new(&[export.name.clone()]);
+    let metrics = Metrics::new(std::slice::from_ref(&export.name));
     let mut conn = Conn::new("sim".into(), Arc::clone(&export), session, limits, metrics);
     conn.resume(&mut world.env());
     world.collect(&mut conn)?;
