@@ -28,8 +28,9 @@ const REQUEST_HEADERS_MAX_COUNT: usize = 32;
 /// retrying sooner would only spin and fill the log.
 const ACCEPT_RETRY_DELAY_MS: u64 = 1_000;
 
-/// prometheus-client writes OpenMetrics text, and Prometheus picks its parser by this header.
-const EXPOSITION_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// What `TextEncoder` writes (`prometheus::TEXT_FORMAT`), with the charset; Prometheus picks
+/// its parser by this header.
+const EXPOSITION_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The running `/metrics` endpoint. Dropping it, or `stop()`, closes the socket and joins
 /// the thread.
@@ -321,10 +322,10 @@ mod tests {
         assert_eq!(status, 200, "{response}");
         let (head, body) = response.split_once("\r\n\r\n").unwrap();
         let head = head.to_ascii_lowercase();
-        assert!(head.contains("content-type: application/openmetrics-text; version=1.0.0"), "{head}");
+        assert!(head.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"), "{head}");
         assert!(head.contains(&format!("content-length: {}\r\n", body.len())), "{head}");
         assert!(body.contains("sluice_request_bytes_total{export=\"web\",op=\"write\"} 512\n"));
-        assert!(body.ends_with("# EOF\n"));
+        assert!(body.ends_with('\n') && !body.contains("# EOF"));
 
         assert_eq!(get(addr, "GET /metrics?x=1 HTTP/1.1").0, 200);
         assert_eq!(get(addr, "GET /other HTTP/1.1").0, 404);
@@ -406,6 +407,11 @@ mod tests {
         assert_eq!(wait(&stopping, Some(&listener), None).unwrap(), Wake::Connection);
         drop(wake);
         assert_eq!(wait(&stopping, Some(&listener), None).unwrap(), Wake::Stop);
+    }
+
+    #[test]
+    fn the_content_type_is_the_encoders() {
+        assert_eq!(EXPOSITION_CONTENT_TYPE, format!("{}; charset=utf-8", prometheus::TEXT_FORMAT));
     }
 
     #[test]

@@ -1,140 +1,220 @@
-//! The recorder's atomics as Prometheus metric families, through prometheus-client. Each
-//! family reads the atomics only when a scrape encodes it: prometheus-client's own counter,
-//! histogram and label-keyed family types would put a map lookup or a lock on every request.
+//! The recorder's atomics as Prometheus metric families, through the `prometheus` crate.
+//! `Metrics` is a `Collector`: `collect` reads the atomics into `proto::MetricFamily`
+//! values when a scrape asks, and the crate's `TextEncoder` writes them in the Prometheus
+//! text format 0.0.4. The crate's own counter, histogram and label-keyed vector types would
+//! put a hash lookup, a float compare-and-swap loop or a lock on every request.
 
-use std::fmt;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::{Metric, Registry};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{self, MetricFamily, MetricType};
 
-use super::{ExportMetrics, Histogram, Op, OpMetrics};
+use super::{ExportMetrics, Histogram, Metrics, Op, OpMetrics};
 use super::{PHASE_BUCKETS_FINITE_COUNT, PHASE_BUCKET_SMALLEST_NS, PHASE_LABELS};
 
 const NS_PER_SECOND: f64 = 1e9;
 
-/// Every family, in the order a scrape shows them. The registry ends each help text with a
-/// full stop, and names a counter's family without the `_total` its samples carry, as
-/// OpenMetrics wants; so the samples keep the names they always had.
-pub(super) fn registry(exports: &Arc<[ExportMetrics]>) -> Registry {
-    let mut r = Registry::default();
-    let help = "Time each request spent in each phase";
-    r.register("sluice_request_phase_seconds", help, phase_histograms(exports));
-    r.register("sluice_requests", "Requests finished", per_op_counter(exports, |m| &m.requests));
-    let help = "Requests finished with an error reply";
-    r.register("sluice_request_errors", help, per_op_counter(exports, |m| &m.errors));
-    r.register("sluice_request_bytes", "Payload bytes read or written", per_op_counter(exports, |m| &m.bytes));
-    let help = "Requests received and not yet finished";
-    r.register("sluice_requests_inflight", help, per_export_gauge(exports, |e| &e.inflight));
-    r.register("sluice_connections", "Connections open now", per_export_gauge(exports, |e| &e.connections));
-    // Without `_total` its family has the gauge's name. OpenMetrics forbids that and strict
-    // parsers refuse it, but Prometheus stores both; a new name would break the queries
-    // that use `sluice_connections_total`.
-    r.register("sluice_connections", "Connections opened", per_export_counter(exports, |e| &e.connections_total));
-    r
+/// Where a family's samples come from, which also fixes its type and labels.
+#[derive(Clone, Copy)]
+enum Source {
+    /// One histogram per export, command and phase.
+    PhaseHistograms,
+    /// A counter per export and command.
+    PerOpCounter(fn(&OpMetrics) -> &AtomicU64),
+    PerExportCounter(fn(&ExportMetrics) -> &AtomicU64),
+    PerExportGauge(fn(&ExportMetrics) -> &AtomicI64),
 }
 
-/// A family whose series `write` encodes, export by export, from the atomics.
-struct Family<F> {
-    exports: Arc<[ExportMetrics]>,
-    kind: MetricType,
-    write: F,
-}
+impl Source {
+    fn kind(self) -> MetricType {
+        match self {
+            Source::PhaseHistograms => MetricType::HISTOGRAM,
+            Source::PerOpCounter(_) | Source::PerExportCounter(_) => MetricType::COUNTER,
+            Source::PerExportGauge(_) => MetricType::GAUGE,
+        }
+    }
 
-impl<F> Family<F>
-where
-    F: Fn(&ExportMetrics, &mut MetricEncoder) -> fmt::Result + Send + Sync + 'static,
-{
-    fn new(exports: &Arc<[ExportMetrics]>, kind: MetricType, write: F) -> Family<F> {
-        Family { exports: Arc::clone(exports), kind, write }
+    /// The labels of each series, in the order they are written; a bucket adds `le`.
+    fn label_names(self) -> &'static [&'static str] {
+        match self {
+            Source::PhaseHistograms => &["export", "op", "phase"],
+            Source::PerOpCounter(_) => &["export", "op"],
+            Source::PerExportCounter(_) | Source::PerExportGauge(_) => &["export"],
+        }
     }
 }
 
-impl<F> EncodeMetric for Family<F>
-where
-    F: Fn(&ExportMetrics, &mut MetricEncoder) -> fmt::Result,
-{
-    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
-        self.exports.iter().try_for_each(|e| (self.write)(e, &mut encoder))
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    source: Source,
+}
+
+/// Every family, in the order a scrape shows them. Counter names keep their `_total`: the
+/// 0.0.4 text format names a family exactly as its samples.
+const FAMILIES: [Family; 7] = [
+    Family {
+        name: "sluice_request_phase_seconds",
+        help: "Time each request spent in each phase.",
+        source: Source::PhaseHistograms,
+    },
+    Family { name: "sluice_requests_total", help: "Requests finished.", source: Source::PerOpCounter(|m| &m.requests) },
+    Family {
+        name: "sluice_request_errors_total",
+        help: "Requests finished with an error reply.",
+        source: Source::PerOpCounter(|m| &m.errors),
+    },
+    Family {
+        name: "sluice_request_bytes_total",
+        help: "Payload bytes read or written.",
+        source: Source::PerOpCounter(|m| &m.bytes),
+    },
+    Family {
+        name: "sluice_requests_inflight",
+        help: "Requests received and not yet finished.",
+        source: Source::PerExportGauge(|e| &e.inflight),
+    },
+    Family {
+        name: "sluice_connections",
+        help: "Connections open now.",
+        source: Source::PerExportGauge(|e| &e.connections),
+    },
+    Family {
+        name: "sluice_connections_total",
+        help: "Connections opened.",
+        source: Source::PerExportCounter(|e| &e.connections_total),
+    },
+];
+
+/// The descriptors `Collector::desc` hands out, one per family in `FAMILIES`.
+pub(super) fn descs() -> Vec<Desc> {
+    FAMILIES
+        .iter()
+        .map(|f| {
+            let labels = f.source.label_names().iter().map(|l| l.to_string()).collect();
+            Desc::new(f.name.to_string(), f.help.to_string(), labels, HashMap::new())
+                .expect("the families' names, help texts and labels are valid")
+        })
+        .collect()
+}
+
+impl Collector for Metrics {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
     }
 
-    fn metric_type(&self) -> MetricType {
-        self.kind
+    /// Leaves out a family without series (no exports), which the encoder would refuse.
+    fn collect(&self) -> Vec<MetricFamily> {
+        FAMILIES
+            .iter()
+            .map(|family| family.collect(&self.exports))
+            .filter(|family| !family.get_metric().is_empty())
+            .collect()
     }
 }
 
-impl<F> fmt::Debug for Family<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Family").field("kind", &self.kind).finish_non_exhaustive()
-    }
-}
-
-fn phase_histograms(exports: &Arc<[ExportMetrics]>) -> impl Metric {
-    Family::new(exports, MetricType::Histogram, |e, encoder| {
-        for op in Op::ALL {
-            for (histogram, phase) in e.ops[op as usize].phases.iter().zip(PHASE_LABELS) {
-                let labels = [("export", e.name.as_str()), ("op", op.label()), ("phase", phase)];
-                encode_histogram(histogram, encoder.encode_family(&labels)?)?;
+impl Family {
+    fn collect(&self, exports: &[ExportMetrics]) -> MetricFamily {
+        let mut series = Vec::new();
+        let names = self.source.label_names();
+        for e in exports {
+            match self.source {
+                Source::PhaseHistograms => {
+                    for op in Op::ALL {
+                        for (h, phase) in e.ops[op as usize].phases.iter().zip(PHASE_LABELS) {
+                            let mut metric = proto::Metric::from_label(labels(names, [&e.name, op.label(), phase]));
+                            metric.set_histogram(histogram(h));
+                            series.push(metric);
+                        }
+                    }
+                }
+                Source::PerOpCounter(counter) => {
+                    for op in Op::ALL {
+                        let value = counter(&e.ops[op as usize]).load(Ordering::Relaxed);
+                        series.push(counter_metric(labels(names, [&e.name, op.label()]), value));
+                    }
+                }
+                Source::PerExportCounter(counter) => {
+                    let value = counter(e).load(Ordering::Relaxed);
+                    series.push(counter_metric(labels(names, [&e.name]), value));
+                }
+                Source::PerExportGauge(gauge) => {
+                    let mut value = proto::Gauge::default();
+                    value.set_value(gauge(e).load(Ordering::Relaxed) as f64);
+                    let mut metric = proto::Metric::from_label(labels(names, [&e.name]));
+                    metric.set_gauge(value);
+                    series.push(metric);
+                }
             }
         }
-        Ok(())
-    })
+        let mut family = MetricFamily::default();
+        family.set_name(self.name.to_string());
+        family.set_help(self.help.to_string());
+        family.set_field_type(self.source.kind());
+        family.set_metric(series);
+        family
+    }
 }
 
-/// The count and the `+Inf` bucket come from the same reads as the other buckets, so they
-/// agree within a scrape even while workers keep recording.
-fn encode_histogram(h: &Histogram, mut encoder: MetricEncoder) -> fmt::Result {
-    let mut buckets = [(0.0, 0); PHASE_BUCKETS_FINITE_COUNT + 1];
-    for (k, (slot, bucket)) in buckets.iter_mut().zip(&h.buckets).enumerate() {
-        *slot = (bucket_bound_seconds(k), bucket.load(Ordering::Relaxed));
-    }
-    let count = buckets.iter().map(|&(_, n)| n).sum();
+/// Label pairs from names and values given in the same order. The encoder escapes values.
+fn labels<const N: usize>(names: &[&str], values: [&str; N]) -> Vec<proto::LabelPair> {
+    debug_assert_eq!(names.len(), N);
+    names
+        .iter()
+        .zip(values)
+        .map(|(name, value)| {
+            let mut pair = proto::LabelPair::default();
+            pair.set_name(name.to_string());
+            pair.set_value(value.to_string());
+            pair
+        })
+        .collect()
+}
+
+/// Samples are f64 in this format, as in Prometheus itself: a count past 2^53 is rounded.
+fn counter_metric(labels: Vec<proto::LabelPair>, value: u64) -> proto::Metric {
+    let mut counter = proto::Counter::default();
+    counter.set_value(value as f64);
+    let mut metric = proto::Metric::from_label(labels);
+    metric.set_counter(counter);
+    metric
+}
+
+/// Finite buckets only: the encoder writes the `+Inf` bucket from the count, which comes
+/// from the same reads as the other buckets, so they agree within a scrape even while
+/// workers keep recording.
+fn histogram(h: &Histogram) -> proto::Histogram {
+    let mut cumulative = 0u64;
+    let buckets = h.buckets[..PHASE_BUCKETS_FINITE_COUNT]
+        .iter()
+        .enumerate()
+        .map(|(k, bucket)| {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let mut b = proto::Bucket::default();
+            b.set_upper_bound(bucket_bound_seconds(k));
+            b.set_cumulative_count(cumulative);
+            b
+        })
+        .collect();
+    cumulative += h.buckets[PHASE_BUCKETS_FINITE_COUNT].load(Ordering::Relaxed);
+    let mut out = proto::Histogram::default();
+    out.set_bucket(buckets);
+    out.set_sample_count(cumulative);
     // Exact up to 2^53 ns (104 days in one phase, summed); past that, off by parts in 10^16.
-    let sum = h.sum_ns.load(Ordering::Relaxed) as f64 / NS_PER_SECOND;
-    encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    out.set_sample_sum(h.sum_ns.load(Ordering::Relaxed) as f64 / NS_PER_SECOND);
+    out
 }
 
-/// The `le` of bucket k: 1 µs · 2^k, and infinity for the last. Dividing two integers
-/// exact in f64 gives the double nearest the decimal bound, as parsing its text would.
+/// The `le` of finite bucket k: 1 µs · 2^k. Dividing two integers exact in f64 gives the
+/// double nearest the decimal bound, which the encoder writes back as that decimal.
 fn bucket_bound_seconds(k: usize) -> f64 {
-    if k < PHASE_BUCKETS_FINITE_COUNT {
-        (PHASE_BUCKET_SMALLEST_NS << k) as f64 / NS_PER_SECOND
-    } else {
-        f64::INFINITY
-    }
-}
-
-/// A counter with one series per export and command.
-fn per_op_counter(exports: &Arc<[ExportMetrics]>, counter: fn(&OpMetrics) -> &AtomicU64) -> impl Metric {
-    Family::new(exports, MetricType::Counter, move |e, encoder| {
-        for op in Op::ALL {
-            let value = counter(&e.ops[op as usize]).load(Ordering::Relaxed);
-            let labels = [("export", e.name.as_str()), ("op", op.label())];
-            encoder.encode_family(&labels)?.encode_counter::<NoLabelSet, _, u64>(&value, None)?;
-        }
-        Ok(())
-    })
-}
-
-fn per_export_counter(exports: &Arc<[ExportMetrics]>, counter: fn(&ExportMetrics) -> &AtomicU64) -> impl Metric {
-    Family::new(exports, MetricType::Counter, move |e, encoder| {
-        let value = counter(e).load(Ordering::Relaxed);
-        encoder.encode_family(&[("export", e.name.as_str())])?.encode_counter::<NoLabelSet, _, u64>(&value, None)
-    })
-}
-
-fn per_export_gauge(exports: &Arc<[ExportMetrics]>, gauge: fn(&ExportMetrics) -> &AtomicI64) -> impl Metric {
-    Family::new(exports, MetricType::Gauge, move |e, encoder| {
-        let value = gauge(e).load(Ordering::Relaxed);
-        encoder.encode_family(&[("export", e.name.as_str())])?.encode_gauge(&value)
-    })
+    (PHASE_BUCKET_SMALLEST_NS << k) as f64 / NS_PER_SECOND
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Metrics, Phases};
+    use super::super::Phases;
     use super::*;
 
     fn names(list: &[&str]) -> Vec<String> {
@@ -147,136 +227,89 @@ mod tests {
         out
     }
 
-    /// One sample line: its name, its labels (values left escaped) and its value.
-    struct Sample<'a> {
-        name: &'a str,
-        labels: Vec<(&'a str, &'a str)>,
-        value: f64,
+    /// The value of the series written exactly as `series`, if present.
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
-    impl Sample<'_> {
-        fn label(&self, key: &str) -> Option<&str> {
-            self.labels.iter().find(|(k, _)| *k == key).map(|&(_, v)| v)
-        }
-
-        /// Its labels but `le`, in a fixed order: which histogram a bucket belongs to.
-        fn series_labels(&self) -> Vec<(&str, &str)> {
-            let mut labels: Vec<_> = self.labels.iter().copied().filter(|(k, _)| *k != "le").collect();
-            labels.sort();
-            labels
-        }
-    }
-
-    /// Every sample, in order. Good for the label values these tests use (no `,` or space).
-    fn samples(text: &str) -> Vec<Sample<'_>> {
-        text.lines()
-            .filter(|line| !line.starts_with('#'))
-            .map(|line| {
-                let (series, value) = line.rsplit_once(' ').unwrap();
-                let (name, labels) = match series.split_once('{') {
-                    Some((name, labels)) => (name, labels.strip_suffix('}').unwrap()),
-                    None => (series, ""),
-                };
-                let labels = labels
-                    .split(',')
-                    .filter(|pair| !pair.is_empty())
-                    .map(|pair| pair.split_once('=').map(|(k, v)| (k, v.trim_matches('"'))).unwrap())
-                    .collect();
-                Sample { name, labels, value: value.parse().unwrap() }
-            })
-            .collect()
-    }
-
-    /// The value of the sample with this name and exactly these labels, in any order.
-    fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let mut wanted = labels.to_vec();
-        wanted.sort();
-        samples(text).into_iter().find_map(|s| {
-            let mut have = s.labels.clone();
-            have.sort();
-            (s.name == name && have == wanted).then_some(s.value)
-        })
-    }
-
-    /// HELP and TYPE of every family, in order. A counter's family drops `_total`.
-    const FAMILIES: [(&str, &str, &str); 7] = [
+    /// HELP and TYPE lines of every family, in order, as sluice has always written them.
+    const HEADERS: [(&str, &str, &str); 7] = [
         ("sluice_request_phase_seconds", "histogram", "Time each request spent in each phase."),
-        ("sluice_requests", "counter", "Requests finished."),
-        ("sluice_request_errors", "counter", "Requests finished with an error reply."),
-        ("sluice_request_bytes", "counter", "Payload bytes read or written."),
+        ("sluice_requests_total", "counter", "Requests finished."),
+        ("sluice_request_errors_total", "counter", "Requests finished with an error reply."),
+        ("sluice_request_bytes_total", "counter", "Payload bytes read or written."),
         ("sluice_requests_inflight", "gauge", "Requests received and not yet finished."),
         ("sluice_connections", "gauge", "Connections open now."),
-        ("sluice_connections", "counter", "Connections opened."),
-    ];
-
-    /// The sample names scrapers and dashboards know; these must never change.
-    const SAMPLE_NAMES: [&str; 9] = [
-        "sluice_request_phase_seconds_bucket",
-        "sluice_request_phase_seconds_sum",
-        "sluice_request_phase_seconds_count",
-        "sluice_requests_total",
-        "sluice_request_errors_total",
-        "sluice_request_bytes_total",
-        "sluice_requests_inflight",
-        "sluice_connections",
-        "sluice_connections_total",
+        ("sluice_connections_total", "counter", "Connections opened."),
     ];
 
     #[test]
     fn render_has_each_family_once_and_escapes_export_names() {
         let m = Metrics::new(&names(&["", "a\"b\\c\nd", "plain"]));
         let text = rendered(&m);
-        let headers: Vec<_> = text.lines().filter(|l| l.starts_with("# HELP ") || l.starts_with("# TYPE ")).collect();
-        let expected: Vec<_> = FAMILIES
+        let headers: Vec<_> = text.lines().filter(|l| l.starts_with('#')).collect();
+        let expected: Vec<_> = HEADERS
             .iter()
             .flat_map(|(name, kind, help)| [format!("# HELP {name} {help}"), format!("# TYPE {name} {kind}")])
             .collect();
         assert_eq!(headers, expected);
-        assert!(text.ends_with("\n# EOF\n"), "OpenMetrics ends with # EOF");
         for line in text.lines() {
             assert!(line.starts_with("# ") || line.starts_with("sluice_"), "stray line {line:?}");
         }
+        assert!(text.ends_with("} 0\n"), "no trailer after the last sample");
         assert!(text.contains(r#"sluice_connections{export="a\"b\\c\nd"} 0"#));
         assert!(text.contains(r#"sluice_requests_total{export="",op="block_status"} 0"#));
         assert!(text.contains(r#"sluice_request_phase_seconds_count{export="plain",op="trim",phase="queue"} 0"#));
         // Each family's series directly follow its TYPE line, as the format requires.
-        let mut current = ("", "");
+        let mut current = "";
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
-                current = rest.split_once(' ').unwrap();
+                current = rest.split(' ').next().unwrap();
             } else if !line.starts_with('#') {
                 let series = line.split(['{', ' ']).next().unwrap();
-                assert!(SAMPLE_NAMES.contains(&series), "{series} is not a known sample name");
-                let suffixes: &[&str] = match current.1 {
-                    "histogram" => &["_bucket", "_sum", "_count"],
-                    "counter" => &["_total"],
-                    _ => &[""],
-                };
-                let family = suffixes.iter().find_map(|s| series.strip_suffix(s));
-                assert_eq!(family, Some(current.0), "{line} outside {current:?}");
+                let family = series.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count");
+                assert!(series == current || family == current, "{line} outside {current}");
             }
         }
     }
 
     #[test]
-    fn bucket_bounds_are_the_powers_of_two_microseconds_prometheus_clients_write() {
-        let written = ["1e-06", "2e-06", "1.6e-05", "6.4e-05", "0.000128", "0.001024", "1.048576", "16.777216"];
-        let ks = [0, 1, 4, 6, 7, 10, 20, 24];
-        for (k, text) in ks.into_iter().zip(written) {
-            assert_eq!(bucket_bound_seconds(k), text.parse::<f64>().unwrap(), "bucket {k}");
-        }
-        assert_eq!(bucket_bound_seconds(PHASE_BUCKETS_FINITE_COUNT), f64::INFINITY);
-        // And a scrape shows exactly those bounds, ascending, with +Inf last.
-        let text = rendered(&Metrics::new(&names(&["x"])));
-        let first = samples(&text).into_iter().find(|s| s.name == "sluice_request_phase_seconds_bucket").unwrap();
-        let series = first.series_labels();
-        let bounds: Vec<f64> = samples(&text)
-            .iter()
-            .filter(|s| s.name == first.name && s.series_labels() == series)
-            .map(|s| s.label("le").unwrap().parse().unwrap())
+    fn no_exports_render_nothing() {
+        assert_eq!(rendered(&Metrics::new(&[])), "");
+    }
+
+    #[test]
+    fn descriptors_match_the_families() {
+        let m = Metrics::new(&names(&["x"]));
+        let described: Vec<_> = m.desc().iter().map(|d| (d.fq_name.clone(), d.help.clone())).collect();
+        let collected: Vec<_> = m.collect().iter().map(|f| (f.name().to_string(), f.help().to_string())).collect();
+        assert_eq!(described, collected);
+        let mut ids: Vec<_> = m.desc().iter().map(|d| d.id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), FAMILIES.len(), "a registry would refuse two descriptors with one name");
+    }
+
+    #[test]
+    fn bucket_bounds_are_the_powers_of_two_microseconds() {
+        let m = Metrics::new(&names(&["x"]));
+        let text = rendered(&m);
+        let prefix = r#"sluice_request_phase_seconds_bucket{export="x",op="read",phase="receive",le=""#;
+        let written: Vec<_> =
+            text.lines().filter_map(|l| l.strip_prefix(prefix)?.split_once('"')).map(|(le, _)| le).collect();
+        let mut expected: Vec<String> = (0..PHASE_BUCKETS_FINITE_COUNT)
+            .map(|k| {
+                let ns = PHASE_BUCKET_SMALLEST_NS << k;
+                let fraction = format!("{:09}", ns % 1_000_000_000);
+                let fraction = fraction.trim_end_matches('0');
+                let point = if fraction.is_empty() { "" } else { "." };
+                format!("{}{point}{fraction}", ns / 1_000_000_000)
+            })
             .collect();
-        let expected: Vec<f64> = (0..=PHASE_BUCKETS_FINITE_COUNT).map(bucket_bound_seconds).collect();
-        assert_eq!(bounds, expected);
+        expected.push("+Inf".to_string());
+        assert_eq!(written, expected);
+        assert_eq!(written[0], "0.000001");
+        assert_eq!(written[24], "16.777216");
     }
 
     #[test]
@@ -290,65 +323,74 @@ mod tests {
         m.record(disk, Op::Flush, &Phases::default(), 0, true);
         let text = rendered(&m);
 
-        let read = [("export", "disk"), ("op", "read")];
-        assert_eq!(value(&text, "sluice_requests_total", &read), Some(2.0));
-        assert_eq!(value(&text, "sluice_request_errors_total", &read), Some(1.0));
-        assert_eq!(value(&text, "sluice_request_bytes_total", &read), Some(8192.0));
-        assert_eq!(value(&text, "sluice_requests_total", &[("export", "disk"), ("op", "flush")]), Some(1.0));
-        assert_eq!(value(&text, "sluice_requests_total", &[("export", ""), ("op", "read")]), Some(0.0));
+        let series = |name: &str, extra: &str| format!("{name}{{export=\"disk\",op=\"read\"{extra}}}");
+        assert_eq!(value(&text, &series("sluice_requests_total", "")), Some(2.0));
+        assert_eq!(value(&text, &series("sluice_request_errors_total", "")), Some(1.0));
+        assert_eq!(value(&text, &series("sluice_request_bytes_total", "")), Some(8192.0));
+        let bytes = format!("{} 8192\n", series("sluice_request_bytes_total", ""));
+        assert!(text.contains(&bytes), "integers are written without a fraction");
+        assert_eq!(value(&text, r#"sluice_requests_total{export="disk",op="flush"}"#), Some(1.0));
+        assert_eq!(value(&text, r#"sluice_requests_total{export="",op="read"}"#), Some(0.0));
 
-        let phase_value = |name: &str, phase: &str, le: Option<f64>| {
-            let found = samples(&text).into_iter().find(|s| {
-                s.name == name
-                    && s.series_labels() == [("export", "disk"), ("op", "read"), ("phase", phase)]
-                    && s.label("le").map(|le| le.parse::<f64>().unwrap()) == le
-            });
-            found.map(|s| s.value).unwrap_or_else(|| panic!("no {name} for {phase} at {le:?}"))
+        let bucket = |phase: &str, le: &str| {
+            let labels = format!(",phase=\"{phase}\",le=\"{le}\"");
+            value(&text, &series("sluice_request_phase_seconds_bucket", &labels)).unwrap()
         };
-        let bucket = |phase: &str, le: f64| phase_value("sluice_request_phase_seconds_bucket", phase, Some(le));
-        assert_eq!(bucket("receive", 2e-6), 0.0);
-        assert_eq!(bucket("receive", 4e-6), 2.0);
-        assert_eq!(bucket("receive", 8e-6), 2.0);
-        assert_eq!(bucket("queue", 1e-6), 0.0);
-        assert_eq!(bucket("queue", 2e-6), 2.0);
-        assert_eq!(bucket("storage", 1e-6), 2.0);
-        assert_eq!(bucket("send", 4e-6), 0.0);
-        assert_eq!(bucket("send", 8e-6), 2.0);
-        assert_eq!(bucket("total", 16.777216), 0.0);
-        assert_eq!(bucket("total", f64::INFINITY), 2.0);
-        let sum = |phase: &str| phase_value("sluice_request_phase_seconds_sum", phase, None);
+        assert_eq!(bucket("receive", "0.000002"), 0.0);
+        assert_eq!(bucket("receive", "0.000004"), 2.0);
+        assert_eq!(bucket("receive", "0.000008"), 2.0);
+        assert_eq!(bucket("queue", "0.000001"), 0.0);
+        assert_eq!(bucket("queue", "0.000002"), 2.0);
+        assert_eq!(bucket("storage", "0.000001"), 2.0);
+        assert_eq!(bucket("send", "0.000004"), 0.0);
+        assert_eq!(bucket("send", "0.000008"), 2.0);
+        assert_eq!(bucket("total", "16.777216"), 0.0);
+        assert_eq!(bucket("total", "+Inf"), 2.0);
+        let sum = |phase: &str| {
+            value(&text, &series("sluice_request_phase_seconds_sum", &format!(",phase=\"{phase}\""))).unwrap()
+        };
         assert_eq!(sum("receive"), 0.000006);
         assert_eq!(sum("total"), 40.0);
         for phase in PHASE_LABELS {
-            assert_eq!(phase_value("sluice_request_phase_seconds_count", phase, None), 2.0, "{phase}");
+            let count = series("sluice_request_phase_seconds_count", &format!(",phase=\"{phase}\""));
+            assert_eq!(value(&text, &count), Some(2.0), "{phase}");
         }
         assert_histograms_are_whole(&text, 2);
     }
 
-    /// Every histogram: bounds and counts rise, +Inf is last and equals _count, _sum is there.
+    /// Every histogram: bounds and counts rise, +Inf is last, then _sum, then _count equal
+    /// to the +Inf bucket.
     fn assert_histograms_are_whole(text: &str, exports: usize) {
-        let all = samples(text);
-        let of = |suffix: &str| format!("sluice_request_phase_seconds_{suffix}");
-        let mut seen = Vec::new();
-        for s in all.iter().filter(|s| s.name == of("bucket")) {
-            let series = s.series_labels();
-            if seen.contains(&series) {
+        let mut seen = 0;
+        let mut lines = text.lines().peekable();
+        while let Some(line) = lines.next() {
+            if !line.starts_with("sluice_request_phase_seconds_bucket") {
                 continue;
             }
-            let buckets = all.iter().filter(|b| b.name == s.name && b.series_labels() == series);
+            let (labels, _) = line.split_once(",le=").unwrap();
             let mut previous = (0.0f64, 0.0f64);
-            for b in buckets {
-                let le: f64 = b.label("le").unwrap().parse().unwrap();
-                assert!(le > previous.0 && b.value >= previous.1, "{series:?} at {le}");
-                previous = (le, b.value);
+            let mut line = line;
+            loop {
+                let (le, count) = line.split_once(",le=\"").unwrap().1.split_once("\"} ").unwrap();
+                let le: f64 = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+                let count: f64 = count.parse().unwrap();
+                assert!(le > previous.0 && count >= previous.1, "{line}");
+                previous = (le, count);
+                if le.is_infinite() {
+                    break;
+                }
+                line = lines.next().unwrap();
+                assert!(line.starts_with(labels), "{line}");
             }
-            assert_eq!(previous.0, f64::INFINITY, "{series:?} ends with +Inf");
-            let count = all.iter().find(|c| c.name == of("count") && c.series_labels() == series).unwrap();
-            assert_eq!(count.value, previous.1, "{series:?}");
-            assert!(all.iter().any(|c| c.name == of("sum") && c.series_labels() == series), "{series:?}");
-            seen.push(series);
+            let sum_line = lines.next().unwrap();
+            assert!(sum_line.starts_with(&labels.replace("_bucket{", "_sum{")), "{sum_line}");
+            let count_line = lines.next().unwrap();
+            let count: f64 =
+                count_line.strip_prefix(&labels.replace("_bucket{", "_count{")).unwrap()[2..].parse().unwrap();
+            assert_eq!(count, previous.1, "{count_line}");
+            seen += 1;
         }
-        assert_eq!(seen.len(), exports * Op::ALL.len() * PHASE_LABELS.len());
+        assert_eq!(seen, exports * Op::ALL.len() * PHASE_LABELS.len());
     }
 
     #[test]
@@ -362,9 +404,8 @@ mod tests {
         m.request_started(0);
         m.request_finished(0);
         let text = rendered(&m);
-        let a = [("export", "a")];
-        assert_eq!(value(&text, "sluice_connections", &a), Some(1.0));
-        assert_eq!(value(&text, "sluice_connections_total", &a), Some(2.0));
-        assert_eq!(value(&text, "sluice_requests_inflight", &a), Some(2.0));
+        assert_eq!(value(&text, r#"sluice_connections{export="a"}"#), Some(1.0));
+        assert_eq!(value(&text, r#"sluice_connections_total{export="a"}"#), Some(2.0));
+        assert_eq!(value(&text, r#"sluice_requests_inflight{export="a"}"#), Some(2.0));
     }
 }

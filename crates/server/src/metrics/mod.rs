@@ -1,6 +1,6 @@
 //! Per-request phase timings and counters, shared by every worker thread. Workers only add
 //! to relaxed atomics laid out in `Metrics::new`; `exposition` reads them into Prometheus
-//! families on the scraper's thread, and `endpoint` serves those over HTTP.
+//! metric families on the scraper's thread, and `endpoint` serves those over HTTP.
 
 mod endpoint;
 mod exposition;
@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use prometheus_client::registry::Registry;
+use prometheus::core::{Collector, Desc};
+use prometheus::TextEncoder;
 
 pub use endpoint::{serve_http, MetricsServer};
 
@@ -120,10 +121,10 @@ struct ExportMetrics {
 
 /// Counters and phase histograms for every export; `Send + Sync`, shared through an `Arc`.
 pub struct Metrics {
-    /// Shared with the registry's families, which read them at scrape time.
-    exports: Arc<[ExportMetrics]>,
+    exports: Vec<ExportMetrics>,
     index: HashMap<String, usize>,
-    registry: Registry,
+    /// What `Collector::desc` describes; built once.
+    descs: Vec<Desc>,
 }
 
 impl Metrics {
@@ -145,9 +146,7 @@ impl Metrics {
                 connections_total: AtomicU64::new(0),
             });
         }
-        let exports: Arc<[ExportMetrics]> = exports.into();
-        let registry = exposition::registry(&exports);
-        Arc::new(Metrics { exports, index, registry })
+        Arc::new(Metrics { exports, index, descs: exposition::descs() })
     }
 
     /// Index used by the hot-path calls; None for an unknown name.
@@ -192,12 +191,13 @@ impl Metrics {
         self.exports[export].connections.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Appends everything in OpenMetrics text format 1.0.0, `# EOF` included. Every series
+    /// Appends everything in Prometheus text exposition format (version 0.0.4). Every series
     /// is present from the start, zero or not, so rates never see one appear.
     pub fn render(&self, out: &mut String) {
-        let written = prometheus_client::encoding::text::encode(out, &self.registry);
-        // Only the writer can fail, and writing to a String does not.
-        debug_assert!(written.is_ok());
+        let written = TextEncoder::new().encode_utf8(&self.collect(), out);
+        // The encoder refuses only a family without a name or without series, and `collect`
+        // gives neither; writing to a String cannot fail.
+        debug_assert!(written.is_ok(), "{written:?}");
     }
 }
 
