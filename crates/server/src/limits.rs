@@ -96,6 +96,23 @@ pub const SHUTDOWN_POLL_MS: u64 = 100;
 /// retrying at once would spin and fill the log.
 pub const ACCEPT_RETRY_DELAY_MS: u64 = 100;
 
+// ---- the metrics endpoint ------------------------------------------------------------
+
+/// Time one scraper gets to send its request and take the whole reply. Scrapers answer
+/// within milliseconds; a stalled one holds the endpoint, and a stop, no longer than this.
+pub const METRICS_CLIENT_DEADLINE_MS: u64 = 2_000;
+
+/// Largest request head read. A scraper's is a few hundred bytes; the bound is on memory a
+/// peer controls.
+pub const METRICS_REQUEST_HEAD_MAX_BYTES: usize = 8 * 1024;
+
+/// Headers parsed in a request head; more is not a scraper.
+pub const METRICS_REQUEST_HEADERS_MAX_COUNT: usize = 32;
+
+/// Wait before accepting again after an error like EMFILE. Such errors last a while;
+/// retrying sooner would only spin and fill the log.
+pub const METRICS_ACCEPT_RETRY_DELAY_MS: u64 = 1_000;
+
 const _: () = assert!(INFLIGHT_BYTES_PER_CONNECTION_DEFAULT >= REQUEST_MAX_BYTES);
 const _: () = assert!(INFLIGHT_BYTES_PER_WORKER_DEFAULT >= INFLIGHT_BYTES_PER_CONNECTION_DEFAULT);
 const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER_DEFAULT >= REQUEST_MAX_BYTES);
