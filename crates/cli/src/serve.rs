@@ -10,7 +10,8 @@ use log::LevelFilter;
 use sluice_server::export::{parse_size, DataPath, Options};
 use sluice_server::{Config, Export, Exports, Limits, Server, Spec};
 
-use crate::{config, logger, EXIT_FAILURE, EXIT_USAGE};
+use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
+use crate::{config, logger};
 
 /// Default NBD port (IANA).
 const NBD_PORT: u16 = 10809;
