@@ -14,6 +14,8 @@ mod logger;
 mod mount;
 mod mount_fs;
 mod serve;
+mod serve_export;
+mod serve_settings;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
