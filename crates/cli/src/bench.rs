@@ -13,15 +13,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use clap::ValueEnum;
 use sluice_client::{Client, Options};
 
 use crate::client_cli;
-use crate::{EXIT_FAILURE, EXIT_USAGE};
+use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 
-// The measuring and the drawing live beside this file; main.rs knows only `bench`.
-use crate::{bench_plot, bench_point};
-use bench_point::{Point, PointResult};
+// The measuring, the drawing and the words they share live beside this file; main.rs
+// calls only `bench`.
+use crate::bench_point::{self, Point};
+use crate::bench_plot;
+use crate::bench_result::{human_size, Op, Pattern, PointResult};
 
 /// Request sizes swept by default: 4 KiB to 4 MiB in steps of four.
 const DEFAULT_SIZES: &[u64] = &[4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
@@ -53,47 +54,6 @@ const POINT_SECONDS_MAX: f64 = 3600.0;
 const CONNECTIONS_MAX: usize = sluice_client::limits::CONNECTIONS_MAX;
 
 const _: () = assert!(REQUEST_SIZE_MAX_BYTES * DEPTH_MAX as u64 > POINT_BUFFER_MAX_BYTES);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Op {
-    Read,
-    Write,
-}
-
-impl Op {
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Read => "read",
-            Op::Write => "write",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Pattern {
-    /// Sequential: consecutive requests, wrapping at the end of the region.
-    #[value(alias = "sequential")]
-    Seq,
-    /// Random: offsets aligned to the request size, uniformly over the region.
-    #[value(alias = "random")]
-    Rand,
-}
-
-impl Pattern {
-    pub fn name(self) -> &'static str {
-        match self {
-            Pattern::Seq => "seq",
-            Pattern::Rand => "rand",
-        }
-    }
-
-    pub fn title(self) -> &'static str {
-        match self {
-            Pattern::Seq => "sequential",
-            Pattern::Rand => "random",
-        }
-    }
-}
 
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
@@ -559,17 +519,6 @@ fn table_row(r: &PointResult) -> String {
     )
 }
 
-/// `4K`, `1M`, `3G`, or plain bytes when no binary unit divides the size.
-pub fn human_size(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [(1 << 40, "T"), (1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
-    for (unit, suffix) in UNITS {
-        if bytes >= unit && bytes.is_multiple_of(unit) {
-            return format!("{}{suffix}", bytes / unit);
-        }
-    }
-    bytes.to_string()
-}
-
 fn human_duration(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s < 60.0 {
@@ -621,11 +570,7 @@ mod tests {
     }
 
     #[test]
-    fn sizes_print_with_binary_units() {
-        assert_eq!(human_size(4096), "4K");
-        assert_eq!(human_size(4 << 20), "4M");
-        assert_eq!(human_size(1536), "1536");
-        assert_eq!(human_size(3 << 30), "3G");
+    fn request_sizes_parse_within_bounds() {
         assert_eq!(parse_request_size("64K").unwrap(), 65536);
         assert!(parse_request_size("0").is_err());
         assert!(parse_request_size("2G").is_err());

@@ -14,8 +14,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::bench_point::PointResult;
-use crate::bench::{human_size, Op, Pattern};
+use crate::bench_result::{human_size, Op, Pattern, PointResult};
 
 /// Fonts tried for PNG text, in order (Debian/Ubuntu, Fedora, Arch, then Liberation).
 const FONT_PATHS: &[&str] = &[

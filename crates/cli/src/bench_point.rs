@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use sluice_client::Client;
 
-use crate::bench::{Op, Pattern};
+use crate::bench_result::{Op, Pattern, PointResult};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -24,34 +24,6 @@ pub struct Point {
     pub runtime: Duration,
     pub warmup: Duration,
     pub seed: u64,
-}
-
-/// What was measured: requests that completed inside the measured window.
-#[derive(Clone, Debug)]
-pub struct PointResult {
-    pub op: Op,
-    pub pattern: Pattern,
-    pub size: u64,
-    pub depth: u32,
-    pub connections: usize,
-    pub seconds: f64,
-    pub ios: u64,
-    pub bytes: u64,
-    pub lat_mean_us: f64,
-    pub lat_p50_us: f64,
-    pub lat_p99_us: f64,
-    pub lat_max_us: f64,
-}
-
-impl PointResult {
-    /// Megabytes (10^6 bytes) per second.
-    pub fn mb_per_s(&self) -> f64 {
-        self.bytes as f64 / self.seconds / 1e6
-    }
-
-    pub fn iops(&self) -> f64 {
-        self.ios as f64 / self.seconds
-    }
 }
 
 /// State the workers of one point share.

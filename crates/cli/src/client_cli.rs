@@ -1,7 +1,7 @@
 //! What the client subcommands (info, copy, bench, mount) share: the runtime, connecting by
 //! URI with errors a user can act on, and the exit codes.
 
-use crate::{EXIT_FAILURE, EXIT_USAGE};
+use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use sluice_client::{Client, Error, Options, Uri};
 use std::process::ExitCode;
 

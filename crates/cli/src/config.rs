@@ -1,56 +1,67 @@
-//! The TOML configuration file of `sluice serve --config`. Command-line options override
-//! or add to what it says.
+//! The TOML configuration file of `sluice serve --config`, typed as it is read: every value
+//! is parsed and checked here, and an error names the file, the key and the bad value.
+//! Command-line options override or add to what it says.
+
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sluice_server::export::DataPath;
 use sluice_server::Limits;
+
+use crate::serve_export::ExportEntry;
+use crate::serve_settings::{parsed_some, ChunkSize, ListenAddr, LogLevel};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileConfig {
     #[serde(default)]
-    pub listen: Vec<String>,
+    pub listen: Vec<ListenAddr>,
     #[serde(default)]
-    pub unix: Vec<String>,
-    pub threads: Option<usize>,
-    pub log_level: Option<String>,
+    pub unix: Vec<PathBuf>,
+    pub threads: Option<NonZeroUsize>,
+    pub log_level: Option<LogLevel>,
     pub read_only: Option<bool>,
-    /// Default data path of exports: copy, direct, splice or splice-direct.
-    pub data_path: Option<String>,
+    /// Default data path of exports, as for --data-path.
+    #[serde(default, deserialize_with = "parsed_some")]
+    pub data_path: Option<DataPath>,
     /// Read chunk size, as for --chunk.
-    pub chunk: Option<String>,
+    pub chunk: Option<ChunkSize>,
     /// Address of the Prometheus metrics endpoint, as for --metrics.
-    pub metrics: Option<String>,
+    pub metrics: Option<ListenAddr>,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportEntry>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct ExportEntry {
-    #[serde(default)]
-    pub name: String,
-    /// A path, `memory:SIZE` or `null:SIZE`, as on the command line.
-    pub spec: String,
-    #[serde(default)]
-    pub read_only: bool,
-    pub description: Option<String>,
-    pub data_path: Option<String>,
+pub fn load(path: &Path) -> Result<FileConfig, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    parse(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-pub fn load(path: &std::path::Path) -> Result<FileConfig, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+/// A value that does not parse is reported as `KEY: message` (`export[1].data-path: ...`);
+/// TOML that does not parse keeps toml's report, which shows the line.
+fn parse(text: &str) -> Result<FileConfig, String> {
+    let document = toml::Deserializer::parse(text).map_err(|e| e.to_string())?;
+    serde_path_to_error::deserialize(document).map_err(|e| {
+        let key = e.path().to_string();
+        let error = e.into_inner();
+        match key.as_str() {
+            "" | "." => error.to_string(),
+            _ => format!("{key}: {}", error.message()),
+        }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_server::Spec;
 
     #[test]
     fn full_config_parses() {
-        let c: FileConfig = toml::from_str(
+        let c = parse(
             r#"
             listen = ["127.0.0.1:10809"]
             unix = ["/run/sluice.sock"]
@@ -72,14 +83,41 @@ mod tests {
             "#,
         )
         .unwrap();
+        assert_eq!(c.listen, vec!["127.0.0.1:10809".parse().unwrap()]);
+        assert_eq!((c.data_path, c.chunk, c.log_level), (Some(DataPath::Copy), Some(ChunkSize(512 << 10)), "debug".parse().ok()));
+        assert_eq!(c.metrics.map(|m| m.first()), Some("127.0.0.1:9109".parse().unwrap()));
         assert_eq!(c.exports.len(), 2);
-        assert_eq!(c.exports[1].name, "");
+        assert_eq!((c.exports[0].data_path, &c.exports[0].spec), (Some(DataPath::Direct), &Spec::Path("/dev/vdb".into())));
+        assert_eq!((c.exports[1].name.as_str(), &c.exports[1].spec), ("", &Spec::Memory(1 << 30)));
         assert_eq!(c.limits.inflight_requests_per_connection, 16);
         assert_eq!(c.limits.connections, Limits::default().connections);
     }
 
     #[test]
     fn unknown_keys_are_errors() {
-        assert!(toml::from_str::<FileConfig>("listne = []").is_err());
+        assert!(parse("listne = []").unwrap_err().contains("listne"));
+    }
+
+    #[test]
+    fn bad_values_name_the_key_and_the_value() {
+        for (text, error) in [
+            ("chunk = \"12Q\"", "chunk: size \"12Q\" is not a number with an optional K/M/G/T/P suffix"),
+            ("chunk = \"64M\"", "chunk: chunk size \"64M\" is more than"),
+            ("data-path = \"fast\"", "data-path: unknown data path \"fast\""),
+            ("log-level = \"loud\"", "log-level: unknown log level \"loud\""),
+            ("metrics = \"nowhere\"", "metrics: address \"nowhere\" is not ADDR:PORT"),
+            ("listen = [\"127.0.0.1:1\", \"x\"]", "listen[1]: address \"x\" is not ADDR:PORT"),
+            ("threads = 0", "threads: "),
+            ("[[export]]\nspec = \"memory:1G\"\n[[export]]\nspec = \"null:lots\"", "export[1].spec: size \"lots\""),
+            ("[[export]]\nspec = \"m\"\ndata-path = \"zero-copy\"", "export[0].data-path: unknown data path \"zero-copy\""),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.starts_with(error), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn bad_toml_keeps_the_line() {
+        assert!(parse("chunk = ").unwrap_err().contains("line 1"));
     }
 }

@@ -6,6 +6,8 @@
 
 #[path = "copy_dest.rs"]
 mod copy_dest;
+#[path = "copy_failure.rs"]
+mod failure;
 #[path = "copy_source.rs"]
 mod copy_source;
 #[path = "copy_os.rs"]
@@ -14,9 +16,9 @@ mod os;
 mod progress;
 
 use crate::client_cli::{self, exit_code};
-use crate::EXIT_FAILURE;
 use copy_dest::{Dest, FileZeros, Target};
 use copy_source::{Planner, Source, SourceKind, What};
+use failure::Failure;
 use progress::Progress;
 use sluice_client::{Client, Error, Options, Uri};
 use std::fs::{File, OpenOptions};
@@ -44,9 +46,6 @@ const CONNECTIONS_DEFAULT: usize = 4;
 /// Longest zero range one work item covers when zeroing is cheap (WRITE_ZEROES, hole
 /// punching); the client splits it further into requests the server takes.
 const ZERO_ITEM_MAX_BYTES: u64 = 1 << 30;
-/// Granularity of all-zero detection in data read from the source: small enough to find
-/// zero runs inside a request, large enough that a request splits into few writes.
-pub(crate) const ZERO_DETECT_BYTES: usize = 64 * 1024;
 
 const _: () = assert!(REQUEST_SIZE_MIN_BYTES <= REQUEST_SIZE_MAX_BYTES);
 const _: () = assert!(ZERO_ITEM_MAX_BYTES >= REQUEST_SIZE_MAX_BYTES);
@@ -108,33 +107,6 @@ fn parse_request_size(s: &str) -> Result<u64, String> {
         ));
     }
     Ok(n)
-}
-
-/// Why the copy stopped, and the exit status that says so.
-pub(crate) struct Failure {
-    code: u8,
-    message: String,
-}
-
-impl Failure {
-    pub(crate) fn new(message: impl Into<String>) -> Failure {
-        Failure {
-            code: EXIT_FAILURE,
-            message: message.into(),
-        }
-    }
-
-    /// A client error, with what was being done; a bad URI keeps its usage status.
-    pub(crate) fn client(context: &str, e: &Error) -> Failure {
-        Failure {
-            code: exit_code(e),
-            message: format!("{context}: {e}"),
-        }
-    }
-
-    pub(crate) fn io(context: &str, e: std::io::Error) -> Failure {
-        Failure::new(format!("{context}: {e}"))
-    }
 }
 
 /// SRC or DST as given on the command line.

@@ -3,8 +3,8 @@
 //! in a file, zero bytes where nothing better exists.
 
 use super::copy_source::blocking;
+use super::failure::Failure;
 use super::os;
-use super::{Failure, ZERO_DETECT_BYTES};
 use sluice_client::Client;
 use std::fs::File;
 use std::io::Write;
@@ -12,6 +12,10 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// Granularity of all-zero detection in data read from the source: small enough to find
+/// zero runs inside a request, large enough that a request splits into few writes.
+const ZERO_DETECT_BYTES: usize = 64 * 1024;
 
 /// How a file destination gets its zero ranges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

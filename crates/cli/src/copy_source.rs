@@ -2,8 +2,8 @@
 //! work items of data to read or zeros to write, in offset order, mapped lazily from
 //! base:allocation (an export) or SEEK_DATA / SEEK_HOLE (a file).
 
+use super::failure::Failure;
 use super::os;
-use super::Failure;
 use sluice_client::Client;
 use std::collections::VecDeque;
 use std::fs::File;

@@ -4,23 +4,21 @@
 mod bench;
 mod bench_plot;
 mod bench_point;
+mod bench_result;
 mod client_cli;
 mod config;
 mod copy;
+mod exit;
 mod info;
 mod logger;
 mod mount;
 mod mount_fs;
 mod serve;
+mod serve_export;
+mod serve_settings;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
-
-/// Exit status when the server could not start or failed while running, or a client
-/// subcommand failed (unreachable server, unknown export, I/O error).
-pub const EXIT_FAILURE: u8 = 1;
-/// Exit status for a bad command line, configuration or URI (clap also uses 2).
-pub const EXIT_USAGE: u8 = 2;
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Network block devices over NBD, on the shortest data path Linux allows")]

@@ -4,7 +4,8 @@
 //! (`fusermount3 -u FILE`, `umount FILE`) or a SIGINT/SIGTERM/SIGHUP unmounts it.
 
 use crate::client_cli::{self, fail};
-use crate::{logger, EXIT_FAILURE, EXIT_USAGE};
+use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
+use crate::logger;
 use crate::mount_fs::{ExportFile, Settings};
 use fuser::{Config, MountOption, Session, SessionUnmounter};
 use sluice_client::{Client, Options, Uri};

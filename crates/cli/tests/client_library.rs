@@ -208,15 +208,13 @@ async fn readahead_serves_sequential_and_random_reads_correctly() {
     }
 }
 
-/// Requests of one op the server has counted, from its /metrics endpoint.
-fn server_requests(metrics_port: u16, op: &str) -> f64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let series = format!("sluice_requests_total{{export=\"disk\",op=\"{op}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(series.as_str())).map_or(0.0, |v| v.trim().parse().unwrap())
+/// Reads of export "disk" the server has counted, once `client` has disconnected and the
+/// server has closed its connections (see metrics_after_close: a request is recorded only
+/// after its reply is sent).
+async fn server_reads_after_disconnect(client: &Client, metrics_port: u16) -> f64 {
+    client.disconnect().await;
+    let body = tokio::task::spawn_blocking(move || metrics_after_close(metrics_port, "disk")).await.unwrap();
+    sample(&body, r#"sluice_requests_total{export="disk",op="read"}"#)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -230,13 +228,14 @@ async fn readahead_turns_small_sequential_reads_into_window_sized_requests() {
     for i in 0..reads {
         ra.read(i * 4096, &mut buf).await.unwrap();
     }
-    let sent = server_requests(mport, "read");
+    let sent = server_reads_after_disconnect(&c, mport).await;
     // 1024 reads of 4 KiB; 256 KiB windows need about 16 requests (plus the first, direct).
     assert!(sent > 0.0 && sent <= 24.0, "server saw {sent} reads for {reads} sequential 4K reads");
-    // Off: one request per read.
+    // Off: one request per read. A new client, so nothing the first one left can count here.
+    let c = connect(&s.uri_for("disk")).await;
     let mut plain = Readahead::new(c.clone(), 0);
     for i in 0..64 {
         plain.read(i * 4096, &mut buf).await.unwrap();
     }
-    assert_eq!(server_requests(mport, "read") - sent, 64.0);
+    assert_eq!(server_reads_after_disconnect(&c, mport).await - sent, 64.0);
 }

@@ -2,11 +2,12 @@
 //! what the export allows before sending, splits ranges larger than one request, and
 //! spreads requests over connections (multi-conn) by fewest in flight.
 
-use crate::connection::{self, Connection, Outcome};
+use crate::connection::{Connection, Outcome};
 use crate::error::Error;
+use crate::export::Export;
 use crate::handshake;
-pub use crate::handshake::Export;
 use crate::limits::*;
+use crate::socket;
 use crate::uri::Uri;
 use sluice_proto::wire::*;
 use std::io::IoSlice;
@@ -407,9 +408,9 @@ impl Client {
 
 async fn open_one(uri: &Uri, options: &Options) -> Result<(Export, Connection), Error> {
     let work = async {
-        let (mut r, mut w) = connection::open(&uri.address).await?;
+        let (mut r, mut w) = socket::open(&uri.address).await?;
         let n = handshake::negotiate(&mut r, &mut w, &uri.export, options.structured, options.block_status).await?;
-        let conn = Connection::start(r, w, &n.export, n.base_allocation_id);
+        let conn = Connection::start(r, w, n.export.structured, n.base_allocation_id);
         Ok((n.export, conn))
     };
     tokio::time::timeout(options.connect_timeout, work).await.unwrap_or(Err(Error::Timeout))

@@ -4,43 +4,16 @@
 //! and checks every chunk against the request before believing it.
 
 use crate::error::Error;
-use crate::handshake::Export;
 use crate::limits::*;
-use crate::uri::Address;
+use crate::socket::{Reader, Writer};
 use sluice_proto::client as wire_c;
 use sluice_proto::wire::*;
 use sluice_proto::RawRequest;
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
-
-pub(crate) type Reader = BufReader<Box<dyn AsyncRead + Send + Unpin>>;
-pub(crate) type Writer = Box<dyn AsyncWrite + Send + Unpin>;
-
-/// Opens the socket a URI names.
-pub(crate) async fn open(address: &Address) -> Result<(Reader, Writer), Error> {
-    let (r, w): (Box<dyn AsyncRead + Send + Unpin>, Writer) = match address {
-        Address::Tcp { host, port } => {
-            let s = tokio::net::TcpStream::connect((host.as_str(), *port))
-                .await
-                .map_err(|e| Error::io(std::io::Error::new(e.kind(), format!("cannot connect to {host}:{port}: {e}"))))?;
-            // Requests are written whole; Nagle would only hold small ones back.
-            s.set_nodelay(true)?;
-            let (r, w) = s.into_split();
-            (Box::new(r), Box::new(w))
-        }
-        Address::Unix(path) => {
-            let s = tokio::net::UnixStream::connect(path)
-                .await
-                .map_err(|e| Error::io(std::io::Error::new(e.kind(), format!("cannot connect to {}: {e}", path.display()))))?;
-            let (r, w) = s.into_split();
-            (Box::new(r), Box::new(w))
-        }
-    };
-    Ok((BufReader::with_capacity(READ_BUFFER_BYTES, r), w))
-}
 
 /// What a finished request hands back.
 pub(crate) enum Outcome {
@@ -118,9 +91,11 @@ struct Session {
 }
 
 impl Connection {
-    pub(crate) fn start(reader: Reader, writer: Writer, export: &Export, base_allocation_id: Option<u32>) -> Connection {
+    /// Starts transmission on a negotiated connection: `structured` and
+    /// `base_allocation_id` are what the handshake agreed.
+    pub(crate) fn start(reader: Reader, writer: Writer, structured: bool, base_allocation_id: Option<u32>) -> Connection {
         let state = Arc::new(Mutex::new(State::default()));
-        let session = Session { structured: export.structured, base_allocation_id };
+        let session = Session { structured, base_allocation_id };
         let writer = Arc::new(tokio::sync::Mutex::new(Some(writer)));
         let task = tokio::spawn(read_replies(reader, state.clone(), writer.clone(), session));
         Connection { writer, state, reader: task }

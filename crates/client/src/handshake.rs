@@ -2,82 +2,15 @@
 //! base:allocation, then NBD_OPT_GO (or NBD_OPT_EXPORT_NAME on servers without GO); and
 //! NBD_OPT_LIST / NBD_OPT_INFO for listing exports.
 
-use crate::connection::{self, Reader, Writer};
 use crate::error::Error;
+use crate::export::Export;
 use crate::limits::*;
+use crate::socket::{self, Reader, Writer};
 use crate::uri::Uri;
 use sluice_proto::client as wire_c;
 use sluice_proto::client::{Info, OptionReply, OPTION_REPLY_BYTES};
 use sluice_proto::wire::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// An export as negotiated: its size, flags and block sizes, and what the connection agreed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Export {
-    pub name: String,
-    pub description: Option<String>,
-    pub size: u64,
-    /// Transmission flags as the server sent them (NBD_FLAG_*).
-    pub flags: u16,
-    /// Block sizes from NBD_INFO_BLOCK_SIZE, or the spec's defaults (1, 4096, 32 MiB)
-    /// when the server sends none.
-    pub block_min: u32,
-    pub block_preferred: u32,
-    pub block_max: u32,
-    /// Structured replies were negotiated.
-    pub structured: bool,
-    /// base:allocation was negotiated: block status reports holes and zeros.
-    pub base_allocation: bool,
-}
-
-impl Export {
-    fn has(&self, flag: u16) -> bool {
-        self.flags & flag != 0
-    }
-    pub fn read_only(&self) -> bool {
-        self.has(FLAG_READ_ONLY)
-    }
-    pub fn can_flush(&self) -> bool {
-        self.has(FLAG_SEND_FLUSH)
-    }
-    pub fn can_fua(&self) -> bool {
-        self.has(FLAG_SEND_FUA)
-    }
-    pub fn can_trim(&self) -> bool {
-        self.has(FLAG_SEND_TRIM)
-    }
-    pub fn can_zero(&self) -> bool {
-        self.has(FLAG_SEND_WRITE_ZEROES)
-    }
-    pub fn can_fast_zero(&self) -> bool {
-        self.has(FLAG_SEND_FAST_ZERO)
-    }
-    pub fn can_df(&self) -> bool {
-        self.has(FLAG_SEND_DF)
-    }
-    pub fn can_multi_conn(&self) -> bool {
-        self.has(FLAG_CAN_MULTI_CONN)
-    }
-    pub fn can_cache(&self) -> bool {
-        self.has(FLAG_SEND_CACHE)
-    }
-    pub fn rotational(&self) -> bool {
-        self.has(FLAG_ROTATIONAL)
-    }
-    /// The largest READ or WRITE this client sends to the export: a whole number of
-    /// minimum blocks.
-    pub fn request_max_bytes(&self) -> u32 {
-        let max = self.block_max.min(REQUEST_DEFAULT_MAX_BYTES);
-        (max / self.block_min * self.block_min).max(self.block_min)
-    }
-
-    /// Whether a range starts and ends on the minimum block size (the export's end counts
-    /// as a boundary, for an export whose size is not a multiple of it).
-    pub fn aligned(&self, offset: u64, len: u64) -> bool {
-        let b = self.block_min as u64;
-        offset % b == 0 && (len % b == 0 || offset + len == self.size)
-    }
-}
 
 /// One export as NBD_OPT_LIST names it, with its details when NBD_OPT_INFO gave them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -302,7 +235,7 @@ async fn export_name(r: &mut Reader, w: &mut Writer, server_flags: u16, ex: &mut
 pub async fn list_exports(uri: &Uri, details: bool) -> Result<Vec<ExportEntry>, Error> {
     let deadline = std::time::Duration::from_millis(CONNECT_TIMEOUT_MS);
     tokio::time::timeout(deadline, async {
-        let (mut r, mut w) = connection::open(&uri.address).await?;
+        let (mut r, mut w) = socket::open(&uri.address).await?;
         greet(&mut r, &mut w).await?;
         let mut out = Vec::new();
         wire_c::option(&mut out, OPT_LIST, &[]);

@@ -20,13 +20,16 @@
 mod client;
 mod connection;
 mod error;
+mod export;
 mod handshake;
 pub mod limits;
 mod readahead;
+mod socket;
 mod uri;
 
-pub use client::{Client, Export, Extent, Options};
+pub use client::{Client, Extent, Options};
 pub use error::Error;
+pub use export::Export;
 pub use handshake::{list_exports, ExportEntry};
 pub use readahead::Readahead;
 pub use uri::{Address, Uri};

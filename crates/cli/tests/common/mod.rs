@@ -199,6 +199,64 @@ pub fn write_file(path: &Path, data: &[u8]) {
     std::fs::write(path, data).unwrap();
 }
 
+/// How long the server may take to open its metrics endpoint after its NBD listeners, or
+/// to close a connection the client has closed; far more than it needs, so reaching it
+/// means the server never did (a bug).
+const SERVER_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// GET http://127.0.0.1:PORT/PATH with a plain socket; returns (status line, body).
+/// sluice binds the metrics endpoint after its NBD listeners, which is all `Sluice::start`
+/// waits for, so a refused connection is retried (bounded) until the endpoint listens.
+pub fn http_get(port: u16, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + SERVER_SETTLE_TIMEOUT;
+    let mut s = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("cannot connect to the metrics endpoint 127.0.0.1:{port}: {e}"),
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read the response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a header and a body");
+    (head.lines().next().unwrap_or_default().to_owned(), body.to_owned())
+}
+
+/// The value of the sample `name{labels}` (labels exactly as rendered) in a /metrics
+/// body. sluice renders every series from the start, so a missing one is a failure.
+pub fn sample(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.trim().parse().expect("a number"))
+        .unwrap_or_else(|| panic!("no sample {series} in /metrics:\n{body}"))
+}
+
+/// /metrics once the server has closed every connection to `export`, for tests that count
+/// requests. The server records a request only after its reply is sent, so a scrape right
+/// after the reply arrived may miss it; a connection is closed only after all its requests
+/// are recorded. The gauge is rendered after the counters, so the counters come from a
+/// second scrape taken after the gauge read 0. Call it after the clients disconnected.
+pub fn metrics_after_close(port: u16, export: &str) -> String {
+    let gauge = format!("sluice_connections{{export=\"{export}\"}}");
+    let deadline = Instant::now() + SERVER_SETTLE_TIMEOUT;
+    loop {
+        let open = sample(&http_get(port, "/metrics").1, &gauge);
+        if open == 0.0 {
+            return http_get(port, "/metrics").1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{gauge} is still {open} {SERVER_SETTLE_TIMEOUT:?} after the clients disconnected"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Sluice {
     /// Like `stop`, but also returns the server's log as it was at exit (the log file goes
     /// away with the Sluice), so shutdown-time messages can be checked.

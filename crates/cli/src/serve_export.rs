@@ -1,0 +1,107 @@
+//! An export as the operator describes it, before it is opened: an `[[export]]` table of
+//! the configuration file or an `--export NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]`
+//! option, both parsed into the same type.
+
+use std::str::FromStr;
+
+use serde::{de, Deserialize, Deserializer};
+use sluice_server::export::{DataPath, Options};
+use sluice_server::Spec;
+
+use crate::serve_settings::parsed_some;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ExportEntry {
+    /// `""` is the default export.
+    #[serde(default)]
+    pub name: String,
+    /// A path, `memory:SIZE` or `null:SIZE`.
+    #[serde(deserialize_with = "spec")]
+    pub spec: Spec,
+    #[serde(default)]
+    pub read_only: bool,
+    pub description: Option<String>,
+    /// This export's own data path; without one it takes the server's.
+    #[serde(default, deserialize_with = "parsed_some")]
+    pub data_path: Option<DataPath>,
+}
+
+impl ExportEntry {
+    /// An export with nothing but a name and a spec (PATH, and the default RAM export).
+    pub fn plain(name: &str, spec: Spec) -> ExportEntry {
+        ExportEntry { name: name.to_owned(), spec, read_only: false, description: None, data_path: None }
+    }
+
+    /// This export's options: its own choices over the server-wide `defaults`.
+    pub fn options(&self, defaults: &Options) -> Options {
+        Options {
+            read_only: defaults.read_only || self.read_only,
+            description: self.description.clone(),
+            data_path: self.data_path.unwrap_or(defaults.data_path),
+            chunk_bytes: defaults.chunk_bytes,
+        }
+    }
+}
+
+fn spec<'de, D: Deserializer<'de>>(d: D) -> Result<Spec, D::Error> {
+    let text = String::deserialize(d)?;
+    Spec::parse(&text).map_err(de::Error::custom)
+}
+
+/// `NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]`: NAME is everything before the
+/// first `=`; `description=` comes last so that TEXT may hold commas.
+impl FromStr for ExportEntry {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ExportEntry, String> {
+        let Some((name, rest)) = s.split_once('=') else {
+            return Err("expected NAME=SPEC".into());
+        };
+        let (body, description) = match rest.split_once(",description=") {
+            Some((b, d)) => (b, Some(d.to_owned())),
+            None => (rest, None),
+        };
+        let mut parts = body.split(',');
+        let spec = Spec::parse(parts.next().unwrap_or_default()).map_err(|e| e.to_string())?;
+        let mut entry = ExportEntry { description, ..ExportEntry::plain(name, spec) };
+        for option in parts {
+            match option {
+                "ro" | "read-only" => entry.read_only = true,
+                "" => {}
+                other => match other.strip_prefix("data-path=") {
+                    Some(p) => entry.data_path = Some(p.parse::<DataPath>().map_err(|e| e.to_string())?),
+                    None => return Err(format!("unknown option {other:?} (known: ro, data-path=, description=)")),
+                },
+            }
+        }
+        Ok(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_options_parse() {
+        let e: ExportEntry = "vm=/dev/vdb,ro,data-path=direct,description=a, b".parse().unwrap();
+        assert_eq!((e.name.as_str(), e.read_only, e.description.as_deref()), ("vm", true, Some("a, b")));
+        assert_eq!(e.data_path, Some(DataPath::Direct));
+        assert_eq!(e.spec, Spec::Path("/dev/vdb".into()));
+        assert!("novalue".parse::<ExportEntry>().is_err());
+        assert!("x=memory:1G,rw".parse::<ExportEntry>().is_err());
+        assert!("x=memory:1G,data-path=fast".parse::<ExportEntry>().unwrap_err().contains("\"fast\""));
+        assert!("x=memory:12Q".parse::<ExportEntry>().unwrap_err().contains("\"12Q\""));
+    }
+
+    #[test]
+    fn an_exports_own_choices_win_over_the_defaults() {
+        let defaults = Options { read_only: false, description: None, data_path: DataPath::Splice, chunk_bytes: 4096 };
+        let own: ExportEntry = "a=memory:1M,ro,data-path=copy".parse().unwrap();
+        let o = own.options(&defaults);
+        assert_eq!((o.read_only, o.data_path, o.chunk_bytes), (true, DataPath::Copy, 4096));
+        let o = ExportEntry::plain("b", Spec::Memory(1 << 20)).options(&Options { read_only: true, ..defaults });
+        assert_eq!((o.read_only, o.data_path), (true, DataPath::Splice));
+    }
+}

@@ -1,0 +1,166 @@
+//! The settings `sluice serve` takes both as a command-line option and as a key of the
+//! configuration file, as types that are parsed and checked once, where they are read:
+//! clap parses the options through `FromStr`, serde the keys through the same `FromStr`.
+//! Each error names the value; clap adds the option, config.rs the key.
+
+use std::fmt::Display;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::num::NonZeroUsize;
+use std::str::FromStr;
+
+use log::LevelFilter;
+use serde::{de, Deserialize, Deserializer};
+use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
+use sluice_server::export::parse_size;
+
+/// Read chunk used when neither `--chunk` nor `chunk` is given; see bench/README.md for
+/// the measurement behind it.
+const CHUNK_DEFAULT_BYTES: u32 = 1024 * 1024;
+
+const _: () = assert!(CHUNK_DEFAULT_BYTES <= REQUEST_PAYLOAD_MAX_BYTES);
+
+/// Deserializes a string through `T::from_str`, so that a key and the option that mirrors
+/// it accept the same text and say the same thing about bad text.
+fn parsed<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: Display,
+{
+    let text = String::deserialize(d)?;
+    text.parse().map_err(de::Error::custom)
+}
+
+/// `parsed` for an optional key (with `#[serde(default)]`, which covers its absence).
+pub fn parsed_some<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: Display,
+{
+    parsed(d).map(Some)
+}
+
+/// Implements `Deserialize` through `FromStr` for a settings type.
+macro_rules! deserialize_from_str {
+    ($type:ty) => {
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<$type, D::Error> {
+                parsed(d)
+            }
+        }
+    };
+}
+
+/// Reads longer than this are split and each piece sent as soon as it is read
+/// (`--chunk`, `chunk`); 0 sends a read only once all of it is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkSize(pub u32);
+
+impl Default for ChunkSize {
+    fn default() -> ChunkSize {
+        ChunkSize(CHUNK_DEFAULT_BYTES)
+    }
+}
+
+impl FromStr for ChunkSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ChunkSize, String> {
+        let bytes = parse_size(s).map_err(|e| e.to_string())?;
+        // Each chunk is one piece of one reply, so it can be no larger than a request.
+        if bytes > REQUEST_PAYLOAD_MAX_BYTES as u64 {
+            return Err(format!("chunk size {s:?} is more than {REQUEST_PAYLOAD_MAX_BYTES} bytes (the largest request)"));
+        }
+        Ok(ChunkSize(bytes as u32))
+    }
+}
+
+deserialize_from_str!(ChunkSize);
+
+/// A TCP address to listen on (`--listen`, `listen`, `--metrics`, `metrics`): ADDR:PORT,
+/// or HOST:PORT standing for every address the host name resolves to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenAddr(pub Vec<SocketAddr>);
+
+impl ListenAddr {
+    /// The one address an endpoint that binds once (the metrics endpoint) uses.
+    pub fn first(&self) -> SocketAddr {
+        self.0[0]
+    }
+}
+
+impl FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ListenAddr, String> {
+        let addrs: Vec<SocketAddr> = s
+            .to_socket_addrs()
+            .map_err(|e| format!("address {s:?} is not ADDR:PORT such as 127.0.0.1:10809 or [::1]:10809 ({e})"))?
+            .collect();
+        if addrs.is_empty() {
+            return Err(format!("address {s:?} resolves to no address"));
+        }
+        Ok(ListenAddr(addrs))
+    }
+}
+
+deserialize_from_str!(ListenAddr);
+
+/// How much sluice logs (`--log-level`, `log-level`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogLevel(pub LevelFilter);
+
+impl Default for LogLevel {
+    fn default() -> LogLevel {
+        LogLevel(LevelFilter::Info)
+    }
+}
+
+impl FromStr for LogLevel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<LogLevel, String> {
+        s.parse().map(LogLevel).map_err(|_| format!("unknown log level {s:?} (use error, warn, info, debug or trace)"))
+    }
+}
+
+deserialize_from_str!(LogLevel);
+
+/// `--threads N`: at least one worker, as the `threads` key's `NonZeroUsize` requires.
+pub fn parse_threads(s: &str) -> Result<NonZeroUsize, String> {
+    match s.parse::<usize>() {
+        Ok(n) => NonZeroUsize::new(n).ok_or_else(|| "there must be at least 1 thread".to_owned()),
+        Err(_) => Err(format!("{s:?} is not a number of threads")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_parse_up_to_the_largest_request() {
+        assert_eq!("512K".parse::<ChunkSize>(), Ok(ChunkSize(512 << 10)));
+        assert_eq!("0".parse::<ChunkSize>(), Ok(ChunkSize(0)));
+        assert_eq!("32M".parse::<ChunkSize>(), Ok(ChunkSize(REQUEST_PAYLOAD_MAX_BYTES)));
+        assert!("64M".parse::<ChunkSize>().unwrap_err().contains("the largest request"));
+        assert!("12Q".parse::<ChunkSize>().unwrap_err().contains("\"12Q\""));
+    }
+
+    #[test]
+    fn listen_addresses_need_a_port() {
+        let a: ListenAddr = "[::1]:10809".parse().unwrap();
+        assert_eq!(a.first(), SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 10809)));
+        assert!("nowhere".parse::<ListenAddr>().unwrap_err().contains("\"nowhere\""));
+    }
+
+    #[test]
+    fn log_levels_and_threads_name_the_bad_value() {
+        assert_eq!("debug".parse::<LogLevel>(), Ok(LogLevel(LevelFilter::Debug)));
+        assert!("loud".parse::<LogLevel>().unwrap_err().contains("\"loud\""));
+        assert_eq!(parse_threads("3"), Ok(NonZeroUsize::new(3).unwrap()));
+        assert!(parse_threads("0").is_err());
+        assert!(parse_threads("many").unwrap_err().contains("\"many\""));
+    }
+}
