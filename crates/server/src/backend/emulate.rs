@@ -9,7 +9,7 @@ use std::borrow::Cow;
 
 use sluice_proto::{Command, Errno};
 
-use super::{Caps, StorageOp};
+use super::interface::{Caps, StorageOp};
 use crate::engine::{Buf, Held, Pool};
 use crate::errors::errno_from_os;
 use crate::limits::ZERO_FILL_CHUNK_BYTES;

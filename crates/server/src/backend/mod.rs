@@ -3,82 +3,13 @@
 //! ring, whose completion comes back later. It never sees a client: the transmission core
 //! turns requests into operations, and `emulate` fills in what a backend cannot do itself.
 
-use std::io;
-
-use sluice_proto::reply::Extent;
-
-use crate::engine::{Buf, Held, Ring, StorageId};
-
 pub mod emulate;
 mod file;
+mod interface;
 mod memory;
 mod null;
 
 pub use file::FileBackend;
+pub use interface::{Backend, Caps, Outcome, StorageOp};
 pub use memory::memory;
 pub use null::NullBackend;
-
-/// What a backend can do natively; the server emulates the rest.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Caps {
-    /// Trimming frees space, and trimmed ranges read back as zeros.
-    pub trim: bool,
-    /// A zeroing primitive faster than writing zeros.
-    pub zero: bool,
-    /// A write can be made durable on its own (without a flush of everything after it).
-    pub fua: bool,
-    /// Allocation can be reported (block status tells holes from data).
-    pub extents: bool,
-    pub rotational: bool,
-    /// Reads can go into a pipe, so the data reaches the socket by splice.
-    pub splice: bool,
-    /// An O_DIRECT path exists, with this offset and length alignment (a power of two).
-    pub direct_align: Option<usize>,
-    /// Every operation completes at once with no storage behind it: reads gain nothing
-    /// from being split and pipelined.
-    pub instant: bool,
-}
-
-/// One operation on a backend's storage. Buffers and pipes are passed by ownership and
-/// come back in the outcome.
-pub enum StorageOp {
-    /// Reads `len` bytes at `offset` into `into`: a buffer (from byte `at` on) or a pipe.
-    /// `direct` asks for the O_DIRECT path; offset and length are then aligned.
-    Read { offset: u64, len: usize, into: Held, at: usize, direct: bool },
-    /// Writes `buf[at..at + len]` at `offset`; `fua` makes it durable before completion.
-    Write { offset: u64, buf: Buf, at: usize, len: usize, fua: bool, direct: bool },
-    Flush,
-    Trim { offset: u64, len: u64 },
-    /// Zeroes a range natively; `may_trim` allows leaving a hole.
-    Zero { offset: u64, len: u64, may_trim: bool },
-    /// A hint to bring the range into the cache.
-    Cache { offset: u64, len: u64 },
-    /// Appends allocation extents covering a prefix of the range; `one` wants just one.
-    Extents { offset: u64, len: u32, one: bool, out: Vec<Extent> },
-}
-
-/// An operation's result: bytes moved (or 0), or a negative errno, with what it held.
-pub struct Outcome {
-    pub result: i32,
-    pub held: Held,
-}
-
-impl Outcome {
-    pub fn of(result: io::Result<usize>, held: Held) -> Outcome {
-        let result = match result {
-            Ok(n) => n.min(i32::MAX as usize) as i32,
-            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-        };
-        Outcome { result, held }
-    }
-}
-
-pub trait Backend: Send + Sync {
-    /// "file", "block", "memory" or "null", for logs and `info`.
-    fn kind(&self) -> &'static str;
-    fn size(&self) -> u64;
-    fn caps(&self) -> Caps;
-    /// Starts `op`: either finishes it now and returns the outcome, or submits it to
-    /// `ring` under `id`, and the ring's completion for `id` carries the outcome.
-    fn start(&self, op: StorageOp, id: StorageId, ring: &mut Ring) -> Option<Outcome>;
-}

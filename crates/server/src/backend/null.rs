@@ -1,6 +1,6 @@
 //! Reads return zeros and writes vanish: the protocol and network ceiling.
 
-use super::{Backend, Caps, Outcome, StorageOp};
+use super::interface::{Backend, Caps, Outcome, StorageOp};
 use crate::engine::{Held, Ring, StorageId};
 use sluice_proto::reply::Extent;
 use sluice_proto::wire::STATE_ZERO;

@@ -5,16 +5,9 @@
 use sluice_proto::wire::REQUEST_BYTES;
 use sluice_proto::{validate, Command, RawRequest, Request};
 
-use super::slot::Slot;
+use super::state::{Receiving, Slot};
 use super::{Conn, Env, Io};
 use crate::engine::Buf;
-
-/// Where the next received bytes go.
-pub(super) enum Receiving {
-    Headers,
-    /// Straight into a write's buffer: `filled` of its bytes have arrived.
-    Payload { slot: u16, filled: usize },
-}
 
 impl Conn {
     pub(super) fn received(&mut self, env: &mut Env, result: i32, buf: Buf) {

@@ -9,7 +9,8 @@
 //! `intake` (framing, validation, slots), `execute` (commands other than READ, through the
 //! backend's emulation layer), `read` (reads split into chunks, each sent as soon as it is
 //! read), `reply` (the ordering rules for simple and structured replies), `send` (batches
-//! and splicing out), `slot` (per-request state and its accounting).
+//! and splicing out), `slot` (taking, accounting and releasing a request's slot), `state`
+//! (the per-request data they share).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -31,9 +32,9 @@ mod read;
 mod reply;
 mod send;
 mod slot;
+mod state;
 
-use intake::Receiving;
-use slot::{Chunk, Slot};
+use state::{Chunk, Receiving, Slot};
 
 /// An operation the core asks its driver to carry out. Each but `Shutdown` and
 /// `AwaitBudget` is answered by exactly one `handle_*` call.
@@ -103,7 +104,7 @@ pub struct Conn {
     after_discard: Option<u16>,
     recv_in_flight: bool,
 
-    // Requests (slot.rs).
+    // Requests (slot.rs, state.rs).
     slots: Vec<Option<Slot>>,
     /// Chunks of each slot's read, kept apart from the slot so their Vec is reused.
     chunks: Vec<Vec<Chunk>>,

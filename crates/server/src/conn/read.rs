@@ -8,7 +8,7 @@ use sluice_proto::reply;
 use sluice_proto::{Command, Range};
 
 use super::reply::Head;
-use super::slot::{Chunk, ChunkState};
+use super::state::{Chunk, ChunkState};
 use super::{Conn, Env};
 use crate::backend::StorageOp;
 use crate::engine::{Held, Part, BUFFER_ALIGN_BYTES};

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec};
 
-use super::Metrics;
+use super::recorder::Metrics;
 use crate::limits::{
     METRICS_ACCEPT_RETRY_DELAY_MS as ACCEPT_RETRY_DELAY_MS, METRICS_CLIENT_DEADLINE_MS as CLIENT_DEADLINE_MS,
     METRICS_REQUEST_HEADERS_MAX_COUNT as REQUEST_HEADERS_MAX_COUNT, METRICS_REQUEST_HEAD_MAX_BYTES as REQUEST_HEAD_MAX_BYTES,
@@ -264,7 +264,7 @@ fn remaining(deadline: Instant) -> io::Result<Duration> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Op, Phases};
+    use super::super::recorder::{Op, Phases};
     use super::*;
     use std::sync::mpsc;
 

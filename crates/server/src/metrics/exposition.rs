@@ -7,11 +7,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use std::sync::OnceLock;
+
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, MetricFamily, MetricType};
+use prometheus::TextEncoder;
 
-use super::{ExportMetrics, Histogram, Metrics, Op, OpMetrics};
-use super::{PHASE_BUCKETS_FINITE_COUNT, PHASE_BUCKET_SMALLEST_NS, PHASE_LABELS};
+use super::recorder::{ExportMetrics, Histogram, Metrics, Op, OpMetrics};
+use super::recorder::{PHASE_BUCKETS_FINITE_COUNT, PHASE_BUCKET_SMALLEST_NS, PHASE_LABELS};
 
 const NS_PER_SECOND: f64 = 1e9;
 
@@ -87,21 +90,33 @@ const FAMILIES: [Family; 7] = [
     },
 ];
 
-/// The descriptors `Collector::desc` hands out, one per family in `FAMILIES`.
-pub(super) fn descs() -> Vec<Desc> {
-    FAMILIES
+/// The descriptors `Collector::desc` hands out, one per family in `FAMILIES`, built once.
+fn descs() -> &'static [Desc] {
+    static DESCS: OnceLock<Vec<Desc>> = OnceLock::new();
+    DESCS.get_or_init(|| FAMILIES
         .iter()
         .map(|f| {
             let labels = f.source.label_names().iter().map(|l| l.to_string()).collect();
             Desc::new(f.name.to_string(), f.help.to_string(), labels, HashMap::new())
                 .expect("the families' names, help texts and labels are valid")
         })
-        .collect()
+        .collect())
+}
+
+impl Metrics {
+    /// Appends everything in Prometheus text exposition format (version 0.0.4). Every series
+    /// is present from the start, zero or not, so rates never see one appear.
+    pub fn render(&self, out: &mut String) {
+        let written = TextEncoder::new().encode_utf8(&self.collect(), out);
+        // The encoder refuses only a family without a name or without series, and `collect`
+        // gives neither; writing to a String cannot fail.
+        debug_assert!(written.is_ok(), "{written:?}");
+    }
 }
 
 impl Collector for Metrics {
     fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
+        descs().iter().collect()
     }
 
     /// Leaves out a family without series (no exports), which the encoder would refuse.

@@ -1,0 +1,231 @@
+//! The recorder: per-request phase timings and counters, shared by every worker thread.
+//! Workers only add to relaxed atomics laid out in `Metrics::new`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Upper bound of the smallest histogram bucket. Finer steps would measure the clock, not
+/// the request.
+pub(super) const PHASE_BUCKET_SMALLEST_NS: u64 = 1_000;
+
+/// Finite buckets, each bound twice the one before: 1 µs up to 2^24 µs ≈ 16.8 s. A phase
+/// longer than that is a stall, and the `+Inf` bucket is enough to show it.
+pub(super) const PHASE_BUCKETS_FINITE_COUNT: usize = 25;
+
+/// `PHASE_BUCKET_SMALLEST_NS << k` must not overflow a u64 for any bucket (1 µs < 2^10 ns).
+const _: () = assert!(PHASE_BUCKETS_FINITE_COUNT < 64 - 10);
+
+/// What a request did, for labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    WriteZeroes,
+    Cache,
+    BlockStatus,
+}
+
+impl Op {
+    /// In declaration order, so `op as usize` indexes it.
+    pub const ALL: [Op; 7] = [Op::Read, Op::Write, Op::Flush, Op::Trim, Op::WriteZeroes, Op::Cache, Op::BlockStatus];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Trim => "trim",
+            Op::WriteZeroes => "write_zeroes",
+            Op::Cache => "cache",
+            Op::BlockStatus => "block_status",
+        }
+    }
+}
+
+/// Phases of one request, in nanoseconds:
+/// - receive = header decoded -> payload fully received (0 when no payload)
+/// - storage = storage I/O submitted -> last storage completion (0 when none)
+/// - queue   = reply queued -> reply handed to the socket send
+/// - send    = handed to send -> send completed
+/// - total   = header decoded -> slot released
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Phases {
+    pub receive_ns: u64,
+    pub storage_ns: u64,
+    pub queue_ns: u64,
+    pub send_ns: u64,
+    pub total_ns: u64,
+}
+
+/// The `phase` label of each field of `Phases`, in the order `Phases::values` gives them.
+pub(super) const PHASE_LABELS: [&str; 5] = ["receive", "storage", "queue", "send", "total"];
+
+impl Phases {
+    pub(super) fn values(&self) -> [u64; PHASE_LABELS.len()] {
+        [self.receive_ns, self.storage_ns, self.queue_ns, self.send_ns, self.total_ns]
+    }
+}
+
+/// One latency distribution. Buckets are kept apart, not cumulative, so an observation
+/// costs one increment; the exposition adds them up.
+#[derive(Default)]
+pub(super) struct Histogram {
+    /// The last one counts values above every finite bound.
+    pub(super) buckets: [AtomicU64; PHASE_BUCKETS_FINITE_COUNT + 1],
+    pub(super) sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, ns: u64) {
+        self.buckets[bucket_index(ns)].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// Bucket k holds values above bound k-1 and at most bound k = 1 µs · 2^k. That is the
+/// values whose microseconds, rounded up, are at most 2^k, so k = ceil(log2(µs)), which the
+/// leading zeros of µs - 1 give without looking at each bound.
+pub(super) fn bucket_index(ns: u64) -> usize {
+    let us = ns.div_ceil(PHASE_BUCKET_SMALLEST_NS);
+    let k = (u64::BITS - us.saturating_sub(1).leading_zeros()) as usize;
+    k.min(PHASE_BUCKETS_FINITE_COUNT)
+}
+
+#[derive(Default)]
+pub(super) struct OpMetrics {
+    pub(super) phases: [Histogram; PHASE_LABELS.len()],
+    pub(super) requests: AtomicU64,
+    pub(super) errors: AtomicU64,
+    pub(super) bytes: AtomicU64,
+}
+
+pub(super) struct ExportMetrics {
+    pub(super) name: String,
+    pub(super) ops: [OpMetrics; Op::ALL.len()],
+    pub(super) inflight: AtomicI64,
+    pub(super) connections: AtomicI64,
+    pub(super) connections_total: AtomicU64,
+}
+
+/// Counters and phase histograms for every export; `Send + Sync`, shared through an `Arc`.
+pub struct Metrics {
+    pub(super) exports: Vec<ExportMetrics>,
+    index: HashMap<String, usize>,
+}
+
+impl Metrics {
+    /// Lays out every counter the server will touch. A name given twice gets one set of
+    /// counters: two would render duplicate series, which Prometheus rejects.
+    pub fn new(export_names: &[String]) -> Arc<Metrics> {
+        let mut index = HashMap::new();
+        let mut exports = Vec::new();
+        for name in export_names {
+            if index.contains_key(name) {
+                continue;
+            }
+            index.insert(name.clone(), exports.len());
+            exports.push(ExportMetrics {
+                name: name.clone(),
+                ops: Default::default(),
+                inflight: AtomicI64::new(0),
+                connections: AtomicI64::new(0),
+                connections_total: AtomicU64::new(0),
+            });
+        }
+        Arc::new(Metrics { exports, index })
+    }
+
+    /// Index used by the hot-path calls; None for an unknown name.
+    pub fn export_index(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// One finished request. `bytes` = payload bytes read or written (0 otherwise).
+    /// `export` must come from `export_index`; any other value is a bug and panics.
+    pub fn record(&self, export: usize, op: Op, phases: &Phases, bytes: u64, ok: bool) {
+        let m = &self.exports[export].ops[op as usize];
+        for (histogram, ns) in m.phases.iter().zip(phases.values()) {
+            histogram.observe(ns);
+        }
+        m.requests.fetch_add(1, Ordering::Relaxed);
+        // Skipped when zero: even an add of nothing takes the cache line from other workers.
+        if !ok {
+            m.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if bytes != 0 {
+            m.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Inflight gauge +1.
+    pub fn request_started(&self, export: usize) {
+        self.exports[export].inflight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Inflight gauge -1.
+    pub fn request_finished(&self, export: usize) {
+        self.exports[export].inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn connection_opened(&self, export: usize) {
+        let e = &self.exports[export];
+        e.connections.fetch_add(1, Ordering::Relaxed);
+        e.connections_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn connection_closed(&self, export: usize) {
+        self.exports[export].connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_all_is_in_declaration_order() {
+        for (i, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i);
+        }
+        let labels: Vec<_> = Op::ALL.iter().map(|op| op.label()).collect();
+        assert_eq!(labels, ["read", "write", "flush", "trim", "write_zeroes", "cache", "block_status"]);
+    }
+
+    #[test]
+    fn bucket_index_rounds_up_to_the_next_power_of_two_microseconds() {
+        assert_eq!(bucket_index(0), 0);
+        assert_eq!(bucket_index(1_000), 0);
+        assert_eq!(bucket_index(1_001), 1);
+        assert_eq!(bucket_index(2_000), 1);
+        assert_eq!(bucket_index(2_001), 2);
+        assert_eq!(bucket_index(3_000), 2);
+        assert_eq!(bucket_index(4_000), 2);
+        assert_eq!(bucket_index(1_000 << 24), 24);
+        assert_eq!(bucket_index((1_000 << 24) + 1), PHASE_BUCKETS_FINITE_COUNT);
+        assert_eq!(bucket_index(u64::MAX), PHASE_BUCKETS_FINITE_COUNT);
+        // Against the definition, for every bound and its neighbours.
+        for k in 0..PHASE_BUCKETS_FINITE_COUNT {
+            let bound = PHASE_BUCKET_SMALLEST_NS << k;
+            for ns in [bound - 1, bound, bound + 1] {
+                let expected = (0..PHASE_BUCKETS_FINITE_COUNT)
+                    .find(|&j| ns <= PHASE_BUCKET_SMALLEST_NS << j)
+                    .unwrap_or(PHASE_BUCKETS_FINITE_COUNT);
+                assert_eq!(bucket_index(ns), expected, "{ns} ns");
+            }
+        }
+    }
+
+    #[test]
+    fn duplicate_names_share_one_set_of_series() {
+        let m = Metrics::new(&["x".to_string(), "y".to_string(), "x".to_string()]);
+        assert_eq!(m.export_index("x"), Some(0));
+        assert_eq!(m.export_index("y"), Some(1));
+        assert_eq!(m.export_index("z"), None);
+        let mut text = String::new();
+        m.render(&mut text);
+        assert_eq!(text.matches("sluice_connections{export=\"x\"}").count(), 1);
+    }
+}
