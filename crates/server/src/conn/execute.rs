@@ -23,7 +23,7 @@ impl Conn {
             }
             _ => {
                 let buf = self.slot_mut(slot).buf.take();
-                let mut exec = Exec::new(command, buf, self.export.caps(), self.export.direct_align());
+                let mut exec = Exec::new(command, buf, self.caps, self.direct_align);
                 let step = exec.start(env.pool);
                 self.slot_mut(slot).exec = Some(exec);
                 self.step(env, slot, step);

@@ -20,7 +20,7 @@ use sluice_proto::reply::Extent;
 use sluice_proto::Session;
 
 use crate::admission::Budget;
-use crate::backend::StorageOp;
+use crate::backend::{Caps, StorageOp};
 use crate::engine::{Buf, Held, Part, Pipe, Pipes, Pool, SendBatch, Tag};
 use crate::export::Export;
 use crate::limits::{Limits, RECV_BUFFER_BYTES, SEND_PARTS_MAX};
@@ -86,6 +86,9 @@ enum Life {
 pub struct Conn {
     peer: String,
     export: Arc<Export>,
+    /// The backend's capabilities and the export's O_DIRECT alignment, asked once.
+    caps: Caps,
+    direct_align: Option<usize>,
     session: Session,
     limits: Limits,
     life: Life,
@@ -141,6 +144,8 @@ impl Conn {
         metrics.connection_opened(metrics_export);
         Conn {
             peer,
+            caps: export.caps(),
+            direct_align: export.direct_align(),
             export,
             session,
             limits,

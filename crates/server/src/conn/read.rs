@@ -89,8 +89,8 @@ impl Conn {
 
     fn plan_read(&self, env: &Env, offset: u64, len: usize) -> Plan {
         let end = offset + len as u64;
-        let caps = self.export.caps();
-        let direct = self.export.direct_align();
+        let caps = self.caps;
+        let direct = self.direct_align;
         let aligned = direct.is_some_and(|a| (offset as usize | len).is_multiple_of(a));
         let pipe_bytes = env.pipes.bytes();
         // Splice only reads big enough to pay for two worker-thread hops, that small pipes
@@ -155,7 +155,7 @@ impl Conn {
         };
         let error_offset = c.file_offset + c.done as u64;
         let mut short = failure.is_none() && c.done < c.need();
-        let align = self.export.direct_align().unwrap_or(PAGE_BYTES);
+        let align = self.direct_align.unwrap_or(PAGE_BYTES);
         if short && c.direct && !c.done.is_multiple_of(align) {
             // O_DIRECT stopped mid-block: that is the end of the file, and the rest of the
             // chunk cannot be asked for at an unaligned offset anyway.
