@@ -296,7 +296,7 @@ mod tests {
         g[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
         g[16..].copy_from_slice(&3u16.to_be_bytes());
         assert_eq!(decode_greeting(&g), Ok(3));
-        g[8..16].copy_from_slice(&0x0004_2028_1861_253u64.to_be_bytes());
+        g[8..16].copy_from_slice(&0x0000_4202_8186_1253_u64.to_be_bytes());
         assert!(decode_greeting(&g).unwrap_err().0.contains("oldstyle"));
         g[0] = 0;
         assert!(decode_greeting(&g).is_err());
