@@ -250,9 +250,18 @@ impl Worker {
 }
 
 /// Carries out every operation a connection's core has asked for. Storage operations that
-/// a backend finishes at once are answered here, which may ask for more.
+/// a backend finishes at once are answered here, and their replies flushed together once
+/// the burst is through, which may ask for more.
 fn drive(entry: &mut Entry, id: ConnId, shared: &mut Shared) {
+    while carry_out(entry, id, shared) {
+        entry.conn.flush(&mut shared.env());
+    }
+}
+
+/// Carries out what the core asked for; true when some storage operation finished at once.
+fn carry_out(entry: &mut Entry, id: ConnId, shared: &mut Shared) -> bool {
     let fd = entry.fd.as_raw_fd();
+    let mut answered_now = false;
     while let Some(io) = entry.conn.poll_io() {
         match io {
             Io::Recv { buf, at } => shared.ring.recv(fd, buf, at, id),
@@ -260,7 +269,8 @@ fn drive(entry: &mut Entry, id: ConnId, shared: &mut Shared) {
             Io::SpliceOut { pipe, len } => shared.ring.splice_out(pipe, fd, len, id),
             Io::Storage { tag, op } => {
                 if let Some(done) = entry.export.backend.start(op, StorageId { conn: id, tag }, shared.ring) {
-                    entry.conn.handle_storage(&mut shared.env(), tag, done.result, done.held);
+                    entry.conn.handle_storage_now(&mut shared.env(), tag, done.result, done.held);
+                    answered_now = true;
                 }
             }
             Io::Shutdown(how) => {
@@ -273,4 +283,5 @@ fn drive(entry: &mut Entry, id: ConnId, shared: &mut Shared) {
             Io::AwaitBudget => shared.budget.wait(id),
         }
     }
+    answered_now
 }

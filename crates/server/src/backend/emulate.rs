@@ -75,7 +75,11 @@ impl Exec {
 
     /// The first step of the command.
     pub fn start(&mut self, pool: &mut Pool) -> Step {
-        if let Command::WriteZeroes { fast, may_trim, .. } = self.command {
+        if let Command::WriteZeroes { fast, may_trim, range, .. } = self.command {
+            if range.length == 0 {
+                // Nothing to zero, so nothing slow to refuse either.
+                return Step::Done;
+            }
             if !(self.caps.zero || (may_trim && self.caps.trim)) {
                 if fast {
                     return Step::Fail(Failure::new(Errno::NotSup, "zeroing here means writing zeros", None));
@@ -254,6 +258,15 @@ mod tests {
         let (seen, step) = drive(&mut exec, &mut pool, len_of);
         assert!(seen.is_empty());
         assert!(matches!(step, Step::Fail(Failure { errno: Errno::NotSup, .. })));
+    }
+
+    #[test]
+    fn zeroing_nothing_succeeds_even_under_fast_zero() {
+        let mut pool = pool();
+        let mut exec = Exec::new(zeroes(0, false, false, true), None, caps(false, false, true), None);
+        let (seen, step) = drive(&mut exec, &mut pool, len_of);
+        assert!(seen.is_empty());
+        assert!(matches!(step, Step::Done));
     }
 
     #[test]

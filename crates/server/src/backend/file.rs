@@ -178,7 +178,9 @@ impl Backend for FileBackend {
             }
             StorageOp::Read { into, .. } => return Some(Outcome { result: -libc::EINVAL, held: into }),
             StorageOp::Write { offset, buf, at, len, fua, direct } => {
-                if !fua && !direct && self.write_inline(offset, len) {
+                // Only exports without an O_DIRECT path: there, small writes stay off the
+                // worker thread whatever their alignment.
+                if !fua && self.direct.is_none() && self.write_inline(offset, len) {
                     let written = rustix::io::pwrite(self.fd.as_fd(), &buf.as_slice()[at..at + len], offset);
                     return Some(Outcome::of(written.map_err(io::Error::from), Held::Buf(buf)));
                 }

@@ -59,6 +59,11 @@ impl Conn {
     }
 
     fn step(&mut self, env: &mut Env, slot: u16, step: Step) {
+        if !matches!(step, Step::Submit(_)) {
+            // Finished: the write's buffer goes back to the pool now, not when the reply has
+            // been sent.
+            self.slot_mut(slot).exec = None;
+        }
         match step {
             Step::Submit(op) => self.submit(env, slot, 0, op),
             Step::Done => self.reply_ok(env, slot),

@@ -152,7 +152,6 @@ impl Conn {
             Command::Read { range, .. } => {
                 // A read's buffers (or pipes) are taken per chunk, but count from now.
                 self.hold_bytes(env, slot, range.length as usize);
-                self.reads_in_flight += 1;
             }
             Command::Write { range, .. } => {
                 self.hold_bytes(env, slot, range.length as usize);

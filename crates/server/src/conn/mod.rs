@@ -233,6 +233,14 @@ impl Conn {
     }
 
     pub fn handle_storage(&mut self, env: &mut Env, tag: Tag, result: i32, held: Held) {
+        self.handle_storage_now(env, tag, result, held);
+        self.pump_output(env);
+    }
+
+    /// A storage outcome the driver had at once, while carrying out what `poll_io` gave:
+    /// like `handle_storage`, but the replies it queues wait for `flush`, so that the
+    /// replies of one burst of requests leave in one send.
+    pub fn handle_storage_now(&mut self, env: &mut Env, tag: Tag, result: i32, held: Held) {
         self.answered();
         let s = self.slot_mut(tag.slot);
         s.ops -= 1;
@@ -242,6 +250,10 @@ impl Conn {
         } else {
             self.storage_done(env, tag.slot, result, held);
         }
+    }
+
+    /// Sends what `handle_storage_now` queued.
+    pub fn flush(&mut self, env: &mut Env) {
         self.pump_output(env);
     }
 

@@ -39,6 +39,10 @@ impl Conn {
         if len == 0 {
             return self.reply_ok(env, slot);
         }
+        if !self.caps.instant {
+            self.reads_in_flight += 1;
+            self.slot_mut(slot).storage_read = true;
+        }
         let plan = self.plan_read(env, offset, len);
         let end = offset + len as u64;
         let pipe_bytes = env.pipes.bytes() as u64;

@@ -60,7 +60,7 @@ impl Conn {
             self.streaming = None;
         }
         let s = self.slots[slot as usize].take().expect("a released slot was live");
-        if s.is_read() {
+        if s.storage_read {
             self.reads_in_flight -= 1;
         }
         self.inflight_bytes -= s.bytes;

@@ -201,3 +201,38 @@ fn disc_stops_reading_but_answers_what_came_before() {
     assert_eq!(rig.wire, sluice_proto::reply::simple(1, None));
     assert!(rig.conn.is_done());
 }
+
+#[test]
+fn replies_finished_at_once_leave_in_one_send() {
+    let mut rig = Rig::new(false);
+    let mut bytes = Vec::new();
+    for handle in 1..=3 {
+        bytes.extend_from_slice(&request(CMD_FLUSH, 0, handle, 0, 0));
+    }
+    let (mut buf, at) = rig.recv.take().expect("the core is receiving");
+    buf.as_mut_slice()[at..at + bytes.len()].copy_from_slice(&bytes);
+    let mut env = Env { now: Instant::now(), pool: &mut rig.pool, pipes: &mut rig.pipes, budget: &mut rig.budget };
+    rig.conn.handle_recv(&mut env, bytes.len() as i32, buf);
+    let mut sends = Vec::new();
+    let mut answered_now = Vec::new();
+    while let Some(io) = rig.conn.poll_io() {
+        match io {
+            Io::Storage { tag, .. } => answered_now.push(tag),
+            Io::Send { batch } => sends.push(batch),
+            _ => {}
+        }
+    }
+    assert_eq!(answered_now.len(), 3);
+    for tag in answered_now {
+        rig.conn.handle_storage_now(&mut env, tag, 0, Held::Nothing);
+    }
+    assert!(rig.conn.poll_io().is_none_or(|io| !matches!(io, Io::Send { .. })), "no send before the flush");
+    rig.conn.flush(&mut env);
+    while let Some(io) = rig.conn.poll_io() {
+        if let Io::Send { batch } = io {
+            sends.push(batch);
+        }
+    }
+    assert_eq!(sends.len(), 1, "one send for the three replies");
+    assert_eq!(sends[0].pending_bytes(), 3 * SIMPLE_REPLY_BYTES);
+}
