@@ -75,11 +75,17 @@ impl Exec {
 
     /// The first step of the command.
     pub fn start(&mut self, pool: &mut Pool) -> Step {
-        if let Command::WriteZeroes { fast, may_trim, range, .. } = self.command {
-            if range.length == 0 {
-                // Nothing to zero, so nothing slow to refuse either.
-                return Step::Done;
-            }
+        let empty = match self.command {
+            Command::Write { range, .. } | Command::Trim { range, .. } | Command::Cache { range } => range.length == 0,
+            Command::WriteZeroes { range, .. } => range.length == 0,
+            _ => false,
+        };
+        if empty {
+            // Nothing to do, and nothing slow to refuse under FAST_ZERO; the kernel would
+            // call a zero-length fallocate invalid.
+            return Step::Done;
+        }
+        if let Command::WriteZeroes { fast, may_trim, .. } = self.command {
             if !(self.caps.zero || (may_trim && self.caps.trim)) {
                 if fast {
                     return Step::Fail(Failure::new(Errno::NotSup, "zeroing here means writing zeros", None));
@@ -157,13 +163,6 @@ impl Exec {
     fn next(&mut self, pool: &mut Pool) -> Step {
         let op = match (self.stage, self.command) {
             (Stage::Sync, _) | (Stage::Main, Command::Flush) => StorageOp::Flush,
-            (_, Command::Read { range, .. } | Command::Write { range, .. } | Command::Trim { range, .. })
-            | (_, Command::WriteZeroes { range, .. } | Command::Cache { range })
-                if range.length == 0 =>
-            {
-                // Nothing to do; the kernel would call a zero-length fallocate invalid.
-                return Step::Done;
-            }
             (Stage::Main, Command::Write { range, fua }) => {
                 let Some(buf) = self.buf.take() else { return self.lost_buffer() };
                 let len = range.length as usize - self.done;

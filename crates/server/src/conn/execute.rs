@@ -17,7 +17,7 @@ impl Conn {
         match command {
             Command::Read { range, .. } => self.start_read(env, slot, range.offset, range.length as usize),
             Command::BlockStatus { range, one, .. } => {
-                let mut out = std::mem::take(&mut self.spare_extents);
+                let mut out = self.spare_extents.pop().unwrap_or_default();
                 out.clear();
                 self.submit(env, slot, 0, StorageOp::Extents { offset: range.offset, len: range.length, one, out });
             }
@@ -80,7 +80,7 @@ impl Conn {
             return self.reply_error(env, slot, sluice_proto::Errno::Io, "block status failed", None);
         };
         if self.is_broken() {
-            self.spare_extents = extents;
+            self.spare_extents.push(extents);
             return self.release_if_idle(env, slot);
         }
         if result < 0 {
@@ -88,6 +88,6 @@ impl Conn {
         } else {
             self.reply_block_status(env, slot, context_id, &extents);
         }
-        self.spare_extents = extents;
+        self.spare_extents.push(extents);
     }
 }

@@ -115,7 +115,8 @@ pub struct Conn {
     inflight_bytes: usize,
     /// Reads being worked on; the splice path is taken only by a read that is alone.
     reads_in_flight: usize,
-    spare_extents: Vec<Extent>,
+    /// Extent lists of finished BLOCK_STATUS requests, reused by the next ones.
+    spare_extents: Vec<Vec<Extent>>,
 
     // Replies (reply.rs, send.rs).
     batch: Option<Box<SendBatch>>,
