@@ -53,42 +53,7 @@ impl Spec {
 
 /// Parses sizes like `4096`, `64K`, `1G`, `1.5T`, `2GiB` (binary units).
 pub fn parse_size(s: &str) -> Result<u64, SpecError> {
-    let bad = || SpecError(format!("size {s:?} is not a number with an optional K/M/G/T/P suffix"));
-    let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
-    let (num, shift) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                'P' => 50,
-                _ => return Err(bad()),
-            };
-            (&t[..i], shift)
-        }
-        _ => (t, 0),
-    };
-    if num.is_empty() {
-        return Err(bad());
-    }
-    let value = if num.contains('.') {
-        let f: f64 = num.parse().map_err(|_| bad())?;
-        let v = f * (1u64 << shift) as f64;
-        if !(0.0..1.8e19).contains(&v) {
-            return Err(bad());
-        }
-        v as u64
-    } else {
-        let n: u64 = num.parse().map_err(|_| bad())?;
-        n.checked_mul(1u64 << shift).ok_or_else(bad)?
-    };
-    // Offsets are u64 but offset + length must not overflow for any valid request.
-    if value > i64::MAX as u64 {
-        return Err(SpecError(format!("size {s:?} is too large")));
-    }
-    Ok(value)
+    sluice_proto::size::parse_size(s).map_err(SpecError)
 }
 
 /// How data moves between storage and the socket.

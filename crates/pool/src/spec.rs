@@ -1,0 +1,217 @@
+//! The pool file: a small TOML description of a pool that `pool:PATH` names.
+//!
+//! ```toml
+//! layout = "raid10"          # "stripe" | "mirror" | "raid10" (stripe of mirrors)
+//! stripe-unit = "512K"       # stripe and raid10: power of two, >= 4K
+//! copies = 2                 # mirror and raid10 (default 2)
+//! members = ["nbd://10.0.0.1/disk", "nbd://10.0.0.2/disk"]
+//! ```
+
+use serde::Deserialize;
+
+use crate::limits::{
+    MEMBERS_MAX, MEMBER_TIMEOUT_DEFAULT_MS, RESYNC_RATE_DEFAULT_BYTES_PER_S, STRIPE_UNIT_DEFAULT_BYTES, STRIPE_UNIT_MAX_BYTES,
+    STRIPE_UNIT_MIN_BYTES,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// Units spread over every member; no redundancy.
+    Stripe,
+    /// Every member holds the whole volume.
+    Mirror,
+    /// Units spread over mirror sets of `copies` consecutive members ("near" layout).
+    Raid10,
+}
+
+impl Layout {
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Stripe => "stripe",
+            Layout::Mirror => "mirror",
+            Layout::Raid10 => "raid10",
+        }
+    }
+
+    pub fn code(self) -> u8 {
+        match self {
+            Layout::Stripe => 1,
+            Layout::Mirror => 2,
+            Layout::Raid10 => 3,
+        }
+    }
+
+    pub fn from_code(c: u8) -> Option<Layout> {
+        [Layout::Stripe, Layout::Mirror, Layout::Raid10].into_iter().find(|l| l.code() == c)
+    }
+
+    pub fn redundant(self) -> bool {
+        self != Layout::Stripe
+    }
+}
+
+/// A checked pool description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolSpec {
+    pub layout: Layout,
+    /// Bytes per stripe unit (the whole member for a mirror).
+    pub stripe_unit: u64,
+    /// Copies of every byte (1 for a stripe).
+    pub copies: usize,
+    /// Member URIs, in order: the order fixes each member's place in the layout.
+    pub members: Vec<String>,
+    /// A member that has not answered an operation for this long is declared missing.
+    pub member_timeout_ms: u64,
+    /// Upper bound on background resync traffic.
+    pub resync_rate_bytes_per_s: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct File {
+    layout: Layout,
+    stripe_unit: Option<String>,
+    copies: Option<usize>,
+    members: Vec<String>,
+    member_timeout: Option<String>,
+    resync_rate: Option<String>,
+}
+
+impl PoolSpec {
+    /// Reads and checks a pool file.
+    pub fn load(path: &std::path::Path) -> Result<PoolSpec, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read pool file {}: {e}", path.display()))?;
+        PoolSpec::parse(&text).map_err(|e| format!("pool file {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<PoolSpec, String> {
+        let de = toml::Deserializer::parse(text).map_err(|e| e.to_string())?;
+        let file: File = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            if path == "." { inner } else { format!("{path}: {inner}") }
+        })?;
+        let copies = match (file.layout, file.copies) {
+            (Layout::Stripe, None | Some(1)) => 1,
+            (Layout::Stripe, Some(n)) => return Err(format!("copies = {n} makes no sense for a stripe (use mirror or raid10)")),
+            (_, None) => 2,
+            (_, Some(n)) if n >= 2 => n,
+            (_, Some(n)) => return Err(format!("copies must be at least 2 for {}, not {n}", file.layout.name())),
+        };
+        let n = file.members.len();
+        if n == 0 {
+            return Err("members is empty".into());
+        }
+        if n > MEMBERS_MAX {
+            return Err(format!("{n} members; at most {MEMBERS_MAX}"));
+        }
+        match file.layout {
+            Layout::Mirror if n != copies => {
+                return Err(format!("a mirror with copies = {copies} needs exactly {copies} members, not {n}"));
+            }
+            Layout::Raid10 if n < copies || n % copies != 0 => {
+                return Err(format!("raid10 with copies = {copies} needs a multiple of {copies} members (at least {copies}), not {n}"));
+            }
+            _ => {}
+        }
+        for (i, m) in file.members.iter().enumerate() {
+            if file.members[..i].contains(m) {
+                return Err(format!("member {m:?} is listed twice"));
+            }
+        }
+        let stripe_unit = match (file.layout, &file.stripe_unit) {
+            (Layout::Mirror, Some(_)) => return Err("stripe-unit makes no sense for a mirror".into()),
+            (Layout::Mirror, None) => u64::MAX,
+            (_, None) => STRIPE_UNIT_DEFAULT_BYTES,
+            (_, Some(s)) => {
+                let u = sluice_size(s).map_err(|e| format!("stripe-unit: {e}"))?;
+                if !u.is_power_of_two() || !(STRIPE_UNIT_MIN_BYTES..=STRIPE_UNIT_MAX_BYTES).contains(&u) {
+                    return Err(format!(
+                        "stripe-unit {s:?} must be a power of two from {}K to {}M",
+                        STRIPE_UNIT_MIN_BYTES >> 10,
+                        STRIPE_UNIT_MAX_BYTES >> 20
+                    ));
+                }
+                u
+            }
+        };
+        let member_timeout_ms = match &file.member_timeout {
+            None => MEMBER_TIMEOUT_DEFAULT_MS,
+            Some(s) => parse_duration_ms(s).map_err(|e| format!("member-timeout: {e}"))?,
+        };
+        let resync_rate_bytes_per_s = match &file.resync_rate {
+            None => RESYNC_RATE_DEFAULT_BYTES_PER_S,
+            Some(s) => match sluice_size(s) {
+                Ok(0) | Err(_) => return Err(format!("resync-rate {s:?} must be a size per second such as \"100M\"")),
+                Ok(v) => v,
+            },
+        };
+        Ok(PoolSpec { layout: file.layout, stripe_unit, copies, members: file.members, member_timeout_ms, resync_rate_bytes_per_s })
+    }
+
+    /// Mirror sets: each is `copies` consecutive members.
+    pub fn sets(&self) -> usize {
+        self.members.len() / self.copies
+    }
+}
+
+fn sluice_size(s: &str) -> Result<u64, String> {
+    sluice_proto::size::parse_size(s)
+}
+
+/// `"5s"`, `"500ms"`, `"2m"`, or a bare number of seconds.
+pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let bad = || format!("{s:?} is not a duration such as \"5s\" or \"500ms\"");
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (t, 1000)
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    let ms = v * scale as f64;
+    if !(1.0..=86_400_000.0).contains(&ms) {
+        return Err(format!("{s:?} must be between 1ms and 24h"));
+    }
+    Ok(ms as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(n: usize) -> String {
+        let list: Vec<String> = (0..n).map(|i| format!("\"nbd://h{i}/d\"")).collect();
+        format!("members = [{}]", list.join(", "))
+    }
+
+    #[test]
+    fn good_files() {
+        let p = PoolSpec::parse(&format!("layout = \"raid10\"\nstripe-unit = \"64K\"\n{}", members(4))).unwrap();
+        assert_eq!((p.layout, p.stripe_unit, p.copies, p.sets()), (Layout::Raid10, 65536, 2, 2));
+        let p = PoolSpec::parse(&format!("layout = \"stripe\"\n{}", members(3))).unwrap();
+        assert_eq!((p.copies, p.sets(), p.stripe_unit), (1, 3, 512 << 10));
+        let p = PoolSpec::parse(&format!("layout = \"mirror\"\ncopies = 3\nmember-timeout = \"250ms\"\n{}", members(3))).unwrap();
+        assert_eq!((p.copies, p.sets(), p.member_timeout_ms), (3, 1, 250));
+    }
+
+    #[test]
+    fn bad_files_say_why() {
+        let err = |t: String| PoolSpec::parse(&t).unwrap_err();
+        assert!(err(format!("layout = \"raid5\"\n{}", members(3))).contains("raid5"));
+        assert!(err(format!("layout = \"stripe\"\nstripe-unit = \"48K\"\n{}", members(2))).contains("power of two"));
+        assert!(err(format!("layout = \"stripe\"\nstripe-unit = \"2K\"\n{}", members(2))).contains("power of two"));
+        assert!(err(format!("layout = \"raid10\"\n{}", members(3))).contains("multiple of 2"));
+        assert!(err(format!("layout = \"mirror\"\ncopies = 3\n{}", members(2))).contains("exactly 3 members"));
+        assert!(err(format!("layout = \"mirror\"\ncopies = 1\n{}", members(1))).contains("at least 2"));
+        assert!(err(format!("layout = \"stripe\"\nstripes = 2\n{}", members(2))).contains("stripes"));
+        assert!(err("layout = \"stripe\"\nmembers = [\"a\", \"a\"]".into()).contains("twice"));
+        assert!(err("layout = \"stripe\"\nmembers = []".into()).contains("empty"));
+        assert!(err(format!("layout = \"stripe\"\nmember-timeout = \"soon\"\n{}", members(2))).contains("duration"));
+    }
+}
