@@ -18,6 +18,8 @@ pub mod layout;
 pub mod limits;
 pub mod meta;
 pub mod spec;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 
 pub use coordinator::{
     Action, Command, Coordinator, CopyId, Data, Failure, Found, MemberCmd, MemberState, MemberStatus, OpId, OpOutcome, ReqId,

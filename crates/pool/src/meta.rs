@@ -205,7 +205,7 @@ pub fn bitmap_words(bytes: &[u8], regions: u64) -> Vec<u64> {
         u64::from_le_bytes(w)
     }).collect();
     words.resize(n, 0);
-    if regions % 64 != 0 {
+    if !regions.is_multiple_of(64) {
         // Bits past the last region mean nothing; keep them clear.
         if let Some(last) = words.last_mut() {
             *last &= (1u64 << (regions % 64)) - 1;

@@ -110,7 +110,7 @@ impl PoolSpec {
             Layout::Mirror if n != copies => {
                 return Err(format!("a mirror with copies = {copies} needs exactly {copies} members, not {n}"));
             }
-            Layout::Raid10 if n < copies || n % copies != 0 => {
+            Layout::Raid10 if n < copies || !n.is_multiple_of(copies) => {
                 return Err(format!("raid10 with copies = {copies} needs a multiple of {copies} members (at least {copies}), not {n}"));
             }
             _ => {}

@@ -8,6 +8,7 @@ pub mod handshake;
 pub mod limits;
 pub mod reply;
 pub mod request;
+pub mod rng;
 pub mod size;
 pub mod wire;
 

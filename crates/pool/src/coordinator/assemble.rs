@@ -171,7 +171,7 @@ impl Coordinator {
             let todo = match (role, own) {
                 (_, None) => Some(all.clone()),
                 (Role::Active, Some(_)) => None,
-                (Role::Missing { since }, Some(sb)) if sb.events == since => Some(self.dirty_regions()),
+                (Role::Missing { since }, Some(sb)) if since <= sb.events && sb.events < auth.events => Some(self.dirty_regions()),
                 (Role::Missing { .. }, Some(_)) => Some(all.clone()),
                 (Role::Rebuilding { .. }, Some(_)) => Some(self.dirty_regions()),
             };
@@ -233,6 +233,12 @@ impl Coordinator {
 /// What `pool init` writes at offset 0 of each member: its superblock and a clean bitmap.
 /// Refuses a member that already carries pool metadata unless `force`.
 pub fn format(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], force: bool) -> Result<Vec<Vec<u8>>, String> {
+    format_with(spec, found, pool_id, force, None)
+}
+
+/// `format` with a chosen region size (the simulation uses small regions, so that a short
+/// run cleans and dirties many of them).
+pub(crate) fn format_with(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], force: bool, region: Option<u64>) -> Result<Vec<Vec<u8>>, String> {
     if found.len() != spec.members.len() {
         return Err(format!("{} members found for {} in the pool file", found.len(), spec.members.len()));
     }
@@ -260,7 +266,7 @@ pub fn format(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], force: bool) 
     let smallest = found.iter().map(|f| f.size).min().unwrap_or(0);
     let unit = if spec.layout == Layout::Mirror { u64::MAX } else { spec.stripe_unit };
     let map = Map::new(spec.layout, unit, spec.copies, spec.members.len(), smallest)?;
-    let region = region_bytes(map.member_bytes);
+    let region = region.unwrap_or_else(|| region_bytes(map.member_bytes));
     let blocks = bitmap_blocks(map.member_bytes.div_ceil(region));
     let out = (0..found.len())
         .map(|index| {

@@ -64,8 +64,14 @@ impl Coordinator {
             Role::Missing { since } => since,
             _ => m.durable_events,
         };
+        // The last in-sync copy of a set stays "active" while away: nothing can be written
+        // to the set without it, so it still holds the set's newest data when it returns.
+        let set = self.map.set_of(member);
+        let last = self.map.members_of(set).all(|x| x == member || !self.members[x].in_sync());
         self.members[member].connected = false;
-        self.members[member].role = Role::Missing { since };
+        if !(last && self.members[member].role == Role::Active) {
+            self.members[member].role = Role::Missing { since };
+        }
         self.members[member].writing.iter_mut().for_each(|w| *w = None);
         self.actions.push_back(Action::Drop { member });
         if self.redundant() {
@@ -107,10 +113,21 @@ impl Coordinator {
         }
         let since = match self.members[member].role {
             Role::Missing { since } => Some(since),
+            Role::Active if sb.is_some() => {
+                let m = &mut self.members[member];
+                m.connected = true;
+                m.written.iter_mut().for_each(|w| *w = 0);
+                self.events += 1;
+                self.gen[0] += 1;
+                return self.log_member(member, "is back; it holds its set's newest data");
+            }
             _ => None,
         };
+        // Everything written to it carried an event counter from `since` up to the one it
+        // was dropped at (below the current one): then it lacks only dirty regions, which
+        // are not cleaned while it is away. Anything else is unknown history.
         let todo: BTreeSet<u64> = match (&sb, since) {
-            (Some(sb), Some(since)) if sb.events == since => self.dirty_regions(),
+            (Some(sb), Some(since)) if since <= sb.events && sb.events < self.events => self.dirty_regions(),
             _ => (0..self.regions).collect(),
         };
         let m = &mut self.members[member];
@@ -121,7 +138,8 @@ impl Coordinator {
         self.events += 1;
         self.gen[0] += 1;
         let what = if todo.len() as u64 == self.regions { "everything" } else { "the regions it missed" };
-        self.log_member(member, &format!("is back; copying {what} ({} regions) to it", todo.len()));
+        let history = format!("its events {:?}, missing since {since:?}, pool at {}", sb.as_ref().map(|s| s.events), self.events);
+        self.log_member(member, &format!("is back ({history}); copying {what} ({} regions) to it", todo.len()));
         self.add_job(JobKind::Rebuild, member, todo);
     }
 

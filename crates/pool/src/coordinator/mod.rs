@@ -22,6 +22,8 @@ mod state;
 
 pub use api::*;
 pub use assemble::{format, survey};
+#[cfg(any(test, feature = "sim"))]
+pub(crate) use assemble::format_with;
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -68,7 +68,7 @@ impl Coordinator {
                 }
                 self.paced_bytes += end - start;
                 let set = job.set;
-                let next = if end % self.region_bytes != 0 && end < self.map.member_bytes {
+                let next = if !end.is_multiple_of(self.region_bytes) && end < self.map.member_bytes {
                     Some(end)
                 } else {
                     job.todo.range(start / self.region_bytes + 1..).next().map(|&r| r * self.region_bytes)

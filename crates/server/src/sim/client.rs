@@ -7,7 +7,7 @@ use sluice_proto::client::{decode_error_chunk, decode_simple, reply_magic, Chunk
 use sluice_proto::wire::*;
 use sluice_proto::RawRequest;
 
-use super::rng::Rng;
+use sluice_proto::rng::Rng;
 
 /// The byte every export offset holds in the simulated storage; never zero, so zero-fill
 /// writes are told apart from payload.

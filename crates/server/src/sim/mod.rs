@@ -7,7 +7,7 @@
 //! feeds it bytes.
 
 mod client;
-mod rng;
+
 mod storage;
 
 use std::collections::HashMap;
@@ -26,7 +26,7 @@ use crate::export::{DataPath, Export};
 use crate::limits::{Limits, PIPE_BYTES};
 use crate::metrics::Metrics;
 use client::{Checker, Sent};
-pub use rng::Rng;
+pub use sluice_proto::rng::Rng;
 
 /// A backend the simulation stands in for: it has capabilities, and its operations
 /// complete whenever the simulation decides, as a remote member's would.

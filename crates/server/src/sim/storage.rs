@@ -6,7 +6,7 @@ use rustix::fs::OFlags;
 use sluice_proto::reply::Extent;
 
 use super::client::pattern;
-use super::rng::Rng;
+use sluice_proto::rng::Rng;
 use crate::backend::{Outcome, StorageOp};
 use crate::engine::{Held, Pipe};
 

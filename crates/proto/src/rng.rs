@@ -1,4 +1,5 @@
-//! The simulation's source of random choices.
+//! Random choices for seeded simulations and fuzz targets: from fuzz input while it lasts,
+//! then from a xorshift generator, so a seed or an input replays exactly.
 
 /// Random choices: from fuzz input while it lasts, then from a xorshift generator.
 pub struct Rng {
