@@ -7,32 +7,11 @@ use crate::error::Error;
 use crate::export::Export;
 use crate::handshake;
 use crate::limits::*;
-use crate::socket;
+use crate::options::Options;
 use crate::uri::Uri;
 use sluice_proto::wire::*;
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// How to connect.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Connections to open. More than one is used only when the server advertises
-    /// CAN_MULTI_CONN (otherwise their caches could disagree); the rest are not opened.
-    pub connections: usize,
-    /// Ask for structured replies (needed for block status and chunked reads).
-    pub structured: bool,
-    /// Ask for base:allocation, so `block_status` can report holes.
-    pub block_status: bool,
-    /// Time allowed to connect and finish the handshake, per connection.
-    pub connect_timeout: Duration,
-}
-
-impl Default for Options {
-    fn default() -> Options {
-        Options { connections: 1, structured: true, block_status: true, connect_timeout: Duration::from_millis(CONNECT_TIMEOUT_MS) }
-    }
-}
 
 /// One run of the export with the same allocation state, from base:allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,13 +43,13 @@ impl Client {
     }
 
     pub async fn connect_with(uri: &Uri, options: &Options) -> Result<Client, Error> {
-        let first = open_one(uri, options).await?;
+        let first = handshake::open(uri, options, options.connect_timeout).await?;
         let export = first.0.clone();
         let mut connections = vec![first.1];
         let wanted = options.connections.clamp(1, CONNECTIONS_MAX);
         if wanted > 1 && export.can_multi_conn() {
             for _ in 1..wanted {
-                let (ex, conn) = open_one(uri, options).await?;
+                let (ex, conn) = handshake::open(uri, options, options.connect_timeout).await?;
                 // Requests go to any connection, so each must have agreed the same things.
                 if ex != export {
                     return Err(Error::Protocol("connections to the same export negotiated different sizes, flags or features".into()));
@@ -404,16 +383,6 @@ impl Client {
             c.disconnect().await;
         }
     }
-}
-
-async fn open_one(uri: &Uri, options: &Options) -> Result<(Export, Connection), Error> {
-    let work = async {
-        let (mut r, mut w) = socket::open(&uri.address).await?;
-        let n = handshake::negotiate(&mut r, &mut w, &uri.export, options.structured, options.block_status).await?;
-        let conn = Connection::start(r, w, n.export.structured, n.base_allocation_id);
-        Ok((n.export, conn))
-    };
-    tokio::time::timeout(options.connect_timeout, work).await.unwrap_or(Err(Error::Timeout))
 }
 
 /// Polls all futures together (they share the connections, so this is what puts their

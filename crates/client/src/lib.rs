@@ -23,13 +23,15 @@ mod error;
 mod export;
 mod handshake;
 pub mod limits;
+mod options;
 mod readahead;
 mod socket;
 mod uri;
 
-pub use client::{Client, Extent, Options};
+pub use client::{Client, Extent};
 pub use error::Error;
 pub use export::Export;
 pub use handshake::{list_exports, ExportEntry};
+pub use options::Options;
 pub use readahead::Readahead;
 pub use uri::{Address, Uri};
