@@ -1,38 +1,18 @@
 //! The public client: one export over one or more connections. Checks each call against
-//! what the export allows before sending, splits ranges larger than one request, and
-//! spreads requests over connections (multi-conn) by fewest in flight.
+//! what the export allows before sending and splits ranges larger than one request; the
+//! connections (multi-conn, reconnecting) are `Links`.
 
-use crate::connection::{Connection, Outcome};
+use crate::connection::Outcome;
 use crate::error::Error;
 use crate::export::Export;
 use crate::handshake;
 use crate::limits::*;
-use crate::socket;
+use crate::links::Links;
+use crate::options::Options;
 use crate::uri::Uri;
 use sluice_proto::wire::*;
 use std::io::IoSlice;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// How to connect.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Connections to open. More than one is used only when the server advertises
-    /// CAN_MULTI_CONN (otherwise their caches could disagree); the rest are not opened.
-    pub connections: usize,
-    /// Ask for structured replies (needed for block status and chunked reads).
-    pub structured: bool,
-    /// Ask for base:allocation, so `block_status` can report holes.
-    pub block_status: bool,
-    /// Time allowed to connect and finish the handshake, per connection.
-    pub connect_timeout: Duration,
-}
-
-impl Default for Options {
-    fn default() -> Options {
-        Options { connections: 1, structured: true, block_status: true, connect_timeout: Duration::from_millis(CONNECT_TIMEOUT_MS) }
-    }
-}
 
 /// One run of the export with the same allocation state, from base:allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +34,7 @@ pub struct Client {
 
 struct Inner {
     export: Export,
-    connections: Vec<Connection>,
+    links: Links,
 }
 
 impl Client {
@@ -63,14 +43,15 @@ impl Client {
         Client::connect_with(&Uri::parse(uri)?, &Options::default()).await
     }
 
+    /// Connects with `options`: several connections for multi-conn, and reconnecting.
     pub async fn connect_with(uri: &Uri, options: &Options) -> Result<Client, Error> {
-        let first = open_one(uri, options).await?;
+        let first = handshake::open(uri, options, options.connect_timeout).await?;
         let export = first.0.clone();
         let mut connections = vec![first.1];
         let wanted = options.connections.clamp(1, CONNECTIONS_MAX);
         if wanted > 1 && export.can_multi_conn() {
             for _ in 1..wanted {
-                let (ex, conn) = open_one(uri, options).await?;
+                let (ex, conn) = handshake::open(uri, options, options.connect_timeout).await?;
                 // Requests go to any connection, so each must have agreed the same things.
                 if ex != export {
                     return Err(Error::Protocol("connections to the same export negotiated different sizes, flags or features".into()));
@@ -78,7 +59,8 @@ impl Client {
                 connections.push(conn);
             }
         }
-        Ok(Client { inner: Arc::new(Inner { export, connections }) })
+        let links = Links::new(connections, uri, options, &export);
+        Ok(Client { inner: Arc::new(Inner { export, links }) })
     }
 
     /// The export as negotiated.
@@ -92,12 +74,7 @@ impl Client {
 
     /// Connections actually open (1 unless the server allows multi-conn and more were asked).
     pub fn connections(&self) -> usize {
-        self.inner.connections.len()
-    }
-
-    fn pick(&self) -> Result<&Connection, Error> {
-        let live = self.inner.connections.iter().filter_map(|c| c.load().map(|n| (n, c)));
-        live.min_by_key(|&(n, _)| n).map(|(_, c)| c).ok_or(Error::Closed)
+        self.inner.links.len()
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {
@@ -178,7 +155,7 @@ impl Client {
         if total == 0 {
             return Ok(bufs);
         }
-        match self.pick()?.call(CMD_READ, 0, offset, total as u32, &[], bufs).await? {
+        match self.inner.links.call(CMD_READ, 0, offset, total as u32, &[], bufs).await? {
             Outcome::Read(b) => Ok(b),
             _ => Err(Error::Protocol("read answered without data".into())),
         }
@@ -211,7 +188,7 @@ impl Client {
             if total == 0 {
                 return Ok(());
             }
-            self.pick()?.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new()).await?;
+            self.inner.links.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new()).await?;
             return Ok(());
         }
         // Split into requests of at most `max` bytes, each a list of sub-slices, all sent at once.
@@ -237,7 +214,7 @@ impl Client {
         }
         let calls = requests.iter().map(|(off, slices)| {
             let len: usize = slices.iter().map(|s| s.len()).sum();
-            async move { self.pick()?.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new()).await }
+            async move { self.inner.links.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new()).await }
         });
         for r in join_all(calls).await {
             r?;
@@ -255,14 +232,14 @@ impl Client {
 
     /// Asks the server to make every completed write durable. With multi-conn, a flush on
     /// one connection covers writes completed on all of them (that is what CAN_MULTI_CONN
-    /// promises); writes still in flight are never covered by a flush.
+    /// promises); writes still in flight are never covered by a flush. With reconnecting,
+    /// `Error::DurabilityLost` says that a dropped connection may have lost writes.
     pub async fn flush(&self) -> Result<(), Error> {
         if !self.inner.export.can_flush() {
             // The server says writes are durable when answered.
             return Ok(());
         }
-        self.pick()?.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()).await?;
-        Ok(())
+        self.inner.links.flush().await
     }
 
     /// Tells the server the range is no longer needed (it may then read as anything).
@@ -335,7 +312,7 @@ impl Client {
         let calls = (0..len.div_ceil(step)).map(|i| {
             let at = offset + i * step;
             let n = (len - i * step).min(step) as u32;
-            async move { self.pick()?.call(cmd, flags, at, n, &[], Vec::new()).await }
+            async move { self.inner.links.call(cmd, flags, at, n, &[], Vec::new()).await }
         });
         for r in join_all(calls).await {
             r?;
@@ -360,7 +337,7 @@ impl Client {
         let b = ex.block_min as u64;
         let lo = offset / b * b;
         let hi = (offset + len).next_multiple_of(b).min(ex.size);
-        let descriptors = match self.pick()?.call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new()).await? {
+        let descriptors = match self.inner.links.call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new()).await? {
             Outcome::Extents(e) => e,
             _ => return Err(Error::Protocol("block status answered without extents".into())),
         };
@@ -397,23 +374,11 @@ impl Client {
         Ok(out)
     }
 
-    /// Sends NBD_CMD_DISC on every connection. Requests in flight may still complete; new
-    /// ones fail with `Error::Closed`.
+    /// Sends NBD_CMD_DISC on every connection, and stops reconnecting. Requests in flight
+    /// may still complete; new ones fail with `Error::Closed`.
     pub async fn disconnect(&self) {
-        for c in &self.inner.connections {
-            c.disconnect().await;
-        }
+        self.inner.links.disconnect().await;
     }
-}
-
-async fn open_one(uri: &Uri, options: &Options) -> Result<(Export, Connection), Error> {
-    let work = async {
-        let (mut r, mut w) = socket::open(&uri.address).await?;
-        let n = handshake::negotiate(&mut r, &mut w, &uri.export, options.structured, options.block_status).await?;
-        let conn = Connection::start(r, w, n.export.structured, n.base_allocation_id);
-        Ok((n.export, conn))
-    };
-    tokio::time::timeout(options.connect_timeout, work).await.unwrap_or(Err(Error::Timeout))
 }
 
 /// Polls all futures together (they share the connections, so this is what puts their

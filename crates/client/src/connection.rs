@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 /// What a finished request hands back.
 pub(crate) enum Outcome {
@@ -23,8 +23,20 @@ pub(crate) enum Outcome {
     Extents(Vec<(u32, u32)>),
 }
 
+/// A request that failed, with a read's buffers handed back (partly filled, perhaps) so
+/// that a retry can use them again.
+pub(crate) struct Failed {
+    pub error: Error,
+    pub bufs: Vec<Vec<u8>>,
+}
+
+/// What the reader task sends a waiting caller. `None` as the error: the request was
+/// dropped unanswered, and the connection's own error says why.
+type Answer = Result<Outcome, (Option<Error>, Vec<Vec<u8>>)>;
+
 struct Pending {
     cmd: u16,
+    flags: u16,
     offset: u64,
     len: u32,
     /// Read destination: zero-filled buffers whose lengths add up to `len`.
@@ -35,7 +47,44 @@ struct Pending {
     covered_bytes: u64,
     extents: Option<Vec<(u32, u32)>>,
     error: Option<Error>,
-    done: oneshot::Sender<Result<Outcome, Error>>,
+    /// Taken when the answer is sent; a request dropped before that still answers.
+    done: Option<oneshot::Sender<Answer>>,
+}
+
+impl Pending {
+    /// Sends the caller its result, with the read buffers if it failed.
+    fn finish(mut self, result: Result<Outcome, Error>) {
+        if let Some(done) = self.done.take() {
+            let bufs = std::mem::take(&mut self.bufs);
+            let _ = done.send(result.map_err(|e| (Some(e), bufs)));
+        }
+    }
+
+    /// A write the server has not been asked to make durable at once: a later flush, and
+    /// nothing else, makes it so.
+    fn unforced_write(&self) -> bool {
+        matches!(self.cmd, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES) && self.flags & CMD_FLAG_FUA == 0
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // Dropped unanswered (the reader task was stopped in the middle of this reply):
+        // the caller still gets its buffers back.
+        if let Some(done) = self.done.take() {
+            let _ = done.send(Err((None, std::mem::take(&mut self.bufs))));
+        }
+    }
+}
+
+/// Becomes true once the connection has failed and every request in flight was answered
+/// (fail_all ran); a reconnecting client waits on it.
+struct Ended(watch::Sender<bool>);
+
+impl Default for Ended {
+    fn default() -> Ended {
+        Ended(watch::Sender::new(false))
+    }
 }
 
 #[derive(Default)]
@@ -49,6 +98,9 @@ struct State {
     server_shutting_down: bool,
     /// fail_all has run: requests in flight were failed and the table must stay empty.
     failed: bool,
+    /// Unforced writes the server acknowledged on this connection; final once `failed`.
+    writes_acked: u64,
+    ended: Ended,
 }
 
 /// The write half; `None` once the connection is closed (by DISC or after a failure).
@@ -108,19 +160,38 @@ impl Connection {
         st.dead.is_none().then_some(st.pending.len())
     }
 
+    /// Why the connection takes no more requests, once it does not.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.state.lock().unwrap().dead.clone()
+    }
+
+    /// Unforced writes acknowledged here so far (see `Pending::unforced_write`); final once
+    /// `ended` has returned.
+    pub(crate) fn writes_acked(&self) -> u64 {
+        self.state.lock().unwrap().writes_acked
+    }
+
+    /// Returns once the connection has failed or closed and every request in flight on it
+    /// has been answered or failed.
+    pub(crate) async fn ended(&self) {
+        let mut ended = self.state.lock().unwrap().ended.0.subscribe();
+        let _ = ended.wait_for(|&e| e).await;
+    }
+
     /// Sends one request and waits for its reply. `payload` follows the header (writes);
-    /// `bufs` receive a read's data.
-    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+    /// `bufs` receive a read's data, and come back on failure too.
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Failed> {
         debug_assert!(cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len as u64);
         let (tx, rx) = oneshot::channel();
         let handle = {
             let mut st = self.state.lock().unwrap();
             if let Some(e) = &st.dead {
-                return Err(e.clone());
+                return Err(Failed { error: e.clone(), bufs });
             }
             let handle = st.next_handle;
             st.next_handle = st.next_handle.wrapping_add(1);
-            let p = Pending { cmd, offset, len, bufs, covered: Vec::new(), covered_bytes: 0, extents: None, error: None, done: tx };
+            let done = Some(tx);
+            let p = Pending { cmd, flags, offset, len, bufs, covered: Vec::new(), covered_bytes: 0, extents: None, error: None, done };
             st.pending.insert(handle, p);
             handle
         };
@@ -131,10 +202,13 @@ impl Connection {
         {
             let mut lock = self.writer.lock().await;
             let Some(w) = lock.as_mut() else {
-                // Closed (DISC sent, or failed) after the check above.
-                self.state.lock().unwrap().pending.remove(&handle);
+                // Closed (DISC sent, or failed) after the check above: the entry, dropped
+                // unanswered, fails with the connection's error below.
+                let unsent = self.state.lock().unwrap().pending.remove(&handle);
+                drop(unsent);
                 guard.finished = true;
-                return Err(self.state.lock().unwrap().dead.clone().unwrap_or(Error::Closed));
+                drop(lock);
+                return self.answer(rx).await;
             };
             // Header and payload in one writev; no allocation for the usual one-slice payload.
             let mut few = [IoSlice::new(&header), IoSlice::new(&[])];
@@ -164,16 +238,21 @@ impl Connection {
             }
             guard.finished = true;
             if let Some(e) = failed {
-                let e = Error::io(e);
                 lock.take();
-                fail_all(&self.state, e.clone());
+                fail_all(&self.state, Error::io(e));
                 self.reader.abort();
-                return Err(e);
             }
         }
+        self.answer(rx).await
+    }
+
+    async fn answer(&self, rx: oneshot::Receiver<Answer>) -> Result<Outcome, Failed> {
+        let dead = || self.failure().unwrap_or(Error::Closed);
         match rx.await {
-            Ok(r) => r,
-            Err(_) => Err(self.state.lock().unwrap().dead.clone().unwrap_or(Error::Closed)),
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err((error, bufs))) => Err(Failed { error: error.unwrap_or_else(dead), bufs }),
+            // Every entry answers, even when dropped; this is only for completeness.
+            Err(_) => Err(Failed { error: dead(), bufs: Vec::new() }),
         }
     }
 
@@ -236,8 +315,9 @@ fn fail_all(state: &Mutex<State>, e: Error) {
         std::mem::take(&mut st.pending)
     };
     for (_, p) in pending {
-        let _ = p.done.send(Err(e.clone()));
+        p.finish(Err(e.clone()));
     }
+    state.lock().unwrap().ended.0.send_replace(true);
 }
 
 async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer: SharedWriter, session: Session) {
@@ -283,8 +363,24 @@ fn take(state: &Mutex<State>, handle: u64) -> Result<Pending, Error> {
     }
 }
 
-fn finish(p: Pending, result: Result<Outcome, Error>) {
-    let _ = p.done.send(result);
+/// Hands a request the server's answer. An unforced write counts in `writes_acked`,
+/// unless the connection failed meanwhile: then it fails instead (resending a write is
+/// safe), so that the count a failed connection ends with is exact.
+fn finish(state: &Mutex<State>, p: Pending, result: Result<Outcome, Error>) {
+    let result = match result {
+        Ok(outcome) if p.unforced_write() => {
+            let mut st = state.lock().unwrap();
+            match st.failed {
+                true => Err(st.dead.clone().unwrap_or(Error::Closed)),
+                false => {
+                    st.writes_acked += 1;
+                    Ok(outcome)
+                }
+            }
+        }
+        other => other,
+    };
+    p.finish(result);
 }
 
 /// Notes an ESHUTDOWN answer: no new requests from now on (they get this error).
@@ -310,7 +406,7 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
             if code != 0 {
                 let result = Err(Error::Server { errno: code, message: None });
                 note_shutdown(state, &result);
-                finish(p, result);
+                finish(state, p, result);
                 return Ok(());
             }
             match p.cmd {
@@ -318,19 +414,19 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
                     // Simple replies carry the whole range; the buffers are exactly its size.
                     for i in 0..p.bufs.len() {
                         if let Err(e) = read_exact(r, &mut p.bufs[i]).await {
-                            finish(p, Err(e.clone()));
+                            finish(state, p, Err(e.clone()));
                             return Err(e);
                         }
                     }
                     let bufs = std::mem::take(&mut p.bufs);
-                    finish(p, Ok(Outcome::Read(bufs)));
+                    finish(state, p, Ok(Outcome::Read(bufs)));
                 }
                 CMD_BLOCK_STATUS => {
                     let e = Error::Protocol("simple reply to BLOCK_STATUS".into());
-                    finish(p, Err(e.clone()));
+                    finish(state, p, Err(e.clone()));
                     return Err(e);
                 }
-                _ => finish(p, Ok(Outcome::Done)),
+                _ => finish(state, p, Ok(Outcome::Done)),
             }
             Ok(())
         }
@@ -340,19 +436,19 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
             let h = wire_c::ChunkHeader::decode(&rest);
             let mut p = take(state, h.handle)?;
             if let Err(e) = chunk(r, &mut p, &h, session).await {
-                finish(p, Err(e.clone()));
+                finish(state, p, Err(e.clone()));
                 return Err(e);
             }
             if h.done() {
                 let result = complete(&mut p);
                 match result {
                     Err(e @ Error::Protocol(_)) => {
-                        finish(p, Err(e.clone()));
+                        finish(state, p, Err(e.clone()));
                         return Err(e);
                     }
                     other => {
                         note_shutdown(state, &other);
-                        finish(p, other);
+                        finish(state, p, other);
                     }
                 }
             } else {
@@ -362,7 +458,7 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
                     // will not see the entry, so finish it here.
                     let e = st.dead.clone().unwrap_or(Error::Closed);
                     drop(st);
-                    finish(p, Err(e));
+                    finish(state, p, Err(e));
                 } else {
                     st.pending.insert(h.handle, p);
                 }

@@ -29,6 +29,15 @@ pub enum Error {
     Unaligned { offset: u64, len: u64, block: u32 },
     /// The connection is closed (by us, or earlier after an error).
     Closed,
+    /// The connection dropped and the client gave it up (see `Reconnect`): it could not be
+    /// re-established in time, it came back to a different export, or this request kept
+    /// losing its connection. `why` says which.
+    Disconnected { why: String },
+    /// The connection dropped during a flush, or with writes acknowledged that no flush had
+    /// yet covered: those writes may not be durable, since the server may have gone down
+    /// with them in its cache. The caller should write them again and flush. Said once per
+    /// loss; the next flush is an ordinary one.
+    DurabilityLost,
 }
 
 impl Error {
@@ -65,6 +74,11 @@ impl std::fmt::Display for Error {
                 write!(f, "request at offset {offset} of {len} bytes is not aligned to the export's {block}-byte blocks")
             }
             Error::Closed => write!(f, "the connection is closed"),
+            Error::Disconnected { why } => write!(f, "lost the connection to the server: {why}"),
+            Error::DurabilityLost => write!(
+                f,
+                "the connection to the server was lost before a flush: writes acknowledged before it may not be durable (write them again, then flush)"
+            ),
         }
     }
 }

@@ -1,15 +1,19 @@
 //! The client side of the fixed-newstyle handshake: greeting, structured replies,
 //! base:allocation, then NBD_OPT_GO (or NBD_OPT_EXPORT_NAME on servers without GO); and
-//! NBD_OPT_LIST / NBD_OPT_INFO for listing exports.
+//! NBD_OPT_LIST / NBD_OPT_INFO for listing exports. `open` does it all under a deadline
+//! and starts transmission on the connection it yields.
 
+use crate::connection::Connection;
 use crate::error::Error;
 use crate::export::Export;
 use crate::limits::*;
+use crate::options::Options;
 use crate::socket::{self, Reader, Writer};
 use crate::uri::Uri;
 use sluice_proto::client as wire_c;
 use sluice_proto::client::{Info, OptionReply, OPTION_REPLY_BYTES};
 use sluice_proto::wire::*;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// One export as NBD_OPT_LIST names it, with its details when NBD_OPT_INFO gave them.
@@ -24,6 +28,18 @@ pub struct ExportEntry {
 pub(crate) struct Negotiated {
     pub export: Export,
     pub base_allocation_id: Option<u32>,
+}
+
+/// Connects to `uri`, negotiates its export as `options` ask, and starts transmission, all
+/// within `timeout`.
+pub(crate) async fn open(uri: &Uri, options: &Options, timeout: Duration) -> Result<(Export, Connection), Error> {
+    let work = async {
+        let (mut r, mut w) = socket::open(&uri.address).await?;
+        let n = negotiate(&mut r, &mut w, &uri.export, options.structured, options.block_status).await?;
+        let conn = Connection::start(r, w, n.export.structured, n.base_allocation_id);
+        Ok((n.export, conn))
+    };
+    tokio::time::timeout(timeout, work).await.unwrap_or(Err(Error::Timeout))
 }
 
 async fn read_exact(r: &mut Reader, buf: &mut [u8], what: &str) -> Result<(), Error> {
@@ -89,7 +105,7 @@ async fn shutting_down(r: &mut Reader, w: &mut Writer, rep: &OptionReply, payloa
 }
 
 /// Negotiates transmission of `export` on a fresh connection.
-pub(crate) async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured: bool, want_block_status: bool) -> Result<Negotiated, Error> {
+async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured: bool, want_block_status: bool) -> Result<Negotiated, Error> {
     let server_flags = greet(r, w).await?;
     let mut out = Vec::new();
 
@@ -233,7 +249,7 @@ async fn export_name(r: &mut Reader, w: &mut Writer, server_flags: u16, ex: &mut
 /// Lists the server's exports with NBD_OPT_LIST; with `details`, asks NBD_OPT_INFO about
 /// each one (servers without INFO leave `details` empty).
 pub async fn list_exports(uri: &Uri, details: bool) -> Result<Vec<ExportEntry>, Error> {
-    let deadline = std::time::Duration::from_millis(CONNECT_TIMEOUT_MS);
+    let deadline = Duration::from_millis(CONNECT_TIMEOUT_MS);
     tokio::time::timeout(deadline, async {
         let (mut r, mut w) = socket::open(&uri.address).await?;
         greet(&mut r, &mut w).await?;

@@ -1,7 +1,8 @@
 //! An async NBD client (tokio). Connects by NBD URI, negotiates fixed newstyle with
 //! structured replies and base:allocation, keeps many requests in flight on each connection
 //! with replies matched by handle in any order, and spreads requests over several
-//! connections when the server allows multi-conn.
+//! connections when the server allows multi-conn. With `Options::reconnect`, a connection
+//! that drops is re-established with backoff and the requests it cut off are sent again.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), sluice_client::Error> {
@@ -23,13 +24,17 @@ mod error;
 mod export;
 mod handshake;
 pub mod limits;
+mod links;
+mod options;
 mod readahead;
+mod reconnect;
 mod socket;
 mod uri;
 
-pub use client::{Client, Extent, Options};
+pub use client::{Client, Extent};
 pub use error::Error;
 pub use export::Export;
 pub use handshake::{list_exports, ExportEntry};
+pub use options::{Options, Reconnect};
 pub use readahead::Readahead;
 pub use uri::{Address, Uri};

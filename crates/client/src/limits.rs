@@ -39,8 +39,24 @@ pub const CONNECTIONS_MAX: usize = 64;
 /// Time allowed to connect and finish the handshake.
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 
+/// Reconnecting (`Reconnect::default()`): a server restarting takes a moment, so the first
+/// attempt waits a little; then the waits double up to the cap, so that a server that
+/// stays away is not hammered; after a minute, about what a caller waits for a disk before
+/// calling it failed, the client gives up.
+pub const RECONNECT_INITIAL_DELAY_MS: u64 = 100;
+pub const RECONNECT_MAX_DELAY_MS: u64 = 10_000;
+pub const RECONNECT_GIVE_UP_AFTER_MS: u64 = 60_000;
+
+/// Times one request is sent before it fails with `Error::Disconnected`. Each try after
+/// the first needs a connection re-established, so this only stops a request that makes
+/// the server drop it, or one caught in a server that keeps accepting and dropping.
+pub const REQUEST_ATTEMPTS_MAX: u32 = 8;
+
 /// Buffered bytes between the socket and the reply parser; larger payloads bypass it.
 pub const READ_BUFFER_BYTES: usize = 256 * 1024;
 
 const _: () = assert!(RANGE_REQUEST_MAX_BYTES.is_power_of_two());
 const _: () = assert!(CHUNK_PAYLOAD_MAX_BYTES >= OPTION_REPLY_MAX_BYTES);
+const _: () = assert!(RECONNECT_INITIAL_DELAY_MS <= RECONNECT_MAX_DELAY_MS);
+const _: () = assert!(RECONNECT_MAX_DELAY_MS <= RECONNECT_GIVE_UP_AFTER_MS);
+const _: () = assert!(REQUEST_ATTEMPTS_MAX >= 2);
