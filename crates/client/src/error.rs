@@ -29,6 +29,9 @@ pub enum Error {
     Unaligned { offset: u64, len: u64, block: u32 },
     /// The connection is closed (by us, or earlier after an error).
     Closed,
+    /// A pool (`pool:PATH`) cannot be opened: its file is bad, or a member cannot be
+    /// reached or read. The text names the file or the member.
+    Pool(String),
 }
 
 impl Error {
@@ -65,6 +68,7 @@ impl std::fmt::Display for Error {
                 write!(f, "request at offset {offset} of {len} bytes is not aligned to the export's {block}-byte blocks")
             }
             Error::Closed => write!(f, "the connection is closed"),
+            Error::Pool(m) => write!(f, "{m}"),
         }
     }
 }

@@ -29,6 +29,9 @@ pub(crate) async fn open(address: &Address) -> Result<(Reader, Writer), Error> {
             let (r, w) = s.into_split();
             (Box::new(r), Box::new(w))
         }
+        Address::Pool(path) => {
+            return Err(Error::Uri(format!("pool:{} names a pool, not a server", path.display())));
+        }
     };
     Ok((BufReader::with_capacity(READ_BUFFER_BYTES, r), w))
 }

@@ -1,6 +1,7 @@
 //! NBD URIs as doc/uri.md of NetworkBlockDevice/nbd defines them:
 //! `nbd://host[:port][/export]` and `nbd+unix:///[export]?socket=PATH`. The TLS schemes
-//! (`nbds`, `nbds+unix`) parse but are refused until sluice speaks TLS.
+//! (`nbds`, `nbds+unix`) parse but are refused until sluice speaks TLS. `pool:PATH` names a
+//! pool file instead of a server (see `crate::pool`).
 
 use crate::error::Error;
 use std::path::PathBuf;
@@ -13,6 +14,8 @@ pub enum Address {
     /// A host name or IP address (IPv6 without brackets) and port.
     Tcp { host: String, port: u16 },
     Unix(PathBuf),
+    /// A pool file (`pool:PATH`): one volume over the NBD servers it lists.
+    Pool(PathBuf),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +28,12 @@ pub struct Uri {
 impl Uri {
     pub fn parse(s: &str) -> Result<Uri, Error> {
         let bad = |m: &str| Err(Error::Uri(format!("{m} in {s:?}")));
+        if let Some(path) = s.strip_prefix("pool:") {
+            if path.is_empty() {
+                return bad("pool: needs the path of a pool file");
+            }
+            return Ok(Uri { address: Address::Pool(PathBuf::from(path)), export: String::new() });
+        }
         let Some((scheme, rest)) = s.split_once("://") else {
             return bad("no scheme (expected nbd:// or nbd+unix://)");
         };
@@ -92,6 +101,7 @@ impl std::fmt::Display for Uri {
             Address::Tcp { host, port } if host.contains(':') => write!(f, "nbd://[{host}]:{port}/{export}"),
             Address::Tcp { host, port } => write!(f, "nbd://{host}:{port}/{export}"),
             Address::Unix(p) => write!(f, "nbd+unix:///{export}?socket={}", percent_encode(&p.to_string_lossy())),
+            Address::Pool(p) => write!(f, "pool:{}", p.display()),
         }
     }
 }
@@ -188,6 +198,15 @@ mod tests {
         assert_eq!(Uri::parse(&u.to_string()).unwrap(), u);
         assert!(Uri::parse("nbd+unix:///disk").is_err());
         assert!(Uri::parse("nbd+unix://host/disk?socket=/s").is_err());
+    }
+
+    #[test]
+    fn pool_files() {
+        let u = Uri::parse("pool:/etc/sluice/vol.toml").unwrap();
+        assert_eq!(u, Uri { address: Address::Pool("/etc/sluice/vol.toml".into()), export: String::new() });
+        assert_eq!(Uri::parse(&u.to_string()).unwrap(), u);
+        assert_eq!(Uri::parse("pool:rel/p.toml").unwrap().address, Address::Pool("rel/p.toml".into()));
+        assert!(Uri::parse("pool:").is_err());
     }
 
     #[test]
