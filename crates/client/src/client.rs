@@ -1,14 +1,16 @@
 //! The public client: one export over one or more connections. Checks each call against
 //! what the export allows before sending, splits ranges larger than one request, and
-//! spreads requests over connections (multi-conn) by fewest in flight.
+//! spreads requests over connections (multi-conn) by fewest in flight. A client of a pool
+//! (`pool:PATH`) sends the same requests to the pool's driver instead.
 
 use crate::connection::{Connection, Outcome};
 use crate::error::Error;
 use crate::export::Export;
 use crate::handshake;
 use crate::limits::*;
+use crate::pool::PoolDriver;
 use crate::socket;
-use crate::uri::Uri;
+use crate::uri::{Address, Uri};
 use sluice_proto::wire::*;
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -54,7 +56,15 @@ pub struct Client {
 
 struct Inner {
     export: Export,
-    connections: Vec<Connection>,
+    transport: Transport,
+}
+
+/// Where requests go.
+enum Transport {
+    /// The export's own connections.
+    Conns(Vec<Connection>),
+    /// A pool's coordinator, which sends them on to its members.
+    Pool(PoolDriver<Client>),
 }
 
 impl Client {
@@ -64,6 +74,10 @@ impl Client {
     }
 
     pub async fn connect_with(uri: &Uri, options: &Options) -> Result<Client, Error> {
+        if let Address::Pool(path) = &uri.address {
+            let (export, driver) = crate::pool::open(path, options).await?;
+            return Ok(Client { inner: Arc::new(Inner { export, transport: Transport::Pool(driver) }) });
+        }
         let first = open_one(uri, options).await?;
         let export = first.0.clone();
         let mut connections = vec![first.1];
@@ -78,7 +92,7 @@ impl Client {
                 connections.push(conn);
             }
         }
-        Ok(Client { inner: Arc::new(Inner { export, connections }) })
+        Ok(Client { inner: Arc::new(Inner { export, transport: Transport::Conns(connections) }) })
     }
 
     /// The export as negotiated.
@@ -90,14 +104,31 @@ impl Client {
         self.inner.export.size
     }
 
-    /// Connections actually open (1 unless the server allows multi-conn and more were asked).
+    /// Connections actually open (1 unless the server allows multi-conn and more were asked;
+    /// for a pool, those to all its members).
     pub fn connections(&self) -> usize {
-        self.inner.connections.len()
+        match &self.inner.transport {
+            Transport::Conns(connections) => connections.len(),
+            Transport::Pool(pool) => pool.connections(),
+        }
     }
 
-    fn pick(&self) -> Result<&Connection, Error> {
-        let live = self.inner.connections.iter().filter_map(|c| c.load().map(|n| (n, c)));
-        live.min_by_key(|&(n, _)| n).map(|(_, c)| c).ok_or(Error::Closed)
+    /// The live state of the pool this client uses (members, resync progress, dirty
+    /// regions); `None` for a plain export.
+    pub fn pool_status(&self) -> Option<sluice_pool::Status> {
+        match &self.inner.transport {
+            Transport::Conns(_) => None,
+            Transport::Pool(pool) => Some(pool.status()),
+        }
+    }
+
+    /// Sends one request, checked and no larger than the export allows, on the least
+    /// loaded connection, or to the pool.
+    async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+        match &self.inner.transport {
+            Transport::Conns(connections) => pick(connections)?.call(cmd, flags, offset, len, payload, bufs).await,
+            Transport::Pool(pool) => pool.call(cmd, flags, offset, len, payload, bufs).await,
+        }
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {
@@ -178,7 +209,7 @@ impl Client {
         if total == 0 {
             return Ok(bufs);
         }
-        match self.pick()?.call(CMD_READ, 0, offset, total as u32, &[], bufs).await? {
+        match self.call(CMD_READ, 0, offset, total as u32, &[], bufs).await? {
             Outcome::Read(b) => Ok(b),
             _ => Err(Error::Protocol("read answered without data".into())),
         }
@@ -211,7 +242,7 @@ impl Client {
             if total == 0 {
                 return Ok(());
             }
-            self.pick()?.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new()).await?;
+            self.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new()).await?;
             return Ok(());
         }
         // Split into requests of at most `max` bytes, each a list of sub-slices, all sent at once.
@@ -237,7 +268,7 @@ impl Client {
         }
         let calls = requests.iter().map(|(off, slices)| {
             let len: usize = slices.iter().map(|s| s.len()).sum();
-            async move { self.pick()?.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new()).await }
+            async move { self.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new()).await }
         });
         for r in join_all(calls).await {
             r?;
@@ -261,7 +292,7 @@ impl Client {
             // The server says writes are durable when answered.
             return Ok(());
         }
-        self.pick()?.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()).await?;
+        self.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()).await?;
         Ok(())
     }
 
@@ -335,7 +366,7 @@ impl Client {
         let calls = (0..len.div_ceil(step)).map(|i| {
             let at = offset + i * step;
             let n = (len - i * step).min(step) as u32;
-            async move { self.pick()?.call(cmd, flags, at, n, &[], Vec::new()).await }
+            async move { self.call(cmd, flags, at, n, &[], Vec::new()).await }
         });
         for r in join_all(calls).await {
             r?;
@@ -360,7 +391,7 @@ impl Client {
         let b = ex.block_min as u64;
         let lo = offset / b * b;
         let hi = (offset + len).next_multiple_of(b).min(ex.size);
-        let descriptors = match self.pick()?.call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new()).await? {
+        let descriptors = match self.call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new()).await? {
             Outcome::Extents(e) => e,
             _ => return Err(Error::Protocol("block status answered without extents".into())),
         };
@@ -398,12 +429,23 @@ impl Client {
     }
 
     /// Sends NBD_CMD_DISC on every connection. Requests in flight may still complete; new
-    /// ones fail with `Error::Closed`.
+    /// ones fail with `Error::Closed`. A pool first stops cleanly: requests in flight
+    /// finish and the members' superblocks are released.
     pub async fn disconnect(&self) {
-        for c in &self.inner.connections {
-            c.disconnect().await;
+        match &self.inner.transport {
+            Transport::Conns(connections) => {
+                for c in connections {
+                    c.disconnect().await;
+                }
+            }
+            Transport::Pool(pool) => pool.disconnect().await,
         }
     }
+}
+
+fn pick(connections: &[Connection]) -> Result<&Connection, Error> {
+    let live = connections.iter().filter_map(|c| c.load().map(|n| (n, c)));
+    live.min_by_key(|&(n, _)| n).map(|(_, c)| c).ok_or(Error::Closed)
 }
 
 async fn open_one(uri: &Uri, options: &Options) -> Result<(Export, Connection), Error> {
