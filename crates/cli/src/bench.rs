@@ -73,7 +73,7 @@ the run was interrupted; 2 for a bad command line or URI, writes without --write
 sweep that does not fit the export.")]
 pub struct BenchArgs {
     /// NBD URI of the export to measure: nbd://HOST[:PORT]/EXPORT or
-    /// nbd+unix:///EXPORT?socket=PATH.
+    /// nbd+unix:///EXPORT?socket=PATH, or pool:PATH for a pool.
     #[arg(value_name = "URI")]
     uri: String,
 

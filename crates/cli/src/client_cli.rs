@@ -12,10 +12,11 @@ pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build().expect("tokio runtime")
 }
 
-/// The exit status for a client error: 2 for a URI the user mistyped, 1 for the rest.
+/// The exit status for a client error: 2 for a URI the user mistyped or a pool that cannot
+/// be opened (a bad pool file, a member that cannot be reached), 1 for the rest.
 pub fn exit_code(e: &Error) -> u8 {
     match e {
-        Error::Uri(_) => EXIT_USAGE,
+        Error::Uri(_) | Error::Pool(_) => EXIT_USAGE,
         _ => EXIT_FAILURE,
     }
 }

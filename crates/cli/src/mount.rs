@@ -48,7 +48,8 @@ export, /dev/fuse is missing, mounting fails, or the final flush fails; 2 for a 
 line or URI, or a FILE that is a directory."
 )]
 pub struct MountArgs {
-    /// The export: nbd://HOST[:PORT]/NAME or nbd+unix:///NAME?socket=PATH.
+    /// The export: nbd://HOST[:PORT]/NAME or nbd+unix:///NAME?socket=PATH, or pool:PATH
+    /// for a pool.
     #[arg(value_name = "URI")]
     uri: String,
 
