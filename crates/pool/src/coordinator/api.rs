@@ -113,6 +113,9 @@ pub enum Action {
     Drop { member: usize },
     /// The resync buffer is no longer needed.
     Release { copy: CopyId },
+    /// Something an operator should see in the log (a member declared missing, back,
+    /// resynced; the pool taken over).
+    Log { text: String },
 }
 
 /// Who this coordinator is, written into the members' superblocks as their owner.

@@ -14,14 +14,59 @@
 //!   of each set to the others, and reads of them go to that first member until then.
 
 mod api;
+mod assemble;
+mod members;
+mod request;
+mod resync;
+mod state;
 
 pub use api::*;
+pub use assemble::{format, survey};
 
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::layout::Map;
+use crate::meta::Role;
 use crate::spec::PoolSpec;
+use state::{Cleaning, Job, Lock, Member, Op, RegionUse, Request, Stopping};
 
 /// One pool's coordinator.
 pub struct Coordinator {
-    _private: (),
+    spec: PoolSpec,
+    map: Map,
+    pool_id: [u8; 16],
+    region_bytes: u64,
+    regions: u64,
+    events: u64,
+    session: Session,
+    heartbeat: u64,
+    members: Vec<Member>,
+    /// The write-intent bitmap as it should be on the members.
+    bits: Vec<u64>,
+    /// Per metadata block (0: superblock, 1..: bitmap): the generation of its contents.
+    gen: Vec<u64>,
+    /// Writes in flight per dirty region, and when one last touched it.
+    uses: BTreeMap<u64, RegionUse>,
+    requests: BTreeMap<ReqId, Request>,
+    blocked: VecDeque<ReqId>,
+    ops: BTreeMap<OpId, Op>,
+    jobs: Vec<Option<Job>>,
+    locks: Vec<Lock>,
+    cleaning: Option<Cleaning>,
+    actions: VecDeque<Action>,
+    next_id: u64,
+    now: u64,
+    /// The superblock generation that takes the pool over; writes wait for it.
+    startup_gen: u64,
+    next_heartbeat: u64,
+    fence_reads_out: usize,
+    fenced: Option<String>,
+    next_clean: u64,
+    /// Resync pacing: bytes started since `pace_origin`.
+    pace_origin: u64,
+    paced_bytes: u64,
+    resynced_bytes: u64,
+    stopping: Stopping,
 }
 
 impl Coordinator {
@@ -30,85 +75,155 @@ impl Coordinator {
     /// the pool, or when one belongs to another pool. The superblocks must have no live
     /// owner: the driver checks the lease (see `meta::Owner`) before calling this.
     pub fn assemble(spec: &PoolSpec, found: Vec<Option<Found>>, session: Session, degraded: bool, now: u64) -> Result<Coordinator, String> {
-        let _ = (spec, found, session, degraded, now);
-        todo!("being written")
+        assemble::assemble(spec, found, session, degraded, now)
     }
 
     /// Usable bytes of the volume.
     pub fn size(&self) -> u64 {
-        todo!("being written")
+        self.map.size()
     }
 
     /// Starts a volume request.
     pub fn submit(&mut self, cmd: Command, now: u64) -> ReqId {
-        let _ = (cmd, now);
-        todo!("being written")
+        self.now = self.now.max(now);
+        let id = ReqId(self.fresh_id());
+        self.start_request(id, cmd);
+        self.advance();
+        id
     }
 
     /// Reports a member operation's outcome.
     pub fn handle(&mut self, op: OpId, outcome: OpOutcome, now: u64) {
-        let _ = (op, outcome, now);
-        todo!("being written")
+        self.now = self.now.max(now);
+        // Operations of a member that was dropped were settled then; late news is ignored.
+        if let Some(op) = self.ops.remove(&op) {
+            self.settle(op, outcome);
+        }
+        self.advance();
     }
 
     /// The driver lost a member's connection (a read or write on it failed outside any
     /// operation, or it closed).
     pub fn member_lost(&mut self, member: usize, why: &str, now: u64) {
-        let _ = (member, why, now);
-        todo!("being written")
+        self.now = self.now.max(now);
+        if member < self.members.len() {
+            self.fail_member(member, why);
+        }
+        self.advance();
     }
 
     /// A member that was dropped answers again; `found` is what its metadata area holds now.
     pub fn member_back(&mut self, member: usize, found: Found, now: u64) {
-        let _ = (member, found, now);
-        todo!("being written")
+        self.now = self.now.max(now);
+        if member < self.members.len() && !self.members[member].connected {
+            self.rejoin(member, found);
+        }
+        self.advance();
     }
 
     /// Lets time pass: time-outs, heartbeats, cleaning dirty regions, resync pacing. Call it
     /// at `next_wakeup()` (or any time).
     pub fn tick(&mut self, now: u64) {
-        let _ = now;
-        todo!("being written")
+        self.now = self.now.max(now);
+        let late: Vec<usize> = self.ops.values().filter(|o| o.deadline <= self.now).map(|o| o.member).collect();
+        for m in late {
+            let ms = self.spec.member_timeout_ms;
+            self.fail_member(m, &format!("no answer within {ms} ms"));
+        }
+        self.heartbeat_due();
+        self.clean_due();
+        self.advance();
     }
 
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
-        todo!("being written")
+        let deadline = self.ops.values().map(|o| o.deadline).min();
+        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup()];
+        timers.into_iter().flatten().min()
     }
 
     /// The next thing for the driver to do.
     pub fn poll(&mut self) -> Option<Action> {
-        todo!("being written")
+        self.actions.pop_front()
     }
 
     /// Starts a clean stop: new requests fail, those in flight finish, dirty regions are
     /// cleaned where every copy is in sync, and the superblocks are released. `is_stopped`
     /// says when it is done (members can then be disconnected).
     pub fn stop(&mut self, now: u64) {
-        let _ = now;
-        todo!("being written")
+        self.now = self.now.max(now);
+        if self.stopping == Stopping::Running {
+            self.stopping = Stopping::Draining;
+        }
+        self.advance();
     }
 
     pub fn is_stopped(&self) -> bool {
-        todo!("being written")
+        self.stopping == Stopping::Stopped
+    }
+
+    /// Why the coordinator stopped writing, when another one took the pool over.
+    pub fn fenced(&self) -> Option<&str> {
+        self.fenced.as_deref()
     }
 
     pub fn status(&self) -> Status {
-        todo!("being written")
+        let members = (0..self.members.len()).map(|m| MemberStatus { uri: self.spec.members[m].clone(), state: self.member_state(m) }).collect();
+        Status {
+            pool_id: crate::meta::id_text(&self.pool_id),
+            layout: self.spec.layout,
+            stripe_unit: self.map.unit,
+            copies: self.spec.copies,
+            size: self.map.size(),
+            events: self.events,
+            region_bytes: self.region_bytes,
+            dirty_regions: self.bits.iter().map(|w| w.count_ones() as u64).sum(),
+            resynced_bytes: self.resynced_bytes,
+            members,
+        }
     }
-}
 
-/// What `pool init` writes at offset 0 of each member (superblock and a clean bitmap), for
-/// members of these device sizes. Refuses a member that already carries pool metadata
-/// unless `force`.
-pub fn format(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], force: bool) -> Result<Vec<Vec<u8>>, String> {
-    let _ = (spec, found, pool_id, force);
-    todo!("being written")
-}
+    fn member_state(&self, m: usize) -> MemberState {
+        let job = self.jobs.iter().flatten().find(|j| j.target == m);
+        match (self.members[m].role, job) {
+            (Role::Missing { .. }, _) => MemberState::Missing,
+            (_, Some(j)) => MemberState::Resyncing { done: j.done_bytes, total: j.total_bytes },
+            (Role::Rebuilding { .. }, None) => MemberState::Stale,
+            (Role::Active, None) if !self.members[m].connected => MemberState::Missing,
+            (Role::Active, None) => MemberState::InSync,
+        }
+    }
 
-/// The pool's state as the members' metadata records it, without assembling it (for
-/// `pool status`; `None`: unreachable).
-pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String> {
-    let _ = (spec, found);
-    todo!("being written")
+    fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Redundant layouts keep the write-intent bitmap, the owner and resync.
+    fn redundant(&self) -> bool {
+        self.spec.layout.redundant()
+    }
+
+    /// Sends an operation to a member.
+    fn issue(&mut self, member: usize, cmd: MemberCmd, data: Data, purpose: state::Purpose) -> OpId {
+        let op = OpId(self.fresh_id());
+        let deadline = self.now + self.spec.member_timeout_ms;
+        self.ops.insert(op, Op { member, purpose, deadline });
+        self.actions.push_back(Action::Member { op, member, cmd, data });
+        op
+    }
+
+    /// Carries on with whatever the last event made possible, until nothing moves.
+    fn advance(&mut self) {
+        loop {
+            let mut moved = self.write_metadata();
+            moved |= self.unblock_requests();
+            moved |= self.finish_requests();
+            moved |= self.run_jobs();
+            moved |= self.step_stop();
+            if !moved {
+                break;
+            }
+        }
+    }
 }

@@ -1,0 +1,240 @@
+//! Members: their metadata (superblock and bitmap, written block by block and in order),
+//! failure, return, and the heartbeat that keeps one coordinator per pool.
+
+use std::collections::BTreeSet;
+
+use super::api::{Action, Data, Found, MemberCmd, OpOutcome};
+use super::state::{JobKind, Op, Purpose, Stopping};
+use super::Coordinator;
+use crate::limits::{HEARTBEAT_MS, META_BLOCK_BYTES};
+use crate::meta::{bitmap_block_bytes, id_text, Owner, Role, Superblock};
+
+impl Coordinator {
+    /// Routes an operation's outcome to what it was for.
+    pub(super) fn settle(&mut self, op: Op, outcome: OpOutcome) {
+        if let OpOutcome::Failed(why) = &outcome {
+            let why = why.clone();
+            self.settle_ok_or_failed(&op, &outcome);
+            self.fail_member(op.member, &why);
+            return;
+        }
+        self.settle_ok_or_failed(&op, &outcome);
+    }
+
+    fn settle_ok_or_failed(&mut self, op: &Op, outcome: &OpOutcome) {
+        let ok = !matches!(outcome, OpOutcome::Failed(_));
+        match op.purpose {
+            Purpose::Piece { .. } | Purpose::Flush { .. } => self.settle_request(op, outcome),
+            Purpose::MetaWrite { block, gen, events } => {
+                let m = &mut self.members[op.member];
+                m.writing[block] = None;
+                if ok {
+                    m.written[block] = m.written[block].max(gen);
+                    if block == 0 {
+                        m.durable_events = m.durable_events.max(events);
+                    }
+                }
+            }
+            Purpose::FenceCheck => {
+                self.fence_reads_out -= 1;
+                if let OpOutcome::Data(bytes) = outcome {
+                    self.check_owner(op.member, bytes);
+                }
+                if self.fence_reads_out == 0 && self.fenced.is_none() {
+                    self.heartbeat += 1;
+                    self.gen[0] += 1;
+                }
+            }
+            Purpose::CleanFlush => self.settle_clean_flush(ok),
+            Purpose::CopyRead { job, chunk, copy } => self.settle_copy_read(job, chunk, copy, ok),
+            Purpose::CopyWrite { job, chunk, copy } => self.settle_copy_write(job, chunk, copy, ok),
+            Purpose::JobFlush { job } => self.settle_job_flush(job, ok),
+        }
+    }
+
+    /// Declares a member missing: its operations are settled as failed now, the survivors'
+    /// superblocks will record it, and the driver drops it.
+    pub(super) fn fail_member(&mut self, member: usize, why: &str) {
+        if !self.members[member].connected {
+            return;
+        }
+        self.log_member(member, &format!("declared missing: {why}"));
+        let m = &self.members[member];
+        let since = match m.role {
+            Role::Missing { since } => since,
+            _ => m.durable_events,
+        };
+        self.members[member].connected = false;
+        self.members[member].role = Role::Missing { since };
+        self.members[member].writing.iter_mut().for_each(|w| *w = None);
+        self.actions.push_back(Action::Drop { member });
+        if self.redundant() {
+            self.events += 1;
+            self.gen[0] += 1;
+        }
+        self.requests_saw_failure(member);
+        let out: Vec<_> = self.ops.iter().filter(|(_, o)| o.member == member).map(|(&id, _)| id).collect();
+        for id in out {
+            if let Some(op) = self.ops.remove(&id) {
+                self.settle_ok_or_failed(&op, &OpOutcome::Failed(why.to_string()));
+            }
+        }
+        self.jobs_lost_member(member);
+    }
+
+    /// A dropped member answers again with `found` in its metadata area.
+    pub(super) fn rejoin(&mut self, member: usize, found: Found) {
+        let sb = match Superblock::decode(&found.meta) {
+            Ok(sb) => sb,
+            Err(e) => return self.log_member(member, &format!("stays out: {e}")),
+        };
+        if let Some(sb) = &sb {
+            if sb.pool_id != self.pool_id || sb.index != member {
+                let why = format!("stays out: it now belongs to pool {} as member {}", id_text(&sb.pool_id), sb.index);
+                return self.log_member(member, &why);
+            }
+        }
+        if found.read_only || found.size < crate::limits::META_BYTES + self.map.member_bytes {
+            return self.log_member(member, "stays out: it is read-only or smaller than the pool needs");
+        }
+        if !self.redundant() {
+            if sb.is_none() {
+                return self.log_member(member, "stays out: it lost its pool metadata, and a stripe cannot rebuild it");
+            }
+            self.members[member].connected = true;
+            self.members[member].role = Role::Active;
+            return self.log_member(member, "is back");
+        }
+        let since = match self.members[member].role {
+            Role::Missing { since } => Some(since),
+            _ => None,
+        };
+        let todo: BTreeSet<u64> = match (&sb, since) {
+            (Some(sb), Some(since)) if sb.events == since => self.dirty_regions(),
+            _ => (0..self.regions).collect(),
+        };
+        let m = &mut self.members[member];
+        m.connected = true;
+        m.durable_events = sb.as_ref().map_or(0, |s| s.events);
+        m.written.iter_mut().for_each(|w| *w = 0);
+        m.role = Role::Rebuilding { done: 0, total: 0 };
+        self.events += 1;
+        self.gen[0] += 1;
+        let what = if todo.len() as u64 == self.regions { "everything" } else { "the regions it missed" };
+        self.log_member(member, &format!("is back; copying {what} ({} regions) to it", todo.len()));
+        self.add_job(JobKind::Rebuild, member, todo);
+    }
+
+    /// Sends every metadata block that a live member lacks, one write per block at a time
+    /// so that an older content never lands after a newer one.
+    pub(super) fn write_metadata(&mut self) -> bool {
+        if !self.redundant() || self.fenced.is_some() {
+            return false;
+        }
+        let mut moved = false;
+        for m in 0..self.members.len() {
+            if !self.members[m].live() {
+                continue;
+            }
+            for block in 0..self.gen.len() {
+                let member = &self.members[m];
+                if member.written[block] >= self.gen[block] || member.writing[block].is_some() {
+                    continue;
+                }
+                let gen = self.gen[block];
+                self.members[m].writing[block] = Some(gen);
+                let bytes = match block {
+                    0 => self.superblock(m).encode(),
+                    b => bitmap_block_bytes(&self.bits, b as u64 - 1),
+                };
+                let cmd = MemberCmd::Write { offset: block as u64 * META_BLOCK_BYTES, len: META_BLOCK_BYTES, fua: true };
+                self.issue(m, cmd, Data::Bytes(bytes), Purpose::MetaWrite { block, gen, events: self.events });
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    /// Member `index`'s superblock as the pool stands now.
+    fn superblock(&self, index: usize) -> Superblock {
+        let roles = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| match m.role {
+                Role::Rebuilding { .. } => {
+                    let job = self.jobs.iter().flatten().find(|j| j.target == i);
+                    Role::Rebuilding { done: job.map_or(0, |j| j.done_bytes), total: job.map_or(0, |j| j.total_bytes) }
+                }
+                r => r,
+            })
+            .collect();
+        let released = self.stopping_released();
+        Superblock {
+            pool_id: self.pool_id,
+            layout: self.spec.layout,
+            copies: self.spec.copies,
+            index,
+            stripe_unit: self.map.unit,
+            member_bytes: self.map.member_bytes,
+            region_bytes: self.region_bytes,
+            events: self.events,
+            owner: match released {
+                true => Owner::default(),
+                false => Owner {
+                    session: self.session.id,
+                    heartbeat: self.heartbeat,
+                    pid: self.session.pid,
+                    host: self.session.host.clone(),
+                },
+            },
+            roles,
+        }
+    }
+
+    /// Starts a heartbeat when one is due: read every live superblock to see that the pool
+    /// is still ours, then write the next heartbeat.
+    pub(super) fn heartbeat_due(&mut self) {
+        if self.heartbeat_wakeup().is_none_or(|t| self.now < t) {
+            return;
+        }
+        if !self.durable(0, self.startup_gen) {
+            return;
+        }
+        self.next_heartbeat = self.now + HEARTBEAT_MS;
+        for m in 0..self.members.len() {
+            if self.members[m].live() {
+                self.fence_reads_out += 1;
+                self.issue(m, MemberCmd::Read { offset: 0, len: META_BLOCK_BYTES }, Data::Meta, Purpose::FenceCheck);
+            }
+        }
+    }
+
+    pub(super) fn heartbeat_wakeup(&self) -> Option<u64> {
+        let possible = self.redundant() && self.fenced.is_none() && self.fence_reads_out == 0 && self.stopping == Stopping::Running;
+        (possible && self.durable(0, self.startup_gen)).then_some(self.next_heartbeat)
+    }
+
+    /// Stops all writing if another coordinator has taken the pool over.
+    fn check_owner(&mut self, member: usize, bytes: &[u8]) {
+        let Ok(Some(sb)) = Superblock::decode(bytes) else { return };
+        if sb.pool_id != self.pool_id || sb.owner.session == self.session.id {
+            return;
+        }
+        let why = format!(
+            "member {member} says pool {} is now coordinated by {} pid {}; this coordinator stopped writing",
+            id_text(&self.pool_id),
+            sb.owner.host,
+            sb.owner.pid
+        );
+        self.actions.push_back(Action::Log { text: why.clone() });
+        self.fenced = Some(why.clone());
+        self.fail_all(&why);
+        self.blocked.clear();
+    }
+
+    pub(super) fn log_member(&mut self, member: usize, what: &str) {
+        let text = format!("pool member {member} ({}) {what}", self.spec.members[member]);
+        self.actions.push_back(Action::Log { text });
+    }
+}

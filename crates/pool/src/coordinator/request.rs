@@ -1,0 +1,300 @@
+//! Volume requests: split at stripe units, marked dirty before a write starts, fanned out
+//! to the copies, and answered when the rules allow.
+
+use super::api::{Action, Command, Data, Failure, MemberCmd, OpOutcome, ReqId};
+use super::state::{Op, Phase, PieceState, Purpose, Request, Stopping};
+use super::Coordinator;
+use crate::limits::{META_BLOCK_BYTES, META_BYTES};
+use crate::meta::Role;
+use sluice_proto::Errno;
+
+impl Coordinator {
+    pub(super) fn start_request(&mut self, id: ReqId, cmd: Command) {
+        if self.stopping != Stopping::Running {
+            let f = Failure { errno: Errno::Shutdown, message: "the pool is stopping".into() };
+            return self.actions.push_back(Action::Complete { req: id, result: Err(f) });
+        }
+        if let Some(why) = &self.fenced {
+            let f = Failure::io(why.clone());
+            return self.actions.push_back(Action::Complete { req: id, result: Err(f) });
+        }
+        let (offset, len) = cmd.range();
+        let pieces = self
+            .map
+            .pieces(offset, len)
+            .map(|p| PieceState { set: p.set, member_offset: p.member_offset, len: p.len, at: p.at, done: 0, tried: 0, out: 0 })
+            .collect();
+        let mut req = Request {
+            cmd,
+            phase: Phase::Blocked,
+            pieces,
+            out: 0,
+            flushed: 0,
+            sent: 0,
+            failure: None,
+            regions: Vec::new(),
+            marks: Vec::new(),
+            need_sb: 0,
+        };
+        if cmd.is_write() && self.redundant() {
+            req.need_sb = self.startup_gen;
+            self.mark_dirty(&mut req);
+        }
+        self.requests.insert(id, req);
+        self.blocked.push_back(id);
+    }
+
+    /// Sets the dirty bits of the regions a write touches and notes which bitmap writes it
+    /// must wait for.
+    fn mark_dirty(&mut self, req: &mut Request) {
+        for p in &req.pieces {
+            let first = p.member_offset / self.region_bytes;
+            let last = (p.member_offset + p.len - 1) / self.region_bytes;
+            for r in first..=last {
+                if !req.regions.contains(&r) {
+                    req.regions.push(r);
+                }
+            }
+        }
+        for &r in &req.regions {
+            let block = 1 + (r / (META_BLOCK_BYTES * 8)) as usize;
+            let word = &mut self.bits[(r / 64) as usize];
+            if *word >> (r % 64) & 1 == 0 {
+                *word |= 1 << (r % 64);
+                self.gen[block] += 1;
+            }
+            let use_ = self.uses.entry(r).or_default();
+            use_.writes += 1;
+            use_.last = self.now;
+            // Waiting for the current generation also covers a set still being written.
+            if !req.marks.iter().any(|&(b, _)| b == block) {
+                req.marks.push((block, self.gen[block]));
+            }
+        }
+    }
+
+    /// Starts blocked requests whose marks are durable and that no resync lock holds back.
+    pub(super) fn unblock_requests(&mut self) -> bool {
+        let mut moved = false;
+        let mut still = std::collections::VecDeque::new();
+        while let Some(id) = self.blocked.pop_front() {
+            let ready = match self.requests.get(&id) {
+                None => continue,
+                Some(req) => self.may_start(req),
+            };
+            if ready {
+                self.run(id);
+                moved = true;
+            } else {
+                still.push_back(id);
+            }
+        }
+        self.blocked = still;
+        moved
+    }
+
+    fn may_start(&self, req: &Request) -> bool {
+        if !req.cmd.is_write() {
+            return true;
+        }
+        if !self.durable(0, req.need_sb) || !req.marks.iter().all(|&(b, g)| self.durable(b, g)) {
+            return false;
+        }
+        !req.pieces.iter().any(|p| self.locks.iter().any(|l| l.overlaps(p.set, p.member_offset, p.member_offset + p.len)))
+    }
+
+    /// Whether metadata block `block` of generation `gen` is on every live member.
+    pub(super) fn durable(&self, block: usize, gen: u64) -> bool {
+        !self.redundant() || self.members.iter().filter(|m| m.live()).all(|m| m.written[block] >= gen)
+    }
+
+    fn run(&mut self, id: ReqId) {
+        let Some(mut req) = self.requests.remove(&id) else { return };
+        req.phase = Phase::Running;
+        match req.cmd {
+            Command::Flush => {
+                for m in 0..self.members.len() {
+                    if self.members[m].live() {
+                        req.sent |= 1 << m;
+                        req.out += 1;
+                        self.issue(m, MemberCmd::Flush, Data::None, Purpose::Flush { req: id });
+                    }
+                }
+            }
+            Command::Read { .. } => {
+                for i in 0..req.pieces.len() {
+                    self.send_read(id, &mut req, i);
+                }
+            }
+            cmd => {
+                for i in 0..req.pieces.len() {
+                    let p = &req.pieces[i];
+                    let (offset, len) = (META_BYTES + p.member_offset, p.len);
+                    let mcmd = match cmd {
+                        Command::Write { fua, .. } => MemberCmd::Write { offset, len, fua },
+                        Command::Zero { fua, may_trim, .. } => MemberCmd::Zero { offset, len, fua, may_trim },
+                        Command::Trim { fua, .. } => MemberCmd::Trim { offset, len, fua },
+                        _ => unreachable!("reads and flushes are handled above"),
+                    };
+                    let data = match cmd {
+                        Command::Write { .. } => Data::Request { req: id, at: p.at },
+                        _ => Data::None,
+                    };
+                    for m in self.map.members_of(p.set) {
+                        if self.members[m].live() {
+                            req.pieces[i].tried |= 1 << m;
+                            req.pieces[i].out += 1;
+                            req.out += 1;
+                            self.issue(m, mcmd, data.clone(), Purpose::Piece { req: id, piece: i });
+                        }
+                    }
+                }
+            }
+        }
+        self.requests.insert(id, req);
+    }
+
+    /// Sends piece `i` of a read to one copy that holds it, or fails the piece.
+    fn send_read(&mut self, id: ReqId, req: &mut Request, i: usize) {
+        let p = &req.pieces[i];
+        let Some(m) = self.reader(p.set, p.member_offset, p.len, p.tried) else {
+            let f = Failure::io(format!("no copy of volume offset {} can be read (set {} has no in-sync member)", req.cmd.range().0 + p.at, p.set));
+            req.failure.get_or_insert(f);
+            return;
+        };
+        let (offset, len, at) = (META_BYTES + p.member_offset, p.len, p.at);
+        req.pieces[i].tried |= 1 << m;
+        req.pieces[i].out += 1;
+        req.out += 1;
+        self.issue(m, MemberCmd::Read { offset, len }, Data::Request { req: id, at }, Purpose::Piece { req: id, piece: i });
+    }
+
+    /// The member a read of set `set` goes to: an in-sync one that no copy job still has to
+    /// bring up to date there, least busy first; if every in-sync member has such a job
+    /// (its source failed), the first of them, so successive reads agree.
+    fn reader(&self, set: usize, start: u64, len: u64, tried: u64) -> Option<usize> {
+        let (first, last) = (start / self.region_bytes, (start + len - 1) / self.region_bytes);
+        let synced = self.map.members_of(set).filter(|&m| self.members[m].in_sync() && tried >> m & 1 == 0);
+        let behind = |m: usize| self.jobs.iter().flatten().any(|j| j.target == m && j.todo.range(first..=last).next().is_some());
+        let busy = |m: usize| self.ops.values().filter(|o| o.member == m).count();
+        let clean = synced.clone().filter(|&m| !behind(m)).min_by_key(|&m| (busy(m), m));
+        clean.or_else(|| synced.min())
+    }
+
+    /// Takes a member operation's outcome for a request.
+    pub(super) fn settle_request(&mut self, op: &Op, outcome: &OpOutcome) {
+        let ok = !matches!(outcome, OpOutcome::Failed(_));
+        match op.purpose {
+            Purpose::Flush { req } => {
+                if let Some(r) = self.requests.get_mut(&req) {
+                    r.out -= 1;
+                    if ok {
+                        r.flushed |= 1 << op.member;
+                    }
+                }
+            }
+            Purpose::Piece { req, piece } => {
+                let Some(mut r) = self.requests.remove(&req) else { return };
+                r.out -= 1;
+                r.pieces[piece].out -= 1;
+                if ok {
+                    r.pieces[piece].done |= 1 << op.member;
+                } else if matches!(r.cmd, Command::Read { .. }) && r.pieces[piece].done == 0 {
+                    self.send_read(req, &mut r, piece);
+                }
+                self.requests.insert(req, r);
+            }
+            _ => unreachable!("only request operations come here"),
+        }
+    }
+
+    /// A member failed: requests that used it must not be answered before the survivors
+    /// record that.
+    pub(super) fn requests_saw_failure(&mut self, member: usize) {
+        let gen = self.gen[0];
+        for r in self.requests.values_mut() {
+            let used = r.sent >> member & 1 == 1 || r.pieces.iter().any(|p| p.tried >> member & 1 == 1);
+            if used && r.phase == Phase::Running {
+                r.need_sb = r.need_sb.max(gen);
+            }
+        }
+    }
+
+    /// Answers running requests whose operations are all back.
+    pub(super) fn finish_requests(&mut self) -> bool {
+        let ready: Vec<ReqId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.phase == Phase::Running && r.out == 0 && (r.failure.is_some() || self.durable(0, r.need_sb)))
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &ready {
+            let r = self.requests.remove(&id).expect("listed above");
+            let result = self.verdict(&r);
+            for &reg in &r.regions {
+                if let Some(u) = self.uses.get_mut(&reg) {
+                    u.writes -= 1;
+                    u.last = self.now;
+                }
+            }
+            self.actions.push_back(Action::Complete { req: id, result });
+        }
+        !ready.is_empty()
+    }
+
+    /// A request succeeded when every piece reached a copy that is still in sync (for a
+    /// read: any copy it was read from), and a flush when every set kept an in-sync member
+    /// that flushed.
+    fn verdict(&self, r: &Request) -> Result<(), Failure> {
+        if let Some(f) = &r.failure {
+            return Err(f.clone());
+        }
+        let synced = |m: usize| self.members[m].in_sync();
+        match r.cmd {
+            Command::Read { .. } => match r.pieces.iter().all(|p| p.done != 0) {
+                true => Ok(()),
+                false => Err(Failure::io("no copy could be read")),
+            },
+            Command::Flush if !self.redundant() => {
+                // A stripe member that is away may have lost writes it acknowledged.
+                match r.flushed == r.sent && self.members.iter().all(|m| m.live()) {
+                    true => Ok(()),
+                    false => Err(Failure::io("a member of the stripe is missing or failed the flush")),
+                }
+            }
+            Command::Flush => {
+                match (0..self.map.sets).find(|&s| !self.map.members_of(s).any(|m| synced(m) && r.flushed >> m & 1 == 1)) {
+                    Some(s) => Err(Failure::io(format!("no in-sync member of set {s} completed the flush"))),
+                    None => Ok(()),
+                }
+            }
+            _ => {
+                let lost = r.pieces.iter().find(|p| !self.map.members_of(p.set).any(|m| synced(m) && p.done >> m & 1 == 1));
+                match lost {
+                    None => Ok(()),
+                    Some(p) => Err(Failure::io(format!(
+                        "the write at volume offset {} reached no in-sync copy",
+                        r.cmd.range().0 + p.at
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Fails every request that has not been answered (the pool was taken over).
+    pub(super) fn fail_all(&mut self, why: &str) {
+        for (&id, r) in self.requests.iter_mut() {
+            r.failure.get_or_insert_with(|| Failure::io(why));
+            if r.phase == Phase::Blocked {
+                r.phase = Phase::Running;
+                self.blocked.retain(|&b| b != id);
+            }
+        }
+    }
+
+    /// Roles of the members of a set, for the tests' eyes.
+    #[allow(dead_code)]
+    pub(super) fn roles_of(&self, set: usize) -> Vec<Role> {
+        self.map.members_of(set).map(|m| self.members[m].role).collect()
+    }
+}
