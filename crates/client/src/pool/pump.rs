@@ -91,6 +91,7 @@ impl<M: Member> Shared<M> {
                 Action::Release { copy } => {
                     core.copies.remove(&copy);
                 }
+                Action::Log { text } => log::info!("pool: {text}"),
             }
         }
         if core.coord.next_wakeup() != core.armed {
