@@ -12,6 +12,8 @@ mod admin;
 mod background;
 mod driver;
 #[cfg(test)]
+mod driver_tests;
+#[cfg(test)]
 mod fake;
 mod found;
 mod lease;
