@@ -6,10 +6,10 @@
 
 #[path = "copy_dest.rs"]
 mod copy_dest;
-#[path = "copy_failure.rs"]
-mod failure;
 #[path = "copy_source.rs"]
 mod copy_source;
+#[path = "copy_failure.rs"]
+mod failure;
 #[path = "copy_os.rs"]
 mod os;
 #[path = "copy_progress.rs"]
@@ -63,12 +63,12 @@ an unknown or read-only export, a destination too small, a read, write, flush or
 error); 2 for a bad command line or URI.")]
 pub struct CopyArgs {
     /// What to copy: an NBD URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH),
-    /// a file or block device, or - for standard input.
+    /// a pool (pool:PATH), a file or block device, or - for standard input.
     #[arg(value_name = "SRC")]
     src: String,
 
-    /// Where to copy to: an NBD URI, a file (created if missing, set to SRC's size) or
-    /// block device, or - for standard output.
+    /// Where to copy to: an NBD URI, a pool (pool:PATH), a file (created if missing, set
+    /// to SRC's size) or block device, or - for standard output.
     #[arg(value_name = "DST")]
     dst: String,
 
@@ -121,7 +121,7 @@ impl Endpoint {
     fn parse(arg: &str) -> Result<Endpoint, Error> {
         if arg == "-" {
             Ok(Endpoint::Std)
-        } else if arg.contains("://") {
+        } else if arg.contains("://") || arg.starts_with("pool:") {
             Uri::parse(arg).map(|_| Endpoint::Nbd)
         } else {
             Ok(Endpoint::Path(PathBuf::from(arg)))

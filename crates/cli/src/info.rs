@@ -17,7 +17,8 @@ use std::process::ExitCode;
 Exit status: 0 on success; 1 when the server cannot be reached, has no such export or
 fails a request; 2 for a bad command line or URI.")]
 pub struct InfoArgs {
-    /// NBD URI of the export: nbd://HOST[:PORT]/[EXPORT] or nbd+unix:///[EXPORT]?socket=PATH.
+    /// NBD URI of the export: nbd://HOST[:PORT]/[EXPORT] or nbd+unix:///[EXPORT]?socket=PATH,
+    /// or pool:PATH for a pool (see sluice pool).
     #[arg(value_name = "URI")]
     uri: String,
 

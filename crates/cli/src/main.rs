@@ -13,6 +13,8 @@ mod info;
 mod logger;
 mod mount;
 mod mount_fs;
+mod pool;
+mod pool_status;
 mod serve;
 mod serve_export;
 mod serve_settings;
@@ -21,7 +23,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Network block devices over NBD, on the shortest data path Linux allows")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Network block devices over NBD, on the shortest data path Linux allows"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,6 +45,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Expose an export as a single file through FUSE (for losetup, mkfs, mount).
     Mount(mount::MountArgs),
+    /// Create a pool (one volume striped and mirrored over several NBD servers) or show
+    /// its state.
+    Pool(pool::PoolArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,5 +58,6 @@ fn main() -> ExitCode {
         Command::Copy(args) => copy::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Mount(args) => mount::run(args),
+        Command::Pool(args) => pool::run(args),
     }
 }

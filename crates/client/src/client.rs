@@ -1,6 +1,7 @@
 //! The public client: one export over one or more connections. Checks each call against
 //! what the export allows before sending and splits ranges larger than one request; the
-//! connections (multi-conn, reconnecting) are `Links`.
+//! connections (multi-conn, reconnecting) are `Links`. A client of a pool (`pool:PATH`)
+//! sends the same requests to the pool's driver instead.
 
 use crate::connection::Outcome;
 use crate::error::Error;
@@ -9,7 +10,8 @@ use crate::handshake;
 use crate::limits::*;
 use crate::links::Links;
 use crate::options::Options;
-use crate::uri::Uri;
+use crate::pool::PoolDriver;
+use crate::uri::{Address, Uri};
 use sluice_proto::wire::*;
 use std::io::IoSlice;
 use std::sync::Arc;
@@ -34,7 +36,15 @@ pub struct Client {
 
 struct Inner {
     export: Export,
-    links: Links,
+    transport: Transport,
+}
+
+/// Where requests go.
+enum Transport {
+    /// The export's own connections.
+    Conns(Links),
+    /// A pool's coordinator, which sends them on to its members.
+    Pool(PoolDriver<Client>),
 }
 
 impl Client {
@@ -45,6 +55,15 @@ impl Client {
 
     /// Connects with `options`: several connections for multi-conn, and reconnecting.
     pub async fn connect_with(uri: &Uri, options: &Options) -> Result<Client, Error> {
+        if let Address::Pool(path) = &uri.address {
+            let (export, driver) = crate::pool::open(path, options).await?;
+            return Ok(Client {
+                inner: Arc::new(Inner {
+                    export,
+                    transport: Transport::Pool(driver),
+                }),
+            });
+        }
         let first = handshake::open(uri, options, options.connect_timeout).await?;
         let export = first.0.clone();
         let mut connections = vec![first.1];
@@ -60,7 +79,12 @@ impl Client {
             }
         }
         let links = Links::new(connections, uri, options, &export);
-        Ok(Client { inner: Arc::new(Inner { export, links }) })
+        Ok(Client {
+            inner: Arc::new(Inner {
+                export,
+                transport: Transport::Conns(links),
+            }),
+        })
     }
 
     /// The export as negotiated.
@@ -72,9 +96,39 @@ impl Client {
         self.inner.export.size
     }
 
-    /// Connections actually open (1 unless the server allows multi-conn and more were asked).
+    /// Connections actually open (1 unless the server allows multi-conn and more were asked;
+    /// for a pool, those to all its members).
     pub fn connections(&self) -> usize {
-        self.inner.links.len()
+        match &self.inner.transport {
+            Transport::Conns(links) => links.len(),
+            Transport::Pool(pool) => pool.connections(),
+        }
+    }
+
+    /// The live state of the pool this client uses (members, resync progress, dirty
+    /// regions); `None` for a plain export.
+    pub fn pool_status(&self) -> Option<sluice_pool::Status> {
+        match &self.inner.transport {
+            Transport::Conns(_) => None,
+            Transport::Pool(pool) => Some(pool.status()),
+        }
+    }
+
+    /// Sends one request, checked and no larger than the export allows, on the least
+    /// loaded connection, or to the pool.
+    async fn call(
+        &self,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[IoSlice<'_>],
+        bufs: Vec<Vec<u8>>,
+    ) -> Result<Outcome, Error> {
+        match &self.inner.transport {
+            Transport::Conns(links) => links.call(cmd, flags, offset, len, payload, bufs).await,
+            Transport::Pool(pool) => pool.call(cmd, flags, offset, len, payload, bufs).await,
+        }
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {
@@ -92,7 +146,11 @@ impl Client {
         let ex = &self.inner.export;
         match ex.aligned(offset, len) {
             true => Ok(()),
-            false => Err(Error::Unaligned { offset, len, block: ex.block_min }),
+            false => Err(Error::Unaligned {
+                offset,
+                len,
+                block: ex.block_min,
+            }),
         }
     }
 
@@ -113,7 +171,11 @@ impl Client {
 
     /// Reads into several buffers in order (scatter): `offset` goes to the start of the
     /// first. Large ranges are split into requests the server accepts and sent together.
-    pub async fn read_vectored(&self, offset: u64, mut bufs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, Error> {
+    pub async fn read_vectored(
+        &self,
+        offset: u64,
+        mut bufs: Vec<Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>, Error> {
         let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         self.check_range(offset, total)?;
         for b in &mut bufs {
@@ -155,7 +217,10 @@ impl Client {
         if total == 0 {
             return Ok(bufs);
         }
-        match self.inner.links.call(CMD_READ, 0, offset, total as u32, &[], bufs).await? {
+        match self
+            .call(CMD_READ, 0, offset, total as u32, &[], bufs)
+            .await?
+        {
             Outcome::Read(b) => Ok(b),
             _ => Err(Error::Protocol("read answered without data".into())),
         }
@@ -172,12 +237,18 @@ impl Client {
     /// Writes `data` at `offset`; with `fua`, the server has it on stable storage before
     /// answering.
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Error> {
-        self.write_vectored(offset, &[IoSlice::new(data)], fua).await
+        self.write_vectored(offset, &[IoSlice::new(data)], fua)
+            .await
     }
 
     /// Writes several buffers in order (gather) as one range starting at `offset`. The
     /// buffers go to the socket with writev, without staging copies.
-    pub async fn write_vectored(&self, offset: u64, data: &[IoSlice<'_>], fua: bool) -> Result<(), Error> {
+    pub async fn write_vectored(
+        &self,
+        offset: u64,
+        data: &[IoSlice<'_>],
+        fua: bool,
+    ) -> Result<(), Error> {
         self.check_writable()?;
         let total: u64 = data.iter().map(|b| b.len() as u64).sum();
         self.check_range(offset, total)?;
@@ -188,7 +259,8 @@ impl Client {
             if total == 0 {
                 return Ok(());
             }
-            self.inner.links.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new()).await?;
+            self.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new())
+                .await?;
             return Ok(());
         }
         // Split into requests of at most `max` bytes, each a list of sub-slices, all sent at once.
@@ -214,7 +286,10 @@ impl Client {
         }
         let calls = requests.iter().map(|(off, slices)| {
             let len: usize = slices.iter().map(|s| s.len()).sum();
-            async move { self.inner.links.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new()).await }
+            async move {
+                self.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new())
+                    .await
+            }
         });
         for r in join_all(calls).await {
             r?;
@@ -239,7 +314,13 @@ impl Client {
             // The server says writes are durable when answered.
             return Ok(());
         }
-        self.inner.links.flush().await
+        match &self.inner.transport {
+            Transport::Conns(links) => links.flush().await,
+            Transport::Pool(pool) => pool
+                .call(CMD_FLUSH, 0, 0, 0, &[], Vec::new())
+                .await
+                .map(|_| ()),
+        }
     }
 
     /// Tells the server the range is no longer needed (it may then read as anything).
@@ -254,17 +335,29 @@ impl Client {
         let b = self.inner.export.block_min as u64;
         let lo = offset.next_multiple_of(b);
         let end = offset + len;
-        let hi = if end == self.inner.export.size { end } else { end / b * b };
+        let hi = if end == self.inner.export.size {
+            end
+        } else {
+            end / b * b
+        };
         if hi <= lo {
             return Ok(());
         }
-        self.ranged(CMD_TRIM, flags, lo, hi - lo, RANGE_REQUEST_MAX_BYTES).await
+        self.ranged(CMD_TRIM, flags, lo, hi - lo, RANGE_REQUEST_MAX_BYTES)
+            .await
     }
 
     /// Writes zeros over the range. `may_trim` lets the server punch a hole instead of
     /// allocating; `fast` asks it to fail (with `Server { errno: ENOTSUP }`) rather than
     /// write zeros slowly.
-    pub async fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool, fast: bool) -> Result<(), Error> {
+    pub async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        may_trim: bool,
+        fast: bool,
+    ) -> Result<(), Error> {
         self.check_writable()?;
         if !self.inner.export.can_zero() {
             return Err(Error::Unsupported("WRITE_ZEROES"));
@@ -282,8 +375,13 @@ impl Client {
         self.check_range(offset, len)?;
         self.check_aligned(offset, len)?;
         // The maximum block size bounds WRITE_ZEROES too, unless it is a fast zero.
-        let step = if fast { RANGE_REQUEST_MAX_BYTES } else { self.data_request_step() };
-        self.ranged(CMD_WRITE_ZEROES, flags, offset, len, step).await
+        let step = if fast {
+            RANGE_REQUEST_MAX_BYTES
+        } else {
+            self.data_request_step()
+        };
+        self.ranged(CMD_WRITE_ZEROES, flags, offset, len, step)
+            .await
     }
 
     /// Asks the server to prefetch the range into its cache.
@@ -295,24 +393,38 @@ impl Client {
         // Prefetching more than asked is harmless: widen to whole blocks.
         let ex = &self.inner.export;
         let b = ex.block_min as u64;
-        let (lo, hi) = (offset / b * b, (offset + len).next_multiple_of(b).min(ex.size));
-        self.ranged(CMD_CACHE, 0, lo, hi - lo, self.data_request_step()).await
+        let (lo, hi) = (
+            offset / b * b,
+            (offset + len).next_multiple_of(b).min(ex.size),
+        );
+        self.ranged(CMD_CACHE, 0, lo, hi - lo, self.data_request_step())
+            .await
     }
 
     /// Split size for commands the maximum block size bounds (CACHE, WRITE_ZEROES).
     fn data_request_step(&self) -> u32 {
-        self.inner.export.request_max_bytes().min(RANGE_REQUEST_MAX_BYTES)
+        self.inner
+            .export
+            .request_max_bytes()
+            .min(RANGE_REQUEST_MAX_BYTES)
     }
 
     /// A command that only names a range, split into requests of at most `step` bytes
     /// (a whole number of minimum blocks), all in flight together.
-    async fn ranged(&self, cmd: u16, flags: u16, offset: u64, len: u64, step: u32) -> Result<(), Error> {
+    async fn ranged(
+        &self,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u64,
+        step: u32,
+    ) -> Result<(), Error> {
         let b = self.inner.export.block_min;
         let step = (step / b * b).max(b) as u64;
         let calls = (0..len.div_ceil(step)).map(|i| {
             let at = offset + i * step;
             let n = (len - i * step).min(step) as u32;
-            async move { self.inner.links.call(cmd, flags, at, n, &[], Vec::new()).await }
+            async move { self.call(cmd, flags, at, n, &[], Vec::new()).await }
         });
         for r in join_all(calls).await {
             r?;
@@ -331,15 +443,27 @@ impl Client {
         }
         let ex = &self.inner.export;
         if !ex.base_allocation {
-            return Ok(vec![Extent { offset, length: len, hole: false, zero: false }]);
+            return Ok(vec![Extent {
+                offset,
+                length: len,
+                hole: false,
+                zero: false,
+            }]);
         }
         // Asked on whole blocks; the answer is clipped back to the range below.
         let b = ex.block_min as u64;
         let lo = offset / b * b;
         let hi = (offset + len).next_multiple_of(b).min(ex.size);
-        let descriptors = match self.inner.links.call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new()).await? {
+        let descriptors = match self
+            .call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new())
+            .await?
+        {
             Outcome::Extents(e) => e,
-            _ => return Err(Error::Protocol("block status answered without extents".into())),
+            _ => {
+                return Err(Error::Protocol(
+                    "block status answered without extents".into(),
+                ))
+            }
         };
         let end = offset + len;
         let mut at = lo;
@@ -361,23 +485,42 @@ impl Client {
             }
             let (hole, zero) = (flags & STATE_HOLE != 0, flags & STATE_ZERO != 0);
             match out.last_mut() {
-                Some(Extent { length: l, hole: h, zero: z, .. }) if *h == hole && *z == zero => *l += length,
-                _ => out.push(Extent { offset: at, length, hole, zero }),
+                Some(Extent {
+                    length: l,
+                    hole: h,
+                    zero: z,
+                    ..
+                }) if *h == hole && *z == zero => *l += length,
+                _ => out.push(Extent {
+                    offset: at,
+                    length,
+                    hole,
+                    zero,
+                }),
             }
             at += length;
         }
         if out.is_empty() {
             // Everything described lay before `offset`, within its block: say "data" (always
             // safe to assume) up to the block's end, so a caller's loop moves on.
-            out.push(Extent { offset, length: (lo + b).min(end) - offset, hole: false, zero: false });
+            out.push(Extent {
+                offset,
+                length: (lo + b).min(end) - offset,
+                hole: false,
+                zero: false,
+            });
         }
         Ok(out)
     }
 
     /// Sends NBD_CMD_DISC on every connection, and stops reconnecting. Requests in flight
-    /// may still complete; new ones fail with `Error::Closed`.
+    /// may still complete; new ones fail with `Error::Closed`. A pool first stops cleanly:
+    /// requests in flight finish and the members' superblocks are released.
     pub async fn disconnect(&self) {
-        self.inner.links.disconnect().await;
+        match &self.inner.transport {
+            Transport::Conns(links) => links.disconnect().await,
+            Transport::Pool(pool) => pool.disconnect().await,
+        }
     }
 }
 

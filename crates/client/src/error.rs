@@ -38,6 +38,9 @@ pub enum Error {
     /// with them in its cache. The caller should write them again and flush. Said once per
     /// loss; the next flush is an ordinary one.
     DurabilityLost,
+    /// A pool (`pool:PATH`) cannot be opened: its file is bad, or a member cannot be
+    /// reached or read. The text names the file or the member.
+    Pool(String),
 }
 
 impl Error {
@@ -79,6 +82,7 @@ impl std::fmt::Display for Error {
                 f,
                 "the connection to the server was lost before a flush: writes acknowledged before it may not be durable (write them again, then flush)"
             ),
+            Error::Pool(m) => write!(f, "{m}"),
         }
     }
 }

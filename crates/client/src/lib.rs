@@ -16,6 +16,9 @@
 //! The server is not trusted: every reply chunk is checked against the request it answers
 //! (inside its range, no overlap, the whole range covered, sane sizes), and a server that
 //! breaks the protocol ends the connection with `Error::Protocol`, never a panic.
+//!
+//! `pool:PATH` opens a pool (see `pool`): one volume striped and mirrored over the NBD
+//! servers a pool file lists, used through the same `Client`.
 #![forbid(unsafe_code)]
 
 mod client;
@@ -26,6 +29,7 @@ mod handshake;
 pub mod limits;
 mod links;
 mod options;
+pub mod pool;
 mod readahead;
 mod reconnect;
 mod socket;

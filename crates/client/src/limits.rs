@@ -55,7 +55,37 @@ pub const REQUEST_ATTEMPTS_MAX: u32 = 8;
 /// Buffered bytes between the socket and the reply parser; larger payloads bypass it.
 pub const READ_BUFFER_BYTES: usize = 256 * 1024;
 
+/// Connections a pool opens to each member that allows multi-conn, at least: the pool's
+/// requests to one member come from every caller at once.
+pub const POOL_MEMBER_CONNECTIONS: usize = CONNECTIONS_DEFAULT;
+
+/// A dropped member is retried after this long at first, then twice as long each time up to
+/// the maximum: quick to notice a restart, cheap while a member stays down.
+pub const POOL_RECONNECT_FIRST_MS: u64 = 100;
+pub const POOL_RECONNECT_MAX_MS: u64 = 2_000;
+
+/// Zeros written per request where a member lacks WRITE_ZEROES: one shared buffer, a
+/// request's worth of work.
+pub const POOL_ZERO_CHUNK_BYTES: usize = 1 << 20;
+
+/// A pool's clean stop waits for what is in flight, which the member timeout bounds, and
+/// for the superblocks to be released; this much more, then it gives up (the next
+/// assembly then waits out the lease).
+pub const POOL_STOP_MARGIN_MS: u64 = 2_000;
+
+/// The pool's block sizes as it advertises them: sector-sized writes are fine on every
+/// member sluice knows, a page is the size worth sending, and the maximum is the request
+/// size every server accepts.
+pub const POOL_BLOCK_MIN_BYTES: u32 = 512;
+pub const POOL_BLOCK_PREFERRED_BYTES: u32 = 4096;
+pub const POOL_BLOCK_MAX_BYTES: u32 = REQUEST_DEFAULT_MAX_BYTES;
+
 const _: () = assert!(RANGE_REQUEST_MAX_BYTES.is_power_of_two());
+const _: () = assert!(POOL_RECONNECT_FIRST_MS <= POOL_RECONNECT_MAX_MS);
+const _: () = assert!(
+    POOL_BLOCK_MIN_BYTES.is_power_of_two()
+        && POOL_BLOCK_PREFERRED_BYTES.is_multiple_of(POOL_BLOCK_MIN_BYTES)
+);
 const _: () = assert!(CHUNK_PAYLOAD_MAX_BYTES >= OPTION_REPLY_MAX_BYTES);
 const _: () = assert!(RECONNECT_INITIAL_DELAY_MS <= RECONNECT_MAX_DELAY_MS);
 const _: () = assert!(RECONNECT_MAX_DELAY_MS <= RECONNECT_GIVE_UP_AFTER_MS);

@@ -19,11 +19,12 @@ mod members;
 mod request;
 mod resync;
 mod state;
+mod survey;
 
 pub use api::*;
-pub use assemble::{format, survey};
 #[cfg(any(test, feature = "sim"))]
-pub(crate) use assemble::format_with;
+pub(crate) use survey::format_with;
+pub use survey::{format, survey};
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -76,8 +77,14 @@ impl Coordinator {
     /// Refuses when a member is unreachable (unless `degraded`), when members disagree about
     /// the pool, or when one belongs to another pool. The superblocks must have no live
     /// owner: the driver checks the lease (see `meta::Owner`) before calling this.
-    pub fn assemble(spec: &PoolSpec, found: Vec<Option<Found>>, session: Session, degraded: bool, now: u64) -> Result<Coordinator, String> {
-        assemble::assemble(spec, found, session, degraded, now)
+    pub fn assemble(
+        spec: &PoolSpec,
+        found: Vec<Option<Found>>,
+        session: Session,
+        degraded: bool,
+        now: u64,
+    ) -> Result<Coordinator, String> {
+        Coordinator::build(spec, found, session, degraded, now)
     }
 
     /// Usable bytes of the volume.
@@ -127,7 +134,12 @@ impl Coordinator {
     /// at `next_wakeup()` (or any time).
     pub fn tick(&mut self, now: u64) {
         self.now = self.now.max(now);
-        let late: Vec<usize> = self.ops.values().filter(|o| o.deadline <= self.now).map(|o| o.member).collect();
+        let late: Vec<usize> = self
+            .ops
+            .values()
+            .filter(|o| o.deadline <= self.now)
+            .map(|o| o.member)
+            .collect();
         for m in late {
             let ms = self.spec.member_timeout_ms;
             self.fail_member(m, &format!("no answer within {ms} ms"));
@@ -140,7 +152,12 @@ impl Coordinator {
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
         let deadline = self.ops.values().map(|o| o.deadline).min();
-        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup()];
+        let timers = [
+            deadline,
+            self.heartbeat_wakeup(),
+            self.clean_wakeup(),
+            self.pace_wakeup(),
+        ];
         timers.into_iter().flatten().min()
     }
 
@@ -170,7 +187,12 @@ impl Coordinator {
     }
 
     pub fn status(&self) -> Status {
-        let members = (0..self.members.len()).map(|m| MemberStatus { uri: self.spec.members[m].clone(), state: self.member_state(m) }).collect();
+        let members = (0..self.members.len())
+            .map(|m| MemberStatus {
+                uri: self.spec.members[m].clone(),
+                state: self.member_state(m),
+            })
+            .collect();
         Status {
             pool_id: crate::meta::id_text(&self.pool_id),
             layout: self.spec.layout,
@@ -189,7 +211,10 @@ impl Coordinator {
         let job = self.jobs.iter().flatten().find(|j| j.target == m);
         match (self.members[m].role, job) {
             (Role::Missing { .. }, _) => MemberState::Missing,
-            (_, Some(j)) => MemberState::Resyncing { done: j.done_bytes, total: j.total_bytes },
+            (_, Some(j)) => MemberState::Resyncing {
+                done: j.done_bytes,
+                total: j.total_bytes,
+            },
             (Role::Rebuilding { .. }, None) => MemberState::Stale,
             (Role::Active, None) if !self.members[m].connected => MemberState::Missing,
             (Role::Active, None) => MemberState::InSync,
@@ -207,11 +232,29 @@ impl Coordinator {
     }
 
     /// Sends an operation to a member.
-    fn issue(&mut self, member: usize, cmd: MemberCmd, data: Data, purpose: state::Purpose) -> OpId {
+    fn issue(
+        &mut self,
+        member: usize,
+        cmd: MemberCmd,
+        data: Data,
+        purpose: state::Purpose,
+    ) -> OpId {
         let op = OpId(self.fresh_id());
         let deadline = self.now + self.spec.member_timeout_ms;
-        self.ops.insert(op, Op { member, purpose, deadline });
-        self.actions.push_back(Action::Member { op, member, cmd, data });
+        self.ops.insert(
+            op,
+            Op {
+                member,
+                purpose,
+                deadline,
+            },
+        );
+        self.actions.push_back(Action::Member {
+            op,
+            member,
+            cmd,
+            data,
+        });
         op
     }
 

@@ -1,0 +1,191 @@
+//! A pool's state as `sluice pool` prints it: text for people, JSON for scripts
+//! (docs/pool.md has both).
+
+use indicatif::HumanBytes;
+use serde_json::{json, Value};
+use sluice_client::pool::{Layout, MemberState, Status};
+
+/// What `pool init` says when it is done.
+pub fn initialized(s: &Status) {
+    println!(
+        "initialized pool {}: {}, {} members, {} ({})",
+        s.pool_id,
+        layout_text(s),
+        s.members.len(),
+        s.size,
+        HumanBytes(s.size)
+    );
+}
+
+pub fn print(s: &Status, as_json: bool) {
+    if as_json {
+        let text = serde_json::to_string_pretty(&to_json(s)).expect("JSON from plain values");
+        println!("{text}");
+    } else {
+        print!("{}", to_text(s));
+    }
+}
+
+/// "raid10, stripe unit 512 KiB, 2 copies"; a mirror has no stripe unit, a stripe one copy.
+fn layout_text(s: &Status) -> String {
+    match s.layout {
+        Layout::Stripe => format!("stripe, stripe unit {}", HumanBytes(s.stripe_unit)),
+        Layout::Mirror => format!("mirror, {} copies", s.copies),
+        Layout::Raid10 => format!(
+            "raid10, stripe unit {}, {} copies",
+            HumanBytes(s.stripe_unit),
+            s.copies
+        ),
+    }
+}
+
+fn state_text(state: MemberState) -> String {
+    match state {
+        MemberState::Resyncing { done, total } => format!("resyncing {}%", percent(done, total)),
+        other => other.name().to_string(),
+    }
+}
+
+fn percent(done: u64, total: u64) -> u64 {
+    match total {
+        0 => 0,
+        t => (done as u128 * 100 / t as u128).min(100) as u64,
+    }
+}
+
+pub fn to_text(s: &Status) -> String {
+    let mut out = format!("pool:     {}\n", s.pool_id);
+    out += &format!("layout:   {}\n", layout_text(s));
+    out += &format!("size:     {} ({})\n", s.size, HumanBytes(s.size));
+    out += &format!("events:   {}\n", s.events);
+    out += &format!(
+        "dirty:    {} regions of {}\n",
+        s.dirty_regions,
+        HumanBytes(s.region_bytes)
+    );
+    if s.resynced_bytes > 0 {
+        out += &format!("resynced: {}\n", HumanBytes(s.resynced_bytes));
+    }
+    out += "members:\n";
+    let width = s.members.iter().map(|m| m.uri.len()).max().unwrap_or(0);
+    for m in &s.members {
+        out += &format!("  {:width$}  {}\n", m.uri, state_text(m.state));
+    }
+    out
+}
+
+pub fn to_json(s: &Status) -> Value {
+    let members: Vec<Value> = s
+        .members
+        .iter()
+        .map(|m| {
+            let resync = match m.state {
+                MemberState::Resyncing { done, total } => json!({"done": done, "total": total}),
+                _ => Value::Null,
+            };
+            json!({"uri": m.uri, "state": m.state.name(), "resync": resync})
+        })
+        .collect();
+    let stripe_unit = match s.layout {
+        Layout::Mirror => Value::Null,
+        _ => json!(s.stripe_unit),
+    };
+    json!({
+        "pool_id": s.pool_id,
+        "layout": s.layout.name(),
+        "stripe_unit": stripe_unit,
+        "copies": s.copies,
+        "size": s.size,
+        "events": s.events,
+        "region_bytes": s.region_bytes,
+        "dirty_regions": s.dirty_regions,
+        "resynced_bytes": s.resynced_bytes,
+        "members": members,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_client::pool::MemberStatus;
+
+    fn sample() -> Status {
+        let member = |uri: &str, state| MemberStatus {
+            uri: uri.into(),
+            state,
+        };
+        Status {
+            pool_id: "00112233445566778899aabbccddeeff".into(),
+            layout: Layout::Raid10,
+            stripe_unit: 512 << 10,
+            copies: 2,
+            size: 8 << 30,
+            events: 7,
+            region_bytes: 4 << 20,
+            dirty_regions: 3,
+            resynced_bytes: 0,
+            members: vec![
+                member("nbd://a/d", MemberState::InSync),
+                member("nbd://bb/d", MemberState::Missing),
+                member("nbd://c/d", MemberState::Stale),
+                member(
+                    "nbd://d/d",
+                    MemberState::Resyncing {
+                        done: 1 << 20,
+                        total: 4 << 20,
+                    },
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn text_has_one_line_per_member() {
+        let text = to_text(&sample());
+        let expected = "\
+pool:     00112233445566778899aabbccddeeff
+layout:   raid10, stripe unit 512.00 KiB, 2 copies
+size:     8589934592 (8.00 GiB)
+events:   7
+dirty:    3 regions of 4.00 MiB
+members:
+  nbd://a/d   in-sync
+  nbd://bb/d  missing
+  nbd://c/d   stale
+  nbd://d/d   resyncing 25%
+";
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn json_names_every_field() {
+        let v = to_json(&sample());
+        assert_eq!(v["layout"], "raid10");
+        assert_eq!(v["stripe_unit"], 512 << 10);
+        assert_eq!(v["dirty_regions"], 3);
+        assert_eq!(v["members"][1]["state"], "missing");
+        assert_eq!(v["members"][1]["resync"], Value::Null);
+        assert_eq!(v["members"][3]["state"], "resyncing");
+        assert_eq!(v["members"][3]["resync"]["total"], 4 << 20);
+        let mirror = Status {
+            layout: Layout::Mirror,
+            stripe_unit: u64::MAX,
+            ..sample()
+        };
+        assert_eq!(to_json(&mirror)["stripe_unit"], Value::Null);
+        assert!(to_text(&mirror).contains("layout:   mirror, 2 copies\n"));
+    }
+
+    #[test]
+    fn percent_is_bounded() {
+        assert_eq!(
+            (
+                percent(0, 0),
+                percent(1, 3),
+                percent(5, 4),
+                percent(u64::MAX, u64::MAX)
+            ),
+            (0, 33, 100, 100)
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! A pool as `Client` uses it: requests in, replies out, a clean stop, and the live status.
+
+use super::background::supervise;
+use super::member::Member;
+use super::pump::Shared;
+use super::requests::{self, Request};
+use crate::connection::Outcome;
+use crate::error::Error;
+use crate::limits::POOL_STOP_MARGIN_MS;
+use crate::uri::Uri;
+use sluice_pool::{Coordinator, Status};
+use sluice_proto::wire::CMD_WRITE;
+use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// An assembled pool and the tasks that carry out its coordinator's actions.
+pub(crate) struct PoolDriver<M: Member> {
+    shared: Arc<Shared<M>>,
+    /// How long a clean stop may take: what is in flight ends within the member timeout.
+    stop_limit: Duration,
+}
+
+impl<M: Member> PoolDriver<M> {
+    /// Starts driving an assembled coordinator whose clock started at `start`; `members`
+    /// are connected, in the pool file's order.
+    pub(crate) fn start(
+        coord: Coordinator,
+        members: Vec<M>,
+        uris: Vec<Uri>,
+        options: M::Options,
+        start: Instant,
+        member_timeout_ms: u64,
+    ) -> PoolDriver<M> {
+        let (shared, woken) = Shared::new(coord, members, uris, options, start);
+        tokio::spawn(supervise(Arc::downgrade(&shared), woken));
+        // Assembling may already have asked for work (superblocks to write, resync).
+        shared.run(|_, _| ());
+        PoolDriver {
+            shared,
+            stop_limit: Duration::from_millis(member_timeout_ms + POOL_STOP_MARGIN_MS),
+        }
+    }
+
+    /// One request that `Client` checked and split, as it would send it to a server.
+    pub(crate) async fn call(
+        &self,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[IoSlice<'_>],
+        bufs: Vec<Vec<u8>>,
+    ) -> Result<Outcome, Error> {
+        let command = requests::command(cmd, flags, offset, len)?;
+        let write = (cmd == CMD_WRITE).then(|| Arc::new(requests::gather(payload)));
+        let (done, answer) = oneshot::channel();
+        let request = Request {
+            write,
+            read: bufs,
+            done,
+        };
+        self.shared.run(|core, now| {
+            if core.closed {
+                return Err(Error::Closed);
+            }
+            let req = core.coord.submit(command, now);
+            core.requests.insert(req, request);
+            Ok(())
+        })?;
+        match answer.await {
+            Ok(result) => requests::reply(cmd, result),
+            // The pool went away with the request unanswered.
+            Err(_) => Err(Error::Closed),
+        }
+    }
+
+    /// Stops the coordinator cleanly (requests in flight finish, the superblocks are
+    /// released, so the next assembly need not wait out the lease), then disconnects the
+    /// members. Requests after this fail with `Error::Closed`.
+    pub(crate) async fn disconnect(&self) {
+        let mut stopped = self.shared.stopped();
+        self.shared.run(|core, now| {
+            if !core.closed {
+                core.closed = true;
+                core.coord.stop(now);
+            }
+        });
+        if tokio::time::timeout(self.stop_limit, stopped.wait_for(|&s| s))
+            .await
+            .is_err()
+        {
+            log::warn!(
+                "the pool did not stop cleanly within {:?}; the next assembly waits out the lease",
+                self.stop_limit
+            );
+        }
+        for m in self.shared.take_members() {
+            m.disconnect().await;
+        }
+    }
+
+    /// The pool's state now: members, resync progress, dirty regions.
+    pub(crate) fn status(&self) -> Status {
+        self.shared.look(|core| core.coord.status())
+    }
+
+    /// Connections open to the members, all together.
+    pub(crate) fn connections(&self) -> usize {
+        self.shared.connections()
+    }
+}

@@ -1,0 +1,31 @@
+//! Pools: one volume striped and/or mirrored over several NBD servers, named by a pool file
+//! (`pool:PATH`). sluice-pool's coordinator decides everything (where each byte goes, dirty
+//! tracking, failure, resync); this module carries its decisions out with tokio: it
+//! connects the members, reads their metadata, takes the pool over from a dead
+//! coordinator, runs member I/O, wakes the coordinator on time, and reconnects dropped
+//! members with backoff.
+//!
+//! `Client::connect_with` opens a pool like any export, so every user of `Client` can use
+//! one; `init` and `status` are what `sluice pool` does.
+
+mod admin;
+mod background;
+mod driver;
+#[cfg(test)]
+mod driver_tests;
+#[cfg(test)]
+mod fake;
+mod found;
+mod lease;
+mod member;
+mod member_client;
+mod member_io;
+mod open;
+mod pump;
+mod requests;
+mod session;
+
+pub use admin::{init, load, status};
+pub(crate) use driver::PoolDriver;
+pub(crate) use open::open;
+pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Status};

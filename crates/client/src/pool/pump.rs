@@ -1,0 +1,320 @@
+//! The pump: the coordinator behind one lock, and the driver's side of every action it
+//! asks for. Every entry point (a request, a member's answer, the timer, a member coming
+//! back) locks, tells the coordinator, then drains `poll()` and carries each action out:
+//! member I/O goes to a task of its own, which comes back through `finish`. The lock is a
+//! std mutex and is never held across an await.
+
+use super::member::Member;
+use super::member_io::{self, Payload};
+use super::requests::{land, Request};
+use crate::error::Error;
+use crate::uri::Uri;
+use sluice_pool::{
+    Action, Coordinator, CopyId, Data, Failure, Found, MemberCmd, OpId, OpOutcome, ReqId,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
+
+/// What the background task is woken for.
+pub(crate) enum Wake {
+    /// The coordinator's next wake-up changed.
+    Timer,
+    /// A member was dropped: reconnect it.
+    Reconnect(usize),
+}
+
+/// Everything a pool's tasks share.
+pub(crate) struct Shared<M: Member> {
+    core: Mutex<Core<M>>,
+    /// Time zero of the coordinator's clock.
+    start: Instant,
+    pub(crate) uris: Vec<Uri>,
+    pub(crate) options: M::Options,
+    wake: mpsc::UnboundedSender<Wake>,
+    stopped: watch::Sender<bool>,
+}
+
+pub(crate) struct Core<M> {
+    pub(crate) coord: Coordinator,
+    pub(crate) requests: HashMap<ReqId, Request>,
+    /// Resync buffers, from the read that fills them to their `Release`.
+    copies: HashMap<CopyId, Arc<Vec<u8>>>,
+    members: Vec<Slot<M>>,
+    /// The wake-up the background task sleeps towards.
+    armed: Option<u64>,
+    /// A stop began: no new requests, no reconnecting.
+    pub(crate) closed: bool,
+}
+
+struct Slot<M> {
+    /// `None` while the member is dropped.
+    client: Option<M>,
+    /// Its operations in flight, aborted when it is dropped (a stalled member never
+    /// answers them).
+    ops: HashMap<OpId, AbortHandle>,
+    reconnecting: bool,
+}
+
+/// Where a member read's bytes go.
+enum Sink {
+    Nothing,
+    Request { req: ReqId, at: u64 },
+    Copy(CopyId),
+    Meta,
+}
+
+impl<M: Member> Shared<M> {
+    pub(crate) fn new(
+        coord: Coordinator,
+        members: Vec<M>,
+        uris: Vec<Uri>,
+        options: M::Options,
+        start: Instant,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Wake>) {
+        let slots = members
+            .into_iter()
+            .map(|m| Slot {
+                client: Some(m),
+                ops: HashMap::new(),
+                reconnecting: false,
+            })
+            .collect();
+        let core = Core {
+            coord,
+            requests: HashMap::new(),
+            copies: HashMap::new(),
+            members: slots,
+            armed: None,
+            closed: false,
+        };
+        let (wake, woken) = mpsc::unbounded_channel();
+        let shared = Shared {
+            core: Mutex::new(core),
+            start,
+            uris,
+            options,
+            wake,
+            stopped: watch::Sender::new(false),
+        };
+        (Arc::new(shared), woken)
+    }
+
+    /// Milliseconds on the coordinator's clock.
+    pub(crate) fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Tells the coordinator something (`f`), then carries out what it asks for.
+    pub(crate) fn run<T>(self: &Arc<Self>, f: impl FnOnce(&mut Core<M>, u64) -> T) -> T {
+        let now = self.now();
+        let mut core = self.core.lock().unwrap();
+        let out = f(&mut core, now);
+        while let Some(action) = core.coord.poll() {
+            match action {
+                Action::Member {
+                    op,
+                    member,
+                    cmd,
+                    data,
+                } => self.start_op(&mut core, op, member, cmd, data, now),
+                Action::Complete { req, result } => core.complete(req, result),
+                Action::Drop { member } => self.drop_member(&mut core, member),
+                Action::Release { copy } => {
+                    core.copies.remove(&copy);
+                }
+                Action::Log { text } => log::info!("pool: {text}"),
+            }
+        }
+        if core.coord.next_wakeup() != core.armed {
+            let _ = self.wake.send(Wake::Timer);
+        }
+        if core.coord.is_stopped() {
+            self.stopped.send_replace(true);
+        }
+        out
+    }
+
+    /// Looks at the state without telling the coordinator anything.
+    pub(crate) fn look<T>(&self, f: impl FnOnce(&Core<M>) -> T) -> T {
+        f(&self.core.lock().unwrap())
+    }
+
+    /// The instant the coordinator next wants `tick`, now noted as armed.
+    pub(crate) fn arm(&self) -> Option<tokio::time::Instant> {
+        let mut core = self.core.lock().unwrap();
+        core.armed = core.coord.next_wakeup();
+        core.armed
+            .map(|ms| tokio::time::Instant::from_std(self.start + Duration::from_millis(ms)))
+    }
+
+    /// Resolves once the coordinator has stopped.
+    pub(crate) fn stopped(&self) -> watch::Receiver<bool> {
+        self.stopped.subscribe()
+    }
+
+    fn start_op(
+        self: &Arc<Self>,
+        core: &mut Core<M>,
+        op: OpId,
+        member: usize,
+        cmd: MemberCmd,
+        data: Data,
+        now: u64,
+    ) {
+        let Some(client) = core.members[member].client.clone() else {
+            core.coord.handle(
+                op,
+                OpOutcome::Failed("the member is not connected".into()),
+                now,
+            );
+            return;
+        };
+        let Some((payload, sink)) = core.route(&cmd, data) else {
+            // The coordinator named a buffer the driver does not have: a bug in one of them.
+            debug_assert!(false, "member operation {op:?} names a buffer that is gone");
+            core.coord.handle(
+                op,
+                OpOutcome::Failed("pool driver: the operation's buffer is gone".into()),
+                now,
+            );
+            return;
+        };
+        let shared = self.clone();
+        let task = tokio::spawn(async move {
+            let result = member_io::run(&client, cmd, payload).await;
+            shared.finish(member, op, sink, result);
+        });
+        core.members[member].ops.insert(op, task.abort_handle());
+    }
+
+    /// A member operation's task is done.
+    fn finish(
+        self: &Arc<Self>,
+        member: usize,
+        op: OpId,
+        sink: Sink,
+        result: Result<Option<Vec<u8>>, Error>,
+    ) {
+        self.run(|core, now| {
+            core.members[member].ops.remove(&op);
+            let outcome = match result {
+                Ok(bytes) => core.deliver(sink, bytes),
+                Err(e) => OpOutcome::Failed(format!("{}: {e}", self.uris[member])),
+            };
+            core.coord.handle(op, outcome, now);
+        })
+    }
+
+    fn drop_member(&self, core: &mut Core<M>, member: usize) {
+        let slot = &mut core.members[member];
+        for (_, op) in slot.ops.drain() {
+            op.abort();
+        }
+        if let Some(client) = slot.client.take() {
+            close(client);
+        }
+        if !slot.reconnecting && !core.closed {
+            slot.reconnecting = true;
+            let _ = self.wake.send(Wake::Reconnect(member));
+        }
+    }
+
+    /// A dropped member answers again, with `found` in its metadata area.
+    pub(crate) fn member_back(self: &Arc<Self>, member: usize, client: M, found: Found) {
+        self.run(|core, now| {
+            core.members[member].reconnecting = false;
+            if core.closed {
+                close(client);
+                return;
+            }
+            core.members[member].client = Some(client);
+            core.coord.member_back(member, found, now);
+        })
+    }
+
+    /// Takes every member out for disconnecting, stopping what is in flight on them.
+    pub(crate) fn take_members(&self) -> Vec<M> {
+        let mut core = self.core.lock().unwrap();
+        let slots = core.members.iter_mut();
+        slots
+            .filter_map(|s| {
+                s.ops.drain().for_each(|(_, op)| op.abort());
+                s.client.take()
+            })
+            .collect()
+    }
+
+    pub(crate) fn connections(&self) -> usize {
+        self.look(|core| {
+            core.members
+                .iter()
+                .filter_map(|s| s.client.as_ref())
+                .map(M::connections)
+                .sum()
+        })
+    }
+}
+
+/// Disconnects a member in the background; one that stalls is given up on after a while.
+fn close<M: Member>(client: M) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.disconnect()).await;
+    });
+}
+
+impl<M> Core<M> {
+    /// What a member operation sends, and where what it reads goes; `None` when the
+    /// buffer it names is not here.
+    fn route(&self, cmd: &MemberCmd, data: Data) -> Option<(Payload, Sink)> {
+        let write_len = match *cmd {
+            MemberCmd::Write { len, .. } => Some(len as usize),
+            _ => None,
+        };
+        Some(match (data, write_len) {
+            (Data::None, _) => (Payload::None, Sink::Nothing),
+            (Data::Request { req, at }, None) => (Payload::None, Sink::Request { req, at }),
+            (Data::Request { req, at }, Some(len)) => {
+                let bytes = self.requests.get(&req)?.write.clone()?;
+                let range = at as usize..at as usize + len;
+                (range.end <= bytes.len()).then_some(())?;
+                (Payload::Shared(bytes, range), Sink::Nothing)
+            }
+            (Data::Copy(id), None) => (Payload::None, Sink::Copy(id)),
+            (Data::Copy(id), Some(_)) => {
+                let bytes = self.copies.get(&id)?.clone();
+                let all = 0..bytes.len();
+                (Payload::Shared(bytes, all), Sink::Nothing)
+            }
+            (Data::Bytes(v), _) => (Payload::Owned(v), Sink::Nothing),
+            (Data::Meta, _) => (Payload::None, Sink::Meta),
+        })
+    }
+
+    /// Puts a finished member read where it belongs.
+    fn deliver(&mut self, sink: Sink, bytes: Option<Vec<u8>>) -> OpOutcome {
+        match (sink, bytes) {
+            (Sink::Request { req, at }, Some(b)) => {
+                // A request that already failed has no buffers left to fill.
+                if let Some(r) = self.requests.get_mut(&req) {
+                    land(&mut r.read, at, b);
+                }
+            }
+            (Sink::Copy(id), Some(b)) => {
+                self.copies.insert(id, Arc::new(b));
+            }
+            (Sink::Meta, Some(b)) => return OpOutcome::Data(b),
+            _ => {}
+        }
+        OpOutcome::Done
+    }
+
+    fn complete(&mut self, req: ReqId, result: Result<(), Failure>) {
+        if let Some(r) = self.requests.remove(&req) {
+            // The caller may have given up waiting; nothing to tell then.
+            let _ = r.done.send(result.map(|()| r.read));
+        }
+    }
+}

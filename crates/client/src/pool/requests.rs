@@ -1,0 +1,201 @@
+//! Volume requests between the caller and the coordinator: an NBD command becomes a pool
+//! `Command`, a write's bytes are gathered once so that every copy can send them, read
+//! pieces land in the caller's buffers, and the coordinator's verdict becomes the reply.
+
+use crate::connection::Outcome;
+use crate::error::Error;
+use sluice_pool::{Command, Failure};
+use sluice_proto::wire::*;
+use std::io::IoSlice;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// A volume request the coordinator is working on.
+pub(crate) struct Request {
+    /// A write's bytes, shared by the member writes that send them.
+    pub(crate) write: Option<Arc<Vec<u8>>>,
+    /// A read's destination (the caller's buffers, in order).
+    pub(crate) read: Vec<Vec<u8>>,
+    pub(crate) done: oneshot::Sender<Result<Vec<Vec<u8>>, Failure>>,
+}
+
+/// The pool command for an NBD request that `Client` already checked (range, alignment,
+/// read-only, flags the export advertises).
+pub(crate) fn command(cmd: u16, flags: u16, offset: u64, len: u32) -> Result<Command, Error> {
+    let (len, fua) = (len as u64, flags & CMD_FLAG_FUA != 0);
+    match cmd {
+        CMD_READ => Ok(Command::Read { offset, len }),
+        CMD_WRITE => Ok(Command::Write { offset, len, fua }),
+        CMD_WRITE_ZEROES => Ok(Command::Zero {
+            offset,
+            len,
+            fua,
+            may_trim: flags & CMD_FLAG_NO_HOLE == 0,
+        }),
+        CMD_TRIM => Ok(Command::Trim { offset, len, fua }),
+        CMD_FLUSH => Ok(Command::Flush),
+        // The pool advertises neither CACHE nor base:allocation, so Client never sends them.
+        CMD_CACHE => Err(Error::Unsupported("CACHE")),
+        _ => Err(Error::Unsupported("BLOCK_STATUS")),
+    }
+}
+
+/// A write's bytes in one buffer: member writes outlive the caller's borrowed slices.
+pub(crate) fn gather(payload: &[IoSlice<'_>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.iter().map(|s| s.len()).sum());
+    for s in payload {
+        out.extend_from_slice(s);
+    }
+    out
+}
+
+/// Puts `data`, read from a member, at byte `at` of the request's buffers. A piece that is
+/// the whole of a single buffer replaces it, which spares the copy in the common case of a
+/// request on one member.
+pub(crate) fn land(bufs: &mut [Vec<u8>], at: u64, data: Vec<u8>) {
+    if let [only] = bufs {
+        if at == 0 && data.len() == only.len() {
+            *only = data;
+            return;
+        }
+    }
+    let mut skip = at as usize;
+    let mut src = &data[..];
+    for b in bufs.iter_mut() {
+        if src.is_empty() {
+            break;
+        }
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        let n = (b.len() - skip).min(src.len());
+        b[skip..skip + n].copy_from_slice(&src[..n]);
+        src = &src[n..];
+        skip = 0;
+    }
+    debug_assert!(
+        src.is_empty(),
+        "a read piece reaches past its request's buffers"
+    );
+}
+
+/// The reply `Client` expects for a finished request.
+pub(crate) fn reply(cmd: u16, result: Result<Vec<Vec<u8>>, Failure>) -> Result<Outcome, Error> {
+    match result {
+        Ok(bufs) if cmd == CMD_READ => Ok(Outcome::Read(bufs)),
+        Ok(_) => Ok(Outcome::Done),
+        Err(f) => Err(Error::Server {
+            errno: f.errno.code(),
+            message: Some(f.message),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_proto::Errno;
+
+    #[test]
+    fn commands_carry_their_flags() {
+        assert_eq!(
+            command(CMD_READ, 0, 4096, 512).unwrap(),
+            Command::Read {
+                offset: 4096,
+                len: 512
+            }
+        );
+        assert_eq!(
+            command(CMD_WRITE, CMD_FLAG_FUA, 0, 9).unwrap(),
+            Command::Write {
+                offset: 0,
+                len: 9,
+                fua: true
+            }
+        );
+        assert_eq!(
+            command(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1, 2).unwrap(),
+            Command::Zero {
+                offset: 1,
+                len: 2,
+                fua: false,
+                may_trim: false
+            }
+        );
+        assert_eq!(
+            command(CMD_WRITE_ZEROES, 0, 1, 2).unwrap(),
+            Command::Zero {
+                offset: 1,
+                len: 2,
+                fua: false,
+                may_trim: true
+            }
+        );
+        assert_eq!(
+            command(CMD_TRIM, CMD_FLAG_FUA, 3, 4).unwrap(),
+            Command::Trim {
+                offset: 3,
+                len: 4,
+                fua: true
+            }
+        );
+        assert_eq!(command(CMD_FLUSH, 0, 0, 0).unwrap(), Command::Flush);
+        assert!(matches!(
+            command(CMD_CACHE, 0, 0, 1),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            command(CMD_BLOCK_STATUS, 0, 0, 1),
+            Err(Error::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn gather_keeps_order() {
+        let (a, b, c) = ([1u8, 2], [], [3u8, 4, 5]);
+        assert_eq!(
+            gather(&[IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)]),
+            vec![1, 2, 3, 4, 5]
+        );
+    }
+
+    #[test]
+    fn pieces_land_across_scattered_buffers() {
+        let mut bufs = vec![vec![0u8; 3], vec![0u8; 0], vec![0u8; 4], vec![0u8; 2]];
+        // Out of order, as member replies come.
+        land(&mut bufs, 5, vec![6, 7, 8, 9]);
+        land(&mut bufs, 0, vec![1, 2]);
+        land(&mut bufs, 2, vec![3, 4, 5]);
+        assert_eq!(
+            bufs,
+            vec![vec![1, 2, 3], vec![], vec![4, 5, 6, 7], vec![8, 9]]
+        );
+    }
+
+    #[test]
+    fn a_whole_piece_replaces_the_buffer() {
+        let mut bufs = vec![vec![0u8; 4]];
+        let data = vec![1u8, 2, 3, 4];
+        let at = data.as_ptr();
+        land(&mut bufs, 0, data);
+        assert_eq!(bufs[0].as_ptr(), at);
+        land(&mut bufs, 1, vec![9, 9]);
+        assert_eq!(bufs[0], vec![1, 9, 9, 4]);
+    }
+
+    #[test]
+    fn replies_follow_the_command() {
+        assert!(
+            matches!(reply(CMD_READ, Ok(vec![vec![1]])), Ok(Outcome::Read(b)) if b == vec![vec![1]])
+        );
+        assert!(matches!(reply(CMD_WRITE, Ok(vec![])), Ok(Outcome::Done)));
+        let e = reply(CMD_WRITE, Err(Failure::io("no copy took it")))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&e, Error::Server { errno, message: Some(m) } if *errno == Errno::Io.code() && m == "no copy took it"),
+            "{e}"
+        );
+    }
+}
