@@ -124,9 +124,9 @@ impl Coordinator {
     /// Each member's role from the authoritative superblock and what it holds itself.
     fn place_members(&mut self, auth: &Superblock, sbs: &[Option<Superblock>]) {
         let all: BTreeSet<u64> = (0..self.regions).collect();
-        for m in 0..self.members.len() {
+        for (m, own) in sbs.iter().enumerate() {
             let role = auth.roles.get(m).copied().unwrap_or(Role::Active);
-            let own = sbs[m].as_ref();
+            let own = own.as_ref();
             if !self.members[m].connected {
                 let since = match role {
                     Role::Missing { since } => since,
