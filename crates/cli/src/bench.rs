@@ -20,8 +20,8 @@ use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 
 // The measuring, the drawing and the words they share live beside this file; main.rs
 // calls only `bench`.
-use crate::bench_plot;
 use crate::bench_point::{self, Point};
+use crate::bench_plot;
 use crate::bench_result::{human_size, Op, Pattern, PointResult};
 
 /// Request sizes swept by default: 4 KiB to 4 MiB in steps of four.
@@ -181,16 +181,10 @@ fn failure(message: &str) -> ExitCode {
 fn plan(args: &BenchArgs) -> Result<Plan, String> {
     let mut ops = dedup(&args.ops);
     if ops.is_empty() {
-        ops = if args.write {
-            vec![Op::Read, Op::Write]
-        } else {
-            vec![Op::Read]
-        };
+        ops = if args.write { vec![Op::Read, Op::Write] } else { vec![Op::Read] };
     }
     if ops.contains(&Op::Write) && !args.write {
-        return Err(
-            "measuring writes overwrites data on the export; add --write to allow it".into(),
-        );
+        return Err("measuring writes overwrites data on the export; add --write to allow it".into());
     }
     let mut patterns = dedup(&args.patterns);
     if patterns.is_empty() {
@@ -199,25 +193,12 @@ fn plan(args: &BenchArgs) -> Result<Plan, String> {
     let (sizes, depths, runtime_ms, warmup_ms) = if args.quick {
         (QUICK_SIZES, QUICK_DEPTHS, QUICK_RUNTIME_MS, QUICK_WARMUP_MS)
     } else {
-        (
-            DEFAULT_SIZES,
-            DEFAULT_DEPTHS,
-            DEFAULT_RUNTIME_MS,
-            DEFAULT_WARMUP_MS,
-        )
+        (DEFAULT_SIZES, DEFAULT_DEPTHS, DEFAULT_RUNTIME_MS, DEFAULT_WARMUP_MS)
     };
-    let mut sizes = if args.sizes.is_empty() {
-        sizes.to_vec()
-    } else {
-        args.sizes.clone()
-    };
+    let mut sizes = if args.sizes.is_empty() { sizes.to_vec() } else { args.sizes.clone() };
     sizes.sort_unstable();
     sizes.dedup();
-    let mut depths = if args.depths.is_empty() {
-        depths.to_vec()
-    } else {
-        args.depths.clone()
-    };
+    let mut depths = if args.depths.is_empty() { depths.to_vec() } else { args.depths.clone() };
     depths.sort_unstable();
     depths.dedup();
     let runtime = args.runtime.unwrap_or(Duration::from_millis(runtime_ms));
@@ -234,14 +215,7 @@ fn plan(args: &BenchArgs) -> Result<Plan, String> {
             human_size(POINT_BUFFER_MAX_BYTES)
         ));
     }
-    Ok(Plan {
-        sizes,
-        depths,
-        ops,
-        patterns,
-        runtime,
-        warmup,
-    })
+    Ok(Plan { sizes, depths, ops, patterns, runtime, warmup })
 }
 
 fn dedup<T: PartialEq + Copy>(v: &[T]) -> Vec<T> {
@@ -261,32 +235,18 @@ fn region(args: &BenchArgs, plan: &mut Plan, client: &Client) -> Result<(u64, u6
     let size = export.size;
     let offset = args.offset.unwrap_or(0);
     if offset >= size {
-        return Err(format!(
-            "--offset {offset} is not inside the export ({size} bytes)"
-        ));
+        return Err(format!("--offset {offset} is not inside the export ({size} bytes)"));
     }
     let span = args.span.unwrap_or(size - offset);
     if span == 0 || offset.checked_add(span).is_none_or(|end| end > size) {
-        return Err(format!(
-            "--offset {offset} --span {span} does not fit in the export ({size} bytes)"
-        ));
+        return Err(format!("--offset {offset} --span {span} does not fit in the export ({size} bytes)"));
     }
     if args.sizes.is_empty() && plan.sizes.iter().any(|&s| s > span) {
-        let dropped: Vec<_> = plan
-            .sizes
-            .iter()
-            .filter(|&&s| s > span)
-            .map(|&s| human_size(s))
-            .collect();
-        eprintln!(
-            "sluice bench: leaving out request sizes larger than the region ({span} bytes): {}",
-            dropped.join(",")
-        );
+        let dropped: Vec<_> = plan.sizes.iter().filter(|&&s| s > span).map(|&s| human_size(s)).collect();
+        eprintln!("sluice bench: leaving out request sizes larger than the region ({span} bytes): {}", dropped.join(","));
         plan.sizes.retain(|&s| s <= span);
         if plan.sizes.is_empty() {
-            return Err(format!(
-                "the region ({span} bytes) is smaller than every request size; choose --sizes"
-            ));
+            return Err(format!("the region ({span} bytes) is smaller than every request size; choose --sizes"));
         }
     }
     let largest = plan.sizes[plan.sizes.len() - 1];
@@ -298,24 +258,16 @@ fn region(args: &BenchArgs, plan: &mut Plan, client: &Client) -> Result<(u64, u6
     }
     let align = export.block_min.max(1) as u64;
     if !offset.is_multiple_of(align) {
-        return Err(format!(
-            "--offset {offset} is not a multiple of the export's minimum block size ({align})"
-        ));
+        return Err(format!("--offset {offset} is not a multiple of the export's minimum block size ({align})"));
     }
     if let Some(s) = plan.sizes.iter().find(|&&s| !s.is_multiple_of(align)) {
-        return Err(format!(
-            "request size {s} is not a multiple of the export's minimum block size ({align})"
-        ));
+        return Err(format!("request size {s} is not a multiple of the export's minimum block size ({align})"));
     }
     Ok((offset, span))
 }
 
 async fn run_async(args: BenchArgs, plan: Plan) -> ExitCode {
-    let options = Options {
-        connections: args.connections as usize,
-        block_status: false,
-        ..Options::default()
-    };
+    let options = Options { connections: args.connections as usize, block_status: false, ..Options::default() };
     let client = match client_cli::connect(&args.uri, &options).await {
         Ok(c) => c,
         Err(e) => return client_cli::fail("bench", &e),
@@ -401,10 +353,7 @@ async fn measure(args: &BenchArgs, mut plan: Plan, client: &Client) -> ExitCode 
                         Ok(Some(r)) => {
                             say(&table_row(&r));
                             if let Err(e) = csv.row(&r) {
-                                return failure(&format!(
-                                    "cannot write {}: {e}",
-                                    csv_path.display()
-                                ));
+                                return failure(&format!("cannot write {}: {e}", csv_path.display()));
                             }
                             results.push(r);
                         }
@@ -438,12 +387,7 @@ async fn measure(args: &BenchArgs, mut plan: Plan, client: &Client) -> ExitCode 
             Err(m) => plot_error = Some(m),
         }
     }
-    say(&format!(
-        "sluice bench: {} points in {}; results in {}/",
-        results.len(),
-        human_duration(started.elapsed()),
-        dir.display()
-    ));
+    say(&format!("sluice bench: {} points in {}; results in {}/", results.len(), human_duration(started.elapsed()), dir.display()));
     for (name, what) in &files {
         say(&format!("  {name:<22} {what}"));
     }
@@ -469,9 +413,7 @@ fn watch_interrupt(flag: Arc<AtomicBool>) {
         if tokio::signal::ctrl_c().await.is_err() {
             return;
         }
-        eprintln!(
-            "sluice bench: interrupted; stopping after the requests in flight (again to quit now)"
-        );
+        eprintln!("sluice bench: interrupted; stopping after the requests in flight (again to quit now)");
         flag.store(true, Ordering::Relaxed);
         if tokio::signal::ctrl_c().await.is_ok() {
             std::process::exit(130);
@@ -483,21 +425,12 @@ fn watch_interrupt(flag: Arc<AtomicBool>) {
 /// after the current UTC time, with a suffix if that name is taken.
 fn output_dir(out: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(dir) = out {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         return Ok(dir.to_path_buf());
     }
-    let stamp = utc_stamp(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    );
+    let stamp = utc_stamp(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
     for n in 1..100 {
-        let name = if n == 1 {
-            format!("sluice-bench-{stamp}")
-        } else {
-            format!("sluice-bench-{stamp}-{n}")
-        };
+        let name = if n == 1 { format!("sluice-bench-{stamp}") } else { format!("sluice-bench-{stamp}-{n}") };
         let dir = PathBuf::from(name);
         match std::fs::create_dir(&dir) {
             Ok(()) => return Ok(dir),
@@ -522,12 +455,7 @@ fn utc_stamp(secs: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    format!("{year:04}{month:02}{day:02}-{:02}{:02}{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 const CSV_HEADER: &str =
@@ -607,10 +535,7 @@ fn parse_byte_count(s: &str) -> Result<u64, String> {
 fn parse_request_size(s: &str) -> Result<u64, String> {
     let n = parse_byte_count(s)?;
     if n == 0 || n > REQUEST_SIZE_MAX_BYTES {
-        return Err(format!(
-            "request size {s:?} must be between 1 and {}",
-            human_size(REQUEST_SIZE_MAX_BYTES)
-        ));
+        return Err(format!("request size {s:?} must be between 1 and {}", human_size(REQUEST_SIZE_MAX_BYTES)));
     }
     Ok(n)
 }
@@ -622,15 +547,10 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
         Some(n) => (n, 0.001),
         None => (t.strip_suffix('s').unwrap_or(t), 1.0),
     };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds (like 2, 0.5 or 250ms)"))?;
+    let v: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a number of seconds (like 2, 0.5 or 250ms)"))?;
     let v = v * scale;
     if !v.is_finite() || !(0.0..=POINT_SECONDS_MAX).contains(&v) {
-        return Err(format!(
-            "{s:?} must be between 0 and {POINT_SECONDS_MAX} seconds"
-        ));
+        return Err(format!("{s:?} must be between 0 and {POINT_SECONDS_MAX} seconds"));
     }
     Ok(Duration::from_secs_f64(v))
 }

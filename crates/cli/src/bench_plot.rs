@@ -93,21 +93,13 @@ pub fn draw(dir: &Path, results: &[PointResult], uri: &str) -> Result<Drawn, Str
     let png = load_font();
     let mut files = Vec::new();
     for fig in figures(results, uri) {
-        let dims = (
-            PANEL_W * fig.cols as u32,
-            TITLE_H + PANEL_H * fig.rows as u32,
-        );
+        let dims = (PANEL_W * fig.cols as u32, TITLE_H + PANEL_H * fig.rows as u32);
         let svg_path = dir.join(fig.svg);
-        render(SVGBackend::new(&svg_path, dims).into_drawing_area(), &fig)
-            .map_err(|e| format!("{}: {e}", svg_path.display()))?;
+        render(SVGBackend::new(&svg_path, dims).into_drawing_area(), &fig).map_err(|e| format!("{}: {e}", svg_path.display()))?;
         files.push((fig.svg, fig.what));
         if png {
             let png_path = dir.join(fig.png);
-            render(
-                BitMapBackend::new(&png_path, dims).into_drawing_area(),
-                &fig,
-            )
-            .map_err(|e| format!("{}: {e}", png_path.display()))?;
+            render(BitMapBackend::new(&png_path, dims).into_drawing_area(), &fig).map_err(|e| format!("{}: {e}", png_path.display()))?;
             files.push((fig.png, "the same, as PNG"));
         }
     }
@@ -122,9 +114,7 @@ fn load_font() -> bool {
     static LOADED: OnceLock<bool> = OnceLock::new();
     *LOADED.get_or_init(|| {
         FONT_PATHS.iter().any(|path| {
-            let Ok(bytes) = std::fs::read(path) else {
-                return false;
-            };
+            let Ok(bytes) = std::fs::read(path) else { return false };
             // plotters keeps fonts for the life of the process.
             let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
             plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_ok()
@@ -138,11 +128,7 @@ fn figures(results: &[PointResult], uri: &str) -> Vec<Figure> {
     let depths = sorted(results.iter().map(|r| r.depth as u64));
     let sizes = sorted(results.iter().map(|r| r.size));
     let connections = results.first().map_or(1, |r| r.connections);
-    let conn = if connections == 1 {
-        String::new()
-    } else {
-        format!(", {connections} connections")
-    };
+    let conn = if connections == 1 { String::new() } else { format!(", {connections} connections") };
     let log2 = |v: u64| (v as f64).log2();
     let with_ios = |r: &&PointResult| r.ios > 0;
 
@@ -150,19 +136,12 @@ fn figures(results: &[PointResult], uri: &str) -> Vec<Figure> {
         let mut panels = Vec::new();
         for &op in &ops {
             for &pattern in &patterns {
-                panels.push(Panel {
-                    title: format!("{} {}", pattern.title(), op.name()),
-                    series: series(op, pattern),
-                });
+                panels.push(Panel { title: format!("{} {}", pattern.title(), op.name()), series: series(op, pattern) });
             }
         }
         panels
     };
-    let of = |op: Op, pattern: Pattern| {
-        results
-            .iter()
-            .filter(move |r| r.op == op && r.pattern == pattern)
-    };
+    let of = |op: Op, pattern: Pattern| results.iter().filter(move |r| r.op == op && r.pattern == pattern);
 
     let bandwidth = grid(&|op, pattern| {
         depths
@@ -171,11 +150,7 @@ fn figures(results: &[PointResult], uri: &str) -> Vec<Figure> {
             .map(|(i, &d)| Series {
                 label: format!("QD {d}"),
                 color: COLORS[i % COLORS.len()],
-                solid: by_x(
-                    of(op, pattern)
-                        .filter(|r| r.depth as u64 == d)
-                        .map(|r| (log2(r.size), r.mb_per_s())),
-                ),
+                solid: by_x(of(op, pattern).filter(|r| r.depth as u64 == d).map(|r| (log2(r.size), r.mb_per_s()))),
                 dashed: Vec::new(),
             })
             .collect()
@@ -185,10 +160,7 @@ fn figures(results: &[PointResult], uri: &str) -> Vec<Figure> {
             .iter()
             .enumerate()
             .map(|(i, &d)| {
-                let points: Vec<_> = of(op, pattern)
-                    .filter(|r| r.depth as u64 == d)
-                    .filter(with_ios)
-                    .collect();
+                let points: Vec<_> = of(op, pattern).filter(|r| r.depth as u64 == d).filter(with_ios).collect();
                 Series {
                     label: format!("QD {d}"),
                     color: COLORS[i % COLORS.len()],
@@ -203,10 +175,7 @@ fn figures(results: &[PointResult], uri: &str) -> Vec<Figure> {
             .iter()
             .enumerate()
             .map(|(i, &s)| {
-                let points: Vec<_> = of(op, pattern)
-                    .filter(|r| r.size == s)
-                    .filter(with_ios)
-                    .collect();
+                let points: Vec<_> = of(op, pattern).filter(|r| r.size == s).filter(with_ios).collect();
                 Series {
                     label: human_size(s),
                     color: COLORS[i % COLORS.len()],
@@ -289,21 +258,10 @@ fn render<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, fig: &Figure) -> Res
     root.fill(&WHITE).map_err(err)?;
     let (top, body) = root.split_vertically(TITLE_H);
     let (w, _) = top.dim_in_pixel();
-    let title = TextStyle::from((FONT, 18).into_font())
-        .color(&BLACK)
-        .pos(Pos::new(HPos::Center, VPos::Center));
-    top.draw(&Text::new(
-        fig.title.clone(),
-        (w as i32 / 2, TITLE_H as i32 / 2),
-        title,
-    ))
-    .map_err(err)?;
+    let title = TextStyle::from((FONT, 18).into_font()).color(&BLACK).pos(Pos::new(HPos::Center, VPos::Center));
+    top.draw(&Text::new(fig.title.clone(), (w as i32 / 2, TITLE_H as i32 / 2), title)).map_err(err)?;
 
-    let all = fig
-        .panels
-        .iter()
-        .flat_map(|p| &p.series)
-        .flat_map(|s| s.solid.iter().chain(&s.dashed));
+    let all = fig.panels.iter().flat_map(|p| &p.series).flat_map(|s| s.solid.iter().chain(&s.dashed));
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in all {
         (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
@@ -340,14 +298,8 @@ where
     let (cw, _) = cell.dim_in_pixel();
     let (plot, legend) = cell.split_horizontally(cw - LEGEND_W);
     let (pw, _) = plot.dim_in_pixel();
-    let heading = TextStyle::from((FONT, 15).into_font())
-        .color(&BLACK)
-        .pos(Pos::new(HPos::Center, VPos::Top));
-    plot.draw(&Text::new(
-        panel.title.clone(),
-        (pw as i32 / 2 + 30, 6),
-        heading,
-    ))?;
+    let heading = TextStyle::from((FONT, 15).into_font()).color(&BLACK).pos(Pos::new(HPos::Center, VPos::Top));
+    plot.draw(&Text::new(panel.title.clone(), (pw as i32 / 2 + 30, 6), heading))?;
 
     let mut chart = ChartBuilder::on(&plot)
         .margin_top(30)
@@ -384,23 +336,13 @@ where
 
     for s in &panel.series {
         if !s.dashed.is_empty() {
-            chart.draw_series(DashedLineSeries::new(
-                s.dashed.iter().copied(),
-                6,
-                4,
-                s.color.stroke_width(1),
-            ))?;
+            chart.draw_series(DashedLineSeries::new(s.dashed.iter().copied(), 6, 4, s.color.stroke_width(1)))?;
         }
-        chart.draw_series(LineSeries::new(
-            s.solid.iter().copied(),
-            s.color.stroke_width(2),
-        ))?;
+        chart.draw_series(LineSeries::new(s.solid.iter().copied(), s.color.stroke_width(2)))?;
         chart.draw_series(s.solid.iter().map(|&p| Circle::new(p, 3, s.color.filled())))?;
     }
 
-    let entry = TextStyle::from((FONT, 12).into_font())
-        .color(&BLACK)
-        .pos(Pos::new(HPos::Left, VPos::Center));
+    let entry = TextStyle::from((FONT, 12).into_font()).color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center));
     let mut y = 44;
     let line = |y: i32, color: &RGBColor, dashed: bool| -> Vec<PathElement<(i32, i32)>> {
         if dashed {
@@ -409,10 +351,7 @@ where
                 PathElement::new(vec![(18, y), (26, y)], color.stroke_width(1)),
             ]
         } else {
-            vec![PathElement::new(
-                vec![(4, y), (26, y)],
-                color.stroke_width(2),
-            )]
+            vec![PathElement::new(vec![(4, y), (26, y)], color.stroke_width(2))]
         }
     };
     for s in &panel.series {

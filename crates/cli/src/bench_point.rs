@@ -51,11 +51,7 @@ struct WorkerResult {
 
 /// Runs one point. `Ok(None)` when `interrupted` was set while it ran; `Err` names the
 /// first request that failed.
-pub async fn run(
-    client: &Client,
-    point: &Point,
-    interrupted: &Arc<AtomicBool>,
-) -> Result<Option<PointResult>, String> {
+pub async fn run(client: &Client, point: &Point, interrupted: &Arc<AtomicBool>) -> Result<Option<PointResult>, String> {
     debug_assert!(point.size > 0 && point.size <= point.span);
     let shared = Arc::new(Shared {
         cursor: AtomicU64::new(0),
@@ -65,19 +61,10 @@ pub async fn run(
     });
     let start = Instant::now();
     let measure_from = start + point.warmup;
-    let window = Window {
-        measure_from,
-        stop_at: measure_from + point.runtime,
-    };
+    let window = Window { measure_from, stop_at: measure_from + point.runtime };
     let workers: Vec<_> = (0..point.depth)
         .map(|i| {
-            let (client, point, shared, window, interrupted) = (
-                client.clone(),
-                point.clone(),
-                shared.clone(),
-                window,
-                interrupted.clone(),
-            );
+            let (client, point, shared, window, interrupted) = (client.clone(), point.clone(), shared.clone(), window, interrupted.clone());
             tokio::spawn(async move { worker(client, point, i, shared, window, interrupted).await })
         })
         .collect();
@@ -158,36 +145,26 @@ async fn worker(
         };
         let offset = point.offset + slot * point.size;
         let result = match point.op {
-            Op::Read => client
-                .read_owned(offset, std::mem::take(&mut buf))
-                .await
-                .map(|b| buf = b),
+            Op::Read => client.read_owned(offset, std::mem::take(&mut buf)).await.map(|b| buf = b),
             Op::Write => client.write(offset, &buf, false).await,
         };
         let done = Instant::now();
         if let Err(e) = result {
-            shared.first_error.lock().unwrap().get_or_insert_with(|| {
-                format!(
-                    "{} of {} bytes at offset {offset}: {e}",
-                    point.op.name(),
-                    point.size
-                )
-            });
+            shared
+                .first_error
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| format!("{} of {} bytes at offset {offset}: {e}", point.op.name(), point.size));
             shared.failed.store(true, Ordering::Relaxed);
             return None;
         }
-        if done >= window.measure_from
-            && (done <= window.stop_at || shared.completed.load(Ordering::Relaxed) == 0)
-        {
+        if done >= window.measure_from && (done <= window.stop_at || shared.completed.load(Ordering::Relaxed) == 0) {
             latency.record((done - issued).as_nanos().min(u64::MAX as u128) as u64);
             shared.completed.fetch_add(1, Ordering::Relaxed);
             last_completion = Some(done);
         }
     }
-    Some(WorkerResult {
-        latency,
-        last_completion,
-    })
+    Some(WorkerResult { latency, last_completion })
 }
 
 fn fill_pattern(buf: &mut [u8], rng: &mut Rng) {
@@ -236,12 +213,7 @@ const BUCKETS: usize = (SUB + (64 - SUB_BITS as u64) * SUB) as usize;
 
 impl Histogram {
     pub fn new() -> Histogram {
-        Histogram {
-            buckets: vec![0; BUCKETS],
-            count: 0,
-            sum_ns: 0,
-            max_ns: 0,
-        }
+        Histogram { buckets: vec![0; BUCKETS], count: 0, sum_ns: 0, max_ns: 0 }
     }
 
     fn index(ns: u64) -> usize {
@@ -326,10 +298,7 @@ mod tests {
             assert!(i < BUCKETS, "{ns} -> {i}");
             let v = Histogram::value(i);
             let err = v.abs_diff(ns) as f64;
-            assert!(
-                err <= (ns as f64 / 32.0).max(0.0) + 0.5,
-                "{ns} -> bucket {i} value {v}"
-            );
+            assert!(err <= (ns as f64 / 32.0).max(0.0) + 0.5, "{ns} -> bucket {i} value {v}");
         }
     }
 

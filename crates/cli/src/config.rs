@@ -36,8 +36,7 @@ pub struct FileConfig {
 }
 
 pub fn load(path: &Path) -> Result<FileConfig, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     parse(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -85,27 +84,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.listen, vec!["127.0.0.1:10809".parse().unwrap()]);
-        assert_eq!(
-            (c.data_path, c.chunk, c.log_level),
-            (
-                Some(DataPath::Copy),
-                Some(ChunkSize(512 << 10)),
-                "debug".parse().ok()
-            )
-        );
-        assert_eq!(
-            c.metrics.map(|m| m.first()),
-            Some("127.0.0.1:9109".parse().unwrap())
-        );
+        assert_eq!((c.data_path, c.chunk, c.log_level), (Some(DataPath::Copy), Some(ChunkSize(512 << 10)), "debug".parse().ok()));
+        assert_eq!(c.metrics.map(|m| m.first()), Some("127.0.0.1:9109".parse().unwrap()));
         assert_eq!(c.exports.len(), 2);
-        assert_eq!(
-            (c.exports[0].data_path, &c.exports[0].spec),
-            (Some(DataPath::Direct), &Spec::Path("/dev/vdb".into()))
-        );
-        assert_eq!(
-            (c.exports[1].name.as_str(), &c.exports[1].spec),
-            ("", &Spec::Memory(1 << 30))
-        );
+        assert_eq!((c.exports[0].data_path, &c.exports[0].spec), (Some(DataPath::Direct), &Spec::Path("/dev/vdb".into())));
+        assert_eq!((c.exports[1].name.as_str(), &c.exports[1].spec), ("", &Spec::Memory(1 << 30)));
         assert_eq!(c.limits.inflight_requests_per_connection, 16);
         assert_eq!(c.limits.connections, Limits::default().connections);
     }
@@ -118,36 +101,15 @@ mod tests {
     #[test]
     fn bad_values_name_the_key_and_the_value() {
         for (text, error) in [
-            (
-                "chunk = \"12Q\"",
-                "chunk: size \"12Q\" is not a number with an optional K/M/G/T/P suffix",
-            ),
+            ("chunk = \"12Q\"", "chunk: size \"12Q\" is not a number with an optional K/M/G/T/P suffix"),
             ("chunk = \"64M\"", "chunk: chunk size \"64M\" is more than"),
-            (
-                "data-path = \"fast\"",
-                "data-path: unknown data path \"fast\"",
-            ),
-            (
-                "log-level = \"loud\"",
-                "log-level: unknown log level \"loud\"",
-            ),
-            (
-                "metrics = \"nowhere\"",
-                "metrics: address \"nowhere\" is not ADDR:PORT",
-            ),
-            (
-                "listen = [\"127.0.0.1:1\", \"x\"]",
-                "listen[1]: address \"x\" is not ADDR:PORT",
-            ),
+            ("data-path = \"fast\"", "data-path: unknown data path \"fast\""),
+            ("log-level = \"loud\"", "log-level: unknown log level \"loud\""),
+            ("metrics = \"nowhere\"", "metrics: address \"nowhere\" is not ADDR:PORT"),
+            ("listen = [\"127.0.0.1:1\", \"x\"]", "listen[1]: address \"x\" is not ADDR:PORT"),
             ("threads = 0", "threads: "),
-            (
-                "[[export]]\nspec = \"memory:1G\"\n[[export]]\nspec = \"null:lots\"",
-                "export[1].spec: size \"lots\"",
-            ),
-            (
-                "[[export]]\nspec = \"m\"\ndata-path = \"zero-copy\"",
-                "export[0].data-path: unknown data path \"zero-copy\"",
-            ),
+            ("[[export]]\nspec = \"memory:1G\"\n[[export]]\nspec = \"null:lots\"", "export[1].spec: size \"lots\""),
+            ("[[export]]\nspec = \"m\"\ndata-path = \"zero-copy\"", "export[0].data-path: unknown data path \"zero-copy\""),
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.starts_with(error), "{text:?}: {e}");

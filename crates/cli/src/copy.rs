@@ -6,10 +6,10 @@
 
 #[path = "copy_dest.rs"]
 mod copy_dest;
-#[path = "copy_source.rs"]
-mod copy_source;
 #[path = "copy_failure.rs"]
 mod failure;
+#[path = "copy_source.rs"]
+mod copy_source;
 #[path = "copy_os.rs"]
 mod os;
 #[path = "copy_progress.rs"]

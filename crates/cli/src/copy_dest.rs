@@ -103,11 +103,7 @@ impl Dest {
             }
             Target::File { file, .. } => {
                 let (me, file) = (self.clone(), file.clone());
-                let _turn = self
-                    .file_writer
-                    .acquire()
-                    .await
-                    .expect("the semaphore is never closed");
+                let _turn = self.file_writer.acquire().await.expect("the semaphore is never closed");
                 let (buf, r) = blocking(move || {
                     let r = ZeroRuns::new(offset, &buf, detect).try_for_each(|(range, zero)| {
                         let at = offset + range.start as u64;

@@ -23,11 +23,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "sluice",
-    version,
-    about = "Network block devices over NBD, on the shortest data path Linux allows"
-)]
+#[command(name = "sluice", version, about = "Network block devices over NBD, on the shortest data path Linux allows")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -77,11 +77,7 @@ pub struct MountArgs {
 }
 
 pub fn run(args: MountArgs) -> ExitCode {
-    logger::init(if args.verbose {
-        log::LevelFilter::Debug
-    } else {
-        log::LevelFilter::Off
-    });
+    logger::init(if args.verbose { log::LevelFilter::Debug } else { log::LevelFilter::Off });
     if let Err(e) = Uri::parse(&args.uri) {
         return fail(CMD, &e);
     }
@@ -98,10 +94,7 @@ pub fn run(args: MountArgs) -> ExitCode {
     }
     let runtime = client_cli::runtime();
     // base:allocation answers SEEK_DATA and SEEK_HOLE on the file.
-    let options = Options {
-        connections: args.connections as usize,
-        ..Options::default()
-    };
+    let options = Options { connections: args.connections as usize, ..Options::default() };
     let client = match runtime.block_on(client_cli::connect(&args.uri, &options)) {
         Ok(c) => c,
         Err(e) => return fail(CMD, &e),
@@ -110,11 +103,7 @@ pub fn run(args: MountArgs) -> ExitCode {
     // mount behind ("Transport endpoint is not connected").
     let mut signals = {
         let _guard = runtime.enter();
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-            signal(SignalKind::hangup()),
-        ) {
+        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
             (Ok(int), Ok(term), Ok(hup)) => Signals { int, term, hup },
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 eprintln!("sluice {CMD}: cannot handle signals: {e}");
@@ -130,22 +119,11 @@ pub fn run(args: MountArgs) -> ExitCode {
 }
 
 /// Mounts, serves until the session ends, then flushes and disconnects.
-fn mount_and_serve(
-    args: &MountArgs,
-    runtime: &tokio::runtime::Runtime,
-    client: &Client,
-    signals: &mut Signals,
-    existed: bool,
-) -> ExitCode {
+fn mount_and_serve(args: &MountArgs, runtime: &tokio::runtime::Runtime, client: &Client, signals: &mut Signals, existed: bool) -> ExitCode {
     let file = &args.file;
     if !existed {
         // mode(0o644) is what the mount shows anyway; umask may narrow the empty file.
-        if let Err(e) = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(file)
-        {
+        if let Err(e) = fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(file) {
             eprintln!("sluice {CMD}: cannot create {}: {e}", file.display());
             return disconnect(runtime, client, EXIT_FAILURE);
         }
@@ -158,12 +136,7 @@ fn mount_and_serve(
         }
     };
     let export = client.export();
-    let settings = Settings {
-        writable: !args.read_only && !export.read_only(),
-        direct_io: args.direct_io,
-        uid: owner.uid(),
-        gid: owner.gid(),
-    };
+    let settings = Settings { writable: !args.read_only && !export.read_only(), direct_io: args.direct_io, uid: owner.uid(), gid: owner.gid() };
     let filesystem = ExportFile::new(client.clone(), runtime.handle().clone(), &settings);
     let mut config = Config::default();
     config.mount_options = vec![
@@ -173,11 +146,7 @@ fn mount_and_serve(
         MountOption::DefaultPermissions,
         MountOption::NoDev,
         MountOption::NoSuid,
-        if settings.writable {
-            MountOption::RW
-        } else {
-            MountOption::RO
-        },
+        if settings.writable { MountOption::RW } else { MountOption::RO },
     ];
     // One thread reads requests from the kernel; the work runs on the tokio runtime.
     config.n_threads = Some(1);
@@ -190,11 +159,9 @@ fn mount_and_serve(
     };
     let mut unmounter = session.unmount_callable();
     let (done_tx, mut done) = tokio::sync::oneshot::channel();
-    let session_thread = std::thread::Builder::new()
-        .name("fuse".into())
-        .spawn(move || {
-            let _ = done_tx.send(session.run());
-        });
+    let session_thread = std::thread::Builder::new().name("fuse".into()).spawn(move || {
+        let _ = done_tx.send(session.run());
+    });
     let session_thread = match session_thread {
         Ok(t) => t,
         Err(e) => {
@@ -203,17 +170,9 @@ fn mount_and_serve(
             return disconnect(runtime, client, EXIT_FAILURE);
         }
     };
-    let name = if export.name.is_empty() {
-        "the default export".to_string()
-    } else {
-        format!("export {:?}", export.name)
-    };
+    let name = if export.name.is_empty() { "the default export".to_string() } else { format!("export {:?}", export.name) };
     let ro = if settings.writable { "" } else { ", read-only" };
-    eprintln!(
-        "sluice {CMD}: {name} ({} bytes{ro}) is mounted on {}",
-        export.size,
-        file.display()
-    );
+    eprintln!("sluice {CMD}: {name} ({} bytes{ro}) is mounted on {}", export.size, file.display());
 
     let ended = runtime.block_on(async {
         tokio::select! {
@@ -235,10 +194,7 @@ fn mount_and_serve(
                 Some(r) => r,
                 None => {
                     // Exiting closes /dev/fuse: the kernel then fails the file's users' I/O.
-                    eprintln!(
-                        "sluice {CMD}: second signal: exiting while {} is still in use",
-                        file.display()
-                    );
+                    eprintln!("sluice {CMD}: second signal: exiting while {} is still in use", file.display());
                     return disconnect(runtime, client, EXIT_FAILURE);
                 }
             }
@@ -260,9 +216,7 @@ fn mount_and_serve(
         return disconnect(runtime, client, status);
     }
     // Whatever the kernel wrote last is durable before we go.
-    let flushed = runtime.block_on(async {
-        tokio::time::timeout(Duration::from_millis(SHUTDOWN_TIMEOUT_MS), client.flush()).await
-    });
+    let flushed = runtime.block_on(async { tokio::time::timeout(Duration::from_millis(SHUTDOWN_TIMEOUT_MS), client.flush()).await });
     let status = match flushed {
         Ok(Ok(())) => status,
         Ok(Err(e)) => {
@@ -333,10 +287,7 @@ fn unmount(unmounter: &mut SessionUnmounter, file: &Path) {
                 eprintln!("sluice {CMD}: cannot detach {}: {e}", file.display());
             }
         }
-        Err(e) => eprintln!(
-            "sluice {CMD}: cannot unmount {}: {e} (signal again to stop now)",
-            file.display()
-        ),
+        Err(e) => eprintln!("sluice {CMD}: cannot unmount {}: {e} (signal again to stop now)", file.display()),
     }
 }
 
@@ -347,16 +298,11 @@ fn detach(file: &Path) -> io::Result<()> {
         Err(e) if e != rustix::io::Errno::PERM => return Err(e.into()),
         Err(_) => {}
     }
-    let status = std::process::Command::new("fusermount3")
-        .args(["-u", "-z", "--"])
-        .arg(file)
-        .status()?;
+    let status = std::process::Command::new("fusermount3").args(["-u", "-z", "--"]).arg(file).status()?;
     if status.success() {
         Ok(())
     } else {
-        Err(io::Error::other(format!(
-            "fusermount3 -u -z failed ({status})"
-        )))
+        Err(io::Error::other(format!("fusermount3 -u -z failed ({status})")))
     }
 }
 
@@ -369,11 +315,7 @@ fn remove_if_unused(file: &Path) {
 
 fn disconnect(runtime: &tokio::runtime::Runtime, client: &Client, status: u8) -> ExitCode {
     runtime.block_on(async {
-        let _ = tokio::time::timeout(
-            Duration::from_millis(SHUTDOWN_TIMEOUT_MS),
-            client.disconnect(),
-        )
-        .await;
+        let _ = tokio::time::timeout(Duration::from_millis(SHUTDOWN_TIMEOUT_MS), client.disconnect()).await;
     });
     ExitCode::from(status)
 }

@@ -5,9 +5,8 @@
 //! kernel can keep many requests in flight.
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyEmpty, ReplyLseek,
-    ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyEmpty, ReplyLseek, ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use sluice_client::{Client, Error};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,10 +92,7 @@ impl ExportFile {
             reported: AtomicBool::new(false),
             pool: Mutex::new(Vec::new()),
         };
-        ExportFile {
-            shared: Arc::new(shared),
-            runtime,
-        }
+        ExportFile { shared: Arc::new(shared), runtime }
     }
 
     /// Clips a range to the export: the length that lies inside it (0 at or past the end).
@@ -143,18 +139,12 @@ impl Shared {
     fn errno(&self, what: &str, e: &Error) -> Errno {
         let errno = errno_for(e);
         match e {
-            Error::Server { .. }
-            | Error::ReadOnly
-            | Error::Unsupported(_)
-            | Error::OutOfRange { .. }
-            | Error::Unaligned { .. } => {
+            Error::Server { .. } | Error::ReadOnly | Error::Unsupported(_) | Error::OutOfRange { .. } | Error::Unaligned { .. } => {
                 log::debug!("{what}: {e}");
             }
             _ => {
                 if !self.reported.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "sluice mount: {what} failed: {e}; requests now fail with I/O errors"
-                    );
+                    eprintln!("sluice mount: {what} failed: {e}; requests now fail with I/O errors");
                 }
             }
         }
@@ -249,11 +239,7 @@ impl Filesystem for ExportFile {
         if flags.acc_mode() != OpenAccMode::O_RDONLY && !self.shared.writable {
             return reply.error(Errno::EROFS);
         }
-        let fopen = if self.shared.direct_io {
-            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
-        } else {
-            FopenFlags::empty()
-        };
+        let fopen = if self.shared.direct_io { FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES } else { FopenFlags::empty() };
         reply.opened(FileHandle(0), fopen);
     }
 
@@ -328,14 +314,7 @@ impl Filesystem for ExportFile {
 
     /// Called on every close. Flushes only when something was written since the last flush:
     /// closing a file opened to read should not cost a round trip.
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         if !self.shared.dirty.swap(false, Ordering::AcqRel) {
             return reply.ok();
         }
@@ -344,14 +323,7 @@ impl Filesystem for ExportFile {
 
     /// Always sends NBD_CMD_FLUSH (when writable): skipping it because another fsync's flush
     /// is already on its way would answer before that flush has finished.
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         if !self.shared.writable {
             return reply.ok();
         }
@@ -366,24 +338,14 @@ impl Filesystem for ExportFile {
     /// --sparse`, `qemu-img convert` and the like skip the holes of a sparse export. The
     /// kernel handles the other whence values itself. Without base:allocation everything
     /// is data, as on a file system without hole support.
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
+    fn lseek(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
         let want_hole = match whence {
             libc::SEEK_DATA => false,
             libc::SEEK_HOLE => true,
             _ => return reply.error(Errno::EINVAL),
         };
         let size = self.shared.attr.size;
-        let Ok(offset) = u64::try_from(offset) else {
-            return reply.error(Errno::EINVAL);
-        };
+        let Ok(offset) = u64::try_from(offset) else { return reply.error(Errno::EINVAL) };
         if offset >= size {
             return reply.error(Errno::ENXIO);
         }
@@ -399,16 +361,7 @@ impl Filesystem for ExportFile {
         });
     }
 
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
+    fn fallocate(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
         let may_trim = match mode & !libc::FALLOC_FL_KEEP_SIZE {
             libc::FALLOC_FL_PUNCH_HOLE => true,
             libc::FALLOC_FL_ZERO_RANGE => false,
@@ -431,11 +384,7 @@ impl Filesystem for ExportFile {
         }
         let shared = self.shared.clone();
         self.runtime.spawn(async move {
-            match shared
-                .client
-                .write_zeroes(offset, len, false, may_trim, false)
-                .await
-            {
+            match shared.client.write_zeroes(offset, len, false, may_trim, false).await {
                 Ok(()) => {
                     shared.dirty.store(true, Ordering::Release);
                     reply.ok();
@@ -470,10 +419,7 @@ mod tests {
 
     #[test]
     fn server_errnos_keep_their_meaning() {
-        let server = |errno| Error::Server {
-            errno,
-            message: None,
-        };
+        let server = |errno| Error::Server { errno, message: None };
         assert_eq!(errno_for(&server(28)), Errno::ENOSPC);
         assert_eq!(errno_for(&server(1)), Errno::EPERM);
         assert_eq!(errno_for(&server(95)), Errno::EOPNOTSUPP);
@@ -482,9 +428,6 @@ mod tests {
         assert_eq!(errno_for(&server(1234)), Errno::EINVAL);
         assert_eq!(errno_for(&Error::ReadOnly), Errno::EROFS);
         assert_eq!(errno_for(&Error::Closed), Errno::EIO);
-        assert_eq!(
-            errno_for(&Error::Unsupported("WRITE_ZEROES")),
-            Errno::EOPNOTSUPP
-        );
+        assert_eq!(errno_for(&Error::Unsupported("WRITE_ZEROES")), Errno::EOPNOTSUPP);
     }
 }

@@ -51,10 +51,7 @@ pub struct ServeArgs {
     /// Add a named export (repeatable). SPEC is a path, memory:SIZE or null:SIZE; options
     /// follow after commas: `ro`, `data-path=PATH`, and `description=TEXT` (last, may
     /// contain commas).
-    #[arg(
-        long,
-        value_name = "NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]"
-    )]
+    #[arg(long, value_name = "NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]")]
     export: Vec<ExportEntry>,
 
     /// How reads and writes move data: copy (read into a buffer, then send), direct
@@ -114,10 +111,7 @@ fn start(config: Config) -> ExitCode {
     };
     let stopper = server.stopper();
     let on_signal = stopper.clone();
-    let signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ]);
+    let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
     match signals {
         Ok(mut signals) => {
             std::thread::spawn(move || {
@@ -158,44 +152,19 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
     let exports = open_exports(export_entries(&args, &file), &defaults)?;
     let (tcp, unix, tcp_ipv6_optional) = listeners(&args, &file);
     let cpus = || std::thread::available_parallelism().ok();
-    let threads = args
-        .threads
-        .or(file.threads)
-        .or_else(cpus)
-        .map_or(1, NonZeroUsize::get);
-    file.limits
-        .check()
-        .map_err(|e| Usage(format!("[limits]: {e}")))?;
-    let metrics = args
-        .metrics
-        .as_ref()
-        .or(file.metrics.as_ref())
-        .map(ListenAddr::first);
-    Ok(Config {
-        tcp,
-        tcp_ipv6_optional,
-        unix,
-        threads,
-        limits: file.limits,
-        exports,
-        metrics,
-    })
+    let threads = args.threads.or(file.threads).or_else(cpus).map_or(1, NonZeroUsize::get);
+    file.limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
+    let metrics = args.metrics.as_ref().or(file.metrics.as_ref()).map(ListenAddr::first);
+    Ok(Config { tcp, tcp_ipv6_optional, unix, threads, limits: file.limits, exports, metrics })
 }
 
 /// The file's exports first, then PATH, then each --export; a RAM disk when there are none.
 fn export_entries(args: &ServeArgs, file: &FileConfig) -> Vec<ExportEntry> {
     let mut entries = file.exports.clone();
-    entries.extend(
-        args.path
-            .iter()
-            .map(|spec| ExportEntry::plain("", spec.clone())),
-    );
+    entries.extend(args.path.iter().map(|spec| ExportEntry::plain("", spec.clone())));
     entries.extend(args.export.iter().cloned());
     if entries.is_empty() {
-        entries.push(ExportEntry::plain(
-            "",
-            Spec::Memory(DEFAULT_MEMORY_EXPORT_BYTES),
-        ));
+        entries.push(ExportEntry::plain("", Spec::Memory(DEFAULT_MEMORY_EXPORT_BYTES)));
     }
     entries
 }
@@ -219,19 +188,11 @@ fn open_exports(entries: Vec<ExportEntry>, defaults: &Options) -> Result<Exports
 /// TCP addresses, Unix sockets, and whether the IPv6 listener may be skipped: the two
 /// loopback defaults are used only when neither the command line nor the file names one.
 fn listeners(args: &ServeArgs, file: &FileConfig) -> (Vec<SocketAddr>, Vec<PathBuf>, bool) {
-    let tcp: Vec<SocketAddr> = args
-        .listen
-        .iter()
-        .chain(&file.listen)
-        .flat_map(|l| l.0.iter().copied())
-        .collect();
+    let tcp: Vec<SocketAddr> = args.listen.iter().chain(&file.listen).flat_map(|l| l.0.iter().copied()).collect();
     let unix: Vec<PathBuf> = args.unix.iter().chain(&file.unix).cloned().collect();
     if !tcp.is_empty() || !unix.is_empty() {
         return (tcp, unix, false);
     }
-    let loopback = [
-        SocketAddr::from((Ipv4Addr::LOCALHOST, NBD_PORT)),
-        SocketAddr::from((Ipv6Addr::LOCALHOST, NBD_PORT)),
-    ];
+    let loopback = [SocketAddr::from((Ipv4Addr::LOCALHOST, NBD_PORT)), SocketAddr::from((Ipv6Addr::LOCALHOST, NBD_PORT))];
     (loopback.to_vec(), unix, true)
 }

@@ -30,13 +30,7 @@ pub struct ExportEntry {
 impl ExportEntry {
     /// An export with nothing but a name and a spec (PATH, and the default RAM export).
     pub fn plain(name: &str, spec: Spec) -> ExportEntry {
-        ExportEntry {
-            name: name.to_owned(),
-            spec,
-            read_only: false,
-            description: None,
-            data_path: None,
-        }
+        ExportEntry { name: name.to_owned(), spec, read_only: false, description: None, data_path: None }
     }
 
     /// This export's options: its own choices over the server-wide `defaults`.
@@ -70,23 +64,14 @@ impl FromStr for ExportEntry {
         };
         let mut parts = body.split(',');
         let spec = Spec::parse(parts.next().unwrap_or_default()).map_err(|e| e.to_string())?;
-        let mut entry = ExportEntry {
-            description,
-            ..ExportEntry::plain(name, spec)
-        };
+        let mut entry = ExportEntry { description, ..ExportEntry::plain(name, spec) };
         for option in parts {
             match option {
                 "ro" | "read-only" => entry.read_only = true,
                 "" => {}
                 other => match other.strip_prefix("data-path=") {
-                    Some(p) => {
-                        entry.data_path = Some(p.parse::<DataPath>().map_err(|e| e.to_string())?)
-                    }
-                    None => {
-                        return Err(format!(
-                            "unknown option {other:?} (known: ro, data-path=, description=)"
-                        ))
-                    }
+                    Some(p) => entry.data_path = Some(p.parse::<DataPath>().map_err(|e| e.to_string())?),
+                    None => return Err(format!("unknown option {other:?} (known: ro, data-path=, description=)")),
                 },
             }
         }
@@ -100,45 +85,23 @@ mod tests {
 
     #[test]
     fn export_options_parse() {
-        let e: ExportEntry = "vm=/dev/vdb,ro,data-path=direct,description=a, b"
-            .parse()
-            .unwrap();
-        assert_eq!(
-            (e.name.as_str(), e.read_only, e.description.as_deref()),
-            ("vm", true, Some("a, b"))
-        );
+        let e: ExportEntry = "vm=/dev/vdb,ro,data-path=direct,description=a, b".parse().unwrap();
+        assert_eq!((e.name.as_str(), e.read_only, e.description.as_deref()), ("vm", true, Some("a, b")));
         assert_eq!(e.data_path, Some(DataPath::Direct));
         assert_eq!(e.spec, Spec::Path("/dev/vdb".into()));
         assert!("novalue".parse::<ExportEntry>().is_err());
         assert!("x=memory:1G,rw".parse::<ExportEntry>().is_err());
-        assert!("x=memory:1G,data-path=fast"
-            .parse::<ExportEntry>()
-            .unwrap_err()
-            .contains("\"fast\""));
-        assert!("x=memory:12Q"
-            .parse::<ExportEntry>()
-            .unwrap_err()
-            .contains("\"12Q\""));
+        assert!("x=memory:1G,data-path=fast".parse::<ExportEntry>().unwrap_err().contains("\"fast\""));
+        assert!("x=memory:12Q".parse::<ExportEntry>().unwrap_err().contains("\"12Q\""));
     }
 
     #[test]
     fn an_exports_own_choices_win_over_the_defaults() {
-        let defaults = Options {
-            read_only: false,
-            description: None,
-            data_path: DataPath::Splice,
-            chunk_bytes: 4096,
-        };
+        let defaults = Options { read_only: false, description: None, data_path: DataPath::Splice, chunk_bytes: 4096 };
         let own: ExportEntry = "a=memory:1M,ro,data-path=copy".parse().unwrap();
         let o = own.options(&defaults);
-        assert_eq!(
-            (o.read_only, o.data_path, o.chunk_bytes),
-            (true, DataPath::Copy, 4096)
-        );
-        let o = ExportEntry::plain("b", Spec::Memory(1 << 20)).options(&Options {
-            read_only: true,
-            ..defaults
-        });
+        assert_eq!((o.read_only, o.data_path, o.chunk_bytes), (true, DataPath::Copy, 4096));
+        let o = ExportEntry::plain("b", Spec::Memory(1 << 20)).options(&Options { read_only: true, ..defaults });
         assert_eq!((o.read_only, o.data_path), (true, DataPath::Splice));
     }
 }

@@ -96,11 +96,7 @@ impl FromStr for ListenAddr {
     fn from_str(s: &str) -> Result<ListenAddr, String> {
         let addrs: Vec<SocketAddr> = s
             .to_socket_addrs()
-            .map_err(|e| {
-                format!(
-                    "address {s:?} is not ADDR:PORT such as 127.0.0.1:10809 or [::1]:10809 ({e})"
-                )
-            })?
+            .map_err(|e| format!("address {s:?} is not ADDR:PORT such as 127.0.0.1:10809 or [::1]:10809 ({e})"))?
             .collect();
         if addrs.is_empty() {
             return Err(format!("address {s:?} resolves to no address"));
@@ -125,9 +121,7 @@ impl FromStr for LogLevel {
     type Err = String;
 
     fn from_str(s: &str) -> Result<LogLevel, String> {
-        s.parse()
-            .map(LogLevel)
-            .map_err(|_| format!("unknown log level {s:?} (use error, warn, info, debug or trace)"))
+        s.parse().map(LogLevel).map_err(|_| format!("unknown log level {s:?} (use error, warn, info, debug or trace)"))
     }
 }
 
@@ -149,36 +143,21 @@ mod tests {
     fn chunk_sizes_parse_up_to_the_largest_request() {
         assert_eq!("512K".parse::<ChunkSize>(), Ok(ChunkSize(512 << 10)));
         assert_eq!("0".parse::<ChunkSize>(), Ok(ChunkSize(0)));
-        assert_eq!(
-            "32M".parse::<ChunkSize>(),
-            Ok(ChunkSize(REQUEST_PAYLOAD_MAX_BYTES))
-        );
-        assert!("64M"
-            .parse::<ChunkSize>()
-            .unwrap_err()
-            .contains("the largest request"));
+        assert_eq!("32M".parse::<ChunkSize>(), Ok(ChunkSize(REQUEST_PAYLOAD_MAX_BYTES)));
+        assert!("64M".parse::<ChunkSize>().unwrap_err().contains("the largest request"));
         assert!("12Q".parse::<ChunkSize>().unwrap_err().contains("\"12Q\""));
     }
 
     #[test]
     fn listen_addresses_need_a_port() {
         let a: ListenAddr = "[::1]:10809".parse().unwrap();
-        assert_eq!(
-            a.first(),
-            SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 10809))
-        );
-        assert!("nowhere"
-            .parse::<ListenAddr>()
-            .unwrap_err()
-            .contains("\"nowhere\""));
+        assert_eq!(a.first(), SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 10809)));
+        assert!("nowhere".parse::<ListenAddr>().unwrap_err().contains("\"nowhere\""));
     }
 
     #[test]
     fn log_levels_and_threads_name_the_bad_value() {
-        assert_eq!(
-            "debug".parse::<LogLevel>(),
-            Ok(LogLevel(LevelFilter::Debug))
-        );
+        assert_eq!("debug".parse::<LogLevel>(), Ok(LogLevel(LevelFilter::Debug)));
         assert!("loud".parse::<LogLevel>().unwrap_err().contains("\"loud\""));
         assert_eq!(parse_threads("3"), Ok(NonZeroUsize::new(3).unwrap()));
         assert!(parse_threads("0").is_err());

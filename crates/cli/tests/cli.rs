@@ -41,34 +41,21 @@ fn missing_file_exits_2_with_a_message_naming_the_file() {
     let missing = missing.to_str().unwrap();
     let (code, err) = serve_refuses(&[missing]);
     assert_eq!(code, Some(2), "stderr: {err}");
-    assert!(
-        err.contains(missing),
-        "message does not name {missing}: {err}"
-    );
+    assert!(err.contains(missing), "message does not name {missing}: {err}");
     // The same through --export.
     let spec = format!("d={missing}");
     let (code, err) = serve_refuses(&["--export", &spec]);
     assert_eq!(code, Some(2), "stderr: {err}");
-    assert!(
-        err.contains(missing),
-        "message does not name {missing}: {err}"
-    );
+    assert!(err.contains(missing), "message does not name {missing}: {err}");
 }
 
 #[test]
 fn bad_size_exits_2_naming_the_size() {
-    for args in [
-        &["--export", "a=memory:12Q"][..],
-        &["memory:12Q"],
-        &["--export", "a=null:lots"],
-    ] {
+    for args in [&["--export", "a=memory:12Q"][..], &["memory:12Q"], &["--export", "a=null:lots"]] {
         let (code, err) = serve_refuses(args);
         assert_eq!(code, Some(2), "{args:?}: {err}");
         let size = args.last().unwrap().rsplit(':').next().unwrap();
-        assert!(
-            err.contains(size),
-            "{args:?}: message does not name {size:?}: {err}"
-        );
+        assert!(err.contains(size), "{args:?}: message does not name {size:?}: {err}");
     }
 }
 
@@ -101,10 +88,7 @@ fn tcp_port_in_use_exits_1_saying_in_use() {
     let addr = taken.local_addr().unwrap().to_string();
     let (code, err) = serve_refuses(&["--listen", &addr, "--export", "a=memory:1M"]);
     assert_eq!(code, Some(1), "stderr: {err}");
-    assert!(
-        err.contains("in use"),
-        "message does not say the address is in use: {err}"
-    );
+    assert!(err.contains("in use"), "message does not say the address is in use: {err}");
     assert!(err.contains(&addr), "message does not name {addr}: {err}");
 }
 
@@ -112,31 +96,17 @@ fn tcp_port_in_use_exits_1_saying_in_use() {
 fn unix_socket_in_use_exits_1_and_leaves_the_first_server_alone() {
     require!("nbdinfo");
     let first = Sluice::start(&["--export", "a=memory:1M"]);
-    let (code, err) = serve_refuses(&[
-        "--unix",
-        first.socket.to_str().unwrap(),
-        "--export",
-        "b=memory:2M",
-    ]);
+    let (code, err) = serve_refuses(&["--unix", first.socket.to_str().unwrap(), "--export", "b=memory:2M"]);
     assert_eq!(code, Some(1), "stderr: {err}");
-    assert!(
-        err.contains("in use"),
-        "message does not say the socket is in use: {err}"
-    );
+    assert!(err.contains("in use"), "message does not say the socket is in use: {err}");
     let (ok, out, err) = run("nbdinfo", &["--size", &first.uri_for("a")]);
-    assert!(
-        ok && out.trim() == "1048576",
-        "first server no longer serves: {out}{err}"
-    );
+    assert!(ok && out.trim() == "1048576", "first server no longer serves: {out}{err}");
     assert_eq!(first.stop().code(), Some(0));
 }
 
 #[test]
 fn serve_help_mentions_every_option_and_the_exit_codes() {
-    let out = Command::new(SLUICE)
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
+    let out = Command::new(SLUICE).args(["serve", "--help"]).output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
     for option in [
@@ -152,31 +122,14 @@ fn serve_help_mentions_every_option_and_the_exit_codes() {
         "--metrics",
         "--help",
     ] {
-        assert!(
-            help.contains(option),
-            "serve --help does not mention {option}:\n{help}"
-        );
+        assert!(help.contains(option), "serve --help does not mention {option}:\n{help}");
     }
-    for word in [
-        "memory:",
-        "null:",
-        "description=",
-        "ro",
-        "Exit status",
-        "splice-direct",
-        "data-path=",
-    ] {
-        assert!(
-            help.contains(word),
-            "serve --help does not mention {word:?}:\n{help}"
-        );
+    for word in ["memory:", "null:", "description=", "ro", "Exit status", "splice-direct", "data-path="] {
+        assert!(help.contains(word), "serve --help does not mention {word:?}:\n{help}");
     }
     let out = Command::new(SLUICE).arg("--help").output().unwrap();
     assert!(out.status.success());
-    assert!(
-        String::from_utf8(out.stdout).unwrap().contains("serve"),
-        "sluice --help does not list serve"
-    );
+    assert!(String::from_utf8(out.stdout).unwrap().contains("serve"), "sluice --help does not list serve");
 }
 
 /// SIGINT alone (no SIGTERM fallback) stops the server with status 0.
@@ -184,10 +137,7 @@ fn serve_help_mentions_every_option_and_the_exit_codes() {
 fn sigint_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s.sock");
-    let mut child = spawn_serve(
-        dir.path(),
-        &["--unix", sock.to_str().unwrap(), "--export", "a=memory:1M"],
-    );
+    let mut child = spawn_serve(dir.path(), &["--unix", sock.to_str().unwrap(), "--export", "a=memory:1M"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {
         assert!(Instant::now() < deadline, "sluice did not start listening");
@@ -197,11 +147,7 @@ fn sigint_exits_0() {
     signal(child.id(), libc::SIGINT);
     let status = wait_timeout(&mut child, Duration::from_secs(15));
     let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
-    assert_eq!(
-        status.and_then(|s| s.code()),
-        Some(0),
-        "after SIGINT: {status:?}\n{stderr}"
-    );
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "after SIGINT: {status:?}\n{stderr}");
 }
 
 #[test]
@@ -216,10 +162,7 @@ fn read_only_flag_makes_nbdinfo_report_read_only() {
         let s = Sluice::start(&args);
         let (ok, out, err) = run("nbdinfo", &[&s.uri()]);
         assert!(ok, "{err}");
-        assert!(
-            out.contains(&format!("is_read_only: {expected}")),
-            "{flag:?}: expected is_read_only {expected}:\n{out}"
-        );
+        assert!(out.contains(&format!("is_read_only: {expected}")), "{flag:?}: expected is_read_only {expected}:\n{out}");
         assert_eq!(s.stop().code(), Some(0));
     }
 }
@@ -272,39 +215,20 @@ read-only = true
 
     let (ok, out, err) = run("nbdinfo", &["--list", &s.uri()]);
     assert!(ok, "{err}");
-    for line in [
-        "export=\"disk\":",
-        "description: the data disk",
-        "export-size: 8388608",
-        "export=\"scratch\":",
-        "export-size: 2097152",
-    ] {
+    for line in
+        ["export=\"disk\":", "description: the data disk", "export-size: 8388608", "export=\"scratch\":", "export-size: 2097152"]
+    {
         assert!(out.contains(line), "missing {line:?}:\n{out}");
     }
-    let ro: Vec<&str> = out
-        .lines()
-        .filter(|l| l.contains("is_read_only"))
-        .map(str::trim)
-        .collect();
+    let ro: Vec<&str> = out.lines().filter(|l| l.contains("is_read_only")).map(str::trim).collect();
     assert_eq!(ro, ["is_read_only: false", "is_read_only: true"], "{out}");
 
     // Data through the file export, with nbdcopy keeping far more than 4 requests in flight.
     let src = dir.path().join("src.img");
     write_file(&src, &pattern(8 << 20, 2));
-    let (ok, out, err) = run(
-        "nbdcopy",
-        &[
-            "--connections=1",
-            "--requests=64",
-            src.to_str().unwrap(),
-            &s.uri_for("disk"),
-        ],
-    );
+    let (ok, out, err) = run("nbdcopy", &["--connections=1", "--requests=64", src.to_str().unwrap(), &s.uri_for("disk")]);
     assert!(ok, "nbdcopy under a 4-request budget: {out}{err}");
-    assert!(
-        std::fs::read(&disk).unwrap() == pattern(8 << 20, 2),
-        "backing file differs after the copy"
-    );
+    assert!(std::fs::read(&disk).unwrap() == pattern(8 << 20, 2), "backing file differs after the copy");
 
     // connections = 3: three clients idle in the handshake hold every slot. Connections the
     // readiness probe and the tools above left may take a moment to be released.
@@ -314,25 +238,16 @@ read-only = true
         match greeting(&s.socket) {
             Some(c) => held.push(c),
             None => {
-                assert!(
-                    Instant::now() < deadline,
-                    "could not open 3 connections with connections = 3"
-                );
+                assert!(Instant::now() < deadline, "could not open 3 connections with connections = 3");
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
     }
-    assert!(
-        greeting(&s.socket).is_none(),
-        "a fourth connection was served with connections = 3"
-    );
+    assert!(greeting(&s.socket).is_none(), "a fourth connection was served with connections = 3");
     drop(held.pop());
     let deadline = Instant::now() + Duration::from_secs(10);
     while greeting(&s.socket).is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "a freed connection slot was never reused"
-        );
+        assert!(Instant::now() < deadline, "a freed connection slot was never reused");
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(held);
@@ -345,10 +260,7 @@ fn unknown_config_keys_exit_2_naming_the_key() {
     for (i, (text, key)) in [
         ("listne = []\n", "listne"),
         ("[limits]\nconections = 5\n", "conections"),
-        (
-            "[[export]]\nname = \"a\"\nspec = \"memory:1M\"\nreadonly = true\n",
-            "readonly",
-        ),
+        ("[[export]]\nname = \"a\"\nspec = \"memory:1M\"\nreadonly = true\n", "readonly"),
     ]
     .into_iter()
     .enumerate()
@@ -357,18 +269,11 @@ fn unknown_config_keys_exit_2_naming_the_key() {
         std::fs::write(&config, text).unwrap();
         let (code, err) = serve_refuses(&["--config", config.to_str().unwrap()]);
         assert_eq!(code, Some(2), "{text:?}: {err}");
-        assert!(
-            err.contains(key),
-            "{text:?}: message does not name {key:?}: {err}"
-        );
+        assert!(err.contains(key), "{text:?}: message does not name {key:?}: {err}");
     }
-    let (code, err) =
-        serve_refuses(&["--config", dir.path().join("absent.toml").to_str().unwrap()]);
+    let (code, err) = serve_refuses(&["--config", dir.path().join("absent.toml").to_str().unwrap()]);
     assert_eq!(code, Some(2), "missing config file: {err}");
-    assert!(
-        err.contains("absent.toml"),
-        "message does not name the config file: {err}"
-    );
+    assert!(err.contains("absent.toml"), "message does not name the config file: {err}");
 }
 
 /// SERVER BUG (see the report): `serve --help` promises exit status 2 "for a bad command
@@ -387,12 +292,7 @@ fn out_of_range_limits_in_the_config_file_exit_2() {
     {
         let config = dir.path().join(format!("limits{i}.toml"));
         std::fs::write(&config, text).unwrap();
-        let (code, err) = serve_refuses(&[
-            "--config",
-            config.to_str().unwrap(),
-            "--export",
-            "a=memory:1M",
-        ]);
+        let (code, err) = serve_refuses(&["--config", config.to_str().unwrap(), "--export", "a=memory:1M"]);
         assert!(!err.trim().is_empty(), "{text:?}: no message");
         assert_eq!(code, Some(2), "{text:?}: {err}");
     }

@@ -16,25 +16,15 @@ fn sparse_file(dir: &std::path::Path, name: &str, size: u64) -> std::path::PathB
 }
 
 async fn connect(uri: &str) -> Client {
-    Client::connect(uri)
-        .await
-        .unwrap_or_else(|e| panic!("connect {uri}: {e}"))
+    Client::connect(uri).await.unwrap_or_else(|e| panic!("connect {uri}: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connects_by_tcp_and_unix_uri_and_reports_the_export() {
     let dir = tempfile::tempdir().unwrap();
     let img = sparse_file(dir.path(), "a.img", 3 << 20);
-    let s = Sluice::start(&[
-        "--export",
-        &format!("disk={},description=first disk", img.display()),
-        "--export",
-        "ro=memory:1M,ro",
-    ]);
-    for uri in [
-        format!("nbd://127.0.0.1:{}/disk", s.port),
-        s.uri_for("disk"),
-    ] {
+    let s = Sluice::start(&["--export", &format!("disk={},description=first disk", img.display()), "--export", "ro=memory:1M,ro"]);
+    for uri in [format!("nbd://127.0.0.1:{}/disk", s.port), s.uri_for("disk")] {
         let c = connect(&uri).await;
         let e = c.export();
         assert_eq!((e.name.as_str(), e.size), ("disk", 3 << 20));
@@ -42,29 +32,15 @@ async fn connects_by_tcp_and_unix_uri_and_reports_the_export() {
         assert!(e.structured && e.base_allocation, "{e:?}");
         assert!(!e.read_only() && e.can_flush() && e.can_fua() && e.can_trim() && e.can_zero());
         c.disconnect().await;
-        assert!(matches!(
-            c.read_owned(0, vec![0; 1]).await,
-            Err(Error::Closed)
-        ));
+        assert!(matches!(c.read_owned(0, vec![0; 1]).await, Err(Error::Closed)));
     }
     let ro = connect(&s.uri_for("ro")).await;
     assert!(ro.export().read_only());
-    assert!(matches!(
-        ro.write(0, b"x", false).await,
-        Err(Error::ReadOnly)
-    ));
-    assert!(matches!(
-        ro.trim(0, 4096, false).await,
-        Err(Error::ReadOnly)
-    ));
+    assert!(matches!(ro.write(0, b"x", false).await, Err(Error::ReadOnly)));
+    assert!(matches!(ro.trim(0, 4096, false).await, Err(Error::ReadOnly)));
 
-    let listed = sluice_client::list_exports(&Uri::parse(&s.uri()).unwrap(), true)
-        .await
-        .unwrap();
-    let mut names: Vec<_> = listed
-        .iter()
-        .map(|e| (e.name.as_str(), e.details.as_ref().map(|d| d.size)))
-        .collect();
+    let listed = sluice_client::list_exports(&Uri::parse(&s.uri()).unwrap(), true).await.unwrap();
+    let mut names: Vec<_> = listed.iter().map(|e| (e.name.as_str(), e.details.as_ref().map(|d| d.size))).collect();
     names.sort();
     assert_eq!(names, [("disk", Some(3 << 20)), ("ro", Some(1 << 20))]);
 }
@@ -77,24 +53,15 @@ async fn errors_a_user_meets() {
         other => panic!("unknown export gave {:?}", other.map(|_| ())),
     }
     let port = free_port();
-    let e = Client::connect(&format!("nbd://127.0.0.1:{port}/"))
-        .await
-        .err()
-        .expect("nothing listens there");
+    let e = Client::connect(&format!("nbd://127.0.0.1:{port}/")).await.err().expect("nothing listens there");
     assert!(matches!(e, Error::Io(_)), "{e}");
     assert!(e.to_string().contains(&port.to_string()), "{e}");
-    assert!(matches!(
-        Client::connect("http://x/").await,
-        Err(Error::Uri(_))
-    ));
+    assert!(matches!(Client::connect("http://x/").await, Err(Error::Uri(_))));
 
     let c = connect(&s.uri_for("disk")).await;
     let e = c.read_owned((1 << 20) - 10, vec![0; 20]).await.unwrap_err();
     assert!(matches!(e, Error::OutOfRange { .. }), "{e}");
-    assert!(matches!(
-        c.write(u64::MAX - 1, b"ab", false).await,
-        Err(Error::OutOfRange { .. })
-    ));
+    assert!(matches!(c.write(u64::MAX - 1, b"ab", false).await, Err(Error::OutOfRange { .. })));
     // Still usable after refusals, which were never sent.
     c.write(0, b"still here", true).await.unwrap();
     assert_eq!(c.read_owned(0, vec![0; 10]).await.unwrap(), b"still here");
@@ -106,12 +73,7 @@ async fn many_requests_in_flight_match_a_shadow_copy() {
     let size = 16u64 << 20;
     let img = sparse_file(dir.path(), "a.img", size);
     // Small chunks so reads come back as several out-of-order chunks.
-    let s = Sluice::start(&[
-        "--chunk",
-        "64K",
-        "--export",
-        &format!("disk={}", img.display()),
-    ]);
+    let s = Sluice::start(&["--chunk", "64K", "--export", &format!("disk={}", img.display())]);
     let c = connect(&s.uri_for("disk")).await;
     let mut shadow = vec![0u8; size as usize];
     // Non-overlapping writes of odd sizes and offsets, all in flight together.
@@ -122,9 +84,7 @@ async fn many_requests_in_flight_match_a_shadow_copy() {
         let data = pattern(len, i);
         shadow[off as usize..off as usize + len].copy_from_slice(&data);
         let c = c.clone();
-        tasks.push(tokio::spawn(async move {
-            c.write(off, &data, i % 5 == 0).await
-        }));
+        tasks.push(tokio::spawn(async move { c.write(off, &data, i % 5 == 0).await }));
     }
     for t in tasks {
         t.await.unwrap().unwrap();
@@ -135,24 +95,14 @@ async fn many_requests_in_flight_match_a_shadow_copy() {
         let off = (i * 131_071) % (size - 400_000);
         let len = 1 + (i as usize * 7919) % 400_000;
         let c = c.clone();
-        reads.push((
-            off,
-            len,
-            tokio::spawn(async move { c.read_owned(off, vec![0xAA; len]).await }),
-        ));
+        reads.push((off, len, tokio::spawn(async move { c.read_owned(off, vec![0xAA; len]).await })));
     }
     for (off, len, t) in reads {
         let got = t.await.unwrap().unwrap();
-        assert!(
-            got == shadow[off as usize..off as usize + len],
-            "read at {off} len {len} differs"
-        );
+        assert!(got == shadow[off as usize..off as usize + len], "read at {off} len {len} differs");
     }
     let on_disk = std::fs::read(&img).unwrap();
-    assert!(
-        on_disk == shadow,
-        "backing file differs from the shadow copy"
-    );
+    assert!(on_disk == shadow, "backing file differs from the shadow copy");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,23 +115,11 @@ async fn vectored_and_split_requests() {
     let big = pattern((70 << 20) + 12345, 7);
     let (a, b) = big.split_at(3 << 20);
     let (b, rest) = b.split_at(40 << 20);
-    c.write_vectored(
-        4096,
-        &[IoSlice::new(a), IoSlice::new(b), IoSlice::new(rest)],
-        false,
-    )
-    .await
-    .unwrap();
+    c.write_vectored(4096, &[IoSlice::new(a), IoSlice::new(b), IoSlice::new(rest)], false).await.unwrap();
     let lens = [1usize, 4095, 33 << 20, big.len() - 1 - 4095 - (33 << 20)];
-    let bufs = c
-        .read_vectored(4096, lens.iter().map(|&n| vec![0x55; n]).collect())
-        .await
-        .unwrap();
+    let bufs = c.read_vectored(4096, lens.iter().map(|&n| vec![0x55; n]).collect()).await.unwrap();
     assert_eq!(bufs.iter().map(Vec::len).collect::<Vec<_>>(), lens);
-    assert!(
-        bufs.concat() == big,
-        "scatter read differs from the gather write"
-    );
+    assert!(bufs.concat() == big, "scatter read differs from the gather write");
     let mut one = vec![0u8; 1 << 20];
     c.read(4096 + (50 << 20), &mut one).await.unwrap();
     assert!(one[..] == big[50 << 20..51 << 20]);
@@ -191,12 +129,7 @@ async fn vectored_and_split_requests() {
 async fn block_status_zeroes_and_trim() {
     let dir = tempfile::tempdir().unwrap();
     let img = sparse_file(dir.path(), "a.img", 8 << 20);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&img)
-        .unwrap()
-        .write_all_at(&pattern(1 << 20, 1), 2 << 20)
-        .unwrap();
+    std::fs::OpenOptions::new().write(true).open(&img).unwrap().write_all_at(&pattern(1 << 20, 1), 2 << 20).unwrap();
     let s = Sluice::start(&["--export", &format!("disk={}", img.display())]);
     let c = connect(&s.uri_for("disk")).await;
     let mut map = Vec::new();
@@ -207,20 +140,12 @@ async fn block_status_zeroes_and_trim() {
         at = ex.last().map(|e| e.offset + e.length).unwrap();
         map.extend(ex);
     }
-    let data: Vec<_> = map
-        .iter()
-        .filter(|e| !e.hole)
-        .map(|e| (e.offset, e.length))
-        .collect();
+    let data: Vec<_> = map.iter().filter(|e| !e.hole).map(|e| (e.offset, e.length)).collect();
     assert_eq!(data, [(2 << 20, 1 << 20)], "map {map:?}");
     assert!(map.iter().filter(|e| e.hole).all(|e| e.zero));
 
-    c.write_zeroes(2 << 20, 4096, false, true, false)
-        .await
-        .unwrap();
-    c.write_zeroes((2 << 20) + 8192, 4096, true, false, false)
-        .await
-        .unwrap();
+    c.write_zeroes(2 << 20, 4096, false, true, false).await.unwrap();
+    c.write_zeroes((2 << 20) + 8192, 4096, true, false, false).await.unwrap();
     c.trim((3 << 20) - 4096, 4096, false).await.unwrap();
     c.flush().await.unwrap();
     let got = c.read_owned(2 << 20, vec![1; 3 * 4096]).await.unwrap();
@@ -233,23 +158,13 @@ async fn block_status_zeroes_and_trim() {
 async fn multi_conn_spreads_requests_and_stays_coherent() {
     let s = Sluice::start(&["--export", "disk=memory:8M"]);
     let uri = Uri::parse(&s.uri_for("disk")).unwrap();
-    let c = Client::connect_with(
-        &uri,
-        &Options {
-            connections: 4,
-            ..Options::default()
-        },
-    )
-    .await
-    .unwrap();
+    let c = Client::connect_with(&uri, &Options { connections: 4, ..Options::default() }).await.unwrap();
     assert!(c.export().can_multi_conn());
     assert_eq!(c.connections(), 4);
     let mut tasks = Vec::new();
     for i in 0..64u64 {
         let c = c.clone();
-        tasks.push(tokio::spawn(async move {
-            c.write(i * 65536, &pattern(65536, i), false).await
-        }));
+        tasks.push(tokio::spawn(async move { c.write(i * 65536, &pattern(65536, i), false).await }));
     }
     for t in tasks {
         t.await.unwrap().unwrap();
@@ -258,10 +173,7 @@ async fn multi_conn_spreads_requests_and_stays_coherent() {
     // A separate single connection sees every write.
     let other = connect(&s.uri_for("disk")).await;
     for i in 0..64u64 {
-        assert!(
-            other.read_owned(i * 65536, vec![0; 65536]).await.unwrap() == pattern(65536, i),
-            "block {i}"
-        );
+        assert!(other.read_owned(i * 65536, vec![0; 65536]).await.unwrap() == pattern(65536, i), "block {i}");
     }
 }
 
@@ -301,21 +213,14 @@ async fn readahead_serves_sequential_and_random_reads_correctly() {
 /// after its reply is sent).
 async fn server_reads_after_disconnect(client: &Client, metrics_port: u16) -> f64 {
     client.disconnect().await;
-    let body = tokio::task::spawn_blocking(move || metrics_after_close(metrics_port, "disk"))
-        .await
-        .unwrap();
+    let body = tokio::task::spawn_blocking(move || metrics_after_close(metrics_port, "disk")).await.unwrap();
     sample(&body, r#"sluice_requests_total{export="disk",op="read"}"#)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readahead_turns_small_sequential_reads_into_window_sized_requests() {
     let mport = free_port();
-    let s = Sluice::start(&[
-        "--export",
-        "disk=memory:4M",
-        "--metrics",
-        &format!("127.0.0.1:{mport}"),
-    ]);
+    let s = Sluice::start(&["--export", "disk=memory:4M", "--metrics", &format!("127.0.0.1:{mport}")]);
     let c = connect(&s.uri_for("disk")).await;
     let mut ra = Readahead::new(c.clone(), 256 << 10);
     let mut buf = vec![0u8; 4096];
@@ -325,10 +230,7 @@ async fn readahead_turns_small_sequential_reads_into_window_sized_requests() {
     }
     let sent = server_reads_after_disconnect(&c, mport).await;
     // 1024 reads of 4 KiB; 256 KiB windows need about 16 requests (plus the first, direct).
-    assert!(
-        sent > 0.0 && sent <= 24.0,
-        "server saw {sent} reads for {reads} sequential 4K reads"
-    );
+    assert!(sent > 0.0 && sent <= 24.0, "server saw {sent} reads for {reads} sequential 4K reads");
     // Off: one request per read. A new client, so nothing the first one left can count here.
     let c = connect(&s.uri_for("disk")).await;
     let mut plain = Readahead::new(c.clone(), 0);

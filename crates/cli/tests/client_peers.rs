@@ -57,15 +57,9 @@ fn image(dir: &Path) -> std::path::PathBuf {
 
 /// Writes, reads back with many requests in flight, zeroes, trims, flushes, maps.
 async fn workout(uri: &str, connections: usize) -> Client {
-    let c = Client::connect_with(
-        &Uri::parse(uri).unwrap(),
-        &Options {
-            connections,
-            ..Options::default()
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{uri}: {e}"));
+    let c = Client::connect_with(&Uri::parse(uri).unwrap(), &Options { connections, ..Options::default() })
+        .await
+        .unwrap_or_else(|e| panic!("{uri}: {e}"));
     assert_eq!(c.size(), SIZE, "{uri}");
     let mut tasks = Vec::new();
     for i in 0..32u64 {
@@ -83,49 +77,28 @@ async fn workout(uri: &str, connections: usize) -> Client {
     let mut reads = Vec::new();
     for i in 0..32u64 {
         let c = c.clone();
-        reads.push(tokio::spawn(async move {
-            (i, c.read_owned(i * 300_000 + 17, vec![0; 100_000]).await)
-        }));
+        reads.push(tokio::spawn(async move { (i, c.read_owned(i * 300_000 + 17, vec![0; 100_000]).await) }));
     }
     for r in reads {
         let (i, got) = r.await.unwrap();
-        assert!(
-            got.unwrap() == pattern(100_000, i),
-            "{uri}: block {i} differs"
-        );
+        assert!(got.unwrap() == pattern(100_000, i), "{uri}: block {i} differs");
     }
     // A read larger than one request is split and reassembled.
     let whole = c.read_owned(0, vec![0; SIZE as usize]).await.unwrap();
-    assert!(
-        whole[17..100_017] == pattern(100_000, 0)[..],
-        "{uri}: whole-disk read"
-    );
+    assert!(whole[17..100_017] == pattern(100_000, 0)[..], "{uri}: whole-disk read");
     if c.export().can_zero() {
-        c.write_zeroes(17, 50_000, false, true, false)
-            .await
-            .unwrap();
+        c.write_zeroes(17, 50_000, false, true, false).await.unwrap();
         let got = c.read_owned(0, vec![1; 100_000]).await.unwrap();
         assert!(got[..50_017].iter().all(|&b| b == 0), "{uri}: zeroed range");
-        assert!(
-            got[50_017..100_000] == pattern(100_000, 0)[50_000..99_983],
-            "{uri}: after zero"
-        );
+        assert!(got[50_017..100_000] == pattern(100_000, 0)[50_000..99_983], "{uri}: after zero");
     }
     if c.export().can_trim() {
         c.trim(SIZE - (1 << 20), 1 << 20, false).await.unwrap();
     }
     let extents = c.block_status(0, SIZE).await.unwrap();
-    assert!(
-        !extents.is_empty() && extents[0].offset == 0,
-        "{uri}: {extents:?}"
-    );
-    assert!(extents
-        .iter()
-        .all(|e| e.length > 0 && e.offset + e.length <= SIZE));
-    assert!(matches!(
-        c.read_owned(SIZE - 1, vec![0; 2]).await,
-        Err(Error::OutOfRange { .. })
-    ));
+    assert!(!extents.is_empty() && extents[0].offset == 0, "{uri}: {extents:?}");
+    assert!(extents.iter().all(|e| e.length > 0 && e.offset + e.length <= SIZE));
+    assert!(matches!(c.read_owned(SIZE - 1, vec![0; 2]).await, Err(Error::OutOfRange { .. })));
     c
 }
 
@@ -135,16 +108,7 @@ async fn against_nbdkit() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("nbdkit.sock");
     let img = image(dir.path());
-    let _peer = spawn(
-        "nbdkit",
-        &[
-            "-f",
-            "-U",
-            sock.to_str().unwrap(),
-            "file",
-            img.to_str().unwrap(),
-        ],
-    );
+    let _peer = spawn("nbdkit", &["-f", "-U", sock.to_str().unwrap(), "file", img.to_str().unwrap()]);
     wait_for(|| sock.exists(), "nbdkit");
     let uri = format!("nbd+unix:///?socket={}", sock.display());
     let c = workout(&uri, 4).await;
@@ -160,21 +124,7 @@ async fn against_qemu_nbd() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("qemu.sock");
     let img = image(dir.path());
-    let _peer = spawn(
-        "qemu-nbd",
-        &[
-            "-f",
-            "raw",
-            "-x",
-            "disk",
-            "-k",
-            sock.to_str().unwrap(),
-            "--persistent",
-            "--shared=8",
-            "--discard=unmap",
-            img.to_str().unwrap(),
-        ],
-    );
+    let _peer = spawn("qemu-nbd", &["-f", "raw", "-x", "disk", "-k", sock.to_str().unwrap(), "--persistent", "--shared=8", "--discard=unmap", img.to_str().unwrap()]);
     wait_for(|| sock.exists(), "qemu-nbd");
     let c = workout(&format!("nbd+unix:///disk?socket={}", sock.display()), 1).await;
     assert!(c.export().structured && c.export().base_allocation);
@@ -199,38 +149,16 @@ async fn against_nbd_server() {
     // Daemonized: with -d (no fork) nbd-server serves one connection at a time, and
     // multi-conn needs two.
     let pidfile = dir.path().join("nbd-server.pid");
-    let (ok, _, err) = run(
-        "nbd-server",
-        &[
-            "-C",
-            conf.to_str().unwrap(),
-            "-p",
-            pidfile.to_str().unwrap(),
-        ],
-    );
+    let (ok, _, err) = run("nbd-server", &["-C", conf.to_str().unwrap(), "-p", pidfile.to_str().unwrap()]);
     assert!(ok, "nbd-server: {err}");
-    wait_for(
-        || std::fs::read_to_string(&pidfile).is_ok_and(|p| p.trim().parse::<u32>().is_ok()),
-        "nbd-server",
-    );
-    let _peer = Daemon(
-        std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap(),
-    );
-    wait_for(
-        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-        "nbd-server",
-    );
+    wait_for(|| std::fs::read_to_string(&pidfile).is_ok_and(|p| p.trim().parse::<u32>().is_ok()), "nbd-server");
+    let _peer = Daemon(std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap());
+    wait_for(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(), "nbd-server");
     let uri = format!("nbd://127.0.0.1:{port}/disk");
     let c = workout(&uri, 2).await;
     // nbd-server has no structured replies: reads come back as simple replies, and block
     // status falls back to "all data".
     assert!(!c.export().structured && !c.export().base_allocation);
-    let listed = sluice_client::list_exports(&Uri::parse(&uri).unwrap(), false)
-        .await
-        .unwrap();
+    let listed = sluice_client::list_exports(&Uri::parse(&uri).unwrap(), false).await.unwrap();
     assert!(listed.iter().any(|e| e.name == "disk"), "{listed:?}");
 }

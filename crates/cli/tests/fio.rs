@@ -33,11 +33,7 @@ fn problems(ok: bool, text: &str) -> Vec<String> {
     if !text.contains("err= 0") {
         p.push("no \"err= 0\" in the job summary".to_owned());
     }
-    p.extend(
-        text.lines()
-            .filter(|l| l.contains("verify:") || l.contains("bad magic"))
-            .map(str::to_owned),
-    );
+    p.extend(text.lines().filter(|l| l.contains("verify:") || l.contains("bad magic")).map(str::to_owned));
     if !(text.contains("write:") && text.contains("read:")) {
         p.push("fio did not both write and verify".to_owned());
     }
@@ -63,10 +59,7 @@ fn randwrite_4k_qd32_with_crc32c_verify_over_tcp_on_a_file_export() {
     require!("fio");
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("disk.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    std::fs::File::create(&backing).unwrap().set_len(64 << 20).unwrap();
     let s = Sluice::start(&[backing.to_str().unwrap()]);
     let (ok, text) = fio(&s.tcp_uri(), "64M", "--bs=4k");
     assert_clean(ok, &text);
@@ -93,9 +86,6 @@ fn verify_failures_are_detected_on_a_null_export() {
     let s = Sluice::start(&["--export", "n=null:4M"]);
     let (ok, text) = fio(&s.uri_for("n"), "4M", "--bs=4k");
     let p = problems(ok, &text);
-    assert!(
-        p.iter().any(|l| l.contains("verify:")),
-        "fio verify passed on a null export:\n{text}"
-    );
+    assert!(p.iter().any(|l| l.contains("verify:")), "fio verify passed on a null export:\n{text}");
     assert_eq!(s.stop().code(), Some(0));
 }

@@ -25,11 +25,7 @@ fn assert_healthy(s: &mut Sluice, seed: u64) {
     c.write(offset, &data);
     assert_eq!(c.read(offset, 65536), data, "fresh client got wrong data");
     c.disconnect();
-    assert!(
-        !s.log_text().contains("panicked"),
-        "a server thread panicked: {}",
-        s.log_text()
-    );
+    assert!(!s.log_text().contains("panicked"), "a server thread panicked: {}", s.log_text());
 }
 
 /// Writes as much as the server will take; it may already have hung up.
@@ -86,11 +82,7 @@ fn clients_disconnecting_mid_message_leave_the_server_serving() {
     drop(c);
     assert_healthy(&mut s, 3);
     let (mut c, _) = Client::connect(&s.socket, "", false, false);
-    assert_eq!(
-        c.read(0, 4096),
-        vec![0u8; 4096],
-        "a WRITE without its payload wrote"
-    );
+    assert_eq!(c.read(0, 4096), vec![0u8; 4096], "a WRITE without its payload wrote");
 
     // Mid-reply: a 32 MiB read, of which 1000 bytes are read.
     let (mut c, _) = Client::connect(&s.socket, "", true, true);
@@ -108,9 +100,7 @@ fn garbage_is_dropped_and_the_server_survives() {
     let garbage = pattern(64 * 1024, 5);
     // The start of a TLS ClientHello, long enough to fill any NBD header it lands in (a
     // shorter message would rightly leave the server waiting for the rest).
-    let mut tls_client_hello = vec![
-        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
-    ];
+    let mut tls_client_hello = vec![0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
     tls_client_hello.resize(64, 0);
     let http = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
 
@@ -119,11 +109,7 @@ fn garbage_is_dropped_and_the_server_survives() {
         let mut c = Client::tcp(s.port);
         send_lossy(&mut c, junk);
         let rest = c.expect_close();
-        assert!(
-            rest.len() <= 18,
-            "server answered garbage with {} bytes",
-            rest.len()
-        );
+        assert!(rest.len() <= 18, "server answered garbage with {} bytes", rest.len());
         // Instead of an option.
         let mut c = Client::unix(&s.socket);
         c.start();
@@ -139,18 +125,8 @@ fn garbage_is_dropped_and_the_server_survives() {
     // Well-framed but random requests: every one gets exactly one complete reply.
     let (mut c, _) = Client::connect(&s.socket, "", true, true);
     let mut rng = Rng(0x5eed_1234_5678_9abc);
-    let kinds = [
-        CMD_READ,
-        CMD_WRITE,
-        CMD_FLUSH,
-        CMD_TRIM,
-        CMD_CACHE,
-        CMD_WRITE_ZEROES,
-        CMD_BLOCK_STATUS,
-        8,
-        42,
-        0xffff,
-    ];
+    let kinds =
+        [CMD_READ, CMD_WRITE, CMD_FLUSH, CMD_TRIM, CMD_CACHE, CMD_WRITE_ZEROES, CMD_BLOCK_STATUS, 8, 42, 0xffff];
     let mut bytes = Vec::new();
     const N: usize = 400;
     for _ in 0..N {
@@ -172,14 +148,7 @@ fn garbage_is_dropped_and_the_server_survives() {
             _ => rng.below(1 << 20) as u32,
         };
         let h = c.handle();
-        c.expect(
-            h,
-            Sent {
-                kind,
-                offset,
-                length,
-            },
-        );
+        c.expect(h, Sent { kind, offset, length });
         bytes.extend_from_slice(&request(flags, kind, h, offset, length));
         if kind == CMD_WRITE {
             bytes.extend_from_slice(&pattern(length as usize, h));
@@ -215,31 +184,19 @@ fn stalled_reader_does_not_starve_other_clients() {
         let data = pattern(128 * 1024, i);
         c.write(i * 128 * 1024, &data);
         assert_eq!(c.read(i * 128 * 1024, 128 * 1024), data, "round {i}");
-        c.call(0, CMD_BLOCK_STATUS, i * 128 * 1024, 4096)
-            .block_status();
+        c.call(0, CMD_BLOCK_STATUS, i * 128 * 1024, 4096).block_status();
     }
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "other client slowed to {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(20), "other client slowed to {:?}", started.elapsed());
     // The stalled client still gets its data, in order of whatever the server chose.
     let first = stalled.replies(1);
-    assert_eq!(
-        first.values().next().unwrap().read_data().len(),
-        PAYLOAD_MAX as usize
-    );
+    assert_eq!(first.values().next().unwrap().read_data().len(), PAYLOAD_MAX as usize);
     drop(stalled);
     assert_healthy(&mut s, 8);
 }
 
 fn vm_rss_bytes(pid: u32) -> u64 {
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading /proc/PID/status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS line");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading /proc/PID/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
     let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     kb * 1024
 }
@@ -266,8 +223,7 @@ fn stalled_readers(s: &Sluice, connections: usize) -> (Vec<Client>, u64) {
         samples.push(vm_rss_bytes(s.pid()));
         let peak = *samples.iter().max().unwrap();
         let recent = &samples[samples.len().saturating_sub(8)..];
-        let settled = samples.len() >= 8
-            && recent.iter().max().unwrap() - recent.iter().min().unwrap() < 4 << 20;
+        let settled = samples.len() >= 8 && recent.iter().max().unwrap() - recent.iter().min().unwrap() < 4 << 20;
         if peak >= RSS_MAX_BYTES || settled || started.elapsed() > Duration::from_secs(10) {
             return (hogs, peak);
         }
@@ -281,12 +237,7 @@ fn pipelined_huge_reads_without_reading_keep_rss_bounded() {
     let mut s = server();
     let before = vm_rss_bytes(s.pid());
     let (hogs, peak) = stalled_readers(&s, 3);
-    assert!(
-        peak < RSS_MAX_BYTES,
-        "RSS grew from {} MiB to {} MiB",
-        before >> 20,
-        peak >> 20
-    );
+    assert!(peak < RSS_MAX_BYTES, "RSS grew from {} MiB to {} MiB", before >> 20, peak >> 20);
     // Closing them with replies unread frees everything and the server carries on.
     drop(hogs);
     assert_healthy(&mut s, 9);
@@ -302,12 +253,7 @@ fn many_stalled_connections_keep_rss_bounded() {
     let before = vm_rss_bytes(s.pid());
     let (hogs, peak) = stalled_readers(&s, 24);
     drop(hogs);
-    assert!(
-        peak < RSS_MAX_BYTES,
-        "24 stalled connections grew RSS from {} MiB to {} MiB",
-        before >> 20,
-        peak >> 20
-    );
+    assert!(peak < RSS_MAX_BYTES, "24 stalled connections grew RSS from {} MiB to {} MiB", before >> 20, peak >> 20);
     assert_healthy(&mut s, 14);
 }
 
@@ -323,11 +269,7 @@ fn connection_storm_leaves_no_leaks() {
             let port = s.port;
             std::thread::spawn(move || {
                 for i in 0..50u64 {
-                    let mut c = if i % 2 == 0 {
-                        Client::unix(&socket)
-                    } else {
-                        Client::tcp(port)
-                    };
+                    let mut c = if i % 2 == 0 { Client::unix(&socket) } else { Client::tcp(port) };
                     match (i + t) % 4 {
                         0 => {}
                         1 => {
@@ -365,10 +307,7 @@ fn connection_storm_leaves_no_leaks() {
             }
             // Refused: tolerate a close still in progress, not a slot that never comes back.
             tries += 1;
-            assert!(
-                tries < 50,
-                "connection {i} refused for a second: connection slots leak"
-            );
+            assert!(tries < 50, "connection {i} refused for a second: connection slots leak");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -383,10 +322,7 @@ fn byte_at_a_time_client_is_served() {
     let mut c = Client::tcp(s.port);
     let mut bytes = Vec::new();
     bytes.extend_from_slice(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes());
-    for (option, data) in [
-        (OPT_STRUCTURED_REPLY, Vec::new()),
-        (OPT_GO, info_data("", &[])),
-    ] {
+    for (option, data) in [(OPT_STRUCTURED_REPLY, Vec::new()), (OPT_GO, info_data("", &[]))] {
         bytes.extend_from_slice(&IHAVEOPT);
         bytes.extend_from_slice(&option.to_be_bytes());
         bytes.extend_from_slice(&(data.len() as u32).to_be_bytes());
@@ -402,27 +338,10 @@ fn byte_at_a_time_client_is_served() {
     }
     c.greeting();
     c.structured = true;
-    assert_eq!(
-        c.option_replies(OPT_STRUCTURED_REPLY).last().unwrap().kind,
-        REP_ACK
-    );
+    assert_eq!(c.option_replies(OPT_STRUCTURED_REPLY).last().unwrap().kind, REP_ACK);
     assert_eq!(c.option_replies(OPT_GO).last().unwrap().kind, REP_ACK);
-    c.expect(
-        7,
-        Sent {
-            kind: CMD_WRITE,
-            offset: 8192,
-            length: 4096,
-        },
-    );
-    c.expect(
-        8,
-        Sent {
-            kind: CMD_READ,
-            offset: 8192,
-            length: 4096,
-        },
-    );
+    c.expect(7, Sent { kind: CMD_WRITE, offset: 8192, length: 4096 });
+    c.expect(8, Sent { kind: CMD_READ, offset: 8192, length: 4096 });
     let r = c.replies(2);
     r[&7].assert_ok();
     assert_eq!(r[&8].read_data(), data);

@@ -43,11 +43,7 @@ impl Client {
         assert_eq!(be_u64(&greeting[0..8]), NBDMAGIC);
         assert_eq!(be_u64(&greeting[8..16]), IHAVEOPT);
         let server_flags = be_u16(&greeting[16..18]);
-        assert_ne!(
-            server_flags & FLAG_FIXED_NEWSTYLE,
-            0,
-            "server is not fixed newstyle"
-        );
+        assert_ne!(server_flags & FLAG_FIXED_NEWSTYLE, 0, "server is not fixed newstyle");
         let no_zeroes = server_flags & FLAG_NO_ZEROES != 0;
         let client_flags = FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 };
         let mut out = client_flags.to_be_bytes().to_vec();
@@ -56,34 +52,15 @@ impl Client {
         out.extend_from_slice(&(export.len() as u32).to_be_bytes());
         out.extend_from_slice(export.as_bytes());
         s.write_all(&out).unwrap();
-        let mut reply = vec![
-            0u8;
-            10 + if no_zeroes {
-                0
-            } else {
-                EXPORT_NAME_PADDING_BYTES
-            }
-        ];
+        let mut reply = vec![0u8; 10 + if no_zeroes { 0 } else { EXPORT_NAME_PADDING_BYTES }];
         s.read_exact(&mut reply).expect("EXPORT_NAME reply");
-        Client {
-            s,
-            next_handle: 1,
-            size: be_u64(&reply[0..8]),
-            flags: be_u16(&reply[8..10]),
-        }
+        Client { s, next_handle: 1, size: be_u64(&reply[0..8]), flags: be_u16(&reply[8..10]) }
     }
 
     fn send(&mut self, kind: u16, offset: u64, data: &[u8], length: u32) -> u64 {
         let handle = self.next_handle;
         self.next_handle += 1;
-        let header = RawRequest {
-            flags: 0,
-            kind,
-            handle,
-            offset,
-            length,
-        }
-        .encode();
+        let header = RawRequest { flags: 0, kind, handle, offset, length }.encode();
         self.s.write_all(&header).unwrap();
         self.s.write_all(data).unwrap();
         handle
@@ -117,17 +94,13 @@ impl Client {
     /// Writes `data` at `offset` in pipelined chunks, then waits for every reply.
     fn write_pipelined(&mut self, offset: u64, data: &[u8], chunks: usize) {
         let step = data.len() / chunks;
-        let mut pending: Vec<u64> = (0..chunks)
-            .map(|i| self.send_write(offset + (i * step) as u64, &data[i * step..(i + 1) * step]))
-            .collect();
+        let mut pending: Vec<u64> =
+            (0..chunks).map(|i| self.send_write(offset + (i * step) as u64, &data[i * step..(i + 1) * step])).collect();
         let none = HashMap::new();
         while !pending.is_empty() {
             let (handle, error, _) = self.reply(&none);
             assert_eq!(error, 0, "write {handle} failed");
-            let i = pending
-                .iter()
-                .position(|&p| p == handle)
-                .unwrap_or_else(|| panic!("reply to unknown handle {handle}"));
+            let i = pending.iter().position(|&p| p == handle).unwrap_or_else(|| panic!("reply to unknown handle {handle}"));
             pending.swap_remove(i);
         }
     }
@@ -146,9 +119,7 @@ impl Client {
         for _ in 0..chunks {
             let (handle, error, data) = self.reply(&lens);
             assert_eq!(error, 0, "read {handle} failed");
-            let start = at
-                .remove(&handle)
-                .unwrap_or_else(|| panic!("reply to unknown or repeated handle {handle}"));
+            let start = at.remove(&handle).unwrap_or_else(|| panic!("reply to unknown or repeated handle {handle}"));
             out[start..start + step].copy_from_slice(&data);
         }
         out
@@ -199,11 +170,7 @@ fn many_clients_write_and_verify(s: &Sluice) {
             .map(|(i, mut c)| {
                 scope.spawn(move || {
                     assert_eq!(c.size, (CLIENTS * REGION) as u64);
-                    assert_ne!(
-                        c.flags & FLAG_CAN_MULTI_CONN,
-                        0,
-                        "export does not advertise multi-conn"
-                    );
+                    assert_ne!(c.flags & FLAG_CAN_MULTI_CONN, 0, "export does not advertise multi-conn");
                     let data = pattern(REGION, region_seed(i));
                     let offset = (i * REGION) as u64;
                     c.write_pipelined(offset, &data, WRITE_CHUNKS);
@@ -214,25 +181,14 @@ fn many_clients_write_and_verify(s: &Sluice) {
                 })
             })
             .collect();
-        threads
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, t)| t.join().is_err().then_some(i))
-            .collect()
+        threads.into_iter().enumerate().filter_map(|(i, t)| t.join().is_err().then_some(i)).collect()
     });
-    assert!(
-        failed.is_empty(),
-        "clients {failed:?} failed; server log:\n{}",
-        s.log_text()
-    );
+    assert!(failed.is_empty(), "clients {failed:?} failed; server log:\n{}", s.log_text());
 
     let mut reader = open(s, false, "m");
     let all = reader.read_pipelined(0, CLIENTS * REGION, CLIENTS);
     for i in 0..CLIENTS {
-        assert!(
-            all[i * REGION..(i + 1) * REGION] == pattern(REGION, region_seed(i)),
-            "region {i} is wrong for the final reader"
-        );
+        assert!(all[i * REGION..(i + 1) * REGION] == pattern(REGION, region_seed(i)), "region {i} is wrong for the final reader");
     }
     reader.disconnect();
 }
@@ -251,12 +207,7 @@ fn sixty_four_clients_under_a_two_request_budget_still_verify() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("sluice.toml");
     std::fs::write(&config, "[limits]\ninflight-requests-per-connection = 2\n").unwrap();
-    let s = Sluice::start(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--export",
-        "m=memory:64M",
-    ]);
+    let s = Sluice::start(&["--config", config.to_str().unwrap(), "--export", "m=memory:64M"]);
     many_clients_write_and_verify(&s);
     assert_eq!(s.stop().code(), Some(0));
 }

@@ -73,22 +73,13 @@ impl FuseMount {
             .stderr(fs::File::create(&log).unwrap())
             .spawn()
             .expect("spawn sluice mount");
-        let mut m = FuseMount {
-            child: Some(child),
-            file: file.to_path_buf(),
-            log,
-        };
+        let mut m = FuseMount { child: Some(child), file: file.to_path_buf(), log };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !mounted(file) {
             if let Some(status) = m.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("sluice mount exited early with {status}: {}", m.log_text());
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} was not mounted in time: {}",
-                file.display(),
-                m.log_text()
-            );
+            assert!(Instant::now() < deadline, "{} was not mounted in time: {}", file.display(), m.log_text());
             std::thread::sleep(Duration::from_millis(20));
         }
         m
@@ -222,11 +213,8 @@ fn ext4_over_a_loop_device_survives_remounting() {
     let file = dir.join("nbd");
     let mnt = dir.join("mnt");
     fs::create_dir(&mnt).unwrap();
-    let files: Vec<(&str, Vec<u8>)> = vec![
-        ("small.txt", b"hello from sluice mount\n".to_vec()),
-        ("big.bin", pattern(5 * MIB as usize + 12345, 1)),
-        ("sub/middle.bin", pattern(300_000, 2)),
-    ];
+    let files: Vec<(&str, Vec<u8>)> =
+        vec![("small.txt", b"hello from sluice mount\n".to_vec()), ("big.bin", pattern(5 * MIB as usize + 12345, 1)), ("sub/middle.bin", pattern(300_000, 2))];
 
     {
         let fuse = FuseMount::start(&uri, &file, &[]);
@@ -240,22 +228,14 @@ fn ext4_over_a_loop_device_survives_remounting() {
         fs::create_dir(mnt.join("sub")).unwrap();
         for (name, data) in &files {
             let (path, data) = (mnt.join(name), data.clone());
-            bounded("writing through ext4", move || {
-                fs::write(path, data).unwrap()
-            });
+            bounded("writing through ext4", move || fs::write(path, data).unwrap());
         }
         run_ok("sync", &[]);
         drop(fsm);
         drop(lo);
         let status = fuse.stop();
-        assert!(
-            status.success(),
-            "sluice mount exited with {status} after SIGTERM"
-        );
-        assert!(
-            !mounted(&file),
-            "FILE is still a mount point after sluice mount exited"
-        );
+        assert!(status.success(), "sluice mount exited with {status} after SIGTERM");
+        assert!(!mounted(&file), "FILE is still a mount point after sluice mount exited");
     }
 
     // A new mount process over the same server sees the filesystem, byte for byte.
@@ -265,12 +245,7 @@ fn ext4_over_a_loop_device_survives_remounting() {
     for (name, data) in &files {
         let path = mnt.join(name);
         let got = bounded("reading back through ext4", move || fs::read(path).unwrap());
-        assert!(
-            same(&got, data),
-            "{name} differs after remounting ({} bytes, expected {})",
-            got.len(),
-            data.len()
-        );
+        assert!(same(&got, data), "{name} differs after remounting ({} bytes, expected {})", got.len(), data.len());
     }
     drop(fsm);
     drop(lo);
@@ -289,11 +264,7 @@ fn fusermount_u_ends_the_process_with_status_0() {
     let mut fuse = FuseMount::start(&server.uri_for("mem"), &file, &[]);
     run_ok("fusermount3", &["-u", file.to_str().unwrap()]);
     let status = fuse.wait_exit();
-    assert!(
-        status.success(),
-        "sluice mount exited with {status}: {}",
-        fuse.log_text()
-    );
+    assert!(status.success(), "sluice mount exited with {status}: {}", fuse.log_text());
     assert!(!mounted(&file));
     assert!(!file.exists(), "the FILE sluice created is left behind");
 }
@@ -312,45 +283,17 @@ fn fsync_punch_and_zero(extra: &[&str]) {
     let data = pattern(2 * MIB as usize, 7);
     let (f, d) = (file.clone(), data.clone());
     bounded("write and fsync", move || {
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&f)
-            .unwrap();
+        let f = fs::OpenOptions::new().read(true).write(true).open(&f).unwrap();
         f.write_all_at(&d, MIB).unwrap();
         f.sync_all().expect("fsync on the FUSE file");
     });
     let on_server = fs::read(&disk).unwrap();
-    assert!(
-        same(&on_server[MIB as usize..3 * MIB as usize], &data),
-        "written data is not on the server after fsync"
-    );
+    assert!(same(&on_server[MIB as usize..3 * MIB as usize], &data), "written data is not on the server after fsync");
 
     let (hole_at, hole_len) = (MIB + 128 * 1024, 256 * 1024u64);
-    run_ok(
-        "fallocate",
-        &[
-            "--punch-hole",
-            "--offset",
-            &hole_at.to_string(),
-            "--length",
-            &hole_len.to_string(),
-            file.to_str().unwrap(),
-        ],
-    );
+    run_ok("fallocate", &["--punch-hole", "--offset", &hole_at.to_string(), "--length", &hole_len.to_string(), file.to_str().unwrap()]);
     let (zero_at, zero_len) = (2 * MIB, 64 * 1024u64);
-    run_ok(
-        "fallocate",
-        &[
-            "--zero-range",
-            "--keep-size",
-            "--offset",
-            &zero_at.to_string(),
-            "--length",
-            &zero_len.to_string(),
-            file.to_str().unwrap(),
-        ],
-    );
+    run_ok("fallocate", &["--zero-range", "--keep-size", "--offset", &zero_at.to_string(), "--length", &zero_len.to_string(), file.to_str().unwrap()]);
 
     let mut expected = data.clone();
     for (at, len) in [(hole_at, hole_len), (zero_at, zero_len)] {
@@ -360,21 +303,12 @@ fn fsync_punch_and_zero(extra: &[&str]) {
     let (f, n) = (file.clone(), data.len());
     let back = bounded("read back", move || {
         let mut back = vec![0u8; n];
-        fs::File::open(&f)
-            .unwrap()
-            .read_exact_at(&mut back, MIB)
-            .unwrap();
+        fs::File::open(&f).unwrap().read_exact_at(&mut back, MIB).unwrap();
         back
     });
-    assert!(
-        same(&back, &expected),
-        "FILE does not read back zeros where the hole and the zeroed range are"
-    );
+    assert!(same(&back, &expected), "FILE does not read back zeros where the hole and the zeroed range are");
     let on_server = fs::read(&disk).unwrap();
-    assert!(
-        same(&on_server[MIB as usize..3 * MIB as usize], &expected),
-        "the server's file does not have the zeros"
-    );
+    assert!(same(&on_server[MIB as usize..3 * MIB as usize], &expected), "the server's file does not have the zeros");
     let status = fuse.stop();
     assert!(status.success(), "sluice mount exited with {status}");
 }
@@ -398,33 +332,19 @@ fn read_only_mounts_are_0444_and_refuse_writes() {
     let disk = dir.join("disk.img");
     let content = pattern(4 * MIB as usize, 3);
     write_file(&disk, &content);
-    let server = Sluice::start(&[
-        "--export",
-        &format!("ro={},ro", disk.display()),
-        "--export",
-        &format!("rw={}", disk.display()),
-    ]);
+    let server = Sluice::start(&["--export", &format!("ro={},ro", disk.display()), "--export", &format!("rw={}", disk.display())]);
     for (export, args) in [("ro", &[][..]), ("rw", &["--read-only"][..])] {
         let file = dir.join(format!("nbd-{export}"));
         let fuse = FuseMount::start(&server.uri_for(export), &file, args);
         let meta = fs::metadata(&file).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o444, "{export}: mode");
-        let err = fs::OpenOptions::new()
-            .write(true)
-            .open(&file)
-            .expect_err("opened a read-only mount for writing");
+        let err = fs::OpenOptions::new().write(true).open(&file).expect_err("opened a read-only mount for writing");
         assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{export}: {err}");
         let f = file.clone();
         let got = bounded("reading a read-only mount", move || fs::read(f).unwrap());
-        assert!(
-            same(&got, &content),
-            "{export}: reads differ from the export"
-        );
+        assert!(same(&got, &content), "{export}: reads differ from the export");
         let status = fuse.stop();
-        assert!(
-            status.success(),
-            "{export}: sluice mount exited with {status}"
-        );
+        assert!(status.success(), "{export}: sluice mount exited with {status}");
     }
 }
 
@@ -439,51 +359,26 @@ fn sigterm_while_a_loop_device_holds_the_file_detaches_then_exits_0() {
     signal(fuse.pid(), libc::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(20);
     while mounted(&file) {
-        assert!(
-            Instant::now() < deadline,
-            "FILE was not detached after SIGTERM: {}",
-            fuse.log_text()
-        );
+        assert!(Instant::now() < deadline, "FILE was not detached after SIGTERM: {}", fuse.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
     // Still served while the loop device uses it.
     let dev = lo.0.clone();
-    bounded(
-        "reading through the loop device after detaching",
-        move || {
-            let mut buf = vec![0u8; 64 * 1024];
-            fs::File::open(dev)
-                .unwrap()
-                .read_exact_at(&mut buf, MIB)
-                .unwrap();
-        },
-    );
-    assert!(
-        fuse.child.as_mut().unwrap().try_wait().unwrap().is_none(),
-        "sluice mount exited while still in use"
-    );
+    bounded("reading through the loop device after detaching", move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        fs::File::open(dev).unwrap().read_exact_at(&mut buf, MIB).unwrap();
+    });
+    assert!(fuse.child.as_mut().unwrap().try_wait().unwrap().is_none(), "sluice mount exited while still in use");
     drop(lo);
     let status = fuse.wait_exit();
-    assert!(
-        status.success(),
-        "sluice mount exited with {status}: {}",
-        fuse.log_text()
-    );
+    assert!(status.success(), "sluice mount exited with {status}: {}", fuse.log_text());
 }
 
 /// Runs `sluice mount ARGS...` expecting it to fail before mounting; returns (code, stderr).
 fn mount_fails(args: &[&str]) -> (i32, String) {
     let log = tempfile::NamedTempFile::new().unwrap();
-    let mut child = Command::new(SLUICE)
-        .arg("mount")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log.reopen().unwrap())
-        .spawn()
-        .unwrap();
-    let status =
-        wait_timeout(&mut child, Duration::from_secs(60)).expect("sluice mount did not give up");
+    let mut child = Command::new(SLUICE).arg("mount").args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log.reopen().unwrap()).spawn().unwrap();
+    let status = wait_timeout(&mut child, Duration::from_secs(60)).expect("sluice mount did not give up");
     let err = fs::read_to_string(log.path()).unwrap();
     assert!(!status.success(), "sluice mount {args:?} succeeded");
     (status.code().unwrap_or(-1), err)
@@ -497,10 +392,7 @@ fn errors_before_mounting_have_clear_messages_and_exit_codes() {
 
     let (code, err) = mount_fails(&["http://example.com/disk", f]);
     assert_eq!(code, 2, "bad URI: {err}");
-    assert!(
-        err.contains("sluice mount:") && err.contains("URI"),
-        "{err}"
-    );
+    assert!(err.contains("sluice mount:") && err.contains("URI"), "{err}");
 
     let unreachable = format!("nbd://127.0.0.1:{}/", free_port());
     let (code, err) = mount_fails(&[&unreachable, f]);
@@ -550,15 +442,7 @@ fn seek_data_and_seek_hole_follow_the_exports_allocation() {
     });
     assert_eq!(
         seeks,
-        [
-            Ok(10 * MIB),
-            Ok(12 * MIB),
-            Ok(40 * MIB),
-            Ok(40 * MIB + 4096),
-            Ok(0),
-            Err(libc::ENXIO),
-            Ok(41 * MIB)
-        ],
+        [Ok(10 * MIB), Ok(12 * MIB), Ok(40 * MIB), Ok(40 * MIB + 4096), Ok(0), Err(libc::ENXIO), Ok(41 * MIB)],
         "SEEK_DATA/SEEK_HOLE through the mount"
     );
     assert!(fuse.stop().success());

@@ -15,19 +15,9 @@ fn nbdcopy(from: &str, to: &str) {
 /// Compares two files, naming the first differing byte instead of dumping megabytes.
 fn assert_same_file(a: &Path, b: &Path) {
     let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
-    assert_eq!(
-        x.len(),
-        y.len(),
-        "{} and {} differ in size",
-        a.display(),
-        b.display()
-    );
+    assert_eq!(x.len(), y.len(), "{} and {} differ in size", a.display(), b.display());
     if let Some(i) = x.iter().zip(&y).position(|(p, q)| p != q) {
-        panic!(
-            "{} and {} differ first at byte {i}",
-            a.display(),
-            b.display()
-        );
+        panic!("{} and {} differ first at byte {i}", a.display(), b.display());
     }
 }
 
@@ -72,24 +62,17 @@ fn sparse_source_stays_sparse_in_a_file_backed_export() {
     let src = dir.path().join("sparse.img");
     let f = std::fs::File::create(&src).unwrap();
     f.set_len(SIZE as u64).unwrap();
-    f.write_all_at(&pattern(2 * MIB, 4), 10 * MIB as u64)
-        .unwrap();
+    f.write_all_at(&pattern(2 * MIB, 4), 10 * MIB as u64).unwrap();
     f.write_all_at(&pattern(MIB, 5), 40 * MIB as u64).unwrap();
     drop(f);
     let data_bytes = 3 * MIB as u64;
 
     // Into a fresh, empty sparse file, and over a fully allocated one: both end up sparse.
     let fresh = dir.path().join("fresh.img");
-    std::fs::File::create(&fresh)
-        .unwrap()
-        .set_len(SIZE as u64)
-        .unwrap();
+    std::fs::File::create(&fresh).unwrap().set_len(SIZE as u64).unwrap();
     let full = dir.path().join("full.img");
     write_file(&full, &vec![0xffu8; SIZE]);
-    assert!(
-        allocated_bytes(&full) >= SIZE as u64,
-        "test file did not get allocated"
-    );
+    assert!(allocated_bytes(&full) >= SIZE as u64, "test file did not get allocated");
 
     let fresh_spec = format!("fresh={}", fresh.display());
     let full_spec = format!("full={}", full.display());
@@ -99,10 +82,7 @@ fn sparse_source_stays_sparse_in_a_file_backed_export() {
         assert_same_file(&src, path);
         let used = allocated_bytes(path);
         // Some slack for filesystem metadata and partly written blocks, far below 64 MiB.
-        assert!(
-            used <= data_bytes + 2 * MIB as u64,
-            "export {name}: {used} bytes allocated for {data_bytes} of data"
-        );
+        assert!(used <= data_bytes + 2 * MIB as u64, "export {name}: {used} bytes allocated for {data_bytes} of data");
     }
     assert_eq!(s.stop().code(), Some(0));
 }

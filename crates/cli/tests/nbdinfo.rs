@@ -22,31 +22,20 @@ fn json_values(text: &str, key: &str) -> Vec<String> {
 fn nbdinfo_query(kind: &str, what: &str, uri: &str) -> bool {
     let out = std::process::Command::new("nbdinfo")
         .args([kind, what, uri])
-        .env(
-            "PATH",
-            format!(
-                "/usr/bin:/bin:{}",
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
+        .env("PATH", format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default()))
         .output()
         .expect("run nbdinfo");
     match out.status.code() {
         Some(0) => true,
         Some(2) => false,
-        other => panic!(
-            "nbdinfo {kind} {what} {uri}: exit {other:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
+        other => panic!("nbdinfo {kind} {what} {uri}: exit {other:?}: {}", String::from_utf8_lossy(&out.stderr)),
     }
 }
 
 fn size_of(uri: &str) -> u64 {
     let (ok, out, err) = run("nbdinfo", &["--size", uri]);
     assert!(ok, "nbdinfo --size {uri}: {err}");
-    out.trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("nbdinfo --size printed {out:?}"))
+    out.trim().parse().unwrap_or_else(|_| panic!("nbdinfo --size printed {out:?}"))
 }
 
 #[test]
@@ -58,14 +47,7 @@ fn size_is_reported_for_file_memory_and_null_exports() {
     let odd = 3 * 1024 * 1024 + 517;
     write_file(&file, &pattern(odd, 1));
     let file_spec = format!("f={}", file.display());
-    let s = Sluice::start(&[
-        "--export",
-        &file_spec,
-        "--export",
-        "m=memory:1M",
-        "--export",
-        "n=null:2G",
-    ]);
+    let s = Sluice::start(&["--export", &file_spec, "--export", "m=memory:1M", "--export", "n=null:2G"]);
     assert_eq!(size_of(&s.uri_for("f")), odd as u64);
     assert_eq!(size_of(&s.uri_for("m")), 1 << 20);
     assert_eq!(size_of(&s.uri_for("n")), 2 << 30);
@@ -77,27 +59,10 @@ fn writable_export_advertises_flush_fua_trim_zero_multi_conn_df_cache() {
     require!("nbdinfo");
     let s = Sluice::start(&["--export", "m=memory:1M"]);
     let uri = s.uri_for("m");
-    for cap in [
-        "flush",
-        "fua",
-        "trim",
-        "zero",
-        "fast-zero",
-        "multi-conn",
-        "df",
-        "cache",
-        "write",
-        "read",
-    ] {
-        assert!(
-            nbdinfo_query("--can", cap, &uri),
-            "memory export should advertise can_{cap}"
-        );
+    for cap in ["flush", "fua", "trim", "zero", "fast-zero", "multi-conn", "df", "cache", "write", "read"] {
+        assert!(nbdinfo_query("--can", cap, &uri), "memory export should advertise can_{cap}");
     }
-    assert!(
-        !nbdinfo_query("--is", "read-only", &uri),
-        "memory export must not be read-only"
-    );
+    assert!(!nbdinfo_query("--is", "read-only", &uri), "memory export must not be read-only");
     assert_eq!(s.stop().code(), Some(0));
 }
 
@@ -108,10 +73,7 @@ fn read_only_export_says_so_and_advertises_no_writes() {
     let ro = s.uri_for("ro");
     assert!(nbdinfo_query("--is", "read-only", &ro));
     for cap in ["write", "trim", "zero", "fast-zero"] {
-        assert!(
-            !nbdinfo_query("--can", cap, &ro),
-            "read-only export advertises can_{cap}"
-        );
+        assert!(!nbdinfo_query("--can", cap, &ro), "read-only export advertises can_{cap}");
     }
     // Flushing and caching a read-only export is harmless and still offered.
     assert!(nbdinfo_query("--can", "flush", &ro));
@@ -124,31 +86,13 @@ fn read_only_export_says_so_and_advertises_no_writes() {
 #[test]
 fn global_read_only_flag_applies_to_every_export() {
     require!("nbdinfo");
-    let s = Sluice::start(&[
-        "--read-only",
-        "--export",
-        "a=memory:1M",
-        "--export",
-        "b=null:1M",
-    ]);
+    let s = Sluice::start(&["--read-only", "--export", "a=memory:1M", "--export", "b=null:1M"]);
     for name in ["a", "b"] {
         let (ok, out, err) = run("nbdinfo", &["--json", &s.uri_for(name)]);
         assert!(ok, "{err}");
-        assert_eq!(
-            json_values(&out, "is_read_only"),
-            ["true"],
-            "export {name}: {out}"
-        );
-        assert_eq!(
-            json_values(&out, "can_trim"),
-            ["false"],
-            "export {name}: {out}"
-        );
-        assert_eq!(
-            json_values(&out, "can_zero"),
-            ["false"],
-            "export {name}: {out}"
-        );
+        assert_eq!(json_values(&out, "is_read_only"), ["true"], "export {name}: {out}");
+        assert_eq!(json_values(&out, "can_trim"), ["false"], "export {name}: {out}");
+        assert_eq!(json_values(&out, "can_zero"), ["false"], "export {name}: {out}");
     }
     assert_eq!(s.stop().code(), Some(0));
 }
@@ -167,32 +111,14 @@ fn list_shows_every_named_export_with_its_description_and_size() {
     let (ok, out, err) = run("nbdinfo", &["--list", "--json", &s.uri()]);
     assert!(ok, "nbdinfo --list: {err}");
     assert_eq!(json_values(&out, "export-name"), ["a", "b", "c"], "{out}");
-    assert_eq!(
-        json_values(&out, "description"),
-        ["hello", "with, a comma"],
-        "{out}"
-    );
-    assert_eq!(
-        json_values(&out, "export-size"),
-        ["1048576", "2097152", "3145728"],
-        "{out}"
-    );
-    assert_eq!(
-        json_values(&out, "is_read_only"),
-        ["false", "false", "true"],
-        "{out}"
-    );
+    assert_eq!(json_values(&out, "description"), ["hello", "with, a comma"], "{out}");
+    assert_eq!(json_values(&out, "export-size"), ["1048576", "2097152", "3145728"], "{out}");
+    assert_eq!(json_values(&out, "is_read_only"), ["false", "false", "true"], "{out}");
 
     // The human-readable list says the same.
     let (ok, text, err) = run("nbdinfo", &["--list", &s.uri()]);
     assert!(ok, "{err}");
-    for line in [
-        "export=\"a\":",
-        "export=\"b\":",
-        "export=\"c\":",
-        "description: hello",
-        "export-size: 2097152",
-    ] {
+    for line in ["export=\"a\":", "export=\"b\":", "export=\"c\":", "description: hello", "export-size: 2097152"] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
     assert_eq!(s.stop().code(), Some(0));
@@ -205,11 +131,7 @@ fn parse_map(text: &str) -> Vec<(u64, u64, u32)> {
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             assert!(f.len() >= 3, "odd map line {l:?}");
-            (
-                f[0].parse().unwrap(),
-                f[1].parse().unwrap(),
-                f[2].parse().unwrap(),
-            )
+            (f[0].parse().unwrap(), f[1].parse().unwrap(), f[2].parse().unwrap())
         })
         .collect()
 }
@@ -226,8 +148,7 @@ fn map_of_a_sparse_file_shows_data_exactly_where_it_was_written() {
     let f = std::fs::File::create(&path).unwrap();
     f.set_len(size).unwrap();
     for (i, &(off, len)) in data.iter().enumerate() {
-        f.write_all_at(&pattern(len as usize, 10 + i as u64), off)
-            .unwrap();
+        f.write_all_at(&pattern(len as usize, 10 + i as u64), off).unwrap();
     }
     f.sync_all().unwrap();
     drop(f);
@@ -247,24 +168,14 @@ fn map_of_a_sparse_file_shows_data_exactly_where_it_was_written() {
     for &(off, len, kind) in &map {
         for page in (off..off + len).step_by(4096) {
             let want = if written(page) { 0 } else { 3 };
-            assert_eq!(
-                kind, want,
-                "page at {page} has type {kind}, expected {want}:\n{out}"
-            );
+            assert_eq!(kind, want, "page at {page} has type {kind}, expected {want}:\n{out}");
         }
     }
     // The JSON form carries the same extents.
     let (ok, json, err) = run("nbdinfo", &["--map", "--json", &s.uri()]);
     assert!(ok, "{err}");
-    let lengths: Vec<u64> = json_values(&json, "length")
-        .iter()
-        .map(|v| v.parse().unwrap())
-        .collect();
-    assert_eq!(
-        lengths,
-        map.iter().map(|e| e.1).collect::<Vec<_>>(),
-        "{json}"
-    );
+    let lengths: Vec<u64> = json_values(&json, "length").iter().map(|v| v.parse().unwrap()).collect();
+    assert_eq!(lengths, map.iter().map(|e| e.1).collect::<Vec<_>>(), "{json}");
     assert_eq!(s.stop().code(), Some(0));
 }
 
@@ -277,35 +188,15 @@ fn json_output_reports_size_flags_and_block_sizes() {
     assert_eq!(json_values(&out, "export-name"), ["m"], "{out}");
     assert_eq!(json_values(&out, "export-size"), ["5242880"], "{out}");
     assert_eq!(json_values(&out, "description"), ["scratch space"], "{out}");
-    for flag in [
-        "can_flush",
-        "can_fua",
-        "can_trim",
-        "can_zero",
-        "can_multi_conn",
-        "can_df",
-        "can_cache",
-    ] {
+    for flag in ["can_flush", "can_fua", "can_trim", "can_zero", "can_multi_conn", "can_df", "can_cache"] {
         assert_eq!(json_values(&out, flag), ["true"], "{flag} in {out}");
     }
     assert_eq!(json_values(&out, "is_read_only"), ["false"], "{out}");
     assert_eq!(json_values(&out, "structured"), ["true"], "{out}");
-    assert_eq!(
-        json_values(&out, "block_size_maximum"),
-        ["33554432"],
-        "{out}"
-    );
+    assert_eq!(json_values(&out, "block_size_maximum"), ["33554432"], "{out}");
     let min: u64 = json_values(&out, "block_size_minimum")[0].parse().unwrap();
-    let pref: u64 = json_values(&out, "block_size_preferred")[0]
-        .parse()
-        .unwrap();
-    assert!(
-        min >= 1 && min <= pref && pref <= 33554432,
-        "block sizes out of order: {out}"
-    );
-    assert!(
-        out.contains("\"base:allocation\""),
-        "base:allocation context missing: {out}"
-    );
+    let pref: u64 = json_values(&out, "block_size_preferred")[0].parse().unwrap();
+    assert!(min >= 1 && min <= pref && pref <= 33554432, "block sizes out of order: {out}");
+    assert!(out.contains("\"base:allocation\""), "base:allocation context missing: {out}");
     assert_eq!(s.stop().code(), Some(0));
 }

@@ -50,10 +50,7 @@ def kind_at(ext, base, pos):
 fn nbdsh(script: &str) -> String {
     let full = format!("{PRELUDE}\n{script}\nprint('SCRIPT-COMPLETED')\n");
     let (ok, out, err) = run("nbdsh", &["-c", &full]);
-    assert!(
-        ok && out.contains("SCRIPT-COMPLETED"),
-        "nbdsh script failed\nstdout:\n{out}\nstderr:\n{err}"
-    );
+    assert!(ok && out.contains("SCRIPT-COMPLETED"), "nbdsh script failed\nstdout:\n{out}\nstderr:\n{err}");
     out
 }
 
@@ -64,19 +61,12 @@ const TEST_CHUNK: &str = "64K";
 
 /// A server with a file-backed export "file" of `file_len` bytes (random content) and a
 /// memory export "mem", both on data path `path`.
-fn file_and_memory(
-    dir: &std::path::Path,
-    file_len: usize,
-    mem: &str,
-    path: &str,
-) -> (Sluice, std::path::PathBuf) {
+fn file_and_memory(dir: &std::path::Path, file_len: usize, mem: &str, path: &str) -> (Sluice, std::path::PathBuf) {
     let backing = dir.join(format!("disk-{path}.img"));
     write_file(&backing, &pattern(file_len, 7));
     let file_spec = format!("file={},data-path={path}", backing.display());
     let mem_spec = format!("mem=memory:{mem},data-path={path}");
-    let s = Sluice::start(&[
-        "--export", &file_spec, "--export", &mem_spec, "--chunk", TEST_CHUNK,
-    ]);
+    let s = Sluice::start(&["--export", &file_spec, "--export", &mem_spec, "--chunk", TEST_CHUNK]);
     (s, backing)
 }
 
@@ -137,10 +127,7 @@ for uri, initial in (("{file}", open("{backing}", "rb").read()), ("{mem}", bytes
         // What the client saw is what the backing file holds.
         let on_disk = std::fs::read(&backing).unwrap();
         let expected = std::fs::read(&shadow_path).unwrap();
-        assert!(
-            on_disk == expected,
-            "backing file differs from what the client wrote"
-        );
+        assert!(on_disk == expected, "backing file differs from what the client wrote");
         assert_eq!(s.stop().code(), Some(0));
     }
 }
@@ -212,26 +199,11 @@ for uri in ("{file}", "{mem}"):
         let disk = std::fs::read(&backing).unwrap();
         let data = std::fs::read(&written).unwrap();
         let initial = pattern(8 << 20, 7);
-        assert!(
-            disk[..12345] == initial[..12345],
-            "bytes before the write changed"
-        );
-        assert!(
-            disk[12345..20000] == data[..20000 - 12345],
-            "FUA write is not in the file"
-        );
-        assert!(
-            disk[20000..25000].iter().all(|&b| b == 0),
-            "FUA zero is not in the file"
-        );
-        assert!(
-            disk[25000..12345 + 70001] == data[25000 - 12345..],
-            "FUA write is not in the file"
-        );
-        assert!(
-            disk[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0),
-            "FUA trim is not in the file"
-        );
+        assert!(disk[..12345] == initial[..12345], "bytes before the write changed");
+        assert!(disk[12345..20000] == data[..20000 - 12345], "FUA write is not in the file");
+        assert!(disk[20000..25000].iter().all(|&b| b == 0), "FUA zero is not in the file");
+        assert!(disk[25000..12345 + 70001] == data[25000 - 12345..], "FUA write is not in the file");
+        assert!(disk[1 << 20..(1 << 20) + 65536].iter().all(|&b| b == 0), "FUA trim is not in the file");
         assert_eq!(s.stop().code(), Some(0));
     }
 }
@@ -301,11 +273,7 @@ for uri in ("{file}", "{mem}"):
         // Plain zeroing and NO_HOLE without FAST_ZERO must never be refused.
         for line in out.lines().filter(|l| l.starts_with("refused")) {
             let flags: u32 = line.rsplit(' ').next().unwrap().parse().unwrap();
-            assert_ne!(
-                flags & 16,
-                0,
-                "a zero request without FAST_ZERO was refused: {line}"
-            );
+            assert_ne!(flags & 16, 0, "a zero request without FAST_ZERO was refused: {line}");
         }
         assert_eq!(s.stop().code(), Some(0));
     }
@@ -395,10 +363,7 @@ h.shutdown()
         ro = s.uri_for("ro"),
         head = expected_head.join(", "),
     ));
-    assert!(
-        std::fs::read(&path).unwrap() == content,
-        "read-only backing file was modified"
-    );
+    assert!(std::fs::read(&path).unwrap() == content, "read-only backing file was modified");
     assert_eq!(s.stop().code(), Some(0));
 }
 

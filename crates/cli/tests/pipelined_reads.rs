@@ -20,13 +20,7 @@ fn serve_file(len: usize, path: &str) -> (Sluice, std::path::PathBuf, Vec<u8>) {
     write_file(&file, &data);
     let f = std::fs::File::open(&file).unwrap();
     f.sync_all().unwrap();
-    let s = Sluice::start(&[
-        file.to_str().unwrap(),
-        "--data-path",
-        path,
-        "--chunk",
-        "64K",
-    ]);
+    let s = Sluice::start(&[file.to_str().unwrap(), "--data-path", path, "--chunk", "64K"]);
     (s, file, data)
 }
 
@@ -64,29 +58,16 @@ fn structured_chunks_go_out_in_completion_order_and_reassemble_byte_exact() {
             cache_only_last_chunk(&file);
             let r = c.call(0, CMD_READ, 0, READ);
             let offsets = data_offsets(&r);
-            assert_eq!(
-                offsets.len(),
-                (READ / CHUNK) as usize,
-                "{path}: one OFFSET_DATA chunk per 64 KiB: {offsets:?}"
-            );
-            assert!(
-                r.read_data() == data[..READ as usize],
-                "{path}: attempt {attempt} read back different bytes"
-            );
+            assert_eq!(offsets.len(), (READ / CHUNK) as usize, "{path}: one OFFSET_DATA chunk per 64 KiB: {offsets:?}");
+            assert!(r.read_data() == data[..READ as usize], "{path}: attempt {attempt} read back different bytes");
             out_of_order |= offsets.windows(2).any(|w| w[0] > w[1]);
         }
         if path == "copy" {
-            assert!(
-                out_of_order,
-                "copy: the cached last chunk never overtook the uncached ones"
-            );
+            assert!(out_of_order, "copy: the cached last chunk never overtook the uncached ones");
         }
         // Unaligned, and not a multiple of the chunk: first and last chunks are partial.
         let r = c.call(0, CMD_READ, 12345, 700_001);
-        assert!(
-            r.read_data() == data[12345..12345 + 700_001],
-            "{path}: unaligned read differs"
-        );
+        assert!(r.read_data() == data[12345..12345 + 700_001], "{path}: unaligned read differs");
         c.disconnect();
         assert_eq!(s.stop().code(), Some(0));
     }
@@ -113,10 +94,7 @@ print("SCRIPT-COMPLETED")
         file = file.display()
     );
     let (ok, out, err) = run("nbdsh", &["-c", &script]);
-    assert!(
-        ok && out.contains("SCRIPT-COMPLETED"),
-        "nbdsh failed\n{out}\n{err}"
-    );
+    assert!(ok && out.contains("SCRIPT-COMPLETED"), "nbdsh failed\n{out}\n{err}");
     assert_eq!(s.stop().code(), Some(0));
 }
 
@@ -127,48 +105,22 @@ fn storage_error_mid_read_is_an_error_chunk_after_the_good_data() {
         // The server sized the export at open; shrinking the file makes every read past the
         // new end fail, as a disk with bad sectors would.
         let cut = 512 * 1024 + 100;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&file)
-            .unwrap()
-            .set_len(cut)
-            .unwrap();
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(cut).unwrap();
         let (mut c, _) = Client::connect(&s.socket, "", true, false);
         let r = c.call(0, CMD_READ, 0, READ);
         assert_eq!(r.error(), Some(EIO), "{path}: {r:?}");
         let last = r.msgs.last().unwrap();
-        let Msg::Chunk(err) = last else {
-            panic!("{path}: structured reply expected")
-        };
-        assert_eq!(
-            err.kind, CHUNK_ERROR_OFFSET,
-            "{path}: the error names its offset"
-        );
-        assert!(
-            be64(&err.payload[err.payload.len() - 8..]) >= 512 * 1024,
-            "{path}: error before the cut"
-        );
+        let Msg::Chunk(err) = last else { panic!("{path}: structured reply expected") };
+        assert_eq!(err.kind, CHUNK_ERROR_OFFSET, "{path}: the error names its offset");
+        assert!(be64(&err.payload[err.payload.len() - 8..]) >= 512 * 1024, "{path}: error before the cut");
         for m in &r.msgs[..r.msgs.len() - 1] {
             let Msg::Chunk(ch) = m else { unreachable!() };
-            assert_eq!(
-                ch.kind, CHUNK_OFFSET_DATA,
-                "{path}: only data before the error"
-            );
-            assert_eq!(
-                ch.flags & REPLY_FLAG_DONE,
-                0,
-                "{path}: DONE only on the last chunk"
-            );
+            assert_eq!(ch.kind, CHUNK_OFFSET_DATA, "{path}: only data before the error");
+            assert_eq!(ch.flags & REPLY_FLAG_DONE, 0, "{path}: DONE only on the last chunk");
             let at = be64(&ch.payload[0..8]) as usize;
             let bytes = &ch.payload[8..];
-            assert!(
-                at + bytes.len() <= cut as usize,
-                "{path}: data chunk past the cut"
-            );
-            assert!(
-                bytes == &data[at..at + bytes.len()],
-                "{path}: good chunk at {at} carries wrong bytes"
-            );
+            assert!(at + bytes.len() <= cut as usize, "{path}: data chunk past the cut");
+            assert!(bytes == &data[at..at + bytes.len()], "{path}: good chunk at {at} carries wrong bytes");
         }
         // The connection is still usable after a failed read.
         assert!(c.read(0, 4096) == data[..4096], "{path}");
@@ -181,12 +133,7 @@ fn storage_error_mid_read_is_an_error_chunk_after_the_good_data() {
 fn storage_error_mid_read_with_simple_replies_errors_or_disconnects() {
     for path in ["copy", "splice"] {
         let (s, file, data) = serve_file(READ as usize, path);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&file)
-            .unwrap()
-            .set_len(512 * 1024 + 100)
-            .unwrap();
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(512 * 1024 + 100).unwrap();
         let (mut c, _) = Client::connect(&s.socket, "", false, false);
         let h = c.req(0, CMD_READ, 0, READ);
         let head = c.recv(16);
@@ -196,24 +143,13 @@ fn storage_error_mid_read_with_simple_replies_errors_or_disconnects() {
             0 => {
                 // Data started flowing before the error was known: the server must cut the
                 // connection before the promised megabyte is complete.
-                let rest = c
-                    .close_within(Duration::from_secs(5))
-                    .expect("server must disconnect");
-                assert!(
-                    rest.len() < READ as usize,
-                    "{path}: all data sent for a failed read"
-                );
-                assert!(
-                    rest[..] == data[..rest.len()],
-                    "{path}: partial data is wrong"
-                );
+                let rest = c.close_within(Duration::from_secs(5)).expect("server must disconnect");
+                assert!(rest.len() < READ as usize, "{path}: all data sent for a failed read");
+                assert!(rest[..] == data[..rest.len()], "{path}: partial data is wrong");
             }
             e => {
                 assert_eq!(e, EIO, "{path}");
-                assert!(
-                    c.read(0, 4096) == data[..4096],
-                    "{path}: connection unusable after the error"
-                );
+                assert!(c.read(0, 4096) == data[..4096], "{path}: connection unusable after the error");
             }
         }
         assert_eq!(s.stop().code(), Some(0));
@@ -241,19 +177,11 @@ fn unaligned_pipe_sized_reads_finish_on_the_splice_paths() {
             }
             let (mut c, _) = Client::connect(&s.socket, "", true, false);
             c.set_read_timeout(Duration::from_secs(10));
-            for (offset, n) in [
-                (100u64, 1u32 << 20),
-                (4095, 3 << 20),
-                (4097, (2 << 20) + 7),
-                (512, 1 << 20),
-            ] {
+            for (offset, n) in [(100u64, 1u32 << 20), (4095, 3 << 20), (4097, (2 << 20) + 7), (512, 1 << 20)] {
                 let r = c.call(0, CMD_READ, offset, n);
                 r.assert_ok();
                 let got = r.read_data();
-                assert!(
-                    got == data[offset as usize..offset as usize + n as usize],
-                    "{path} cached={cached}: read at {offset} of {n}"
-                );
+                assert!(got == data[offset as usize..offset as usize + n as usize], "{path} cached={cached}: read at {offset} of {n}");
             }
         }
     }

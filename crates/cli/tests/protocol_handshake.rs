@@ -12,13 +12,7 @@ const DISK_SIZE: u64 = 4 << 20;
 
 /// "" (1 MiB), "disk" (4 MiB, described) and "ro" (64 KiB, read-only), all in memory.
 fn server() -> Sluice {
-    Sluice::start(&[
-        "memory:1M",
-        "--export",
-        "disk=memory:4M,description=scratch disk",
-        "--export",
-        "ro=memory:64K,ro",
-    ])
+    Sluice::start(&["memory:1M", "--export", "disk=memory:4M,description=scratch disk", "--export", "ro=memory:64K,ro"])
 }
 
 /// A client past the greeting and client flags (FIXED_NEWSTYLE | NO_ZEROES).
@@ -31,10 +25,7 @@ fn started(s: &Sluice) -> Client {
 /// Error replies may carry a message for humans; it must still follow the string rules.
 fn assert_error_reply(r: &OptReply, option: u32, kind: u32) {
     assert_eq!((r.option, r.kind), (option, kind), "{r:?}");
-    assert!(
-        r.data.len() <= 4096 && std::str::from_utf8(&r.data).is_ok(),
-        "error message breaks the string rules"
-    );
+    assert!(r.data.len() <= 4096 && std::str::from_utf8(&r.data).is_ok(), "error message breaks the string rules");
 }
 
 /// Proves the handshake is still in step: GO succeeds and a read works.
@@ -51,8 +42,7 @@ fn greeting_is_nbdmagic_ihaveopt_fixed_newstyle_no_zeroes_rule_1() {
     for mut c in [Client::unix(&s.socket), Client::tcp(s.port)] {
         let g = c.recv(18);
         let expected: [u8; 18] = [
-            b'N', b'B', b'D', b'M', b'A', b'G', b'I', b'C', 0x49, 0x48, 0x41, 0x56, 0x45, 0x4f,
-            0x50, 0x54, 0x00, 0x03,
+            b'N', b'B', b'D', b'M', b'A', b'G', b'I', b'C', 0x49, 0x48, 0x41, 0x56, 0x45, 0x4f, 0x50, 0x54, 0x00, 0x03,
         ];
         assert_eq!(g, expected);
         // Nothing more until the client has sent its flags.
@@ -76,11 +66,7 @@ fn client_without_fixed_newstyle_is_closed_rule_5() {
 #[test]
 fn unknown_client_flag_bits_close_the_connection_rule_4() {
     let s = server();
-    for flags in [
-        FLAG_C_FIXED_NEWSTYLE | 0x4,
-        FLAG_C_FIXED_NEWSTYLE | 0x8000_0000,
-        u32::MAX,
-    ] {
+    for flags in [FLAG_C_FIXED_NEWSTYLE | 0x4, FLAG_C_FIXED_NEWSTYLE | 0x8000_0000, u32::MAX] {
         let mut c = Client::unix(&s.socket);
         c.greeting();
         c.client_flags(flags);
@@ -105,12 +91,7 @@ fn bad_option_magic_closes_rule_19() {
 fn unknown_option_gets_err_unsup_and_handshake_continues_rule_8() {
     let s = server();
     let mut c = started(&s);
-    for (option, len) in [
-        (999u32, 100usize),
-        (OPT_PEEK_EXPORT, 0),
-        (0x7fff_ffff, 7),
-        (0xdead_beef, 64 * 1024),
-    ] {
+    for (option, len) in [(999u32, 100usize), (OPT_PEEK_EXPORT, 0), (0x7fff_ffff, 7), (0xdead_beef, 64 * 1024)] {
         let r = c.ask(option, &vec![0xab; len]);
         assert_eq!(r.len(), 1, "{r:?}");
         assert_error_reply(&r[0], option, REP_ERR_UNSUP);
@@ -146,17 +127,12 @@ fn list_sends_every_export_then_ack_rule_16() {
         assert!(r.data.len() >= 4);
         let name_len = be32(&r.data[0..4]) as usize;
         assert!(name_len <= r.data.len() - 4, "name_len overruns the reply");
-        let name = std::str::from_utf8(&r.data[4..4 + name_len])
-            .unwrap()
-            .to_owned();
-        let description = std::str::from_utf8(&r.data[4 + name_len..])
-            .unwrap()
-            .to_owned();
+        let name = std::str::from_utf8(&r.data[4..4 + name_len]).unwrap().to_owned();
+        let description = std::str::from_utf8(&r.data[4 + name_len..]).unwrap().to_owned();
         seen.push((name, description));
     }
     seen.sort();
-    let expected =
-        [("", ""), ("disk", "scratch disk"), ("ro", "")].map(|(n, d)| (n.to_owned(), d.to_owned()));
+    let expected = [("", ""), ("disk", "scratch disk"), ("ro", "")].map(|(n, d)| (n.to_owned(), d.to_owned()));
     assert_eq!(seen, expected);
     // Rule 10: LIST carries no data.
     let r = c.ask(OPT_LIST, b"junk");
@@ -192,29 +168,15 @@ fn info_then_go_for_the_same_export_return_the_same_information_rule_40() {
     let s = server();
     let mut c = started(&s);
     // 0x7777 is no info type: rule 32 says ignore it.
-    let ask = info_data(
-        "disk",
-        &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE, 0x7777],
-    );
+    let ask = info_data("disk", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE, 0x7777]);
     let info = infos(&c.ask(OPT_INFO, &ask));
-    let export = &info
-        .iter()
-        .find(|(t, _)| *t == INFO_EXPORT)
-        .expect("INFO_EXPORT is mandatory (rule 33)")
-        .1;
+    let export = &info.iter().find(|(t, _)| *t == INFO_EXPORT).expect("INFO_EXPORT is mandatory (rule 33)").1;
     assert_eq!(export.len(), 10, "INFO_EXPORT: size(8) flags(2)");
     assert_eq!(be64(&export[0..8]), DISK_SIZE);
     let flags = be16(&export[8..10]);
     assert_ne!(flags & HAS_FLAGS, 0, "HAS_FLAGS is always set (rule 42)");
-    assert_eq!(
-        flags & SEND_DF,
-        0,
-        "SEND_DF without structured replies (rule 42)"
-    );
-    assert!(
-        flags & SEND_FAST_ZERO == 0 || flags & SEND_WRITE_ZEROES != 0,
-        "FAST_ZERO without WRITE_ZEROES (rule 42)"
-    );
+    assert_eq!(flags & SEND_DF, 0, "SEND_DF without structured replies (rule 42)");
+    assert!(flags & SEND_FAST_ZERO == 0 || flags & SEND_WRITE_ZEROES != 0, "FAST_ZERO without WRITE_ZEROES (rule 42)");
     for (t, body) in &info {
         match *t {
             INFO_NAME => assert_eq!(body, b"disk"),
@@ -222,19 +184,10 @@ fn info_then_go_for_the_same_export_return_the_same_information_rule_40() {
             INFO_BLOCK_SIZE => {
                 assert_eq!(body.len(), 12, "INFO_BLOCK_SIZE: min, preferred, max");
                 let (min, pref, max) = (be32(&body[0..4]), be32(&body[4..8]), be32(&body[8..12]));
-                assert!(
-                    min.is_power_of_two() && min <= 64 * 1024,
-                    "min {min} (rule 38)"
-                );
-                assert!(
-                    pref.is_power_of_two() && pref >= min.max(512),
-                    "preferred {pref} (rule 38)"
-                );
+                assert!(min.is_power_of_two() && min <= 64 * 1024, "min {min} (rule 38)");
+                assert!(pref.is_power_of_two() && pref >= min.max(512), "preferred {pref} (rule 38)");
                 assert!(max == u32::MAX || max % min == 0, "max {max} (rule 38)");
-                assert!(
-                    max as u64 >= (pref as u64).min(DISK_SIZE),
-                    "max {max} (rule 38)"
-                );
+                assert!(max as u64 >= (pref as u64).min(DISK_SIZE), "max {max} (rule 38)");
             }
             INFO_EXPORT => {}
             other => panic!("unrequested info type {other}"),
@@ -317,11 +270,7 @@ fn export_name_reply_is_10_bytes_with_no_zeroes_rule_88() {
     assert_eq!(be64(&r[0..8]), DISK_SIZE);
     let flags = be16(&r[8..10]);
     assert_ne!(flags & HAS_FLAGS, 0);
-    assert_eq!(
-        flags & SEND_DF,
-        0,
-        "no structured replies via EXPORT_NAME (rule 42)"
-    );
+    assert_eq!(flags & SEND_DF, 0, "no structured replies via EXPORT_NAME (rule 42)");
     // The very next bytes are the reply to this read, so no padding was sent.
     assert_eq!(c.read(0, 4096), vec![0u8; 4096]);
     c.disconnect();
@@ -367,14 +316,7 @@ fn abort_is_acked_then_closed_rule_17() {
     for data in [&b""[..], &b"ignored"[..]] {
         let mut c = started(&s);
         let r = c.ask(OPT_ABORT, data);
-        assert_eq!(
-            r,
-            vec![OptReply {
-                option: OPT_ABORT,
-                kind: REP_ACK,
-                data: Vec::new()
-            }]
-        );
+        assert_eq!(r, vec![OptReply { option: OPT_ABORT, kind: REP_ACK, data: Vec::new() }]);
         assert!(c.expect_close().is_empty());
     }
 }
@@ -423,25 +365,14 @@ fn silent_client_is_dropped_after_handshake_timeout_while_others_are_served() {
         served
     });
     for c in [&mut silent, &mut stalled] {
-        let rest = c
-            .close_within(Duration::from_secs(20))
-            .expect("the silent client is never dropped");
+        let rest = c.close_within(Duration::from_secs(20)).expect("the silent client is never dropped");
         assert!(rest.is_empty(), "nothing is sent to a silent client");
     }
     let elapsed = started_at.elapsed();
-    assert!(
-        elapsed >= Duration::from_secs(9),
-        "dropped after {elapsed:?}, before the 10 s timeout"
-    );
-    assert!(
-        elapsed <= Duration::from_secs(15),
-        "dropped only after {elapsed:?}"
-    );
+    assert!(elapsed >= Duration::from_secs(9), "dropped after {elapsed:?}, before the 10 s timeout");
+    assert!(elapsed <= Duration::from_secs(15), "dropped only after {elapsed:?}");
     let served = busy.join().unwrap();
-    assert!(
-        served >= 10,
-        "only {served} clients served while two were silent"
-    );
+    assert!(served >= 10, "only {served} clients served while two were silent");
 }
 
 // Rule 23: after EXPORT_NAME (or GO) every later byte is transmission; a client that sends
@@ -455,14 +386,7 @@ fn request_sent_right_behind_export_name_or_go_is_not_lost_rule_23() {
     b.extend_from_slice(&4u32.to_be_bytes());
     b.extend_from_slice(b"disk");
     let h = c.handle();
-    c.expect(
-        h,
-        Sent {
-            kind: CMD_READ,
-            offset: 0,
-            length: 512,
-        },
-    );
+    c.expect(h, Sent { kind: CMD_READ, offset: 0, length: 512 });
     b.extend_from_slice(&request(0, CMD_READ, h, 0, 512));
     c.send(&b);
     assert_eq!(be64(&c.recv(10)[0..8]), DISK_SIZE);
@@ -475,14 +399,7 @@ fn request_sent_right_behind_export_name_or_go_is_not_lost_rule_23() {
     b.extend_from_slice(&(go.len() as u32).to_be_bytes());
     b.extend_from_slice(&go);
     let h = c.handle();
-    c.expect(
-        h,
-        Sent {
-            kind: CMD_READ,
-            offset: 512,
-            length: 512,
-        },
-    );
+    c.expect(h, Sent { kind: CMD_READ, offset: 512, length: 512 });
     b.extend_from_slice(&request(0, CMD_READ, h, 512, 512));
     c.send(&b);
     assert_eq!(c.option_replies(OPT_GO).last().unwrap().kind, REP_ACK);
@@ -502,10 +419,7 @@ fn go_advertises_the_enforced_maximum_block_size_even_unasked_rule_36() {
     let Some((_, body)) = block else {
         panic!("GO without an INFO_BLOCK_SIZE request got no block sizes, yet reads over 32 MiB are refused: {go:?}")
     };
-    assert!(
-        be32(&body[8..12]) <= PAYLOAD_MAX,
-        "advertised maximum is above the enforced one"
-    );
+    assert!(be32(&body[8..12]) <= PAYLOAD_MAX, "advertised maximum is above the enforced one");
 }
 
 // Rules 43 and 48: structured replies and a context negotiated before EXPORT_NAME (not just
@@ -516,20 +430,14 @@ fn structured_replies_and_context_before_export_name_apply_rule_43() {
     let mut c = started(&s);
     assert_eq!(c.ask(OPT_STRUCTURED_REPLY, &[])[0].kind, REP_ACK);
     c.structured = true;
-    let r = c.ask(
-        OPT_SET_META_CONTEXT,
-        &meta_data("disk", &["base:allocation"]),
-    );
+    let r = c.ask(OPT_SET_META_CONTEXT, &meta_data("disk", &["base:allocation"]));
     assert_eq!(r.len(), 2, "{r:?}");
     let id = be32(&r[0].data[0..4]);
     c.option(OPT_EXPORT_NAME, b"disk");
     let flags = be16(&c.recv(10)[8..10]);
     assert_ne!(flags & SEND_DF, 0, "SEND_DF once structured replies are on");
     let r = c.call(0, CMD_READ, 0, 4096);
-    assert!(
-        matches!(&r.msgs[..], [Msg::Chunk(_), ..]),
-        "READ reply must be structured: {r:?}"
-    );
+    assert!(matches!(&r.msgs[..], [Msg::Chunk(_), ..]), "READ reply must be structured: {r:?}");
     assert_eq!(r.read_data(), vec![0u8; 4096]);
     assert_eq!(c.call(0, CMD_BLOCK_STATUS, 0, 4096).block_status().0, id);
 }
@@ -556,17 +464,8 @@ fn set_meta_context_replaces_the_active_set_even_when_it_fails_rule_45() {
     assert_eq!(block_status_after(&s, std::slice::from_ref(&good)), None);
     let mut truncated = meta_data("", &["base:allocation"]);
     truncated.truncate(truncated.len() - 3);
-    for second in [
-        truncated,
-        meta_data("", &[]),
-        meta_data("nope", &["base:allocation"]),
-        meta_data("", &["base:"]),
-    ] {
-        assert_eq!(
-            block_status_after(&s, &[good.clone(), second.clone()]),
-            Some(EINVAL),
-            "after {second:?}"
-        );
+    for second in [truncated, meta_data("", &[]), meta_data("nope", &["base:allocation"]), meta_data("", &["base:"])] {
+        assert_eq!(block_status_after(&s, &[good.clone(), second.clone()]), Some(EINVAL), "after {second:?}");
     }
     let mut c = started(&s);
     assert_eq!(c.ask(OPT_STRUCTURED_REPLY, &[])[0].kind, REP_ACK);
@@ -577,11 +476,7 @@ fn set_meta_context_replaces_the_active_set_even_when_it_fails_rule_45() {
         (vec!["base:nothing", "base:allocation"], true),
     ] {
         let r = c.ask(OPT_SET_META_CONTEXT, &meta_data("", &queries));
-        assert_eq!(
-            r.last().unwrap().kind,
-            REP_ACK,
-            "{queries:?} is no error: {r:?}"
-        );
+        assert_eq!(r.last().unwrap().kind, REP_ACK, "{queries:?} is no error: {r:?}");
         assert_eq!(r.len() == 2, selected, "{queries:?}: {r:?}");
     }
 }
@@ -594,12 +489,9 @@ fn list_meta_context_follows_the_base_namespace_rules_rule_46() {
     let mut c = started(&s);
     assert_eq!(c.ask(OPT_STRUCTURED_REPLY, &[])[0].kind, REP_ACK);
     c.structured = true;
-    for (queries, listed) in [
-        (vec![], true),
-        (vec!["base:"], true),
-        (vec!["x-vendor:thing"], false),
-        (vec!["base:allocation"], true),
-    ] {
+    for (queries, listed) in
+        [(vec![], true), (vec!["base:"], true), (vec!["x-vendor:thing"], false), (vec!["base:allocation"], true)]
+    {
         let r = c.ask(OPT_LIST_META_CONTEXT, &meta_data("disk", &queries));
         assert_eq!(r.last().unwrap().kind, REP_ACK, "{queries:?}: {r:?}");
         if listed {

@@ -13,13 +13,7 @@ const SIZE: u64 = 64 << 20;
 
 /// "" (64 MiB), "ro" (1 MiB, read-only) and "other" (1 MiB), all in memory.
 fn server() -> Sluice {
-    Sluice::start(&[
-        "memory:64M",
-        "--export",
-        "ro=memory:1M,ro",
-        "--export",
-        "other=memory:1M",
-    ])
+    Sluice::start(&["memory:64M", "--export", "ro=memory:1M,ro", "--export", "other=memory:1M"])
 }
 
 /// Structured replies and base:allocation on the default export.
@@ -54,18 +48,12 @@ fn structured_read_is_one_offset_data_chunk_with_done_rule_65() {
     let data = pattern(65536, 1);
     c.write(4096, &data);
     let r = c.call(0, CMD_READ, 4096, 65536);
-    let [Msg::Chunk(chunk)] = r.msgs.as_slice() else {
-        panic!("expected one chunk: {r:?}")
-    };
+    let [Msg::Chunk(chunk)] = r.msgs.as_slice() else { panic!("expected one chunk: {r:?}") };
     assert_eq!(chunk.kind, CHUNK_OFFSET_DATA);
     assert_eq!(chunk.flags, REPLY_FLAG_DONE);
     assert_eq!(chunk.handle, r.handle);
     assert_eq!(chunk.payload.len(), 8 + 65536);
-    assert_eq!(
-        be64(&chunk.payload[0..8]),
-        4096,
-        "OFFSET_DATA offset is absolute"
-    );
+    assert_eq!(be64(&chunk.payload[0..8]), 4096, "OFFSET_DATA offset is absolute");
     assert_eq!(&chunk.payload[8..], &data[..]);
     // An unwritten range may come back as data or holes, but must cover the request.
     assert_eq!(c.read(SIZE / 2, 1 << 20), vec![0u8; 1 << 20]);
@@ -131,9 +119,7 @@ fn read_errors_are_structured_error_chunks_never_simple_replies_rule_52() {
     for (flags, offset, length, errno) in cases {
         let r = c.call(flags, CMD_READ, offset, length);
         for m in &r.msgs {
-            let Msg::Chunk(ch) = m else {
-                panic!("simple reply to READ {flags:#x} {offset} {length}: {r:?}")
-            };
+            let Msg::Chunk(ch) = m else { panic!("simple reply to READ {flags:#x} {offset} {length}: {r:?}") };
             assert!(matches!(ch.kind, CHUNK_ERROR | CHUNK_ERROR_OFFSET), "{r:?}");
         }
         r.assert_structured_error(errno);
@@ -150,13 +136,9 @@ fn block_status_reports_extents_under_the_negotiated_context_rule_75() {
     let id = e.context.expect("base:allocation selected");
     let written = (1u64 << 20, 65536u32);
     c.write(written.0, &pattern(written.1 as usize, 3));
-    for (offset, length) in [
-        (0u64, 4u32 << 20),
-        (0, 100),
-        (written.0 + 4096, 8192),
-        (SIZE - 4096, 4096),
-        (0, SIZE as u32),
-    ] {
+    for (offset, length) in
+        [(0u64, 4u32 << 20), (0, 100), (written.0 + 4096, 8192), (SIZE - 4096, 4096), (0, SIZE as u32)]
+    {
         let r = c.call(0, CMD_BLOCK_STATUS, offset, length);
         let (got_id, extents) = r.block_status();
         assert_eq!(got_id, id, "context id from SET_META_CONTEXT");
@@ -164,43 +146,26 @@ fn block_status_reports_extents_under_the_negotiated_context_rule_75() {
         let mut at = offset;
         for (i, &(len, flags)) in extents.iter().enumerate() {
             assert_ne!(len, 0, "empty extent (rule 75)");
-            assert_eq!(
-                flags & !(STATE_HOLE | STATE_ZERO),
-                0,
-                "reserved status bits"
-            );
+            assert_eq!(flags & !(STATE_HOLE | STATE_ZERO), 0, "reserved status bits");
             let end = at + len as u64;
             if i + 1 < extents.len() {
-                assert!(
-                    end < offset + length as u64,
-                    "only the last extent may reach the end (rule 77)"
-                );
+                assert!(end < offset + length as u64, "only the last extent may reach the end (rule 77)");
             }
             // Written bytes are not zeros, whatever else the server may say about them.
             if at < written.0 + written.1 as u64 && end > written.0 {
-                assert_eq!(
-                    flags & STATE_ZERO,
-                    0,
-                    "written data reported as zeros: [{at}, {end})"
-                );
+                assert_eq!(flags & STATE_ZERO, 0, "written data reported as zeros: [{at}, {end})");
             }
             at = end;
         }
-        assert!(
-            at <= offset + length as u64,
-            "extents sum past the request: {extents:?}"
-        );
+        assert!(at <= offset + length as u64, "extents sum past the request: {extents:?}");
         // REQ_ONE: exactly one extent, no longer than the request (rule 76).
-        let (got_id, one) = c
-            .call(F_REQ_ONE, CMD_BLOCK_STATUS, offset, length)
-            .block_status();
+        let (got_id, one) = c.call(F_REQ_ONE, CMD_BLOCK_STATUS, offset, length).block_status();
         assert_eq!(got_id, id);
         assert_eq!(one.len(), 1, "REQ_ONE gives one extent: {one:?}");
         assert!(one[0].0 > 0 && one[0].0 <= length);
     }
     // Rule 79: past the end is misuse.
-    c.call(0, CMD_BLOCK_STATUS, SIZE - 4096, 8192)
-        .assert_structured_error(EINVAL);
+    c.call(0, CMD_BLOCK_STATUS, SIZE - 4096, 8192).assert_structured_error(EINVAL);
 }
 
 // Rules 48 and 74: BLOCK_STATUS without a context for this export is EINVAL, in a
@@ -209,8 +174,7 @@ fn block_status_reports_extents_under_the_negotiated_context_rule_75() {
 fn block_status_without_a_context_is_einval_rule_74() {
     let s = server();
     let (mut c, _) = Client::connect(&s.socket, "", true, false);
-    c.call(0, CMD_BLOCK_STATUS, 0, 4096)
-        .assert_structured_error(EINVAL);
+    c.call(0, CMD_BLOCK_STATUS, 0, 4096).assert_structured_error(EINVAL);
     assert_usable(&mut c);
 
     // A context chosen for another export does not carry over.
@@ -218,14 +182,10 @@ fn block_status_without_a_context_is_einval_rule_74() {
     c.start();
     assert_eq!(c.ask(OPT_STRUCTURED_REPLY, &[])[0].kind, REP_ACK);
     c.structured = true;
-    let r = c.ask(
-        OPT_SET_META_CONTEXT,
-        &meta_data("other", &["base:allocation"]),
-    );
+    let r = c.ask(OPT_SET_META_CONTEXT, &meta_data("other", &["base:allocation"]));
     assert_eq!(r.last().unwrap().kind, REP_ACK);
     c.go("", false, false);
-    c.call(0, CMD_BLOCK_STATUS, 0, 4096)
-        .assert_structured_error(EINVAL);
+    c.call(0, CMD_BLOCK_STATUS, 0, 4096).assert_structured_error(EINVAL);
 
     let (mut c, _) = simple(&s);
     assert_eq!(c.call(0, CMD_BLOCK_STATUS, 0, 4096).error(), Some(EINVAL));
@@ -239,11 +199,7 @@ fn unknown_command_is_einval_and_connection_stays_usable_rule_54() {
     for structured_mode in [true, false] {
         let (mut c, _) = Client::connect(&s.socket, "", structured_mode, structured_mode);
         for kind in [8u16, 9, 42, 0x7fff, 0xffff] {
-            assert_eq!(
-                c.call(0, kind, 0, 4096).error(),
-                Some(EINVAL),
-                "command {kind}"
-            );
+            assert_eq!(c.call(0, kind, 0, 4096).error(), Some(EINVAL), "command {kind}");
         }
         assert_usable(&mut c);
     }
@@ -268,25 +224,13 @@ fn unknown_or_misplaced_flag_is_einval_rule_55() {
     ];
     for (flags, kind) in cases {
         let length = if kind == CMD_FLUSH { 0 } else { 4096 };
-        assert_eq!(
-            c.call(flags, kind, 0, length).error(),
-            Some(EINVAL),
-            "flags {flags:#x} on command {kind}"
-        );
+        assert_eq!(c.call(flags, kind, 0, length).error(), Some(EINVAL), "flags {flags:#x} on command {kind}");
     }
     for flags in [F_NO_HOLE, F_DF, F_FAST_ZERO, 0x100] {
         let h = c.req_write(flags, 8192, &pattern(4096, 7));
-        assert_eq!(
-            c.reply(h).error(),
-            Some(EINVAL),
-            "WRITE with flags {flags:#x}"
-        );
+        assert_eq!(c.reply(h).error(), Some(EINVAL), "WRITE with flags {flags:#x}");
     }
-    assert_eq!(
-        c.read(8192, 4096),
-        vec![0u8; 4096],
-        "a rejected WRITE wrote"
-    );
+    assert_eq!(c.read(8192, 4096), vec![0u8; 4096], "a rejected WRITE wrote");
     assert_usable(&mut c);
 }
 
@@ -305,8 +249,7 @@ fn fua_is_accepted_on_every_command_rule_55() {
     c.call(F_FUA, CMD_CACHE, 0, 4096).assert_ok();
     c.call(F_FUA, CMD_TRIM, 65536, 4096).assert_ok();
     c.call(F_FUA, CMD_WRITE_ZEROES, 0, 1024).assert_ok();
-    c.call(F_FUA | F_NO_HOLE, CMD_WRITE_ZEROES, 1024, 1024)
-        .assert_ok();
+    c.call(F_FUA | F_NO_HOLE, CMD_WRITE_ZEROES, 1024, 1024).assert_ok();
     c.call(F_FUA, CMD_BLOCK_STATUS, 0, 4096).block_status();
     let mut expected = data.clone();
     expected[..2048].fill(0);
@@ -328,19 +271,11 @@ fn write_past_end_is_enospc_and_read_past_end_is_einval_rule_57() {
     assert_eq!(c.reply(h).error(), Some(ENOSPC));
     let h = c.req_write(0, SIZE, &[1]);
     assert_eq!(c.reply(h).error(), Some(ENOSPC));
-    assert_eq!(
-        c.call(0, CMD_WRITE_ZEROES, SIZE - 512, 1024).error(),
-        Some(ENOSPC)
-    );
-    c.call(0, CMD_READ, SIZE - 512, 1024)
-        .assert_structured_error(EINVAL);
+    assert_eq!(c.call(0, CMD_WRITE_ZEROES, SIZE - 512, 1024).error(), Some(ENOSPC));
+    c.call(0, CMD_READ, SIZE - 512, 1024).assert_structured_error(EINVAL);
     assert_eq!(c.call(0, CMD_TRIM, SIZE - 512, 1024).error(), Some(EINVAL));
     assert_eq!(c.call(0, CMD_CACHE, SIZE - 512, 1024).error(), Some(EINVAL));
-    assert_eq!(
-        c.read(SIZE - 512, 512),
-        tail,
-        "a refused request changed data"
-    );
+    assert_eq!(c.read(SIZE - 512, 512), tail, "a refused request changed data");
 }
 
 // Rule 57: offset + length beyond u64 is refused, never wrapped around to the start.
@@ -353,23 +288,12 @@ fn offset_plus_length_overflowing_u64_is_an_error_rule_57() {
     let offset = u64::MAX - 1023;
     let h = c.req_write(0, offset, &pattern(4096, 9));
     assert_eq!(c.reply(h).error(), Some(ENOSPC));
-    c.call(0, CMD_READ, offset, 4096)
-        .assert_structured_error(EINVAL);
+    c.call(0, CMD_READ, offset, 4096).assert_structured_error(EINVAL);
     for kind in [CMD_TRIM, CMD_WRITE_ZEROES, CMD_CACHE, CMD_BLOCK_STATUS] {
-        assert!(
-            c.call(0, kind, offset, 4096).error().is_some(),
-            "command {kind} accepted an overflowing range"
-        );
-        assert!(
-            c.call(0, kind, u64::MAX, 1).error().is_some(),
-            "command {kind} accepted offset u64::MAX"
-        );
+        assert!(c.call(0, kind, offset, 4096).error().is_some(), "command {kind} accepted an overflowing range");
+        assert!(c.call(0, kind, u64::MAX, 1).error().is_some(), "command {kind} accepted offset u64::MAX");
     }
-    assert_eq!(
-        c.read(0, 4096),
-        head,
-        "an overflowing request wrapped around"
-    );
+    assert_eq!(c.read(0, 4096), head, "an overflowing request wrapped around");
 }
 
 // Rules 57 and 58: a WRITE over 32 MiB is EINVAL without a disconnect; its payload is read
@@ -387,23 +311,9 @@ fn oversize_write_is_einval_and_its_payload_is_skipped_rule_58() {
         }
         payload.truncate(len as usize);
         let big = c.handle();
-        c.expect(
-            big,
-            Sent {
-                kind: CMD_WRITE,
-                offset: 0,
-                length: len,
-            },
-        );
+        c.expect(big, Sent { kind: CMD_WRITE, offset: 0, length: len });
         let next = c.handle();
-        c.expect(
-            next,
-            Sent {
-                kind: CMD_READ,
-                offset: 0,
-                length: 4096,
-            },
-        );
+        c.expect(next, Sent { kind: CMD_READ, offset: 0, length: 4096 });
         let mut bytes = request(0, CMD_WRITE, big, 0, len).to_vec();
         bytes.extend_from_slice(&payload);
         bytes.extend_from_slice(&request(0, CMD_READ, next, 0, 4096));
@@ -411,22 +321,11 @@ fn oversize_write_is_einval_and_its_payload_is_skipped_rule_58() {
         let replies = c.replies(2);
         writer.join().unwrap();
         assert_eq!(replies[&big].error(), Some(EINVAL));
-        assert_eq!(
-            replies[&next].read_data(),
-            vec![0u8; 4096],
-            "oversize payload was written or misparsed"
-        );
+        assert_eq!(replies[&next].read_data(), vec![0u8; 4096], "oversize payload was written or misparsed");
         // Exactly the maximum is fine.
         let data = pattern(PAYLOAD_MAX as usize, 10);
         let h = c.handle();
-        c.expect(
-            h,
-            Sent {
-                kind: CMD_WRITE,
-                offset: 4096,
-                length: PAYLOAD_MAX,
-            },
-        );
+        c.expect(h, Sent { kind: CMD_WRITE, offset: 4096, length: PAYLOAD_MAX });
         let mut bytes = request(0, CMD_WRITE, h, 4096, PAYLOAD_MAX).to_vec();
         bytes.extend_from_slice(&data);
         let writer = send_in_background(&c, bytes);
@@ -442,17 +341,10 @@ fn oversize_write_is_einval_and_its_payload_is_skipped_rule_58() {
 fn oversize_read_is_einval_and_eoverflow_with_df_rule_67() {
     let s = server();
     let (mut c, e) = structured(&s);
-    assert_ne!(
-        e.flags & SEND_DF,
-        0,
-        "DF is supported with structured replies"
-    );
-    c.call(0, CMD_READ, 0, PAYLOAD_MAX + 1)
-        .assert_structured_error(EINVAL);
-    c.call(F_DF, CMD_READ, 0, PAYLOAD_MAX + 1)
-        .assert_structured_error(EOVERFLOW);
-    c.call(F_DF, CMD_READ, 0, u32::MAX)
-        .assert_structured_error(EOVERFLOW);
+    assert_ne!(e.flags & SEND_DF, 0, "DF is supported with structured replies");
+    c.call(0, CMD_READ, 0, PAYLOAD_MAX + 1).assert_structured_error(EINVAL);
+    c.call(F_DF, CMD_READ, 0, PAYLOAD_MAX + 1).assert_structured_error(EOVERFLOW);
+    c.call(F_DF, CMD_READ, 0, u32::MAX).assert_structured_error(EOVERFLOW);
     let data = pattern(65536, 11);
     c.write(1 << 20, &data);
     for (offset, length) in [(1u64 << 20, 65536u32), (0, PAYLOAD_MAX)] {
@@ -507,12 +399,7 @@ fn simple_reply_mode_sends_data_after_header_and_errors_without_data_rule_62() {
     // msg() would have read 20 data bytes had the server sent them; the next reply must be
     // a fresh header.
     assert_eq!(c.read(12345, 16), data[..16]);
-    for (kind, length) in [
-        (CMD_FLUSH, 0),
-        (CMD_TRIM, 4096),
-        (CMD_WRITE_ZEROES, 4096),
-        (CMD_CACHE, 4096),
-    ] {
+    for (kind, length) in [(CMD_FLUSH, 0), (CMD_TRIM, 4096), (CMD_WRITE_ZEROES, 4096), (CMD_CACHE, 4096)] {
         let r = c.call(0, kind, if length == 0 { 0 } else { 1 << 20 }, length);
         assert!(r.is_simple());
         r.assert_ok();
@@ -534,14 +421,7 @@ fn pipelined_requests_are_all_answered_with_matching_handles_rule_50() {
         let mut reads = HashMap::new();
         for i in 0..N {
             let h = c.handle();
-            c.expect(
-                h,
-                Sent {
-                    kind: CMD_WRITE,
-                    offset: i * 8192,
-                    length: LEN,
-                },
-            );
+            c.expect(h, Sent { kind: CMD_WRITE, offset: i * 8192, length: LEN });
             bytes.extend_from_slice(&request(0, CMD_WRITE, h, i * 8192, LEN));
             bytes.extend_from_slice(&pattern(LEN as usize, i));
             writes.insert(h, i);
@@ -550,26 +430,12 @@ fn pipelined_requests_are_all_answered_with_matching_handles_rule_50() {
         let second = bytes.len();
         for i in 0..N {
             let h = c.handle();
-            c.expect(
-                h,
-                Sent {
-                    kind: CMD_READ,
-                    offset: i * 8192,
-                    length: LEN,
-                },
-            );
+            c.expect(h, Sent { kind: CMD_READ, offset: i * 8192, length: LEN });
             bytes.extend_from_slice(&request(0, CMD_READ, h, i * 8192, LEN));
             reads.insert(h, i);
         }
         let bad = c.handle();
-        c.expect(
-            bad,
-            Sent {
-                kind: CMD_READ,
-                offset: SIZE,
-                length: LEN,
-            },
-        );
+        c.expect(bad, Sent { kind: CMD_READ, offset: SIZE, length: LEN });
         bytes.extend_from_slice(&request(0, CMD_READ, bad, SIZE, LEN));
         // The writes must land before the reads are sent, or the reads race them.
         let writer = send_in_background(&c, bytes[..second].to_vec());
@@ -608,10 +474,7 @@ fn read_only_export_refuses_writes_with_eperm_rule_60() {
         assert_eq!(c.reply(h).error(), Some(EPERM));
         assert_eq!(c.call(0, CMD_TRIM, 0, 4096).error(), Some(EPERM));
         assert_eq!(c.call(0, CMD_WRITE_ZEROES, 0, 4096).error(), Some(EPERM));
-        assert_eq!(
-            c.call(F_NO_HOLE, CMD_WRITE_ZEROES, 0, 4096).error(),
-            Some(EPERM)
-        );
+        assert_eq!(c.call(F_NO_HOLE, CMD_WRITE_ZEROES, 0, 4096).error(), Some(EPERM));
         assert_eq!(c.read(0, 8192), vec![0u8; 8192]);
         c.call(0, CMD_FLUSH, 0, 0).assert_ok();
         c.disconnect();
@@ -645,12 +508,9 @@ fn write_zeroes_reads_back_as_zeros_rule_83() {
     let data = pattern(1 << 20, 16);
     c.write(0, &data);
     let mut expected = data.clone();
-    for (flags, offset, length) in [
-        (0u16, 4096u64, 4096u32),
-        (F_NO_HOLE, 20000, 3001),
-        (0, 100, 7),
-        (F_FAST_ZERO, 65536, 131072),
-    ] {
+    for (flags, offset, length) in
+        [(0u16, 4096u64, 4096u32), (F_NO_HOLE, 20000, 3001), (0, 100, 7), (F_FAST_ZERO, 65536, 131072)]
+    {
         let r = c.call(flags, CMD_WRITE_ZEROES, offset, length);
         if flags & F_FAST_ZERO != 0 && r.error() == Some(ENOTSUP) {
             continue; // allowed to refuse, and then must not touch the data (checked below)
@@ -670,39 +530,18 @@ fn disc_answers_earlier_requests_then_closes_rule_85() {
         let data = pattern(1 << 20, 17);
         let mut bytes = Vec::new();
         let w = c.handle();
-        c.expect(
-            w,
-            Sent {
-                kind: CMD_WRITE,
-                offset: 0,
-                length: 1 << 20,
-            },
-        );
+        c.expect(w, Sent { kind: CMD_WRITE, offset: 0, length: 1 << 20 });
         bytes.extend_from_slice(&request(F_FUA, CMD_WRITE, w, 0, 1 << 20));
         bytes.extend_from_slice(&data);
         let mut reads = Vec::new();
         for i in 0..4u64 {
             let h = c.handle();
-            c.expect(
-                h,
-                Sent {
-                    kind: CMD_READ,
-                    offset: (8 << 20) * i,
-                    length: 4 << 20,
-                },
-            );
+            c.expect(h, Sent { kind: CMD_READ, offset: (8 << 20) * i, length: 4 << 20 });
             bytes.extend_from_slice(&request(0, CMD_READ, h, (8 << 20) * i, 4 << 20));
             reads.push(h);
         }
         let f = c.handle();
-        c.expect(
-            f,
-            Sent {
-                kind: CMD_FLUSH,
-                offset: 0,
-                length: 0,
-            },
-        );
+        c.expect(f, Sent { kind: CMD_FLUSH, offset: 0, length: 0 });
         bytes.extend_from_slice(&request(0, CMD_FLUSH, f, 0, 0));
         let d = c.handle();
         bytes.extend_from_slice(&request(0, CMD_DISC, d, 0, 0));
@@ -735,11 +574,5 @@ fn bad_request_magic_disconnects_rule_53() {
         assert_eq!(c.reply(h).read_data(), vec![0u8; 4096]);
         assert!(c.expect_close().is_empty(), "magic {magic:#x} was answered");
     }
-    assert!(
-        Client::connect(&s.socket, "", true, true)
-            .0
-            .read(0, 512)
-            .len()
-            == 512
-    );
+    assert!(Client::connect(&s.socket, "", true, true).0.read(0, 512).len() == 512);
 }

@@ -16,13 +16,7 @@ fn spawn_tool(dir: &std::path::Path, program: &str, args: &[&str], stdin: Stdio)
     Command::new(program)
         .args(args)
         .current_dir(dir)
-        .env(
-            "PATH",
-            format!(
-                "/usr/bin:/bin:{}",
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
+        .env("PATH", format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default()))
         .stdin(stdin)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -34,11 +28,7 @@ fn spawn_tool(dir: &std::path::Path, program: &str, args: &[&str], stdin: Stdio)
 fn wait_for_transmission(s: &Sluice, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while s.log_text().matches("serving export").count() < n {
-        assert!(
-            Instant::now() < deadline,
-            "no client reached transmission:\n{}",
-            s.log_text()
-        );
+        assert!(Instant::now() < deadline, "no client reached transmission:\n{}", s.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -46,38 +36,24 @@ fn wait_for_transmission(s: &Sluice, n: usize) {
 /// Opens a raw connection to the default export (EXPORT_NAME, simple replies).
 fn raw_connect(socket: &std::path::Path) -> UnixStream {
     let mut conn = UnixStream::connect(socket).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let mut greeting = [0u8; GREETING_BYTES];
     conn.read_exact(&mut greeting).unwrap();
     assert_eq!(&greeting[..8], &NBDMAGIC.to_be_bytes());
     let no_zeroes = u16::from_be_bytes([greeting[16], greeting[17]]) & FLAG_NO_ZEROES != 0;
-    let mut hello = (FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 })
-        .to_be_bytes()
-        .to_vec();
+    let mut hello = (FLAG_C_FIXED_NEWSTYLE | if no_zeroes { FLAG_C_NO_ZEROES } else { 0 }).to_be_bytes().to_vec();
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
     hello.extend_from_slice(&0u32.to_be_bytes());
     conn.write_all(&hello).unwrap();
-    let mut export = vec![
-        0u8;
-        10 + if no_zeroes {
-            0
-        } else {
-            EXPORT_NAME_PADDING_BYTES
-        }
-    ];
+    let mut export = vec![0u8; 10 + if no_zeroes { 0 } else { EXPORT_NAME_PADDING_BYTES }];
     conn.read_exact(&mut export).unwrap();
     conn
 }
 
 fn assert_clean_exit(s: Sluice) {
     let (status, log) = s.stop_with_log();
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "sluice did not exit 0 after SIGTERM ({status:?}):\n{log}"
-    );
+    assert_eq!(status.code(), Some(0), "sluice did not exit 0 after SIGTERM ({status:?}):\n{log}");
     assert!(!log.contains("panicked"), "sluice panicked:\n{log}");
 }
 
@@ -87,12 +63,7 @@ fn sigterm_during_a_long_nbdcopy_exits_0_and_nbdcopy_ends() {
     let dir = tempfile::tempdir().unwrap();
     let s = Sluice::start(&["--export", "m=memory:1G"]);
     // nbdcopy reads a pipe we feed without end, so the copy is busy whenever we stop.
-    let mut copy = spawn_tool(
-        dir.path(),
-        "nbdcopy",
-        &["-", &s.uri_for("m")],
-        Stdio::piped(),
-    );
+    let mut copy = spawn_tool(dir.path(), "nbdcopy", &["-", &s.uri_for("m")], Stdio::piped());
     let mut stdin = copy.stdin.take().unwrap();
     let (fed_tx, fed_rx) = mpsc::channel();
     let feeder = std::thread::spawn(move || {
@@ -107,25 +78,16 @@ fn sigterm_during_a_long_nbdcopy_exits_0_and_nbdcopy_ends() {
     });
     // 48 MiB went into the pipe: nbdcopy has been writing to sluice for a while.
     loop {
-        let fed = fed_rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("nbdcopy stopped reading its input");
+        let fed = fed_rx.recv_timeout(Duration::from_secs(60)).expect("nbdcopy stopped reading its input");
         if fed >= 48 {
             break;
         }
     }
     assert_clean_exit(s);
-    let status =
-        wait_timeout(&mut copy, Duration::from_secs(60)).expect("nbdcopy hung after sluice exited");
-    assert!(
-        !status.success(),
-        "nbdcopy claims success for a copy cut short"
-    );
+    let status = wait_timeout(&mut copy, Duration::from_secs(60)).expect("nbdcopy hung after sluice exited");
+    assert!(!status.success(), "nbdcopy claims success for a copy cut short");
     let fed = feeder.join().unwrap();
-    assert!(
-        fed < 1024,
-        "the whole 1 GiB was fed, the copy was never cut short"
-    );
+    assert!(fed < 1024, "the whole 1 GiB was fed, the copy was never cut short");
 }
 
 #[test]
@@ -153,17 +115,10 @@ fn sigterm_during_fio_exits_0_and_fio_ends() {
     wait_for_transmission(&s, 1);
     // Let it fill its queue; the exact moment does not matter.
     std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        fio.try_wait().unwrap().is_none(),
-        "fio ended before the server was stopped"
-    );
+    assert!(fio.try_wait().unwrap().is_none(), "fio ended before the server was stopped");
     assert_clean_exit(s);
-    let status =
-        wait_timeout(&mut fio, Duration::from_secs(60)).expect("fio hung after sluice exited");
-    assert!(
-        !status.success(),
-        "fio claims success for a 120 s run cut short"
-    );
+    let status = wait_timeout(&mut fio, Duration::from_secs(60)).expect("fio hung after sluice exited");
+    assert!(!status.success(), "fio claims success for a 120 s run cut short");
 }
 
 #[test]
@@ -172,26 +127,16 @@ fn sigterm_with_idle_and_handshaking_clients_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let s = Sluice::start(&["--export", "m=memory:1M"]);
     // One client idle in transmission, one idle in the handshake.
-    let mut idle = spawn_tool(
-        dir.path(),
-        "nbdsh",
-        &["-u", &s.uri_for("m"), "-c", "import time; time.sleep(120)"],
-        Stdio::null(),
-    );
+    let mut idle = spawn_tool(dir.path(), "nbdsh", &["-u", &s.uri_for("m"), "-c", "import time; time.sleep(120)"], Stdio::null());
     wait_for_transmission(&s, 1);
     let mut handshaking = UnixStream::connect(&s.socket).unwrap();
     let mut greeting = [0u8; GREETING_BYTES];
     handshaking.read_exact(&mut greeting).unwrap();
     assert_clean_exit(s);
     // The handshaking client sees the connection end rather than hang.
-    handshaking
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
+    handshaking.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut rest = [0u8; 1];
-    assert!(
-        matches!(handshaking.read(&mut rest), Ok(0) | Err(_)),
-        "handshake connection still open after exit"
-    );
+    assert!(matches!(handshaking.read(&mut rest), Ok(0) | Err(_)), "handshake connection still open after exit");
     let _ = idle.kill();
     let _ = idle.wait();
 }
@@ -204,27 +149,17 @@ fn writes_acknowledged_around_sigterm_are_in_the_file() {
     const WRITES: usize = 256;
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("disk.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len((CHUNK * WRITES) as u64)
-        .unwrap();
+    std::fs::File::create(&backing).unwrap().set_len((CHUNK * WRITES) as u64).unwrap();
     let s = Sluice::start(&[backing.to_str().unwrap()]);
 
     let mut conn = raw_connect(&s.socket);
     let mut writer = conn.try_clone().unwrap();
     let sender = std::thread::spawn(move || {
         for i in 0..WRITES {
-            let header = RawRequest {
-                flags: 0,
-                kind: CMD_WRITE,
-                handle: i as u64,
-                offset: (i * CHUNK) as u64,
-                length: CHUNK as u32,
-            }
-            .encode();
-            if writer.write_all(&header).is_err()
-                || writer.write_all(&pattern(CHUNK, i as u64)).is_err()
-            {
+            let header =
+                RawRequest { flags: 0, kind: CMD_WRITE, handle: i as u64, offset: (i * CHUNK) as u64, length: CHUNK as u32 }
+                    .encode();
+            if writer.write_all(&header).is_err() || writer.write_all(&pattern(CHUNK, i as u64)).is_err() {
                 return i;
             }
         }
@@ -240,17 +175,10 @@ fn writes_acknowledged_around_sigterm_are_in_the_file() {
         if conn.read_exact(&mut reply).is_err() {
             break;
         }
-        assert_eq!(
-            &reply[..4],
-            &SIMPLE_REPLY_MAGIC.to_be_bytes(),
-            "garbage instead of a reply"
-        );
+        assert_eq!(&reply[..4], &SIMPLE_REPLY_MAGIC.to_be_bytes(), "garbage instead of a reply");
         let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
         let handle = u64::from_be_bytes(reply[8..16].try_into().unwrap());
-        assert!(
-            handle < WRITES as u64,
-            "reply for a handle never sent: {handle}"
-        );
+        assert!(handle < WRITES as u64, "reply for a handle never sent: {handle}");
         if error == 0 {
             acked.push(handle as usize);
         } else {
@@ -264,37 +192,21 @@ fn writes_acknowledged_around_sigterm_are_in_the_file() {
             break;
         }
     }
-    let (status, log) = status
-        .expect("no write was ever acknowledged")
-        .join()
-        .unwrap();
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "sluice did not exit 0 after SIGTERM:\n{log}"
-    );
+    let (status, log) = status.expect("no write was ever acknowledged").join().unwrap();
+    assert_eq!(status.code(), Some(0), "sluice did not exit 0 after SIGTERM:\n{log}");
     assert!(!log.contains("panicked"), "sluice panicked:\n{log}");
     drop(conn);
     let _ = sender.join();
 
     assert!(!acked.is_empty());
     for (handle, error) in &errors {
-        assert_eq!(
-            *error, 108,
-            "write {handle} failed with {error}, not ESHUTDOWN"
-        );
+        assert_eq!(*error, 108, "write {handle} failed with {error}, not ESHUTDOWN");
     }
     let disk = std::fs::read(&backing).unwrap();
     for &i in &acked {
-        assert!(
-            disk[i * CHUNK..(i + 1) * CHUNK] == pattern(CHUNK, i as u64),
-            "acknowledged write {i} is not in the file"
-        );
+        assert!(disk[i * CHUNK..(i + 1) * CHUNK] == pattern(CHUNK, i as u64), "acknowledged write {i} is not in the file");
     }
-    eprintln!(
-        "{} of {WRITES} writes acknowledged before the server exited",
-        acked.len()
-    );
+    eprintln!("{} of {WRITES} writes acknowledged before the server exited", acked.len());
 }
 
 /// A client that asks for data and never reads it cannot hold the server up: after the
@@ -305,14 +217,7 @@ fn sigterm_with_a_client_that_stops_reading_still_exits_0() {
     let mut conn = raw_connect(&s.socket);
     // 256 MiB of reads: far more than the socket buffers hold; none of it is ever read.
     for i in 0..8u64 {
-        let read = RawRequest {
-            flags: 0,
-            kind: CMD_READ,
-            handle: i,
-            offset: (i % 2) << 25,
-            length: 32 << 20,
-        }
-        .encode();
+        let read = RawRequest { flags: 0, kind: CMD_READ, handle: i, offset: (i % 2) << 25, length: 32 << 20 }.encode();
         conn.write_all(&read).unwrap();
     }
     wait_for_transmission(&s, 1);

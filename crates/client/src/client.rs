@@ -57,12 +57,7 @@ impl Client {
     pub async fn connect_with(uri: &Uri, options: &Options) -> Result<Client, Error> {
         if let Address::Pool(path) = &uri.address {
             let (export, driver) = crate::pool::open(path, options).await?;
-            return Ok(Client {
-                inner: Arc::new(Inner {
-                    export,
-                    transport: Transport::Pool(driver),
-                }),
-            });
+            return Ok(Client { inner: Arc::new(Inner { export, transport: Transport::Pool(driver) }) });
         }
         let first = handshake::open(uri, options, options.connect_timeout).await?;
         let export = first.0.clone();
@@ -79,12 +74,7 @@ impl Client {
             }
         }
         let links = Links::new(connections, uri, options, &export);
-        Ok(Client {
-            inner: Arc::new(Inner {
-                export,
-                transport: Transport::Conns(links),
-            }),
-        })
+        Ok(Client { inner: Arc::new(Inner { export, transport: Transport::Conns(links) }) })
     }
 
     /// The export as negotiated.
@@ -116,15 +106,7 @@ impl Client {
 
     /// Sends one request, checked and no larger than the export allows, on the least
     /// loaded connection, or to the pool.
-    async fn call(
-        &self,
-        cmd: u16,
-        flags: u16,
-        offset: u64,
-        len: u32,
-        payload: &[IoSlice<'_>],
-        bufs: Vec<Vec<u8>>,
-    ) -> Result<Outcome, Error> {
+    async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
         match &self.inner.transport {
             Transport::Conns(links) => links.call(cmd, flags, offset, len, payload, bufs).await,
             Transport::Pool(pool) => pool.call(cmd, flags, offset, len, payload, bufs).await,
@@ -146,11 +128,7 @@ impl Client {
         let ex = &self.inner.export;
         match ex.aligned(offset, len) {
             true => Ok(()),
-            false => Err(Error::Unaligned {
-                offset,
-                len,
-                block: ex.block_min,
-            }),
+            false => Err(Error::Unaligned { offset, len, block: ex.block_min }),
         }
     }
 
@@ -171,11 +149,7 @@ impl Client {
 
     /// Reads into several buffers in order (scatter): `offset` goes to the start of the
     /// first. Large ranges are split into requests the server accepts and sent together.
-    pub async fn read_vectored(
-        &self,
-        offset: u64,
-        mut bufs: Vec<Vec<u8>>,
-    ) -> Result<Vec<Vec<u8>>, Error> {
+    pub async fn read_vectored(&self, offset: u64, mut bufs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, Error> {
         let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         self.check_range(offset, total)?;
         for b in &mut bufs {
@@ -217,10 +191,7 @@ impl Client {
         if total == 0 {
             return Ok(bufs);
         }
-        match self
-            .call(CMD_READ, 0, offset, total as u32, &[], bufs)
-            .await?
-        {
+        match self.call(CMD_READ, 0, offset, total as u32, &[], bufs).await? {
             Outcome::Read(b) => Ok(b),
             _ => Err(Error::Protocol("read answered without data".into())),
         }
@@ -237,18 +208,12 @@ impl Client {
     /// Writes `data` at `offset`; with `fua`, the server has it on stable storage before
     /// answering.
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Error> {
-        self.write_vectored(offset, &[IoSlice::new(data)], fua)
-            .await
+        self.write_vectored(offset, &[IoSlice::new(data)], fua).await
     }
 
     /// Writes several buffers in order (gather) as one range starting at `offset`. The
     /// buffers go to the socket with writev, without staging copies.
-    pub async fn write_vectored(
-        &self,
-        offset: u64,
-        data: &[IoSlice<'_>],
-        fua: bool,
-    ) -> Result<(), Error> {
+    pub async fn write_vectored(&self, offset: u64, data: &[IoSlice<'_>], fua: bool) -> Result<(), Error> {
         self.check_writable()?;
         let total: u64 = data.iter().map(|b| b.len() as u64).sum();
         self.check_range(offset, total)?;
@@ -259,8 +224,7 @@ impl Client {
             if total == 0 {
                 return Ok(());
             }
-            self.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new())
-                .await?;
+            self.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new()).await?;
             return Ok(());
         }
         // Split into requests of at most `max` bytes, each a list of sub-slices, all sent at once.
@@ -286,10 +250,7 @@ impl Client {
         }
         let calls = requests.iter().map(|(off, slices)| {
             let len: usize = slices.iter().map(|s| s.len()).sum();
-            async move {
-                self.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new())
-                    .await
-            }
+            async move { self.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new()).await }
         });
         for r in join_all(calls).await {
             r?;
@@ -316,10 +277,7 @@ impl Client {
         }
         match &self.inner.transport {
             Transport::Conns(links) => links.flush().await,
-            Transport::Pool(pool) => pool
-                .call(CMD_FLUSH, 0, 0, 0, &[], Vec::new())
-                .await
-                .map(|_| ()),
+            Transport::Pool(pool) => pool.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()).await.map(|_| ()),
         }
     }
 
@@ -335,29 +293,17 @@ impl Client {
         let b = self.inner.export.block_min as u64;
         let lo = offset.next_multiple_of(b);
         let end = offset + len;
-        let hi = if end == self.inner.export.size {
-            end
-        } else {
-            end / b * b
-        };
+        let hi = if end == self.inner.export.size { end } else { end / b * b };
         if hi <= lo {
             return Ok(());
         }
-        self.ranged(CMD_TRIM, flags, lo, hi - lo, RANGE_REQUEST_MAX_BYTES)
-            .await
+        self.ranged(CMD_TRIM, flags, lo, hi - lo, RANGE_REQUEST_MAX_BYTES).await
     }
 
     /// Writes zeros over the range. `may_trim` lets the server punch a hole instead of
     /// allocating; `fast` asks it to fail (with `Server { errno: ENOTSUP }`) rather than
     /// write zeros slowly.
-    pub async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-        may_trim: bool,
-        fast: bool,
-    ) -> Result<(), Error> {
+    pub async fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool, fast: bool) -> Result<(), Error> {
         self.check_writable()?;
         if !self.inner.export.can_zero() {
             return Err(Error::Unsupported("WRITE_ZEROES"));
@@ -375,13 +321,8 @@ impl Client {
         self.check_range(offset, len)?;
         self.check_aligned(offset, len)?;
         // The maximum block size bounds WRITE_ZEROES too, unless it is a fast zero.
-        let step = if fast {
-            RANGE_REQUEST_MAX_BYTES
-        } else {
-            self.data_request_step()
-        };
-        self.ranged(CMD_WRITE_ZEROES, flags, offset, len, step)
-            .await
+        let step = if fast { RANGE_REQUEST_MAX_BYTES } else { self.data_request_step() };
+        self.ranged(CMD_WRITE_ZEROES, flags, offset, len, step).await
     }
 
     /// Asks the server to prefetch the range into its cache.
@@ -393,32 +334,18 @@ impl Client {
         // Prefetching more than asked is harmless: widen to whole blocks.
         let ex = &self.inner.export;
         let b = ex.block_min as u64;
-        let (lo, hi) = (
-            offset / b * b,
-            (offset + len).next_multiple_of(b).min(ex.size),
-        );
-        self.ranged(CMD_CACHE, 0, lo, hi - lo, self.data_request_step())
-            .await
+        let (lo, hi) = (offset / b * b, (offset + len).next_multiple_of(b).min(ex.size));
+        self.ranged(CMD_CACHE, 0, lo, hi - lo, self.data_request_step()).await
     }
 
     /// Split size for commands the maximum block size bounds (CACHE, WRITE_ZEROES).
     fn data_request_step(&self) -> u32 {
-        self.inner
-            .export
-            .request_max_bytes()
-            .min(RANGE_REQUEST_MAX_BYTES)
+        self.inner.export.request_max_bytes().min(RANGE_REQUEST_MAX_BYTES)
     }
 
     /// A command that only names a range, split into requests of at most `step` bytes
     /// (a whole number of minimum blocks), all in flight together.
-    async fn ranged(
-        &self,
-        cmd: u16,
-        flags: u16,
-        offset: u64,
-        len: u64,
-        step: u32,
-    ) -> Result<(), Error> {
+    async fn ranged(&self, cmd: u16, flags: u16, offset: u64, len: u64, step: u32) -> Result<(), Error> {
         let b = self.inner.export.block_min;
         let step = (step / b * b).max(b) as u64;
         let calls = (0..len.div_ceil(step)).map(|i| {
@@ -443,27 +370,15 @@ impl Client {
         }
         let ex = &self.inner.export;
         if !ex.base_allocation {
-            return Ok(vec![Extent {
-                offset,
-                length: len,
-                hole: false,
-                zero: false,
-            }]);
+            return Ok(vec![Extent { offset, length: len, hole: false, zero: false }]);
         }
         // Asked on whole blocks; the answer is clipped back to the range below.
         let b = ex.block_min as u64;
         let lo = offset / b * b;
         let hi = (offset + len).next_multiple_of(b).min(ex.size);
-        let descriptors = match self
-            .call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new())
-            .await?
-        {
+        let descriptors = match self.call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new()).await? {
             Outcome::Extents(e) => e,
-            _ => {
-                return Err(Error::Protocol(
-                    "block status answered without extents".into(),
-                ))
-            }
+            _ => return Err(Error::Protocol("block status answered without extents".into())),
         };
         let end = offset + len;
         let mut at = lo;
@@ -485,30 +400,15 @@ impl Client {
             }
             let (hole, zero) = (flags & STATE_HOLE != 0, flags & STATE_ZERO != 0);
             match out.last_mut() {
-                Some(Extent {
-                    length: l,
-                    hole: h,
-                    zero: z,
-                    ..
-                }) if *h == hole && *z == zero => *l += length,
-                _ => out.push(Extent {
-                    offset: at,
-                    length,
-                    hole,
-                    zero,
-                }),
+                Some(Extent { length: l, hole: h, zero: z, .. }) if *h == hole && *z == zero => *l += length,
+                _ => out.push(Extent { offset: at, length, hole, zero }),
             }
             at += length;
         }
         if out.is_empty() {
             // Everything described lay before `offset`, within its block: say "data" (always
             // safe to assume) up to the block's end, so a caller's loop moves on.
-            out.push(Extent {
-                offset,
-                length: (lo + b).min(end) - offset,
-                hole: false,
-                zero: false,
-            });
+            out.push(Extent { offset, length: (lo + b).min(end) - offset, hole: false, zero: false });
         }
         Ok(out)
     }

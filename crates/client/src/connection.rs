@@ -63,8 +63,7 @@ impl Pending {
     /// A write the server has not been asked to make durable at once: a later flush, and
     /// nothing else, makes it so.
     fn unforced_write(&self) -> bool {
-        matches!(self.cmd, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES)
-            && self.flags & CMD_FLAG_FUA == 0
+        matches!(self.cmd, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES) && self.flags & CMD_FLAG_FUA == 0
     }
 }
 
@@ -130,13 +129,7 @@ impl Drop for Connection {
 /// ever sent after it: the writer is taken out for good.
 async fn send_disc(writer: &SharedWriter) {
     if let Some(mut w) = writer.lock().await.take() {
-        let disc = RawRequest {
-            flags: 0,
-            kind: CMD_DISC,
-            handle: u64::MAX,
-            offset: 0,
-            length: 0,
-        };
+        let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: u64::MAX, offset: 0, length: 0 };
         let _ = w.write_all(&disc.encode()).await;
         let _ = w.shutdown().await;
     }
@@ -152,24 +145,12 @@ struct Session {
 impl Connection {
     /// Starts transmission on a negotiated connection: `structured` and
     /// `base_allocation_id` are what the handshake agreed.
-    pub(crate) fn start(
-        reader: Reader,
-        writer: Writer,
-        structured: bool,
-        base_allocation_id: Option<u32>,
-    ) -> Connection {
+    pub(crate) fn start(reader: Reader, writer: Writer, structured: bool, base_allocation_id: Option<u32>) -> Connection {
         let state = Arc::new(Mutex::new(State::default()));
-        let session = Session {
-            structured,
-            base_allocation_id,
-        };
+        let session = Session { structured, base_allocation_id };
         let writer = Arc::new(tokio::sync::Mutex::new(Some(writer)));
         let task = tokio::spawn(read_replies(reader, state.clone(), writer.clone(), session));
-        Connection {
-            writer,
-            state,
-            reader: task,
-        }
+        Connection { writer, state, reader: task }
     }
 
     /// Requests sent and not yet answered, or None once the connection takes no more
@@ -199,61 +180,25 @@ impl Connection {
 
     /// Sends one request and waits for its reply. `payload` follows the header (writes);
     /// `bufs` receive a read's data, and come back on failure too.
-    pub(crate) async fn call(
-        &self,
-        cmd: u16,
-        flags: u16,
-        offset: u64,
-        len: u32,
-        payload: &[IoSlice<'_>],
-        bufs: Vec<Vec<u8>>,
-    ) -> Result<Outcome, Failed> {
-        debug_assert!(
-            cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len as u64
-        );
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Failed> {
+        debug_assert!(cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len as u64);
         let (tx, rx) = oneshot::channel();
         let handle = {
             let mut st = self.state.lock().unwrap();
             if let Some(e) = &st.dead {
-                return Err(Failed {
-                    error: e.clone(),
-                    bufs,
-                });
+                return Err(Failed { error: e.clone(), bufs });
             }
             let handle = st.next_handle;
             st.next_handle = st.next_handle.wrapping_add(1);
             let done = Some(tx);
-            let p = Pending {
-                cmd,
-                flags,
-                offset,
-                len,
-                bufs,
-                covered: Vec::new(),
-                covered_bytes: 0,
-                extents: None,
-                error: None,
-                done,
-            };
+            let p = Pending { cmd, flags, offset, len, bufs, covered: Vec::new(), covered_bytes: 0, extents: None, error: None, done };
             st.pending.insert(handle, p);
             handle
         };
         // If this future is dropped before the request is fully written, the entry must go,
         // and a half-written request leaves the stream unusable.
-        let mut guard = SendGuard {
-            conn: self,
-            handle,
-            written: 0,
-            finished: false,
-        };
-        let header = RawRequest {
-            flags,
-            kind: cmd,
-            handle,
-            offset,
-            length: len,
-        }
-        .encode();
+        let mut guard = SendGuard { conn: self, handle, written: 0, finished: false };
+        let header = RawRequest { flags, kind: cmd, handle, offset, length: len }.encode();
         {
             let mut lock = self.writer.lock().await;
             let Some(w) = lock.as_mut() else {
@@ -305,15 +250,9 @@ impl Connection {
         let dead = || self.failure().unwrap_or(Error::Closed);
         match rx.await {
             Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err((error, bufs))) => Err(Failed {
-                error: error.unwrap_or_else(dead),
-                bufs,
-            }),
+            Ok(Err((error, bufs))) => Err(Failed { error: error.unwrap_or_else(dead), bufs }),
             // Every entry answers, even when dropped; this is only for completeness.
-            Err(_) => Err(Failed {
-                error: dead(),
-                bufs: Vec::new(),
-            }),
+            Err(_) => Err(Failed { error: dead(), bufs: Vec::new() }),
         }
     }
 
@@ -358,9 +297,7 @@ impl Drop for SendGuard<'_> {
         if self.written > 0 {
             // The caller gave up with part of the request sent: the stream cannot carry
             // another request, so the connection ends (not the server's fault).
-            let why = std::io::Error::other(
-                "a request was cancelled while being sent; the connection was closed",
-            );
+            let why = std::io::Error::other("a request was cancelled while being sent; the connection was closed");
             self.conn.fail(Error::io(why));
         } else {
             self.conn.state.lock().unwrap().pending.remove(&self.handle);
@@ -383,12 +320,7 @@ fn fail_all(state: &Mutex<State>, e: Error) {
     state.lock().unwrap().ended.0.send_replace(true);
 }
 
-async fn read_replies(
-    mut r: Reader,
-    state: Arc<Mutex<State>>,
-    writer: SharedWriter,
-    session: Session,
-) {
+async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer: SharedWriter, session: Session) {
     let e = loop {
         if let Err(e) = read_reply(&mut r, &state, session).await {
             break e;
@@ -427,9 +359,7 @@ async fn read_exact(r: &mut Reader, buf: &mut [u8]) -> Result<(), Error> {
 fn take(state: &Mutex<State>, handle: u64) -> Result<Pending, Error> {
     match state.lock().unwrap().pending.remove(&handle) {
         Some(p) => Ok(p),
-        None => protocol(format!(
-            "reply for handle {handle:#x}, which has no request in flight"
-        )),
+        None => protocol(format!("reply for handle {handle:#x}, which has no request in flight")),
     }
 }
 
@@ -474,10 +404,7 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
             let (code, handle) = wire_c::decode_simple(&rest);
             let mut p = take(state, handle)?;
             if code != 0 {
-                let result = Err(Error::Server {
-                    errno: code,
-                    message: None,
-                });
+                let result = Err(Error::Server { errno: code, message: None });
                 note_shutdown(state, &result);
                 finish(state, p, result);
                 return Ok(());
@@ -538,20 +465,13 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
             }
             Ok(())
         }
-        STRUCTURED_REPLY_MAGIC => {
-            protocol("structured reply chunk without structured replies negotiated")
-        }
+        STRUCTURED_REPLY_MAGIC => protocol("structured reply chunk without structured replies negotiated"),
         other => protocol(format!("bad reply magic {other:#010x}")),
     }
 }
 
 /// Reads and checks one structured chunk's payload into its request.
-async fn chunk(
-    r: &mut Reader,
-    p: &mut Pending,
-    h: &wire_c::ChunkHeader,
-    session: Session,
-) -> Result<(), Error> {
+async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session: Session) -> Result<(), Error> {
     let end = p.offset + p.len as u64;
     match h.kind {
         REPLY_TYPE_OFFSET_DATA => {
@@ -559,10 +479,7 @@ async fn chunk(
                 return protocol("OFFSET_DATA chunk for a request that is not a read");
             }
             if h.len <= 8 || h.len - 8 > p.len {
-                return protocol(format!(
-                    "OFFSET_DATA chunk of {} bytes for a {}-byte read",
-                    h.len, p.len
-                ));
+                return protocol(format!("OFFSET_DATA chunk of {} bytes for a {}-byte read", h.len, p.len));
             }
             let mut o = [0u8; 8];
             read_exact(r, &mut o).await?;
@@ -604,18 +521,13 @@ async fn chunk(
                 return protocol("BLOCK_STATUS chunk for a request that is not block status");
             }
             if h.len > BLOCK_STATUS_PAYLOAD_MAX_BYTES {
-                return protocol(format!(
-                    "BLOCK_STATUS chunk of {} bytes (limit {BLOCK_STATUS_PAYLOAD_MAX_BYTES})",
-                    h.len
-                ));
+                return protocol(format!("BLOCK_STATUS chunk of {} bytes (limit {BLOCK_STATUS_PAYLOAD_MAX_BYTES})", h.len));
             }
             let mut payload = vec![0u8; h.len as usize];
             read_exact(r, &mut payload).await?;
             let (id, extents) = wire_c::decode_block_status(&payload)?;
             if Some(id) != session.base_allocation_id {
-                return protocol(format!(
-                    "BLOCK_STATUS for metadata context {id}, which was not negotiated"
-                ));
+                return protocol(format!("BLOCK_STATUS for metadata context {id}, which was not negotiated"));
             }
             if p.extents.is_some() {
                 return protocol("two BLOCK_STATUS chunks for one context");
@@ -638,18 +550,12 @@ async fn chunk(
             let e = wire_c::decode_error_chunk(kind, &payload)?;
             if let Some(at) = e.offset {
                 if at < p.offset || at >= end {
-                    return protocol(format!(
-                        "ERROR_OFFSET {at} outside the request {}..{end}",
-                        p.offset
-                    ));
+                    return protocol(format!("ERROR_OFFSET {at} outside the request {}..{end}", p.offset));
                 }
             }
             if p.error.is_none() {
                 let message = (!e.message.is_empty()).then_some(e.message);
-                p.error = Some(Error::Server {
-                    errno: e.code,
-                    message,
-                });
+                p.error = Some(Error::Server { errno: e.code, message });
             }
         }
         kind => return protocol(format!("unknown reply chunk type {kind}")),
@@ -660,10 +566,7 @@ async fn chunk(
 /// Reads a non-data chunk's payload, refusing sizes no honest server sends.
 async fn small_payload(r: &mut Reader, h: &wire_c::ChunkHeader) -> Result<Vec<u8>, Error> {
     if h.len > CHUNK_PAYLOAD_MAX_BYTES {
-        return protocol(format!(
-            "reply chunk of {} bytes (limit {CHUNK_PAYLOAD_MAX_BYTES})",
-            h.len
-        ));
+        return protocol(format!("reply chunk of {} bytes (limit {CHUNK_PAYLOAD_MAX_BYTES})", h.len));
     }
     let mut payload = vec![0u8; h.len as usize];
     read_exact(r, &mut payload).await?;
@@ -677,10 +580,7 @@ fn place(p: &mut Pending, at: u64, n: u32, end: u64, what: &str) -> Result<u32, 
         return protocol(format!("{what} chunk offset overflows"));
     };
     if at < p.offset || chunk_end > end {
-        return protocol(format!(
-            "{what} chunk {at}..{chunk_end} outside the request {}..{end}",
-            p.offset
-        ));
+        return protocol(format!("{what} chunk {at}..{chunk_end} outside the request {}..{end}", p.offset));
     }
     let rel = (at - p.offset) as u32;
     let rel_end = rel + n;
@@ -688,9 +588,7 @@ fn place(p: &mut Pending, at: u64, n: u32, end: u64, what: &str) -> Result<u32, 
     let overlaps_prev = i > 0 && p.covered[i - 1].1 > rel;
     let overlaps_next = i < p.covered.len() && p.covered[i].0 < rel_end;
     if overlaps_prev || overlaps_next {
-        return protocol(format!(
-            "{what} chunk {at}..{chunk_end} overlaps data already received"
-        ));
+        return protocol(format!("{what} chunk {at}..{chunk_end} overlaps data already received"));
     }
     // Merged with touching neighbours, so an honest server's chunks (in any order) keep the
     // list short; a server scattering tiny chunks runs into the cap instead of making each
@@ -706,9 +604,7 @@ fn place(p: &mut Pending, at: u64, n: u32, end: u64, what: &str) -> Result<u32, 
         (false, true) => p.covered[i].0 = rel,
         (false, false) => {
             if p.covered.len() >= COVERED_RANGES_MAX {
-                return protocol(format!(
-                    "read reply scattered into more than {COVERED_RANGES_MAX} separate pieces"
-                ));
+                return protocol(format!("read reply scattered into more than {COVERED_RANGES_MAX} separate pieces"));
             }
             p.covered.insert(i, (rel, rel_end));
         }

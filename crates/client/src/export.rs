@@ -90,23 +90,12 @@ impl Export {
     pub(crate) fn change(&self, now: &Export) -> Option<String> {
         let (was, is) = (self.flags & FLAGS_RELIED_ON, now.flags & FLAGS_RELIED_ON);
         if self.size != now.size {
-            Some(format!(
-                "its size was {} bytes and is now {}",
-                self.size, now.size
-            ))
+            Some(format!("its size was {} bytes and is now {}", self.size, now.size))
         } else if was != is {
             Some(format!("its flags were {was:#06x} and are now {is:#06x}"))
-        } else if (self.block_min, self.block_preferred, self.block_max)
-            != (now.block_min, now.block_preferred, now.block_max)
-        {
-            let before = format!(
-                "{}/{}/{}",
-                self.block_min, self.block_preferred, self.block_max
-            );
-            Some(format!(
-                "its block sizes were {before} and are now {}/{}/{}",
-                now.block_min, now.block_preferred, now.block_max
-            ))
+        } else if (self.block_min, self.block_preferred, self.block_max) != (now.block_min, now.block_preferred, now.block_max) {
+            let before = format!("{}/{}/{}", self.block_min, self.block_preferred, self.block_max);
+            Some(format!("its block sizes were {before} and are now {}/{}/{}", now.block_min, now.block_preferred, now.block_max))
         } else if (self.structured, self.base_allocation) != (now.structured, now.base_allocation) {
             Some("structured replies or base:allocation were not negotiated as before".into())
         } else {
@@ -122,62 +111,18 @@ mod tests {
     fn export() -> Export {
         let flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_TRIM;
         let (block_min, block_preferred, block_max) = (512, 4096, 1 << 20);
-        Export {
-            name: "d".into(),
-            description: None,
-            size: 1 << 20,
-            flags,
-            block_min,
-            block_preferred,
-            block_max,
-            structured: true,
-            base_allocation: true,
-        }
+        Export { name: "d".into(), description: None, size: 1 << 20, flags, block_min, block_preferred, block_max, structured: true, base_allocation: true }
     }
 
     #[test]
     fn change_names_what_requests_rely_on_and_nothing_else() {
         let was = export();
-        let hint = Export {
-            description: Some("new".into()),
-            flags: was.flags | FLAG_ROTATIONAL,
-            ..export()
-        };
+        let hint = Export { description: Some("new".into()), flags: was.flags | FLAG_ROTATIONAL, ..export() };
         assert_eq!(was.change(&hint), None);
-        assert!(was
-            .change(&Export {
-                size: 2 << 20,
-                ..export()
-            })
-            .unwrap()
-            .contains("size"));
-        assert!(was
-            .change(&Export {
-                flags: was.flags | FLAG_READ_ONLY,
-                ..export()
-            })
-            .unwrap()
-            .contains("flags"));
-        assert!(was
-            .change(&Export {
-                flags: FLAG_HAS_FLAGS,
-                ..export()
-            })
-            .unwrap()
-            .contains("flags"));
-        assert!(was
-            .change(&Export {
-                block_min: 4096,
-                ..export()
-            })
-            .unwrap()
-            .contains("block sizes"));
-        assert!(was
-            .change(&Export {
-                base_allocation: false,
-                ..export()
-            })
-            .unwrap()
-            .contains("base:allocation"));
+        assert!(was.change(&Export { size: 2 << 20, ..export() }).unwrap().contains("size"));
+        assert!(was.change(&Export { flags: was.flags | FLAG_READ_ONLY, ..export() }).unwrap().contains("flags"));
+        assert!(was.change(&Export { flags: FLAG_HAS_FLAGS, ..export() }).unwrap().contains("flags"));
+        assert!(was.change(&Export { block_min: 4096, ..export() }).unwrap().contains("block sizes"));
+        assert!(was.change(&Export { base_allocation: false, ..export() }).unwrap().contains("base:allocation"));
     }
 }

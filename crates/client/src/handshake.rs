@@ -32,35 +32,20 @@ pub(crate) struct Negotiated {
 
 /// Connects to `uri`, negotiates its export as `options` ask, and starts transmission, all
 /// within `timeout`.
-pub(crate) async fn open(
-    uri: &Uri,
-    options: &Options,
-    timeout: Duration,
-) -> Result<(Export, Connection), Error> {
+pub(crate) async fn open(uri: &Uri, options: &Options, timeout: Duration) -> Result<(Export, Connection), Error> {
     let work = async {
         let (mut r, mut w) = socket::open(&uri.address).await?;
-        let n = negotiate(
-            &mut r,
-            &mut w,
-            &uri.export,
-            options.structured,
-            options.block_status,
-        )
-        .await?;
+        let n = negotiate(&mut r, &mut w, &uri.export, options.structured, options.block_status).await?;
         let conn = Connection::start(r, w, n.export.structured, n.base_allocation_id);
         Ok((n.export, conn))
     };
-    tokio::time::timeout(timeout, work)
-        .await
-        .unwrap_or(Err(Error::Timeout))
+    tokio::time::timeout(timeout, work).await.unwrap_or(Err(Error::Timeout))
 }
 
 async fn read_exact(r: &mut Reader, buf: &mut [u8], what: &str) -> Result<(), Error> {
     match r.read_exact(buf).await {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Protocol(format!(
-            "the server closed the connection during {what}"
-        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Protocol(format!("the server closed the connection during {what}"))),
         Err(e) => Err(Error::io(e)),
     }
 }
@@ -71,16 +56,9 @@ async fn greet(r: &mut Reader, w: &mut Writer) -> Result<u16, Error> {
     read_exact(r, &mut g, "the greeting").await?;
     let flags = wire_c::decode_greeting(&g)?;
     if flags & FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(Error::Refused(
-            "the server does not speak fixed newstyle NBD".into(),
-        ));
+        return Err(Error::Refused("the server does not speak fixed newstyle NBD".into()));
     }
-    let ours = FLAG_C_FIXED_NEWSTYLE
-        | if flags & FLAG_NO_ZEROES != 0 {
-            FLAG_C_NO_ZEROES
-        } else {
-            0
-        };
+    let ours = FLAG_C_FIXED_NEWSTYLE | if flags & FLAG_NO_ZEROES != 0 { FLAG_C_NO_ZEROES } else { 0 };
     w.write_all(&ours.to_be_bytes()).await?;
     Ok(flags)
 }
@@ -98,16 +76,10 @@ async fn reply(r: &mut Reader, option: u32) -> Result<(OptionReply, Vec<u8>), Er
     read_exact(r, &mut h, "option negotiation").await?;
     let rep = OptionReply::decode(&h)?;
     if rep.option != option {
-        return Err(Error::Protocol(format!(
-            "reply to option {} while waiting for option {option}",
-            rep.option
-        )));
+        return Err(Error::Protocol(format!("reply to option {} while waiting for option {option}", rep.option)));
     }
     if rep.len > OPTION_REPLY_MAX_BYTES {
-        return Err(Error::Protocol(format!(
-            "option reply of {} bytes (limit {OPTION_REPLY_MAX_BYTES})",
-            rep.len
-        )));
+        return Err(Error::Protocol(format!("option reply of {} bytes (limit {OPTION_REPLY_MAX_BYTES})", rep.len)));
     }
     let mut p = vec![0u8; rep.len as usize];
     read_exact(r, &mut p, "option negotiation").await?;
@@ -123,12 +95,7 @@ fn refused(what: &str, rep: &OptionReply, payload: &[u8]) -> Error {
 }
 
 /// A server shutting down wants the client to leave politely (a soft disconnect).
-async fn shutting_down(
-    r: &mut Reader,
-    w: &mut Writer,
-    rep: &OptionReply,
-    payload: &[u8],
-) -> Result<(), Error> {
+async fn shutting_down(r: &mut Reader, w: &mut Writer, rep: &OptionReply, payload: &[u8]) -> Result<(), Error> {
     if rep.kind != REP_ERR_SHUTDOWN {
         return Ok(());
     }
@@ -138,13 +105,7 @@ async fn shutting_down(
 }
 
 /// Negotiates transmission of `export` on a fresh connection.
-async fn negotiate(
-    r: &mut Reader,
-    w: &mut Writer,
-    export: &str,
-    want_structured: bool,
-    want_block_status: bool,
-) -> Result<Negotiated, Error> {
+async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured: bool, want_block_status: bool) -> Result<Negotiated, Error> {
     let server_flags = greet(r, w).await?;
     let mut out = Vec::new();
 
@@ -156,21 +117,13 @@ async fn negotiate(
         shutting_down(r, w, &rep, &p).await?;
         structured = rep.kind == REP_ACK;
         if !structured && !rep.is_error() {
-            return Err(Error::Protocol(format!(
-                "unexpected reply type {:#x} to STRUCTURED_REPLY",
-                rep.kind
-            )));
+            return Err(Error::Protocol(format!("unexpected reply type {:#x} to STRUCTURED_REPLY", rep.kind)));
         }
     }
 
     let mut base_allocation_id = None;
     if structured && want_block_status {
-        wire_c::meta_context_request(
-            &mut out,
-            OPT_SET_META_CONTEXT,
-            export,
-            &[META_BASE_ALLOCATION],
-        );
+        wire_c::meta_context_request(&mut out, OPT_SET_META_CONTEXT, export, &[META_BASE_ALLOCATION]);
         send(w, &mut out).await?;
         let mut finished = false;
         for _ in 0..OPTION_REPLIES_MAX {
@@ -195,17 +148,11 @@ async fn negotiate(
                     finished = true;
                     break;
                 }
-                k => {
-                    return Err(Error::Protocol(format!(
-                        "unexpected reply type {k:#x} to SET_META_CONTEXT"
-                    )))
-                }
+                k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to SET_META_CONTEXT"))),
             }
         }
         if !finished {
-            return Err(Error::Protocol(
-                "too many replies to SET_META_CONTEXT".into(),
-            ));
+            return Err(Error::Protocol("too many replies to SET_META_CONTEXT".into()));
         }
     }
 
@@ -224,10 +171,7 @@ async fn negotiate(
         Err(e) => return Err(e),
     }
     ex.base_allocation = base_allocation_id.is_some();
-    Ok(Negotiated {
-        export: ex,
-        base_allocation_id,
-    })
+    Ok(Negotiated { export: ex, base_allocation_id })
 }
 
 fn blank_export(name: &str, structured: bool) -> Export {
@@ -264,11 +208,7 @@ async fn collect_info(r: &mut Reader, opt: u32, ex: &mut Export) -> Result<InfoO
                 }
                 Info::Description(d) => ex.description = Some(d),
                 Info::Name(n) => ex.name = n,
-                Info::BlockSize {
-                    min,
-                    preferred,
-                    max,
-                } => {
+                Info::BlockSize { min, preferred, max } => {
                     ex.block_min = min;
                     ex.block_preferred = preferred;
                     ex.block_max = max;
@@ -276,19 +216,11 @@ async fn collect_info(r: &mut Reader, opt: u32, ex: &mut Export) -> Result<InfoO
                 Info::Unknown(_) => {}
             },
             REP_ACK if got_export => return Ok(InfoOutcome::Ok),
-            REP_ACK => {
-                return Err(Error::Protocol(
-                    "the server finished GO without sending the export's size".into(),
-                ))
-            }
+            REP_ACK => return Err(Error::Protocol("the server finished GO without sending the export's size".into())),
             REP_ERR_UNSUP if opt == OPT_GO => return Ok(InfoOutcome::Unsupported),
             REP_ERR_UNKNOWN => return Err(Error::UnknownExport(ex.name.clone())),
             _ if rep.is_error() => return Err(refused(&format!("export {:?}", ex.name), &rep, &p)),
-            k => {
-                return Err(Error::Protocol(format!(
-                    "unexpected reply type {k:#x} to option {opt}"
-                )))
-            }
+            k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to option {opt}"))),
         }
     }
     Err(Error::Protocol("too many option replies".into()))
@@ -296,12 +228,7 @@ async fn collect_info(r: &mut Reader, opt: u32, ex: &mut Export) -> Result<InfoO
 
 /// The old way in, for servers without NBD_OPT_GO: no error replies, so an unknown export
 /// shows up as a closed connection.
-async fn export_name(
-    r: &mut Reader,
-    w: &mut Writer,
-    server_flags: u16,
-    ex: &mut Export,
-) -> Result<(), Error> {
+async fn export_name(r: &mut Reader, w: &mut Writer, server_flags: u16, ex: &mut Export) -> Result<(), Error> {
     let mut out = Vec::new();
     wire_c::option(&mut out, OPT_EXPORT_NAME, ex.name.as_bytes());
     send(w, &mut out).await?;
@@ -381,8 +308,7 @@ async fn abort(r: &mut Reader, w: &mut Writer) {
     let mut out = Vec::new();
     wire_c::option(&mut out, OPT_ABORT, &[]);
     if send(w, &mut out).await.is_ok() {
-        let _ =
-            tokio::time::timeout(std::time::Duration::from_millis(500), reply(r, OPT_ABORT)).await;
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(500), reply(r, OPT_ABORT)).await;
     }
     let _ = w.shutdown().await;
 }

@@ -82,10 +82,7 @@ pub const POOL_BLOCK_MAX_BYTES: u32 = REQUEST_DEFAULT_MAX_BYTES;
 
 const _: () = assert!(RANGE_REQUEST_MAX_BYTES.is_power_of_two());
 const _: () = assert!(POOL_RECONNECT_FIRST_MS <= POOL_RECONNECT_MAX_MS);
-const _: () = assert!(
-    POOL_BLOCK_MIN_BYTES.is_power_of_two()
-        && POOL_BLOCK_PREFERRED_BYTES.is_multiple_of(POOL_BLOCK_MIN_BYTES)
-);
+const _: () = assert!(POOL_BLOCK_MIN_BYTES.is_power_of_two() && POOL_BLOCK_PREFERRED_BYTES.is_multiple_of(POOL_BLOCK_MIN_BYTES));
 const _: () = assert!(CHUNK_PAYLOAD_MAX_BYTES >= OPTION_REPLY_MAX_BYTES);
 const _: () = assert!(RECONNECT_INITIAL_DELAY_MS <= RECONNECT_MAX_DELAY_MS);
 const _: () = assert!(RECONNECT_MAX_DELAY_MS <= RECONNECT_GIVE_UP_AFTER_MS);

@@ -35,31 +35,17 @@ impl Drop for Links {
 impl Links {
     /// Takes over a client's open connections, all to `export`; with `options.reconnect`,
     /// each gets a supervisor that re-establishes it when it drops.
-    pub(crate) fn new(
-        connections: Vec<Connection>,
-        uri: &Uri,
-        options: &Options,
-        export: &Export,
-    ) -> Links {
+    pub(crate) fn new(connections: Vec<Connection>, uri: &Uri, options: &Options, export: &Export) -> Links {
         let changed = Arc::new(watch::Sender::new(()));
-        let links: Vec<_> = connections
-            .into_iter()
-            .map(|c| Arc::new(Link::new(c, changed.clone())))
-            .collect();
+        let links: Vec<_> = connections.into_iter().map(|c| Arc::new(Link::new(c, changed.clone()))).collect();
         let supervisors = match options.reconnect {
             Some(_) => {
-                let supervise = |l: &Arc<Link>| {
-                    reconnect::supervise(l.clone(), uri.clone(), options.clone(), export.clone())
-                };
+                let supervise = |l: &Arc<Link>| reconnect::supervise(l.clone(), uri.clone(), options.clone(), export.clone());
                 links.iter().map(|l| tokio::spawn(supervise(l))).collect()
             }
             None => Vec::new(),
         };
-        Links {
-            links,
-            changed,
-            supervisors,
-        }
+        Links { links, changed, supervisors }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -80,9 +66,7 @@ impl Links {
             for link in &self.links {
                 match link.status() {
                     Status::Up(conn) => match conn.load() {
-                        Some(n) if best.as_ref().is_none_or(|b| n < b.0) => {
-                            best = Some((n, link, conn))
-                        }
+                        Some(n) if best.as_ref().is_none_or(|b| n < b.0) => best = Some((n, link, conn)),
                         Some(_) => {}
                         // Failed, and its supervisor is about to see.
                         None => coming_back = true,
@@ -113,15 +97,7 @@ impl Links {
     /// Sends one request and waits for its reply, as `Connection::call`. With reconnecting
     /// on, a request the connection's drop cut off is sent again once a connection is up;
     /// NBD orders nothing among requests in flight, so that is as safe as the first send.
-    pub(crate) async fn call(
-        &self,
-        cmd: u16,
-        flags: u16,
-        offset: u64,
-        len: u32,
-        payload: &[IoSlice<'_>],
-        mut bufs: Vec<Vec<u8>>,
-    ) -> Result<Outcome, Error> {
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], mut bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
         let mut attempts = 0;
         loop {
             let (link, conn) = self.pick().await?;
@@ -140,14 +116,9 @@ impl Links {
                 let why = format!("the connection dropped {attempts} times with this request in flight (last: {})", failed.error);
                 return Err(Error::Disconnected { why });
             }
-            log::debug!(
-                "resending a request (command {cmd}) cut off by a drop: {}",
-                failed.error
-            );
+            log::debug!("resending a request (command {cmd}) cut off by a drop: {}", failed.error);
             bufs = failed.bufs;
-            debug_assert!(
-                cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len as u64
-            );
+            debug_assert!(cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len as u64);
             for b in &mut bufs {
                 b.fill(0);
             }
@@ -161,11 +132,7 @@ impl Links {
     pub(crate) async fn flush(&self) -> Result<(), Error> {
         // What each connection had acknowledged before the flush went out: what it covers.
         let covered: Vec<_> = match self.reconnecting() {
-            true => self
-                .links
-                .iter()
-                .filter_map(|l| l.current_acked().map(|(c, n)| (l, c, n)))
-                .collect(),
+            true => self.links.iter().filter_map(|l| l.current_acked().map(|(c, n)| (l, c, n))).collect(),
             false => Vec::new(),
         };
         self.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()).await?;

@@ -73,15 +73,8 @@ mod tests {
 
     #[test]
     fn delays_double_up_to_the_cap() {
-        let r = Reconnect {
-            initial_delay: Duration::from_millis(100),
-            max_delay: Duration::from_millis(350),
-            ..Reconnect::default()
-        };
-        let waits: Vec<_> =
-            std::iter::successors(Some(r.initial_delay), |&d| Some(r.next_delay(d)))
-                .take(4)
-                .collect();
+        let r = Reconnect { initial_delay: Duration::from_millis(100), max_delay: Duration::from_millis(350), ..Reconnect::default() };
+        let waits: Vec<_> = std::iter::successors(Some(r.initial_delay), |&d| Some(r.next_delay(d))).take(4).collect();
         assert_eq!(waits, [100, 200, 350, 350].map(Duration::from_millis));
         assert_eq!(Options::default().reconnect, None);
     }

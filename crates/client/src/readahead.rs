@@ -22,19 +22,12 @@ impl Readahead {
     /// `window` bytes are read ahead of a sequential reader; 0 disables readahead.
     pub fn new(client: Client, window: usize) -> Readahead {
         let window = window.min(client.export().request_max_bytes() as usize);
-        Readahead {
-            client,
-            window,
-            last_end: None,
-            ready: None,
-            fetching: None,
-        }
+        Readahead { client, window, last_end: None, ready: None, fetching: None }
     }
 
     /// Forgets fetched data overlapping a range that was written, so later reads see it.
     pub fn invalidate(&mut self, offset: u64, len: u64) {
-        let overlaps =
-            |start: u64, n: usize| start < offset.saturating_add(len) && offset < start + n as u64;
+        let overlaps = |start: u64, n: usize| start < offset.saturating_add(len) && offset < start + n as u64;
         if matches!(&self.ready, Some((s, d)) if overlaps(*s, d.len())) {
             self.ready = None;
         }
@@ -47,11 +40,7 @@ impl Readahead {
 
     pub async fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
         let Some(end) = offset.checked_add(buf.len() as u64) else {
-            return Err(Error::OutOfRange {
-                offset,
-                len: buf.len() as u64,
-                size: self.client.size(),
-            });
+            return Err(Error::OutOfRange { offset, len: buf.len() as u64, size: self.client.size() });
         };
         let sequential = self.last_end == Some(offset);
         self.last_end = Some(end);
@@ -74,9 +63,7 @@ impl Readahead {
             }
             match self.fetching.take() {
                 Some((start, task)) if start <= at && at < start + self.window as u64 => {
-                    let data = task
-                        .await
-                        .map_err(|e| Error::Protocol(format!("readahead task failed: {e}")))??;
+                    let data = task.await.map_err(|e| Error::Protocol(format!("readahead task failed: {e}")))??;
                     self.ready = Some((start, data));
                 }
                 other => {
@@ -116,10 +103,7 @@ impl Readahead {
             return;
         }
         let c = self.client.clone();
-        self.fetching = Some((
-            next,
-            tokio::spawn(async move { c.read_owned(next, vec![0u8; n]).await }),
-        ));
+        self.fetching = Some((next, tokio::spawn(async move { c.read_owned(next, vec![0u8; n]).await })));
     }
 }
 

@@ -45,15 +45,8 @@ pub(crate) struct Link {
 
 impl Link {
     pub(crate) fn new(conn: Connection, changed: Arc<watch::Sender<()>>) -> Link {
-        let state = State {
-            status: Status::Up(Arc::new(conn)),
-            flushed: 0,
-            durability_lost: false,
-        };
-        Link {
-            state: Mutex::new(state),
-            changed,
-        }
+        let state = State { status: Status::Up(Arc::new(conn)), flushed: 0, durability_lost: false };
+        Link { state: Mutex::new(state), changed }
     }
 
     pub(crate) fn status(&self) -> Status {
@@ -134,8 +127,7 @@ impl Link {
     pub(crate) async fn left(&self, conn: &Arc<Connection>) {
         loop {
             let mut changed = self.changed.subscribe();
-            if !matches!(&self.state.lock().unwrap().status, Status::Up(c) if Arc::ptr_eq(c, conn))
-            {
+            if !matches!(&self.state.lock().unwrap().status, Status::Up(c) if Arc::ptr_eq(c, conn)) {
                 return;
             }
             // The sender lives in `self`, so this only returns on a change.
@@ -158,9 +150,7 @@ pub(crate) fn dropped(e: &Error) -> bool {
 /// A link's supervisor: waits for its connection to end and re-establishes it, until the
 /// link is given up. Runs as a task for as long as the client lives.
 pub(crate) async fn supervise(link: Arc<Link>, uri: Uri, options: Options, export: Export) {
-    let Some(policy) = options.reconnect.clone() else {
-        return;
-    };
+    let Some(policy) = options.reconnect.clone() else { return };
     let mut delay = policy.initial_delay;
     while let Some(conn) = link.current() {
         let up_since = Instant::now();
@@ -197,22 +187,12 @@ pub(crate) async fn supervise(link: Arc<Link>, uri: Uri, options: Options, expor
 
 /// Attempts to connect until one succeeds or `give_up_after` has passed, waiting `delay`
 /// (which grows) before each. A connection to a different export is refused at once.
-async fn reestablish(
-    uri: &Uri,
-    options: &Options,
-    policy: &Reconnect,
-    export: &Export,
-    delay: &mut Duration,
-    mut last: Error,
-) -> Result<Connection, Error> {
+async fn reestablish(uri: &Uri, options: &Options, policy: &Reconnect, export: &Export, delay: &mut Duration, mut last: Error) -> Result<Connection, Error> {
     let deadline = Instant::now() + policy.give_up_after;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            let why = format!(
-                "gave up reconnecting to {uri} after {:?} (last: {last})",
-                policy.give_up_after
-            );
+            let why = format!("gave up reconnecting to {uri} after {:?} (last: {last})", policy.give_up_after);
             return Err(Error::Disconnected { why });
         }
         tokio::time::sleep((*delay).min(left)).await;
@@ -225,9 +205,7 @@ async fn reestablish(
             Ok((now, conn)) => {
                 return match export.change(&now) {
                     None => Ok(conn),
-                    Some(what) => Err(Error::Disconnected {
-                        why: format!("reconnected to {uri}, but the export changed: {what}"),
-                    }),
+                    Some(what) => Err(Error::Disconnected { why: format!("reconnected to {uri}, but the export changed: {what}") }),
                 };
             }
             Err(e) => {

@@ -16,32 +16,21 @@ pub(crate) async fn open(address: &Address) -> Result<(Reader, Writer), Error> {
         Address::Tcp { host, port } => {
             let s = tokio::net::TcpStream::connect((host.as_str(), *port))
                 .await
-                .map_err(|e| {
-                    Error::io(std::io::Error::new(
-                        e.kind(),
-                        format!("cannot connect to {host}:{port}: {e}"),
-                    ))
-                })?;
+                .map_err(|e| Error::io(std::io::Error::new(e.kind(), format!("cannot connect to {host}:{port}: {e}"))))?;
             // Requests are written whole; Nagle would only hold small ones back.
             s.set_nodelay(true)?;
             let (r, w) = s.into_split();
             (Box::new(r), Box::new(w))
         }
         Address::Unix(path) => {
-            let s = tokio::net::UnixStream::connect(path).await.map_err(|e| {
-                Error::io(std::io::Error::new(
-                    e.kind(),
-                    format!("cannot connect to {}: {e}", path.display()),
-                ))
-            })?;
+            let s = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|e| Error::io(std::io::Error::new(e.kind(), format!("cannot connect to {}: {e}", path.display()))))?;
             let (r, w) = s.into_split();
             (Box::new(r), Box::new(w))
         }
         Address::Pool(path) => {
-            return Err(Error::Uri(format!(
-                "pool:{} names a pool, not a server",
-                path.display()
-            )));
+            return Err(Error::Uri(format!("pool:{} names a pool, not a server", path.display())));
         }
     };
     Ok((BufReader::with_capacity(READ_BUFFER_BYTES, r), w))

@@ -12,10 +12,7 @@ pub const DEFAULT_PORT: u16 = 10809;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     /// A host name or IP address (IPv6 without brackets) and port.
-    Tcp {
-        host: String,
-        port: u16,
-    },
+    Tcp { host: String, port: u16 },
     Unix(PathBuf),
     /// A pool file (`pool:PATH`): one volume over the NBD servers it lists.
     Pool(PathBuf),
@@ -35,10 +32,7 @@ impl Uri {
             if path.is_empty() {
                 return bad("pool: needs the path of a pool file");
             }
-            return Ok(Uri {
-                address: Address::Pool(PathBuf::from(path)),
-                export: String::new(),
-            });
+            return Ok(Uri { address: Address::Pool(PathBuf::from(path)), export: String::new() });
         }
         let Some((scheme, rest)) = s.split_once("://") else {
             return bad("no scheme (expected nbd:// or nbd+unix://)");
@@ -52,9 +46,7 @@ impl Uri {
             _ => return bad("unknown scheme (expected nbd:// or nbd+unix://)"),
         };
         if tls {
-            return Err(Error::Uri(format!(
-                "TLS (nbds://) is not supported yet: {s:?}"
-            )));
+            return Err(Error::Uri(format!("TLS (nbds://) is not supported yet: {s:?}")));
         }
         // The fragment goes first: a '?' inside it is not a query.
         let rest = rest.split_once('#').map_or(rest, |(r, _)| r);
@@ -66,17 +58,14 @@ impl Uri {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, ""),
         };
-        let export = percent_decode(path).ok_or_else(|| {
-            Error::Uri(format!("bad percent-encoding in the export name of {s:?}"))
-        })?;
+        let export = percent_decode(path).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the export name of {s:?}")))?;
         if export.contains('\0') || export.len() > sluice_proto::limits::STRING_MAX_BYTES {
             return bad("the export name contains NUL or is longer than 4096 bytes");
         }
         let mut socket = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_decode(v)
-                .ok_or_else(|| Error::Uri(format!("bad percent-encoding in the query of {s:?}")))?;
+            let v = percent_decode(v).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the query of {s:?}")))?;
             match k {
                 "socket" => socket = Some(PathBuf::from(v)),
                 // TLS parameters mean nothing without TLS; others are reported, as uri.md asks.
@@ -85,9 +74,7 @@ impl Uri {
             }
         }
         // A user name only matters for TLS (PSK identity); without TLS it is ignored.
-        let authority = authority
-            .rsplit_once('@')
-            .map_or(authority, |(_, host)| host);
+        let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
         let address = if unix {
             if !authority.is_empty() {
                 return bad("nbd+unix:// takes no host");
@@ -100,8 +87,7 @@ impl Uri {
             if socket.is_some() {
                 return bad("socket= only goes with nbd+unix://");
             }
-            let (host, port) = split_host_port(authority)
-                .ok_or_else(|| Error::Uri(format!("bad host or port in {s:?}")))?;
+            let (host, port) = split_host_port(authority).ok_or_else(|| Error::Uri(format!("bad host or port in {s:?}")))?;
             Address::Tcp { host, port }
         };
         Ok(Uri { address, export })
@@ -112,15 +98,9 @@ impl std::fmt::Display for Uri {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let export = percent_encode(&self.export);
         match &self.address {
-            Address::Tcp { host, port } if host.contains(':') => {
-                write!(f, "nbd://[{host}]:{port}/{export}")
-            }
+            Address::Tcp { host, port } if host.contains(':') => write!(f, "nbd://[{host}]:{port}/{export}"),
             Address::Tcp { host, port } => write!(f, "nbd://{host}:{port}/{export}"),
-            Address::Unix(p) => write!(
-                f,
-                "nbd+unix:///{export}?socket={}",
-                percent_encode(&p.to_string_lossy())
-            ),
+            Address::Unix(p) => write!(f, "nbd+unix:///{export}?socket={}", percent_encode(&p.to_string_lossy())),
             Address::Pool(p) => write!(f, "pool:{}", p.display()),
         }
     }
@@ -154,11 +134,7 @@ fn split_host_port(a: &str) -> Option<(String, u16)> {
         Some(_) => return None,
     };
     let host = percent_decode(host)?;
-    let host = if host.is_empty() {
-        "localhost".to_string()
-    } else {
-        host
-    };
+    let host = if host.is_empty() { "localhost".to_string() } else { host };
     Some((host, port))
 }
 
@@ -199,59 +175,26 @@ mod tests {
     use super::*;
 
     fn tcp(host: &str, port: u16, export: &str) -> Uri {
-        Uri {
-            address: Address::Tcp {
-                host: host.into(),
-                port,
-            },
-            export: export.into(),
-        }
+        Uri { address: Address::Tcp { host: host.into(), port }, export: export.into() }
     }
 
     #[test]
     fn tcp_forms() {
-        assert_eq!(
-            Uri::parse("nbd://example.com").unwrap(),
-            tcp("example.com", 10809, "")
-        );
-        assert_eq!(
-            Uri::parse("nbd://example.com/").unwrap(),
-            tcp("example.com", 10809, "")
-        );
-        assert_eq!(
-            Uri::parse("nbd://example.com:1234/disk").unwrap(),
-            tcp("example.com", 1234, "disk")
-        );
-        assert_eq!(
-            Uri::parse("nbd://[::1]:99/a%20b").unwrap(),
-            tcp("::1", 99, "a b")
-        );
+        assert_eq!(Uri::parse("nbd://example.com").unwrap(), tcp("example.com", 10809, ""));
+        assert_eq!(Uri::parse("nbd://example.com/").unwrap(), tcp("example.com", 10809, ""));
+        assert_eq!(Uri::parse("nbd://example.com:1234/disk").unwrap(), tcp("example.com", 1234, "disk"));
+        assert_eq!(Uri::parse("nbd://[::1]:99/a%20b").unwrap(), tcp("::1", 99, "a b"));
         assert_eq!(Uri::parse("nbd://[::1]").unwrap(), tcp("::1", 10809, ""));
-        assert_eq!(
-            Uri::parse("nbd:///x").unwrap(),
-            tcp("localhost", 10809, "x")
-        );
-        assert_eq!(
-            Uri::parse("NBD://h//lead").unwrap(),
-            tcp("h", 10809, "/lead")
-        );
+        assert_eq!(Uri::parse("nbd:///x").unwrap(), tcp("localhost", 10809, "x"));
+        assert_eq!(Uri::parse("NBD://h//lead").unwrap(), tcp("h", 10809, "/lead"));
         assert_eq!(Uri::parse("nbd://user@h:5/e").unwrap(), tcp("h", 5, "e"));
-        assert_eq!(
-            Uri::parse("nbd://h/e#frag?x=1").unwrap(),
-            tcp("h", 10809, "e")
-        );
+        assert_eq!(Uri::parse("nbd://h/e#frag?x=1").unwrap(), tcp("h", 10809, "e"));
     }
 
     #[test]
     fn unix_forms() {
         let u = Uri::parse("nbd+unix:///disk?socket=/tmp/s%20k").unwrap();
-        assert_eq!(
-            u,
-            Uri {
-                address: Address::Unix("/tmp/s k".into()),
-                export: "disk".into()
-            }
-        );
+        assert_eq!(u, Uri { address: Address::Unix("/tmp/s k".into()), export: "disk".into() });
         assert_eq!(Uri::parse(&u.to_string()).unwrap(), u);
         assert!(Uri::parse("nbd+unix:///disk").is_err());
         assert!(Uri::parse("nbd+unix://host/disk?socket=/s").is_err());
@@ -260,37 +203,15 @@ mod tests {
     #[test]
     fn pool_files() {
         let u = Uri::parse("pool:/etc/sluice/vol.toml").unwrap();
-        assert_eq!(
-            u,
-            Uri {
-                address: Address::Pool("/etc/sluice/vol.toml".into()),
-                export: String::new()
-            }
-        );
+        assert_eq!(u, Uri { address: Address::Pool("/etc/sluice/vol.toml".into()), export: String::new() });
         assert_eq!(Uri::parse(&u.to_string()).unwrap(), u);
-        assert_eq!(
-            Uri::parse("pool:rel/p.toml").unwrap().address,
-            Address::Pool("rel/p.toml".into())
-        );
+        assert_eq!(Uri::parse("pool:rel/p.toml").unwrap().address, Address::Pool("rel/p.toml".into()));
         assert!(Uri::parse("pool:").is_err());
     }
 
     #[test]
     fn refusals() {
-        for bad in [
-            "",
-            "disk",
-            "http://x/",
-            "nbd://h:0/",
-            "nbd://h:99999/",
-            "nbd://h:x/",
-            "nbd://h/%zz",
-            "nbd://h/%+f",
-            "nbd://h:+80/",
-            "nbd://::1/",
-            "nbd://h/a%00b",
-            "nbd://h/?socket=/s",
-        ] {
+        for bad in ["", "disk", "http://x/", "nbd://h:0/", "nbd://h:99999/", "nbd://h:x/", "nbd://h/%zz", "nbd://h/%+f", "nbd://h:+80/", "nbd://::1/", "nbd://h/a%00b", "nbd://h/?socket=/s"] {
             assert!(Uri::parse(bad).is_err(), "{bad}");
         }
         let e = Uri::parse("nbds://h/").unwrap_err().to_string();
@@ -299,11 +220,7 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for s in [
-            "nbd://h:1/e%3Fx",
-            "nbd://[::1]:10809/",
-            "nbd+unix:///?socket=/run/x.sock",
-        ] {
+        for s in ["nbd://h:1/e%3Fx", "nbd://[::1]:10809/", "nbd+unix:///?socket=/run/x.sock"] {
             let u = Uri::parse(s).unwrap();
             assert_eq!(Uri::parse(&u.to_string()).unwrap(), u, "{s}");
         }

@@ -38,25 +38,14 @@ struct Accept {
 }
 
 fn accept(size: u64, plan: Plan) -> Accept {
-    Accept {
-        size,
-        plan,
-        gate: None,
-    }
+    Accept { size, plan, gate: None }
 }
 
 /// A connection that serves once the sender is used or dropped, and not before its
 /// handshake.
 fn gated() -> (oneshot::Sender<()>, Accept) {
     let (open, gate) = oneshot::channel();
-    (
-        open,
-        Accept {
-            size: SIZE,
-            plan: Plan::Serve,
-            gate: Some(gate),
-        },
-    )
+    (open, Accept { size: SIZE, plan: Plan::Serve, gate: Some(gate) })
 }
 
 struct Fake {
@@ -71,13 +60,8 @@ impl Fake {
     /// server is then gone for good.
     async fn start(accepts: Vec<Accept>) -> Fake {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let uri = Uri::parse(&format!(
-            "nbd://127.0.0.1:{}/",
-            listener.local_addr().unwrap().port()
-        ))
-        .unwrap();
-        let disk: Arc<Mutex<Vec<u8>>> =
-            Arc::new(Mutex::new((0..SIZE).map(|i| (i * 7 % 251) as u8).collect()));
+        let uri = Uri::parse(&format!("nbd://127.0.0.1:{}/", listener.local_addr().unwrap().port())).unwrap();
+        let disk: Arc<Mutex<Vec<u8>>> = Arc::new(Mutex::new((0..SIZE).map(|i| (i * 7 % 251) as u8).collect()));
         let (tx, seen) = mpsc::unbounded_channel();
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = accepted.clone();
@@ -91,11 +75,7 @@ impl Fake {
                 tokio::spawn(connection(s, n, a.size, a.plan, disk.clone(), tx.clone()));
             }
         });
-        Fake {
-            uri,
-            seen,
-            accepted,
-        }
+        Fake { uri, seen, accepted }
     }
 
     /// Waits until the server has received a request of command `cmd` on connection `n`.
@@ -118,20 +98,8 @@ struct OneExport(u64);
 
 impl Catalog for OneExport {
     fn lookup(&self, _name: &str) -> Option<ExportSummary> {
-        let flags = FLAG_HAS_FLAGS
-            | FLAG_SEND_FLUSH
-            | FLAG_SEND_FUA
-            | FLAG_SEND_TRIM
-            | FLAG_SEND_WRITE_ZEROES
-            | FLAG_CAN_MULTI_CONN;
-        Some(ExportSummary {
-            size: self.0,
-            flags,
-            description: None,
-            block_min: 1,
-            block_preferred: 4096,
-            block_max: 32 << 20,
-        })
+        let flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_CAN_MULTI_CONN;
+        Some(ExportSummary { size: self.0, flags, description: None, block_min: 1, block_preferred: 4096, block_max: 32 << 20 })
     }
     fn list(&self) -> Vec<(String, Option<String>)> {
         vec![(String::new(), None)]
@@ -157,17 +125,8 @@ async fn handshake(s: &mut TcpStream, size: u64) -> Option<bool> {
     }
 }
 
-async fn connection(
-    mut s: TcpStream,
-    n: usize,
-    size: u64,
-    plan: Plan,
-    disk: Arc<Mutex<Vec<u8>>>,
-    seen: mpsc::UnboundedSender<(usize, u16)>,
-) {
-    let Some(structured) = handshake(&mut s, size).await else {
-        return;
-    };
+async fn connection(mut s: TcpStream, n: usize, size: u64, plan: Plan, disk: Arc<Mutex<Vec<u8>>>, seen: mpsc::UnboundedSender<(usize, u16)>) {
+    let Some(structured) = handshake(&mut s, size).await else { return };
     loop {
         let mut h = [0u8; REQUEST_BYTES];
         if s.read_exact(&mut h).await.is_err() {
@@ -181,9 +140,7 @@ async fn connection(
         let _ = seen.send((n, r.kind));
         let out = match plan {
             Plan::CloseOn(k) if k == r.kind => return,
-            Plan::ShutdownOn(k) if k == r.kind => {
-                reply::simple(r.handle, Some(Errno::Shutdown)).to_vec()
-            }
+            Plan::ShutdownOn(k) if k == r.kind => reply::simple(r.handle, Some(Errno::Shutdown)).to_vec(),
             Plan::GarbageOn(k) if k == r.kind => vec![0xff; SIMPLE_REPLY_BYTES],
             _ => answer(&r, &payload, &disk, structured),
         };
@@ -197,11 +154,7 @@ fn answer(r: &RawRequest, payload: &[u8], disk: &Mutex<Vec<u8>>, structured: boo
     let range = r.offset as usize..(r.offset + r.length as u64) as usize;
     let mut disk = disk.lock().unwrap();
     match r.kind {
-        CMD_READ if structured => [
-            &reply::offset_data_header(r.handle, r.offset, r.length, true)[..],
-            &disk[range],
-        ]
-        .concat(),
+        CMD_READ if structured => [&reply::offset_data_header(r.handle, r.offset, r.length, true)[..], &disk[range]].concat(),
         CMD_READ => [&reply::simple(r.handle, None)[..], &disk[range]].concat(),
         CMD_WRITE => {
             disk[range].copy_from_slice(payload);
@@ -213,46 +166,27 @@ fn answer(r: &RawRequest, payload: &[u8], disk: &Mutex<Vec<u8>>, structured: boo
 
 /// Reconnecting quickly, so tests run fast; `give_up_after` as given.
 fn options(give_up_after: Duration) -> Options {
-    let policy = Reconnect {
-        initial_delay: Duration::from_millis(1),
-        max_delay: Duration::from_millis(20),
-        give_up_after,
-    };
-    Options {
-        reconnect: Some(policy),
-        ..Options::default()
-    }
+    let policy = Reconnect { initial_delay: Duration::from_millis(1), max_delay: Duration::from_millis(20), give_up_after };
+    Options { reconnect: Some(policy), ..Options::default() }
 }
 
 /// A fake server whose first connection does as `first` says and whose second serves,
 /// and a client of it that reconnects.
 async fn first_then_serve(first: Plan) -> (Fake, Client) {
     let fake = Fake::start(vec![accept(SIZE, first), accept(SIZE, Plan::Serve)]).await;
-    let c = Client::connect_with(&fake.uri, &options(Duration::from_secs(10)))
-        .await
-        .unwrap();
+    let c = Client::connect_with(&fake.uri, &options(Duration::from_secs(10))).await.unwrap();
     (fake, c)
 }
 
 fn patterned(offset: u64, len: usize) -> Vec<u8> {
-    (offset..offset + len as u64)
-        .map(|i| (i * 7 % 251) as u8)
-        .collect()
+    (offset..offset + len as u64).map(|i| (i * 7 % 251) as u8).collect()
 }
 
 /// Runs a test on a runtime of several threads (so that the client's tasks race as they
 /// would in use), with a bound, so that a client that hangs fails the test instead.
 fn run(test: impl std::future::Future<Output = ()>) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(20), test)
-            .await
-            .expect("the client hung")
-    });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), test).await.expect("the client hung") });
 }
 
 #[test]
@@ -263,10 +197,7 @@ fn a_read_cut_off_by_a_drop_is_sent_again_after_reconnecting() {
         assert_eq!(data, patterned(4096, 8192));
         assert_eq!(fake.rest(), [(0, CMD_READ), (1, CMD_READ)]);
         // The new connection carries later requests too.
-        assert_eq!(
-            c.read_owned(0, vec![0; 512]).await.unwrap(),
-            patterned(0, 512)
-        );
+        assert_eq!(c.read_owned(0, vec![0; 512]).await.unwrap(), patterned(0, 512));
     });
 }
 
@@ -275,23 +206,12 @@ fn with_multi_conn_a_request_cut_off_goes_to_a_connection_still_up() {
     run(async {
         // The first connection's replacement is held at the gate until the test ends.
         let (_held, third) = gated();
-        let mut fake = Fake::start(vec![
-            accept(SIZE, Plan::CloseOn(CMD_READ)),
-            accept(SIZE, Plan::Serve),
-            third,
-        ])
-        .await;
-        let two = Options {
-            connections: 2,
-            ..options(Duration::from_secs(10))
-        };
+        let mut fake = Fake::start(vec![accept(SIZE, Plan::CloseOn(CMD_READ)), accept(SIZE, Plan::Serve), third]).await;
+        let two = Options { connections: 2, ..options(Duration::from_secs(10)) };
         let c = Client::connect_with(&fake.uri, &two).await.unwrap();
         assert_eq!(c.connections(), 2);
         // Both are idle, so the first connection gets the read.
-        assert_eq!(
-            c.read_owned(4096, vec![0; 4096]).await.unwrap(),
-            patterned(4096, 4096)
-        );
+        assert_eq!(c.read_owned(4096, vec![0; 4096]).await.unwrap(), patterned(4096, 4096));
         assert_eq!(fake.rest(), [(0, CMD_READ), (1, CMD_READ)]);
     });
 }
@@ -301,22 +221,11 @@ fn a_write_cut_off_is_sent_again_and_a_flush_after_it_succeeds() {
     run(async {
         let (mut fake, c) = first_then_serve(Plan::CloseOn(CMD_WRITE)).await;
         c.write(8192, &[0xab; 4096], false).await.unwrap();
-        assert_eq!(
-            c.read_owned(8192, vec![0; 4096]).await.unwrap(),
-            vec![0xab; 4096]
-        );
+        assert_eq!(c.read_owned(8192, vec![0; 4096]).await.unwrap(), vec![0xab; 4096]);
         // The write was never acknowledged on the connection that dropped, so nothing
         // acknowledged was lost: the flush is an ordinary one.
         c.flush().await.unwrap();
-        assert_eq!(
-            fake.rest(),
-            [
-                (0, CMD_WRITE),
-                (1, CMD_WRITE),
-                (1, CMD_READ),
-                (1, CMD_FLUSH)
-            ]
-        );
+        assert_eq!(fake.rest(), [(0, CMD_WRITE), (1, CMD_WRITE), (1, CMD_READ), (1, CMD_FLUSH)]);
     });
 }
 
@@ -330,10 +239,7 @@ fn a_flush_cut_off_fails_with_durability_lost_and_is_not_sent_again() {
         assert!(e.to_string().contains("may not be durable"), "{e}");
         // Said once: the next flush is an ordinary one, on the new connection.
         c.flush().await.unwrap();
-        assert_eq!(
-            fake.rest(),
-            [(0, CMD_WRITE), (0, CMD_FLUSH), (1, CMD_FLUSH)]
-        );
+        assert_eq!(fake.rest(), [(0, CMD_WRITE), (0, CMD_FLUSH), (1, CMD_FLUSH)]);
     });
 }
 
@@ -367,9 +273,7 @@ fn requests_made_while_reconnecting_wait_for_the_new_connection() {
     run(async {
         let (open, second) = gated();
         let mut fake = Fake::start(vec![accept(SIZE, Plan::CloseOn(CMD_READ)), second]).await;
-        let c = Client::connect_with(&fake.uri, &options(Duration::from_secs(10)))
-            .await
-            .unwrap();
+        let c = Client::connect_with(&fake.uri, &options(Duration::from_secs(10))).await.unwrap();
         let read = |offset| {
             let c = c.clone();
             tokio::spawn(async move { c.read_owned(offset, vec![0; 4096]).await })
@@ -388,10 +292,7 @@ fn requests_made_while_reconnecting_wait_for_the_new_connection() {
 fn a_server_shutting_down_is_ridden_through() {
     run(async {
         let (fake, c) = first_then_serve(Plan::ShutdownOn(CMD_READ)).await;
-        assert_eq!(
-            c.read_owned(512, vec![0; 512]).await.unwrap(),
-            patterned(512, 512)
-        );
+        assert_eq!(c.read_owned(512, vec![0; 512]).await.unwrap(), patterned(512, 512));
         assert_eq!(fake.accepted.load(Ordering::SeqCst), 2);
     });
 }
@@ -399,20 +300,11 @@ fn a_server_shutting_down_is_ridden_through() {
 #[test]
 fn without_reconnect_a_drop_fails_the_request_and_the_client_stays_down() {
     run(async {
-        let fake = Fake::start(vec![
-            accept(SIZE, Plan::CloseOn(CMD_READ)),
-            accept(SIZE, Plan::Serve),
-        ])
-        .await;
-        let c = Client::connect_with(&fake.uri, &Options::default())
-            .await
-            .unwrap();
+        let fake = Fake::start(vec![accept(SIZE, Plan::CloseOn(CMD_READ)), accept(SIZE, Plan::Serve)]).await;
+        let c = Client::connect_with(&fake.uri, &Options::default()).await.unwrap();
         let e = c.read_owned(0, vec![0; 512]).await.unwrap_err();
         assert!(matches!(e, Error::Closed | Error::Io(_)), "{e}");
-        assert!(matches!(
-            c.read_owned(0, vec![0; 512]).await,
-            Err(Error::Closed)
-        ));
+        assert!(matches!(c.read_owned(0, vec![0; 512]).await, Err(Error::Closed)));
         assert!(matches!(c.flush().await, Err(Error::Closed)));
         assert_eq!(fake.accepted.load(Ordering::SeqCst), 1);
     });
@@ -423,51 +315,26 @@ fn a_server_that_never_comes_back_fails_requests_after_give_up_after() {
     run(async {
         let give_up_after = Duration::from_millis(300);
         let fake = Fake::start(vec![accept(SIZE, Plan::CloseOn(CMD_READ))]).await;
-        let c = Client::connect_with(&fake.uri, &options(give_up_after))
-            .await
-            .unwrap();
+        let c = Client::connect_with(&fake.uri, &options(give_up_after)).await.unwrap();
         let started = tokio::time::Instant::now();
         let e = c.read_owned(0, vec![0; 512]).await.unwrap_err();
-        assert!(
-            started.elapsed() >= give_up_after,
-            "gave up after {:?}",
-            started.elapsed()
-        );
-        let Error::Disconnected { why } = &e else {
-            panic!("{e}")
-        };
+        assert!(started.elapsed() >= give_up_after, "gave up after {:?}", started.elapsed());
+        let Error::Disconnected { why } = &e else { panic!("{e}") };
         assert!(why.contains("gave up reconnecting"), "{e}");
         // Given up for good: later requests fail at once, with the same reason.
-        assert!(matches!(
-            c.read_owned(0, vec![0; 512]).await,
-            Err(Error::Disconnected { .. })
-        ));
+        assert!(matches!(c.read_owned(0, vec![0; 512]).await, Err(Error::Disconnected { .. })));
     });
 }
 
 #[test]
 fn an_export_that_changed_size_is_refused_after_reconnecting() {
     run(async {
-        let fake = Fake::start(vec![
-            accept(SIZE, Plan::CloseOn(CMD_READ)),
-            accept(2 * SIZE, Plan::Serve),
-        ])
-        .await;
-        let c = Client::connect_with(&fake.uri, &options(Duration::from_secs(10)))
-            .await
-            .unwrap();
+        let fake = Fake::start(vec![accept(SIZE, Plan::CloseOn(CMD_READ)), accept(2 * SIZE, Plan::Serve)]).await;
+        let c = Client::connect_with(&fake.uri, &options(Duration::from_secs(10))).await.unwrap();
         let e = c.read_owned(0, vec![0; 512]).await.unwrap_err();
-        let Error::Disconnected { why } = &e else {
-            panic!("{e}")
-        };
-        assert!(
-            why.contains("export changed") && why.contains("size"),
-            "{e}"
-        );
-        assert!(matches!(
-            c.write(0, &[0; 512], false).await,
-            Err(Error::Disconnected { .. })
-        ));
+        let Error::Disconnected { why } = &e else { panic!("{e}") };
+        assert!(why.contains("export changed") && why.contains("size"), "{e}");
+        assert!(matches!(c.write(0, &[0; 512], false).await, Err(Error::Disconnected { .. })));
     });
 }
 
@@ -475,14 +342,8 @@ fn an_export_that_changed_size_is_refused_after_reconnecting() {
 fn a_protocol_error_is_neither_retried_nor_reconnected() {
     run(async {
         let (fake, c) = first_then_serve(Plan::GarbageOn(CMD_READ)).await;
-        assert!(matches!(
-            c.read_owned(0, vec![0; 512]).await,
-            Err(Error::Protocol(_))
-        ));
-        assert!(matches!(
-            c.read_owned(0, vec![0; 512]).await,
-            Err(Error::Protocol(_))
-        ));
+        assert!(matches!(c.read_owned(0, vec![0; 512]).await, Err(Error::Protocol(_))));
+        assert!(matches!(c.read_owned(0, vec![0; 512]).await, Err(Error::Protocol(_))));
         assert_eq!(fake.accepted.load(Ordering::SeqCst), 1);
     });
 }
@@ -491,14 +352,9 @@ fn a_protocol_error_is_neither_retried_nor_reconnected() {
 fn disconnect_stops_reconnecting() {
     run(async {
         let fake = Fake::start(vec![accept(SIZE, Plan::Serve), accept(SIZE, Plan::Serve)]).await;
-        let c = Client::connect_with(&fake.uri, &options(Duration::from_secs(10)))
-            .await
-            .unwrap();
+        let c = Client::connect_with(&fake.uri, &options(Duration::from_secs(10))).await.unwrap();
         c.disconnect().await;
-        assert!(matches!(
-            c.read_owned(0, vec![0; 512]).await,
-            Err(Error::Closed)
-        ));
+        assert!(matches!(c.read_owned(0, vec![0; 512]).await, Err(Error::Closed)));
         assert!(matches!(c.flush().await, Err(Error::Closed)));
         assert_eq!(fake.accepted.load(Ordering::SeqCst), 1);
     });

@@ -28,13 +28,7 @@ pub struct Piece {
 
 impl Map {
     /// The map for members of these sizes (device bytes, metadata area included), or why not.
-    pub fn new(
-        layout: Layout,
-        unit: u64,
-        copies: usize,
-        members: usize,
-        smallest_member: u64,
-    ) -> Result<Map, String> {
+    pub fn new(layout: Layout, unit: u64, copies: usize, members: usize, smallest_member: u64) -> Result<Map, String> {
         let sets = members / copies;
         let usable = smallest_member.saturating_sub(META_BYTES);
         let member_bytes = match layout {
@@ -44,13 +38,7 @@ impl Map {
         if member_bytes == 0 {
             return Err(format!("the smallest member ({smallest_member} bytes) has no room for data after the 1 MiB metadata area"));
         }
-        Ok(Map {
-            layout,
-            unit,
-            copies,
-            sets,
-            member_bytes,
-        })
+        Ok(Map { layout, unit, copies, sets, member_bytes })
     }
 
     pub fn size(&self) -> u64 {
@@ -75,23 +63,13 @@ impl Map {
             }
             let v = offset + at;
             let piece = if self.sets == 1 {
-                Piece {
-                    set: 0,
-                    member_offset: v,
-                    len: len - at,
-                    at,
-                }
+                Piece { set: 0, member_offset: v, len: len - at, at }
             } else {
                 let unit_index = v / self.unit;
                 let within = v % self.unit;
                 let set = (unit_index % self.sets as u64) as usize;
                 let member_offset = unit_index / self.sets as u64 * self.unit + within;
-                Piece {
-                    set,
-                    member_offset,
-                    len: (self.unit - within).min(len - at),
-                    at,
-                }
+                Piece { set, member_offset, len: (self.unit - within).min(len - at), at }
             };
             at += piece.len;
             Some(piece)
@@ -106,38 +84,15 @@ mod tests {
     #[test]
     fn raid10_goes_round_the_sets() {
         let m = Map::new(Layout::Raid10, 4096, 2, 4, META_BYTES + 16 * 4096 + 100).unwrap();
-        assert_eq!(
-            (m.sets, m.member_bytes, m.size()),
-            (2, 16 * 4096, 32 * 4096)
-        );
+        assert_eq!((m.sets, m.member_bytes, m.size()), (2, 16 * 4096, 32 * 4096));
         let p: Vec<Piece> = m.pieces(4096 - 10, 8192 + 20).collect();
         assert_eq!(
             p,
             vec![
-                Piece {
-                    set: 0,
-                    member_offset: 4086,
-                    len: 10,
-                    at: 0
-                },
-                Piece {
-                    set: 1,
-                    member_offset: 0,
-                    len: 4096,
-                    at: 10
-                },
-                Piece {
-                    set: 0,
-                    member_offset: 4096,
-                    len: 4096,
-                    at: 4106
-                },
-                Piece {
-                    set: 1,
-                    member_offset: 4096,
-                    len: 10,
-                    at: 8202
-                },
+                Piece { set: 0, member_offset: 4086, len: 10, at: 0 },
+                Piece { set: 1, member_offset: 0, len: 4096, at: 10 },
+                Piece { set: 0, member_offset: 4096, len: 4096, at: 4106 },
+                Piece { set: 1, member_offset: 4096, len: 10, at: 8202 },
             ]
         );
         assert_eq!(m.members_of(1), 2..4);
@@ -148,15 +103,7 @@ mod tests {
     fn mirror_is_one_piece() {
         let m = Map::new(Layout::Mirror, u64::MAX, 3, 3, META_BYTES + (1 << 30)).unwrap();
         let p: Vec<Piece> = m.pieces(12345, 1 << 20).collect();
-        assert_eq!(
-            p,
-            vec![Piece {
-                set: 0,
-                member_offset: 12345,
-                len: 1 << 20,
-                at: 0
-            }]
-        );
+        assert_eq!(p, vec![Piece { set: 0, member_offset: 12345, len: 1 << 20, at: 0 }]);
     }
 
     #[test]

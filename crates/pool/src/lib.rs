@@ -17,13 +17,13 @@ pub mod coordinator;
 pub mod layout;
 pub mod limits;
 pub mod meta;
+pub mod spec;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
-pub mod spec;
 
 pub use coordinator::{
-    Action, Command, Coordinator, CopyId, Data, Failure, Found, MemberCmd, MemberState,
-    MemberStatus, OpId, OpOutcome, ReqId, Session, Status,
+    Action, Command, Coordinator, CopyId, Data, Failure, Found, MemberCmd, MemberState, MemberStatus, OpId, OpOutcome, ReqId,
+    Session, Status,
 };
 pub use layout::Map;
 pub use meta::{Owner, Role, Superblock};

@@ -36,10 +36,7 @@ pub const HEARTBEAT_MS: u64 = 1_000;
 /// A second coordinator waits this long for a live one's heartbeat before taking over.
 pub const LEASE_MS: u64 = 3 * HEARTBEAT_MS;
 
-const _: () =
-    assert!(STRIPE_UNIT_DEFAULT_BYTES.is_power_of_two() && STRIPE_UNIT_MIN_BYTES.is_power_of_two());
-const _: () = assert!(
-    META_BYTES.is_multiple_of(META_BLOCK_BYTES) && META_BYTES.is_multiple_of(STRIPE_UNIT_MIN_BYTES)
-);
+const _: () = assert!(STRIPE_UNIT_DEFAULT_BYTES.is_power_of_two() && STRIPE_UNIT_MIN_BYTES.is_power_of_two());
+const _: () = assert!(META_BYTES.is_multiple_of(META_BLOCK_BYTES) && META_BYTES.is_multiple_of(STRIPE_UNIT_MIN_BYTES));
 const _: () = assert!(REGION_MIN_BYTES.is_multiple_of(RESYNC_CHUNK_BYTES));
 const _: () = assert!(LEASE_MS > 2 * HEARTBEAT_MS);

@@ -89,14 +89,7 @@ impl Superblock {
         b[29..31].copy_from_slice(&(self.copies as u16).to_le_bytes());
         b[31..33].copy_from_slice(&(self.roles.len() as u16).to_le_bytes());
         b[33..35].copy_from_slice(&(self.index as u16).to_le_bytes());
-        let words = [
-            self.stripe_unit,
-            self.member_bytes,
-            self.region_bytes,
-            self.events,
-            self.owner.session,
-            self.owner.heartbeat,
-        ];
+        let words = [self.stripe_unit, self.member_bytes, self.region_bytes, self.events, self.owner.session, self.owner.heartbeat];
         for (i, w) in words.iter().enumerate() {
             b[40 + i * 8..48 + i * 8].copy_from_slice(&w.to_le_bytes());
         }
@@ -137,12 +130,9 @@ impl Superblock {
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         let version = u32::from_le_bytes(b[8..12].try_into().unwrap());
         if version != VERSION {
-            return Err(format!(
-                "its pool superblock has version {version}; this sluice knows version {VERSION}"
-            ));
+            return Err(format!("its pool superblock has version {version}; this sluice knows version {VERSION}"));
         }
-        let layout =
-            Layout::from_code(b[28]).ok_or("its pool superblock names an unknown layout")?;
+        let layout = Layout::from_code(b[28]).ok_or("its pool superblock names an unknown layout")?;
         let (copies, members, index) = (u16_at(29), u16_at(31), u16_at(33));
         if members == 0 || members > MEMBERS_MAX || index >= members || copies == 0 {
             return Err("its pool superblock has impossible member counts".into());
@@ -177,10 +167,7 @@ impl Superblock {
             owner,
             roles,
         };
-        if sb.region_bytes == 0
-            || !sb.region_bytes.is_power_of_two()
-            || sb.regions() > BITMAP_BITS_MAX
-        {
+        if sb.region_bytes == 0 || !sb.region_bytes.is_power_of_two() || sb.regions() > BITMAP_BITS_MAX {
             return Err("its pool superblock has an impossible region size".into());
         }
         Ok(Some(sb))
@@ -195,9 +182,7 @@ pub fn id_text(id: &[u8; 16]) -> String {
 /// Reads bit `i` of a bitmap kept as 64-bit words (the on-disk order is the same: bit
 /// `i` is bit `i % 8` of byte `i / 8`).
 pub fn bit(words: &[u64], i: u64) -> bool {
-    words
-        .get((i / 64) as usize)
-        .is_some_and(|w| w >> (i % 64) & 1 == 1)
+    words.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1)
 }
 
 /// The bytes of bitmap block `block` (0-based, after the superblock) from in-memory words.
@@ -214,15 +199,11 @@ pub fn bitmap_block_bytes(words: &[u64], block: u64) -> Vec<u8> {
 /// In-memory words from the bitmap bytes that follow the superblock on a member.
 pub fn bitmap_words(bytes: &[u8], regions: u64) -> Vec<u64> {
     let n = regions.div_ceil(64) as usize;
-    let mut words: Vec<u64> = bytes
-        .chunks(8)
-        .take(n)
-        .map(|c| {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            u64::from_le_bytes(w)
-        })
-        .collect();
+    let mut words: Vec<u64> = bytes.chunks(8).take(n).map(|c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        u64::from_le_bytes(w)
+    }).collect();
     words.resize(n, 0);
     if !regions.is_multiple_of(64) {
         // Bits past the last region mean nothing; keep them clear.
@@ -247,18 +228,8 @@ mod tests {
             member_bytes: 1 << 30,
             region_bytes: 4 << 20,
             events: 42,
-            owner: Owner {
-                session: 9,
-                heartbeat: 100,
-                pid: 1234,
-                host: "node-a".into(),
-            },
-            roles: vec![
-                Role::Active,
-                Role::Missing { since: 40 },
-                Role::Rebuilding { done: 5, total: 10 },
-                Role::Active,
-            ],
+            owner: Owner { session: 9, heartbeat: 100, pid: 1234, host: "node-a".into() },
+            roles: vec![Role::Active, Role::Missing { since: 40 }, Role::Rebuilding { done: 5, total: 10 }, Role::Active],
         }
     }
 

@@ -10,8 +10,8 @@
 use serde::Deserialize;
 
 use crate::limits::{
-    MEMBERS_MAX, MEMBER_TIMEOUT_DEFAULT_MS, RESYNC_RATE_DEFAULT_BYTES_PER_S,
-    STRIPE_UNIT_DEFAULT_BYTES, STRIPE_UNIT_MAX_BYTES, STRIPE_UNIT_MIN_BYTES,
+    MEMBERS_MAX, MEMBER_TIMEOUT_DEFAULT_MS, RESYNC_RATE_DEFAULT_BYTES_PER_S, STRIPE_UNIT_DEFAULT_BYTES, STRIPE_UNIT_MAX_BYTES,
+    STRIPE_UNIT_MIN_BYTES,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -43,9 +43,7 @@ impl Layout {
     }
 
     pub fn from_code(c: u8) -> Option<Layout> {
-        [Layout::Stripe, Layout::Mirror, Layout::Raid10]
-            .into_iter()
-            .find(|l| l.code() == c)
+        [Layout::Stripe, Layout::Mirror, Layout::Raid10].into_iter().find(|l| l.code() == c)
     }
 
     pub fn redundant(self) -> bool {
@@ -83,8 +81,7 @@ struct File {
 impl PoolSpec {
     /// Reads and checks a pool file.
     pub fn load(path: &std::path::Path) -> Result<PoolSpec, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read pool file {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read pool file {}: {e}", path.display()))?;
         PoolSpec::parse(&text).map_err(|e| format!("pool file {}: {e}", path.display()))
     }
 
@@ -93,27 +90,14 @@ impl PoolSpec {
         let file: File = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner().to_string();
-            if path == "." {
-                inner
-            } else {
-                format!("{path}: {inner}")
-            }
+            if path == "." { inner } else { format!("{path}: {inner}") }
         })?;
         let copies = match (file.layout, file.copies) {
             (Layout::Stripe, None | Some(1)) => 1,
-            (Layout::Stripe, Some(n)) => {
-                return Err(format!(
-                    "copies = {n} makes no sense for a stripe (use mirror or raid10)"
-                ))
-            }
+            (Layout::Stripe, Some(n)) => return Err(format!("copies = {n} makes no sense for a stripe (use mirror or raid10)")),
             (_, None) => 2,
             (_, Some(n)) if n >= 2 => n,
-            (_, Some(n)) => {
-                return Err(format!(
-                    "copies must be at least 2 for {}, not {n}",
-                    file.layout.name()
-                ))
-            }
+            (_, Some(n)) => return Err(format!("copies must be at least 2 for {}, not {n}", file.layout.name())),
         };
         let n = file.members.len();
         if n == 0 {
@@ -124,9 +108,7 @@ impl PoolSpec {
         }
         match file.layout {
             Layout::Mirror if n != copies => {
-                return Err(format!(
-                    "a mirror with copies = {copies} needs exactly {copies} members, not {n}"
-                ));
+                return Err(format!("a mirror with copies = {copies} needs exactly {copies} members, not {n}"));
             }
             Layout::Raid10 if n < copies || !n.is_multiple_of(copies) => {
                 return Err(format!("raid10 with copies = {copies} needs a multiple of {copies} members (at least {copies}), not {n}"));
@@ -139,16 +121,12 @@ impl PoolSpec {
             }
         }
         let stripe_unit = match (file.layout, &file.stripe_unit) {
-            (Layout::Mirror, Some(_)) => {
-                return Err("stripe-unit makes no sense for a mirror".into())
-            }
+            (Layout::Mirror, Some(_)) => return Err("stripe-unit makes no sense for a mirror".into()),
             (Layout::Mirror, None) => u64::MAX,
             (_, None) => STRIPE_UNIT_DEFAULT_BYTES,
             (_, Some(s)) => {
                 let u = sluice_size(s).map_err(|e| format!("stripe-unit: {e}"))?;
-                if !u.is_power_of_two()
-                    || !(STRIPE_UNIT_MIN_BYTES..=STRIPE_UNIT_MAX_BYTES).contains(&u)
-                {
+                if !u.is_power_of_two() || !(STRIPE_UNIT_MIN_BYTES..=STRIPE_UNIT_MAX_BYTES).contains(&u) {
                     return Err(format!(
                         "stripe-unit {s:?} must be a power of two from {}K to {}M",
                         STRIPE_UNIT_MIN_BYTES >> 10,
@@ -165,22 +143,11 @@ impl PoolSpec {
         let resync_rate_bytes_per_s = match &file.resync_rate {
             None => RESYNC_RATE_DEFAULT_BYTES_PER_S,
             Some(s) => match sluice_size(s) {
-                Ok(0) | Err(_) => {
-                    return Err(format!(
-                        "resync-rate {s:?} must be a size per second such as \"100M\""
-                    ))
-                }
+                Ok(0) | Err(_) => return Err(format!("resync-rate {s:?} must be a size per second such as \"100M\"")),
                 Ok(v) => v,
             },
         };
-        Ok(PoolSpec {
-            layout: file.layout,
-            stripe_unit,
-            copies,
-            members: file.members,
-            member_timeout_ms,
-            resync_rate_bytes_per_s,
-        })
+        Ok(PoolSpec { layout: file.layout, stripe_unit, copies, members: file.members, member_timeout_ms, resync_rate_bytes_per_s })
     }
 
     /// Mirror sets: each is `copies` consecutive members.
@@ -225,22 +192,11 @@ mod tests {
 
     #[test]
     fn good_files() {
-        let p = PoolSpec::parse(&format!(
-            "layout = \"raid10\"\nstripe-unit = \"64K\"\n{}",
-            members(4)
-        ))
-        .unwrap();
-        assert_eq!(
-            (p.layout, p.stripe_unit, p.copies, p.sets()),
-            (Layout::Raid10, 65536, 2, 2)
-        );
+        let p = PoolSpec::parse(&format!("layout = \"raid10\"\nstripe-unit = \"64K\"\n{}", members(4))).unwrap();
+        assert_eq!((p.layout, p.stripe_unit, p.copies, p.sets()), (Layout::Raid10, 65536, 2, 2));
         let p = PoolSpec::parse(&format!("layout = \"stripe\"\n{}", members(3))).unwrap();
         assert_eq!((p.copies, p.sets(), p.stripe_unit), (1, 3, 512 << 10));
-        let p = PoolSpec::parse(&format!(
-            "layout = \"mirror\"\ncopies = 3\nmember-timeout = \"250ms\"\n{}",
-            members(3)
-        ))
-        .unwrap();
+        let p = PoolSpec::parse(&format!("layout = \"mirror\"\ncopies = 3\nmember-timeout = \"250ms\"\n{}", members(3))).unwrap();
         assert_eq!((p.copies, p.sets(), p.member_timeout_ms), (3, 1, 250));
     }
 
@@ -248,33 +204,14 @@ mod tests {
     fn bad_files_say_why() {
         let err = |t: String| PoolSpec::parse(&t).unwrap_err();
         assert!(err(format!("layout = \"raid5\"\n{}", members(3))).contains("raid5"));
-        assert!(err(format!(
-            "layout = \"stripe\"\nstripe-unit = \"48K\"\n{}",
-            members(2)
-        ))
-        .contains("power of two"));
-        assert!(err(format!(
-            "layout = \"stripe\"\nstripe-unit = \"2K\"\n{}",
-            members(2)
-        ))
-        .contains("power of two"));
+        assert!(err(format!("layout = \"stripe\"\nstripe-unit = \"48K\"\n{}", members(2))).contains("power of two"));
+        assert!(err(format!("layout = \"stripe\"\nstripe-unit = \"2K\"\n{}", members(2))).contains("power of two"));
         assert!(err(format!("layout = \"raid10\"\n{}", members(3))).contains("multiple of 2"));
-        assert!(
-            err(format!("layout = \"mirror\"\ncopies = 3\n{}", members(2)))
-                .contains("exactly 3 members")
-        );
-        assert!(
-            err(format!("layout = \"mirror\"\ncopies = 1\n{}", members(1))).contains("at least 2")
-        );
-        assert!(
-            err(format!("layout = \"stripe\"\nstripes = 2\n{}", members(2))).contains("stripes")
-        );
+        assert!(err(format!("layout = \"mirror\"\ncopies = 3\n{}", members(2))).contains("exactly 3 members"));
+        assert!(err(format!("layout = \"mirror\"\ncopies = 1\n{}", members(1))).contains("at least 2"));
+        assert!(err(format!("layout = \"stripe\"\nstripes = 2\n{}", members(2))).contains("stripes"));
         assert!(err("layout = \"stripe\"\nmembers = [\"a\", \"a\"]".into()).contains("twice"));
         assert!(err("layout = \"stripe\"\nmembers = []".into()).contains("empty"));
-        assert!(err(format!(
-            "layout = \"stripe\"\nmember-timeout = \"soon\"\n{}",
-            members(2)
-        ))
-        .contains("duration"));
+        assert!(err(format!("layout = \"stripe\"\nmember-timeout = \"soon\"\n{}", members(2))).contains("duration"));
     }
 }

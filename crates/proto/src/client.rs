@@ -43,9 +43,7 @@ pub fn decode_greeting(b: &[u8; GREETING_BYTES]) -> Result<u16, Malformed> {
     }
     match be64(b, 8) {
         IHAVEOPT => Ok(be16(b, 16)),
-        0x0000_4202_8186_1253 => {
-            malformed("the server speaks oldstyle NBD, which is not supported")
-        }
+        0x0000_4202_8186_1253 => malformed("the server speaks oldstyle NBD, which is not supported"),
         other => malformed(format!("unknown handshake style {other:#018x}")),
     }
 }
@@ -98,11 +96,7 @@ impl OptionReply {
         if be64(b, 0) != OPTION_REPLY_MAGIC {
             return malformed("bad option reply magic");
         }
-        Ok(OptionReply {
-            option: be32(b, 8),
-            kind: be32(b, 12),
-            len: be32(b, 16),
-        })
+        Ok(OptionReply { option: be32(b, 8), kind: be32(b, 12), len: be32(b, 16) })
     }
 
     pub fn is_error(&self) -> bool {
@@ -149,28 +143,17 @@ pub fn decode_server_entry(p: &[u8]) -> Result<(String, Option<String>), Malform
     let n = be32(p, 0) as usize;
     let name = string(p, 4, n, "export name")?;
     let rest = p.len() - 4 - n;
-    let description = if rest > 0 {
-        Some(string(p, 4 + n, rest, "export description")?)
-    } else {
-        None
-    };
+    let description = if rest > 0 { Some(string(p, 4 + n, rest, "export description")?) } else { None };
     Ok((name, description))
 }
 
 /// One NBD_REP_INFO payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Info {
-    Export {
-        size: u64,
-        flags: u16,
-    },
+    Export { size: u64, flags: u16 },
     Name(String),
     Description(String),
-    BlockSize {
-        min: u32,
-        preferred: u32,
-        max: u32,
-    },
+    BlockSize { min: u32, preferred: u32, max: u32 },
     /// A type this client does not know; the spec says to ignore it.
     Unknown(u16),
 }
@@ -180,23 +163,11 @@ pub fn decode_info(p: &[u8]) -> Result<Info, Malformed> {
         return malformed("NBD_REP_INFO without a type");
     }
     let kind = be16(p, 0);
-    let want = |n: usize| {
-        if p.len() == n {
-            Ok(())
-        } else {
-            malformed(format!(
-                "NBD_REP_INFO type {kind} has length {}, want {n}",
-                p.len()
-            ))
-        }
-    };
+    let want = |n: usize| if p.len() == n { Ok(()) } else { malformed(format!("NBD_REP_INFO type {kind} has length {}, want {n}", p.len())) };
     Ok(match kind {
         INFO_EXPORT => {
             want(12)?;
-            Info::Export {
-                size: be64(p, 2),
-                flags: be16(p, 10),
-            }
+            Info::Export { size: be64(p, 2), flags: be16(p, 10) }
         }
         INFO_NAME => Info::Name(string(p, 2, p.len() - 2, "export name")?),
         INFO_DESCRIPTION => Info::Description(string(p, 2, p.len() - 2, "export description")?),
@@ -205,21 +176,10 @@ pub fn decode_info(p: &[u8]) -> Result<Info, Malformed> {
             let (min, preferred, max) = (be32(p, 2), be32(p, 6), be32(p, 10));
             // The spec's constraints: powers of two, min <= 64K, min <= preferred, and max a
             // multiple of min (or the whole export). A server breaking them is not believed.
-            if !min.is_power_of_two()
-                || min > 65536
-                || !preferred.is_power_of_two()
-                || preferred < min
-                || max < min.max(1)
-            {
-                return malformed(format!(
-                    "impossible block sizes min={min} preferred={preferred} max={max}"
-                ));
+            if !min.is_power_of_two() || min > 65536 || !preferred.is_power_of_two() || preferred < min || max < min.max(1) {
+                return malformed(format!("impossible block sizes min={min} preferred={preferred} max={max}"));
             }
-            Info::BlockSize {
-                min,
-                preferred,
-                max,
-            }
+            Info::BlockSize { min, preferred, max }
         }
         other => Info::Unknown(other),
     })
@@ -230,10 +190,7 @@ pub fn decode_meta_context(p: &[u8]) -> Result<(u32, String), Malformed> {
     if p.len() < 4 {
         return malformed("NBD_REP_META_CONTEXT shorter than its id");
     }
-    Ok((
-        be32(p, 0),
-        string(p, 4, p.len() - 4, "metadata context name")?,
-    ))
+    Ok((be32(p, 0), string(p, 4, p.len() - 4, "metadata context name")?))
 }
 
 /// The error message an option error reply may carry, if it is printable.
@@ -264,12 +221,7 @@ pub struct ChunkHeader {
 
 impl ChunkHeader {
     pub fn decode(rest: &[u8; CHUNK_HEADER_BYTES - 4]) -> ChunkHeader {
-        ChunkHeader {
-            flags: be16(rest, 0),
-            kind: be16(rest, 2),
-            handle: be64(rest, 4),
-            len: be32(rest, 12),
-        }
+        ChunkHeader { flags: be16(rest, 0), kind: be16(rest, 2), handle: be64(rest, 4), len: be32(rest, 12) }
     }
 
     pub fn done(&self) -> bool {
@@ -310,9 +262,7 @@ pub fn decode_error_chunk(kind: u16, p: &[u8]) -> Result<ErrorChunk, Malformed> 
     let tail = p.len() - 6 - n;
     let offset = match (kind, tail) {
         (REPLY_TYPE_ERROR_OFFSET, 8) => Some(be64(p, 6 + n)),
-        (REPLY_TYPE_ERROR_OFFSET, _) => {
-            return malformed("ERROR_OFFSET chunk without an 8-byte offset")
-        }
+        (REPLY_TYPE_ERROR_OFFSET, _) => return malformed("ERROR_OFFSET chunk without an 8-byte offset"),
         (REPLY_TYPE_ERROR, 0) => None,
         (REPLY_TYPE_ERROR, _) => return malformed("ERROR chunk longer than its message"),
         // Unknown error types: their layout past the message is not ours to read.
@@ -321,26 +271,16 @@ pub fn decode_error_chunk(kind: u16, p: &[u8]) -> Result<ErrorChunk, Malformed> 
     if code == 0 {
         return malformed("error chunk with error code 0");
     }
-    Ok(ErrorChunk {
-        code,
-        message,
-        offset,
-    })
+    Ok(ErrorChunk { code, message, offset })
 }
 
 /// A BLOCK_STATUS payload: context id, then (length, flags) descriptors.
 pub fn decode_block_status(p: &[u8]) -> Result<(u32, Vec<(u32, u32)>), Malformed> {
     if p.len() < 12 || !(p.len() - 4).is_multiple_of(8) {
-        return malformed(format!(
-            "BLOCK_STATUS chunk of {} bytes is not 4 + 8n with n >= 1",
-            p.len()
-        ));
+        return malformed(format!("BLOCK_STATUS chunk of {} bytes is not 4 + 8n with n >= 1", p.len()));
     }
     let id = be32(p, 0);
-    let extents = p[4..]
-        .chunks_exact(8)
-        .map(|d| (be32(d, 0), be32(d, 4)))
-        .collect();
+    let extents = p[4..].chunks_exact(8).map(|d| (be32(d, 0), be32(d, 4))).collect();
     Ok((id, extents))
 }
 
@@ -367,26 +307,13 @@ mod tests {
         let mut p = INFO_EXPORT.to_be_bytes().to_vec();
         p.extend_from_slice(&(1u64 << 30).to_be_bytes());
         p.extend_from_slice(&3u16.to_be_bytes());
-        assert_eq!(
-            decode_info(&p),
-            Ok(Info::Export {
-                size: 1 << 30,
-                flags: 3
-            })
-        );
+        assert_eq!(decode_info(&p), Ok(Info::Export { size: 1 << 30, flags: 3 }));
         assert!(decode_info(&p[..11]).is_err());
         let mut b = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
         for v in [512u32, 4096, 1 << 25] {
             b.extend_from_slice(&v.to_be_bytes());
         }
-        assert_eq!(
-            decode_info(&b),
-            Ok(Info::BlockSize {
-                min: 512,
-                preferred: 4096,
-                max: 1 << 25
-            })
-        );
+        assert_eq!(decode_info(&b), Ok(Info::BlockSize { min: 512, preferred: 4096, max: 1 << 25 }));
         b[2..6].copy_from_slice(&3u32.to_be_bytes());
         assert!(decode_info(&b).is_err(), "min not a power of two");
         assert_eq!(decode_info(&[0, 99]), Ok(Info::Unknown(99)));
@@ -397,10 +324,7 @@ mod tests {
     fn server_entry_lengths() {
         let mut p = 3u32.to_be_bytes().to_vec();
         p.extend_from_slice(b"abcdesc");
-        assert_eq!(
-            decode_server_entry(&p),
-            Ok(("abc".into(), Some("desc".into())))
-        );
+        assert_eq!(decode_server_entry(&p), Ok(("abc".into(), Some("desc".into()))));
         p[0..4].copy_from_slice(&99u32.to_be_bytes());
         assert!(decode_server_entry(&p).is_err());
         p[0..4].copy_from_slice(&u32::MAX.to_be_bytes());
@@ -412,48 +336,21 @@ mod tests {
         let mut out = Vec::new();
         reply::error_chunk(&mut out, 7, crate::Errno::Io, "disk on fire", Some(4096));
         let h = ChunkHeader::decode(out[4..20].try_into().unwrap());
-        assert_eq!(
-            (h.handle, h.kind, h.done()),
-            (7, REPLY_TYPE_ERROR_OFFSET, true)
-        );
+        assert_eq!((h.handle, h.kind, h.done()), (7, REPLY_TYPE_ERROR_OFFSET, true));
         let e = decode_error_chunk(h.kind, &out[20..]).unwrap();
-        assert_eq!(
-            e,
-            ErrorChunk {
-                code: 5,
-                message: "disk on fire".into(),
-                offset: Some(4096)
-            }
-        );
+        assert_eq!(e, ErrorChunk { code: 5, message: "disk on fire".into(), offset: Some(4096) });
         // Message length pointing past the payload.
         let mut bad = out[20..].to_vec();
         bad[4..6].copy_from_slice(&1000u16.to_be_bytes());
         assert!(decode_error_chunk(h.kind, &bad).is_err());
         assert!(decode_error_chunk(REPLY_TYPE_ERROR, &[0, 0, 0, 5, 0]).is_err());
-        assert!(
-            decode_error_chunk(REPLY_TYPE_ERROR, &[0, 0, 0, 0, 0, 0]).is_err(),
-            "code 0"
-        );
+        assert!(decode_error_chunk(REPLY_TYPE_ERROR, &[0, 0, 0, 0, 0, 0]).is_err(), "code 0");
     }
 
     #[test]
     fn block_status_shapes() {
         let mut out = Vec::new();
-        reply::block_status(
-            &mut out,
-            1,
-            9,
-            &[
-                reply::Extent {
-                    length: 4096,
-                    flags: 3,
-                },
-                reply::Extent {
-                    length: 512,
-                    flags: 0,
-                },
-            ],
-        );
+        reply::block_status(&mut out, 1, 9, &[reply::Extent { length: 4096, flags: 3 }, reply::Extent { length: 512, flags: 0 }]);
         let (id, e) = decode_block_status(&out[20..]).unwrap();
         assert_eq!((id, e), (9, vec![(4096, 3), (512, 0)]));
         assert!(decode_block_status(&out[20..30]).is_err());

@@ -78,13 +78,7 @@ impl Default for Handshake {
 
 impl Handshake {
     pub fn new() -> Handshake {
-        Handshake {
-            state: State::ClientFlags,
-            no_zeroes: false,
-            structured: false,
-            meta: None,
-            options_seen: 0,
-        }
+        Handshake { state: State::ClientFlags, no_zeroes: false, structured: false, meta: None, options_seen: 0 }
     }
 
     /// The server's opening bytes, sent before anything is read.
@@ -112,9 +106,7 @@ impl Handshake {
     }
 
     fn client_flags(&mut self, data: &[u8]) -> Next {
-        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
-            return close("short client flags");
-        };
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else { return close("short client flags") };
         let flags = u32::from_be_bytes(bytes);
         if flags & FLAG_C_FIXED_NEWSTYLE == 0 {
             return close("client does not speak fixed newstyle");
@@ -128,9 +120,7 @@ impl Handshake {
     }
 
     fn option_header(&mut self, data: &[u8], out: &mut Vec<u8>) -> Next {
-        let Ok(b) = <[u8; OPTION_HEADER_BYTES]>::try_from(data) else {
-            return close("short option header");
-        };
+        let Ok(b) = <[u8; OPTION_HEADER_BYTES]>::try_from(data) else { return close("short option header") };
         let magic = u64::from_be_bytes(b[0..8].try_into().unwrap());
         let option = u32::from_be_bytes(b[8..12].try_into().unwrap());
         let length = u32::from_be_bytes(b[12..16].try_into().unwrap());
@@ -155,13 +145,7 @@ impl Handshake {
         Next::Read(length as usize)
     }
 
-    fn option(
-        &mut self,
-        option: u32,
-        data: &[u8],
-        catalog: &dyn Catalog,
-        out: &mut Vec<u8>,
-    ) -> Next {
+    fn option(&mut self, option: u32, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
         self.state = State::OptionHeader;
         let again = Next::Read(OPTION_HEADER_BYTES);
         match option {
@@ -197,28 +181,16 @@ impl Handshake {
             }
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
-                    option_reply(
-                        out,
-                        option,
-                        REP_ERR_INVALID,
-                        b"STRUCTURED_REPLY takes no data",
-                    );
+                    option_reply(out, option, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data");
                 } else if self.structured {
-                    option_reply(
-                        out,
-                        option,
-                        REP_ERR_INVALID,
-                        b"structured replies already negotiated",
-                    );
+                    option_reply(out, option, REP_ERR_INVALID, b"structured replies already negotiated");
                 } else {
                     self.structured = true;
                     option_reply(out, option, REP_ACK, &[]);
                 }
             }
             OPT_INFO | OPT_GO => return self.info_or_go(option, data, catalog, out),
-            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                self.meta_context(option, data, catalog, out)
-            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.meta_context(option, data, catalog, out),
             _ => option_reply(out, option, REP_ERR_UNSUP, b"option not supported"),
         }
         again
@@ -228,12 +200,8 @@ impl Handshake {
         // EXPORT_NAME ends the handshake whatever happens, so no later input is parsed.
         self.state = State::Finished;
         // No error reply exists for EXPORT_NAME: a bad name ends the connection.
-        let Some(name) = string(data) else {
-            return close("export name is not UTF-8 or too long");
-        };
-        let Some(summary) = catalog.lookup(name) else {
-            return close(format!("unknown export {name:?}"));
-        };
+        let Some(name) = string(data) else { return close("export name is not UTF-8 or too long") };
+        let Some(summary) = catalog.lookup(name) else { return close(format!("unknown export {name:?}")) };
         let negotiated = self.negotiated(name, summary);
         out.extend_from_slice(&negotiated.summary.size.to_be_bytes());
         out.extend_from_slice(&negotiated.flags.to_be_bytes());
@@ -243,13 +211,7 @@ impl Handshake {
         Next::Transmission(Box::new(negotiated))
     }
 
-    fn info_or_go(
-        &mut self,
-        option: u32,
-        data: &[u8],
-        catalog: &dyn Catalog,
-        out: &mut Vec<u8>,
-    ) -> Next {
+    fn info_or_go(&mut self, option: u32, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
         let again = Next::Read(OPTION_HEADER_BYTES);
         let mut r = Reader(data);
         let parsed = (|| {
@@ -269,12 +231,7 @@ impl Handshake {
         let Some(summary) = catalog.lookup(name) else {
             let msg = format!("export {name:?} not found");
             // The quoted name can be longer than the spec allows any string to be.
-            option_reply(
-                out,
-                option,
-                REP_ERR_UNKNOWN,
-                truncate_utf8(&msg, STRING_MAX_BYTES).as_bytes(),
-            );
+            option_reply(out, option, REP_ERR_UNKNOWN, truncate_utf8(&msg, STRING_MAX_BYTES).as_bytes());
             return again;
         };
         let flags = self.flags(&summary);
@@ -298,11 +255,7 @@ impl Handshake {
         // wants non-default constraints advertised (a client that did not ask ignores it).
         {
             let mut p = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
-            for v in [
-                summary.block_min,
-                summary.block_preferred,
-                summary.block_max,
-            ] {
+            for v in [summary.block_min, summary.block_preferred, summary.block_max] {
                 p.extend_from_slice(&v.to_be_bytes());
             }
             option_reply(out, option, REP_INFO, &p);
@@ -322,12 +275,7 @@ impl Handshake {
             self.meta = None;
         }
         if set && !self.structured {
-            option_reply(
-                out,
-                option,
-                REP_ERR_INVALID,
-                b"SET_META_CONTEXT needs structured replies first",
-            );
+            option_reply(out, option, REP_ERR_INVALID, b"SET_META_CONTEXT needs structured replies first");
             return;
         }
         let mut r = Reader(data);
@@ -345,33 +293,20 @@ impl Handshake {
             Some((name, queries))
         })();
         let Some((name, queries)) = parsed else {
-            option_reply(
-                out,
-                option,
-                REP_ERR_INVALID,
-                b"malformed metadata context request",
-            );
+            option_reply(out, option, REP_ERR_INVALID, b"malformed metadata context request");
             return;
         };
         if catalog.lookup(name).is_none() {
             let msg = format!("export {name:?} not found");
             // The quoted name can be longer than the spec allows any string to be.
-            option_reply(
-                out,
-                option,
-                REP_ERR_UNKNOWN,
-                truncate_utf8(&msg, STRING_MAX_BYTES).as_bytes(),
-            );
+            option_reply(out, option, REP_ERR_UNKNOWN, truncate_utf8(&msg, STRING_MAX_BYTES).as_bytes());
             return;
         }
         let selected = if set {
             queries.contains(&META_BASE_ALLOCATION)
         } else {
             // LIST with no queries asks for everything; "base:" asks for the whole namespace.
-            queries.is_empty()
-                || queries
-                    .iter()
-                    .any(|q| *q == META_BASE_ALLOCATION || *q == "base:")
+            queries.is_empty() || queries.iter().any(|q| *q == META_BASE_ALLOCATION || *q == "base:")
         };
         if selected {
             // LIST replies carry id 0: ids mean something only once SET chose them.
@@ -414,9 +349,7 @@ impl Handshake {
 }
 
 fn close(reason: impl Into<String>) -> Next {
-    Next::Close {
-        reason: reason.into(),
-    }
+    Next::Close { reason: reason.into() }
 }
 
 /// Appends one option reply.

@@ -14,12 +14,7 @@ pub fn simple(handle: u64, error: Option<Errno>) -> [u8; SIMPLE_REPLY_BYTES] {
 }
 
 /// Header shared by every structured chunk; `payload_len` counts the bytes after it.
-pub fn chunk_header(
-    handle: u64,
-    kind: u16,
-    done: bool,
-    payload_len: u32,
-) -> [u8; CHUNK_HEADER_BYTES] {
+pub fn chunk_header(handle: u64, kind: u16, done: bool, payload_len: u32) -> [u8; CHUNK_HEADER_BYTES] {
     let mut b = [0u8; CHUNK_HEADER_BYTES];
     b[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
     let flags = if done { REPLY_FLAG_DONE } else { 0 };
@@ -34,39 +29,19 @@ pub fn chunk_header(
 pub const OFFSET_DATA_HEADER_BYTES: usize = CHUNK_HEADER_BYTES + 8;
 
 /// Header of an OFFSET_DATA chunk carrying `data_len` bytes read at `offset`.
-pub fn offset_data_header(
-    handle: u64,
-    offset: u64,
-    data_len: u32,
-    done: bool,
-) -> [u8; OFFSET_DATA_HEADER_BYTES] {
+pub fn offset_data_header(handle: u64, offset: u64, data_len: u32, done: bool) -> [u8; OFFSET_DATA_HEADER_BYTES] {
     let mut b = [0u8; OFFSET_DATA_HEADER_BYTES];
     // A chunk's length field is 32 bits; callers keep data within the request maximum.
     debug_assert!(data_len <= u32::MAX - 8);
-    b[..CHUNK_HEADER_BYTES].copy_from_slice(&chunk_header(
-        handle,
-        REPLY_TYPE_OFFSET_DATA,
-        done,
-        data_len + 8,
-    ));
+    b[..CHUNK_HEADER_BYTES].copy_from_slice(&chunk_header(handle, REPLY_TYPE_OFFSET_DATA, done, data_len + 8));
     b[CHUNK_HEADER_BYTES..].copy_from_slice(&offset.to_be_bytes());
     b
 }
 
 /// A whole OFFSET_HOLE chunk: `len` bytes of zeros at `offset`.
-pub fn offset_hole(
-    handle: u64,
-    offset: u64,
-    len: u32,
-    done: bool,
-) -> [u8; CHUNK_HEADER_BYTES + 12] {
+pub fn offset_hole(handle: u64, offset: u64, len: u32, done: bool) -> [u8; CHUNK_HEADER_BYTES + 12] {
     let mut b = [0u8; CHUNK_HEADER_BYTES + 12];
-    b[..CHUNK_HEADER_BYTES].copy_from_slice(&chunk_header(
-        handle,
-        REPLY_TYPE_OFFSET_HOLE,
-        done,
-        12,
-    ));
+    b[..CHUNK_HEADER_BYTES].copy_from_slice(&chunk_header(handle, REPLY_TYPE_OFFSET_HOLE, done, 12));
     b[CHUNK_HEADER_BYTES..CHUNK_HEADER_BYTES + 8].copy_from_slice(&offset.to_be_bytes());
     b[CHUNK_HEADER_BYTES + 8..].copy_from_slice(&len.to_be_bytes());
     b
@@ -79,20 +54,10 @@ pub fn done_none(handle: u64) -> [u8; CHUNK_HEADER_BYTES] {
 
 /// Appends an ERROR chunk, or ERROR_OFFSET when `offset` names the failing byte. Always
 /// final: sluice ends a request at its first error.
-pub fn error_chunk(
-    out: &mut Vec<u8>,
-    handle: u64,
-    errno: Errno,
-    message: &str,
-    offset: Option<u64>,
-) {
+pub fn error_chunk(out: &mut Vec<u8>, handle: u64, errno: Errno, message: &str, offset: Option<u64>) {
     // The message length field is 16 bits; keep it also well under the option string limit.
     let message = truncate_utf8(message, crate::limits::STRING_MAX_BYTES);
-    let kind = if offset.is_some() {
-        REPLY_TYPE_ERROR_OFFSET
-    } else {
-        REPLY_TYPE_ERROR
-    };
+    let kind = if offset.is_some() { REPLY_TYPE_ERROR_OFFSET } else { REPLY_TYPE_ERROR };
     let payload_len = 6 + message.len() + if offset.is_some() { 8 } else { 0 };
     out.extend_from_slice(&chunk_header(handle, kind, true, payload_len as u32));
     out.extend_from_slice(&errno.code().to_be_bytes());
@@ -112,17 +77,9 @@ pub struct Extent {
 
 /// Appends a final BLOCK_STATUS chunk for metadata context `context_id`.
 pub fn block_status(out: &mut Vec<u8>, handle: u64, context_id: u32, extents: &[Extent]) {
-    debug_assert!(
-        !extents.is_empty(),
-        "a block status reply describes at least one extent"
-    );
+    debug_assert!(!extents.is_empty(), "a block status reply describes at least one extent");
     let payload_len = 4 + 8 * extents.len();
-    out.extend_from_slice(&chunk_header(
-        handle,
-        REPLY_TYPE_BLOCK_STATUS,
-        true,
-        payload_len as u32,
-    ));
+    out.extend_from_slice(&chunk_header(handle, REPLY_TYPE_BLOCK_STATUS, true, payload_len as u32));
     out.extend_from_slice(&context_id.to_be_bytes());
     for e in extents {
         out.extend_from_slice(&e.length.to_be_bytes());
@@ -159,12 +116,7 @@ mod tests {
         let boundaries = [0, 1, 3, 6, 10];
         for max in 0..s.len() {
             let cut = truncate_utf8(s, max);
-            let expected = boundaries
-                .iter()
-                .copied()
-                .filter(|&b| b <= max)
-                .max()
-                .unwrap();
+            let expected = boundaries.iter().copied().filter(|&b| b <= max).max().unwrap();
             assert_eq!(cut.len(), expected, "max {max}");
         }
         assert_eq!(truncate_utf8("😀", 3), "");

@@ -98,34 +98,14 @@ impl Range {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
     /// `whole` is the DF flag: the client wants the data in one chunk.
-    Read {
-        range: Range,
-        whole: bool,
-    },
-    Write {
-        range: Range,
-        fua: bool,
-    },
+    Read { range: Range, whole: bool },
+    Write { range: Range, fua: bool },
     Flush,
-    Trim {
-        range: Range,
-        fua: bool,
-    },
-    Cache {
-        range: Range,
-    },
+    Trim { range: Range, fua: bool },
+    Cache { range: Range },
     /// `may_trim` is the inverse of NO_HOLE; `fast` is FAST_ZERO.
-    WriteZeroes {
-        range: Range,
-        fua: bool,
-        may_trim: bool,
-        fast: bool,
-    },
-    BlockStatus {
-        range: Range,
-        context_id: u32,
-        one: bool,
-    },
+    WriteZeroes { range: Range, fua: bool, may_trim: bool, fast: bool },
+    BlockStatus { range: Range, context_id: u32, one: bool },
     Disconnect,
 }
 
@@ -147,21 +127,9 @@ pub struct Rejection {
 
 /// The boundary check: everything a client controls in a request header is judged here.
 pub fn validate(raw: &RawRequest, s: &Session) -> Result<Request, Rejection> {
-    let reject = |errno, reason| Rejection {
-        handle: raw.handle,
-        errno,
-        discard: raw.payload_len(),
-        reason,
-    };
+    let reject = |errno, reason| Rejection { handle: raw.handle, errno, discard: raw.payload_len(), reason };
     let allowed = match raw.kind {
-        CMD_READ => {
-            CMD_FLAG_FUA
-                | if s.flags & FLAG_SEND_DF != 0 {
-                    CMD_FLAG_DF
-                } else {
-                    0
-                }
-        }
+        CMD_READ => CMD_FLAG_FUA | if s.flags & FLAG_SEND_DF != 0 { CMD_FLAG_DF } else { 0 },
         CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
         CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
         CMD_BLOCK_STATUS => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
@@ -191,45 +159,21 @@ pub fn validate(raw: &RawRequest, s: &Session) -> Result<Request, Rejection> {
     }
     if matches!(raw.kind, CMD_FLUSH | CMD_DISC) {
         // The spec asks clients to send zero offset and length here; we do not insist.
-        let command = if raw.kind == CMD_FLUSH {
-            Command::Flush
-        } else {
-            Command::Disconnect
-        };
-        return Ok(Request {
-            handle: raw.handle,
-            command,
-        });
+        let command = if raw.kind == CMD_FLUSH { Command::Flush } else { Command::Disconnect };
+        return Ok(Request { handle: raw.handle, command });
     }
     if matches!(raw.kind, CMD_READ | CMD_WRITE) && raw.length > s.payload_max_bytes {
-        let errno = if raw.kind == CMD_READ && raw.flags & CMD_FLAG_DF != 0 {
-            Errno::Overflow
-        } else {
-            Errno::Inval
-        };
+        let errno = if raw.kind == CMD_READ && raw.flags & CMD_FLAG_DF != 0 { Errno::Overflow } else { Errno::Inval };
         return Err(reject(errno, "request larger than the maximum payload"));
     }
-    let in_bounds = raw
-        .offset
-        .checked_add(raw.length as u64)
-        .is_some_and(|end| end <= s.size);
+    let in_bounds = raw.offset.checked_add(raw.length as u64).is_some_and(|end| end <= s.size);
     if !in_bounds {
-        let errno = if matches!(raw.kind, CMD_WRITE | CMD_WRITE_ZEROES) {
-            Errno::NoSpc
-        } else {
-            Errno::Inval
-        };
+        let errno = if matches!(raw.kind, CMD_WRITE | CMD_WRITE_ZEROES) { Errno::NoSpc } else { Errno::Inval };
         return Err(reject(errno, "request beyond the end of the export"));
     }
-    let range = Range {
-        offset: raw.offset,
-        length: raw.length,
-    };
+    let range = Range { offset: raw.offset, length: raw.length };
     let command = match raw.kind {
-        CMD_READ => Command::Read {
-            range,
-            whole: raw.flags & CMD_FLAG_DF != 0,
-        },
+        CMD_READ => Command::Read { range, whole: raw.flags & CMD_FLAG_DF != 0 },
         CMD_WRITE => Command::Write { range, fua },
         CMD_TRIM => Command::Trim { range, fua },
         CMD_CACHE => Command::Cache { range },
@@ -246,16 +190,9 @@ pub fn validate(raw: &RawRequest, s: &Session) -> Result<Request, Rejection> {
             if raw.length == 0 {
                 return Err(reject(Errno::Inval, "block status of zero bytes"));
             }
-            Command::BlockStatus {
-                range,
-                context_id,
-                one: raw.flags & CMD_FLAG_REQ_ONE != 0,
-            }
+            Command::BlockStatus { range, context_id, one: raw.flags & CMD_FLAG_REQ_ONE != 0 }
         }
         _ => unreachable!("command kinds were matched above"),
     };
-    Ok(Request {
-        handle: raw.handle,
-        command,
-    })
+    Ok(Request { handle: raw.handle, command })
 }

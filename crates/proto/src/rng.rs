@@ -10,19 +10,11 @@ pub struct Rng {
 
 impl Rng {
     pub fn seeded(seed: u64) -> Rng {
-        Rng {
-            bytes: Vec::new(),
-            at: 0,
-            state: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
-        }
+        Rng { bytes: Vec::new(), at: 0, state: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1 }
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Rng {
-        Rng {
-            bytes: bytes.to_vec(),
-            at: 0,
-            state: (bytes.len() as u64).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1,
-        }
+        Rng { bytes: bytes.to_vec(), at: 0, state: (bytes.len() as u64).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1 }
     }
 
     fn next(&mut self) -> u64 {

@@ -5,10 +5,7 @@
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let bad = || format!("size {s:?} is not a number with an optional K/M/G/T/P suffix");
     let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
     let (num, shift) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let shift = match c.to_ascii_uppercase() {

@@ -34,10 +34,7 @@ fn handshake_starts_by_reading_four_bytes_of_client_flags() {
 
 #[test]
 fn fixed_newstyle_client_flags_lead_to_an_option_header_read() {
-    for flags in [
-        FLAG_C_FIXED_NEWSTYLE,
-        FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES,
-    ] {
+    for flags in [FLAG_C_FIXED_NEWSTYLE, FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES] {
         let d = Driver::fixed_with(TestCatalog::standard(), flags);
         d.assert_continues();
     }
@@ -72,10 +69,7 @@ fn bad_option_magic_closes_without_a_reply() {
     let mut header = option(OPT_LIST, &[]);
     header[0..8].copy_from_slice(b"IHAVEOPS");
     let out = d.send(&header);
-    assert!(
-        out.is_empty(),
-        "no reply can be trusted to reach an out-of-sync client"
-    );
+    assert!(out.is_empty(), "no reply can be trusted to reach an out-of-sync client");
     d.assert_closed();
 }
 
@@ -86,17 +80,11 @@ fn wrong_sized_input_is_closed_rather_than_misparsed() {
     let mut hs = Handshake::new();
     let mut out = Vec::new();
     let catalog = TestCatalog::standard();
-    assert!(matches!(
-        hs.input(&[0, 0, 1], &catalog, &mut out),
-        Next::Close { .. }
-    ));
+    assert!(matches!(hs.input(&[0, 0, 1], &catalog, &mut out), Next::Close { .. }));
 
     let mut d = Driver::fixed();
     let mut out = Vec::new();
-    assert!(matches!(
-        d.hs.input(&option(OPT_LIST, &[])[..15], &d.catalog, &mut out),
-        Next::Close { .. }
-    ));
+    assert!(matches!(d.hs.input(&option(OPT_LIST, &[])[..15], &d.catalog, &mut out), Next::Close { .. }));
     assert!(out.is_empty());
 }
 
@@ -125,10 +113,7 @@ fn export_name_reply_is_size_flags_and_124_zero_bytes() {
 #[test]
 fn export_name_reply_drops_the_zero_bytes_when_the_client_sent_no_zeroes() {
     // The server always advertises NO_ZEROES, so the client's flag alone decides.
-    let mut d = Driver::fixed_with(
-        TestCatalog::standard(),
-        FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES,
-    );
+    let mut d = Driver::fixed_with(TestCatalog::standard(), FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
     let out = d.send(&option(OPT_EXPORT_NAME, b"disk"));
     let mut expected = DISK_SIZE_BYTES.to_vec();
     expected.extend_from_slice(&DISK_TFLAGS);
@@ -138,10 +123,7 @@ fn export_name_reply_drops_the_zero_bytes_when_the_client_sent_no_zeroes() {
 
 #[test]
 fn export_name_empty_selects_the_default_export() {
-    let mut d = Driver::fixed_with(
-        TestCatalog::standard(),
-        FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES,
-    );
+    let mut d = Driver::fixed_with(TestCatalog::standard(), FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
     let out = d.send(&option(OPT_EXPORT_NAME, b""));
     // 4096 bytes, HAS_FLAGS | READ_ONLY.
     assert_eq!(out, [0, 0, 0, 0, 0, 0, 0x10, 0, 0x00, 0x03]);
@@ -150,10 +132,7 @@ fn export_name_empty_selects_the_default_export() {
 
 #[test]
 fn export_name_after_structured_reply_carries_send_df_and_structured() {
-    let mut d = Driver::fixed_with(
-        TestCatalog::standard(),
-        FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES,
-    );
+    let mut d = Driver::fixed_with(TestCatalog::standard(), FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
     d.structured();
     let out = d.send(&option(OPT_EXPORT_NAME, b"disk"));
     let mut expected = DISK_SIZE_BYTES.to_vec();
@@ -245,11 +224,7 @@ const BLOCK_SIZE_INFO: [u8; 14] = [0, 3, 0, 0, 0, 1, 0, 0, 0x10, 0, 0x02, 0, 0, 
 
 /// The info type of each REP_INFO in `replies`, in order.
 fn info_types(replies: &[OptReply]) -> Vec<u16> {
-    replies
-        .iter()
-        .filter(|r| r.kind == REP_INFO)
-        .map(|r| u16::from_be_bytes([r.data[0], r.data[1]]))
-        .collect()
+    replies.iter().filter(|r| r.kind == REP_INFO).map(|r| u16::from_be_bytes([r.data[0], r.data[1]])).collect()
 }
 
 #[test]
@@ -269,16 +244,8 @@ fn info_without_requests_sends_info_export_and_block_size_then_ack() {
 fn info_sends_requested_name_and_description_before_the_block_size() {
     // The order of the replies is fixed, whatever the order of the requests.
     let mut expected = reply_bytes(OPT_INFO, REP_INFO, &disk_info_export(DISK_TFLAGS));
-    expected.extend(reply_bytes(
-        OPT_INFO,
-        REP_INFO,
-        &[&[0, 1][..], b"disk"].concat(),
-    ));
-    expected.extend(reply_bytes(
-        OPT_INFO,
-        REP_INFO,
-        &[&[0, 2][..], DISK_DESCRIPTION.as_bytes()].concat(),
-    ));
+    expected.extend(reply_bytes(OPT_INFO, REP_INFO, &[&[0, 1][..], b"disk"].concat()));
+    expected.extend(reply_bytes(OPT_INFO, REP_INFO, &[&[0, 2][..], DISK_DESCRIPTION.as_bytes()].concat()));
     expected.extend(reply_bytes(OPT_INFO, REP_INFO, &BLOCK_SIZE_INFO));
     expected.extend(reply_bytes(OPT_INFO, REP_ACK, &[]));
     for requests in [
@@ -299,10 +266,7 @@ fn info_sends_name_and_description_only_when_requested_and_block_size_always() {
     // another request; the block size appears every time, once, last.
     for (request, types) in [
         (INFO_NAME, vec![INFO_EXPORT, INFO_NAME, INFO_BLOCK_SIZE]),
-        (
-            INFO_DESCRIPTION,
-            vec![INFO_EXPORT, INFO_DESCRIPTION, INFO_BLOCK_SIZE],
-        ),
+        (INFO_DESCRIPTION, vec![INFO_EXPORT, INFO_DESCRIPTION, INFO_BLOCK_SIZE]),
         (INFO_BLOCK_SIZE, vec![INFO_EXPORT, INFO_BLOCK_SIZE]),
     ] {
         let mut d = Driver::fixed();
@@ -318,15 +282,7 @@ fn info_ignores_unknown_and_repeated_requests() {
     // Spec: unknown info requests MUST be ignored; each item SHOULD be sent at most once,
     // so INFO_EXPORT and the block size come once each however often they are named.
     let mut d = Driver::fixed();
-    let requests = [
-        INFO_NAME,
-        99,
-        INFO_BLOCK_SIZE,
-        INFO_NAME,
-        0xffff,
-        INFO_EXPORT,
-        INFO_BLOCK_SIZE,
-    ];
+    let requests = [INFO_NAME, 99, INFO_BLOCK_SIZE, INFO_NAME, 0xffff, INFO_EXPORT, INFO_BLOCK_SIZE];
     let replies = d.option(OPT_INFO, &info_data(b"disk", &requests));
     let kinds: Vec<(u32, Vec<u8>)> = replies.into_iter().map(|r| (r.kind, r.data)).collect();
     assert_eq!(
@@ -349,16 +305,8 @@ fn info_description_is_left_out_when_the_export_has_none() {
     assert_eq!(
         replies,
         vec![
-            OptReply {
-                option: OPT_INFO,
-                kind: REP_INFO,
-                data: export.to_vec()
-            },
-            OptReply {
-                option: OPT_INFO,
-                kind: REP_INFO,
-                data: BLOCK_SIZE_INFO.to_vec()
-            },
+            OptReply { option: OPT_INFO, kind: REP_INFO, data: export.to_vec() },
+            OptReply { option: OPT_INFO, kind: REP_INFO, data: BLOCK_SIZE_INFO.to_vec() },
             ack(OPT_INFO),
         ]
     );
@@ -375,19 +323,8 @@ fn info_and_go_send_the_block_size_unrequested_for_every_export() {
                     d.structured();
                 }
                 let replies = d.option(opt, &info_data(name, &[]));
-                assert_eq!(
-                    info_types(&replies),
-                    vec![INFO_EXPORT, INFO_BLOCK_SIZE],
-                    "option {opt}, export {name:?}"
-                );
-                assert_eq!(
-                    replies[1],
-                    OptReply {
-                        option: opt,
-                        kind: REP_INFO,
-                        data: BLOCK_SIZE_INFO.to_vec()
-                    }
-                );
+                assert_eq!(info_types(&replies), vec![INFO_EXPORT, INFO_BLOCK_SIZE], "option {opt}, export {name:?}");
+                assert_eq!(replies[1], OptReply { option: opt, kind: REP_INFO, data: BLOCK_SIZE_INFO.to_vec() });
                 assert_eq!(replies[2..], [ack(opt)]);
             }
         }
@@ -430,16 +367,8 @@ fn go_after_info_returns_the_same_information() {
         let mut d = Driver::fixed();
         d.structured();
         let data = info_data(b"disk", requests);
-        let info: Vec<_> = d
-            .option(OPT_INFO, &data)
-            .into_iter()
-            .map(|r| (r.kind, r.data))
-            .collect();
-        let go: Vec<_> = d
-            .option(OPT_GO, &data)
-            .into_iter()
-            .map(|r| (r.kind, r.data))
-            .collect();
+        let info: Vec<_> = d.option(OPT_INFO, &data).into_iter().map(|r| (r.kind, r.data)).collect();
+        let go: Vec<_> = d.option(OPT_GO, &data).into_iter().map(|r| (r.kind, r.data)).collect();
         assert_eq!(info, go, "requests {requests:?}");
         assert_eq!(d.negotiated().flags, 0x008d);
     }
@@ -473,11 +402,7 @@ fn unknown_export_error_message_stays_within_the_string_limit() {
         };
         let replies = d.option(opt, &data);
         assert_single_error(&replies, opt, REP_ERR_UNKNOWN);
-        assert!(
-            replies[0].data.len() <= STRING_MAX_BYTES,
-            "message of {} bytes",
-            replies[0].data.len()
-        );
+        assert!(replies[0].data.len() <= STRING_MAX_BYTES, "message of {} bytes", replies[0].data.len());
     }
 }
 
@@ -487,10 +412,7 @@ fn info_accepts_a_name_of_exactly_the_string_limit() {
     let catalog = TestCatalog::with(vec![(long.as_str(), summary(512, 0, None))]);
     let mut d = Driver::fixed_with(catalog, FLAG_C_FIXED_NEWSTYLE);
     let replies = d.option(OPT_INFO, &info_data(long.as_bytes(), &[INFO_NAME]));
-    assert_eq!(
-        info_types(&replies),
-        vec![INFO_EXPORT, INFO_NAME, INFO_BLOCK_SIZE]
-    );
+    assert_eq!(info_types(&replies), vec![INFO_EXPORT, INFO_NAME, INFO_BLOCK_SIZE]);
     assert_eq!(replies[1].data[2..], *long.as_bytes());
     assert_eq!(replies[2].data, BLOCK_SIZE_INFO);
     assert_eq!(replies.len(), 4);
@@ -505,9 +427,7 @@ fn structured_reply_is_acked_once_then_invalid() {
     let mut d = Driver::fixed();
     let out = d.send(&option(OPT_STRUCTURED_REPLY, &[]));
     // Fully spelled out once: magic, option 8, ACK (1), length 0.
-    let expected = [
-        0x00, 0x03, 0xe8, 0x89, 0x04, 0x55, 0x65, 0xa9, 0, 0, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0,
-    ];
+    let expected = [0x00, 0x03, 0xe8, 0x89, 0x04, 0x55, 0x65, 0xa9, 0, 0, 0, 8, 0, 0, 0, 1, 0, 0, 0, 0];
     assert_eq!(out, expected);
 
     let replies = d.option(OPT_STRUCTURED_REPLY, &[]);
@@ -539,18 +459,10 @@ fn send_df_is_advertised_only_once_structured_replies_are_negotiated() {
 
     let mut d = Driver::fixed_with(catalog(), FLAG_C_FIXED_NEWSTYLE);
     let before = d.option(OPT_INFO, &info_data(b"df", &[]));
-    assert_eq!(
-        before[0].data[10..12],
-        [0x00, 0x05],
-        "HAS_FLAGS | SEND_FLUSH, no DF"
-    );
+    assert_eq!(before[0].data[10..12], [0x00, 0x05], "HAS_FLAGS | SEND_FLUSH, no DF");
     d.structured();
     let after = d.option(OPT_INFO, &info_data(b"df", &[]));
-    assert_eq!(
-        after[0].data[10..12],
-        [0x00, 0x85],
-        "DF appears with structured replies"
-    );
+    assert_eq!(after[0].data[10..12], [0x00, 0x85], "DF appears with structured replies");
 
     let mut d = Driver::fixed_with(catalog(), FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
     let out = d.send(&option(OPT_EXPORT_NAME, b"df"));
@@ -573,10 +485,7 @@ fn list_meta_context_reports_base_allocation_with_id_zero() {
     // Spec: ids in LIST replies SHOULD be 0; they only mean something once SET picks them.
     let mut d = Driver::fixed();
     d.structured();
-    let out = d.send(&option(
-        OPT_LIST_META_CONTEXT,
-        &meta_data(b"disk", &[b"base:allocation"]),
-    ));
+    let out = d.send(&option(OPT_LIST_META_CONTEXT, &meta_data(b"disk", &[b"base:allocation"])));
     let mut expected = meta_reply(OPT_LIST_META_CONTEXT, 0);
     expected.extend(reply_bytes(OPT_LIST_META_CONTEXT, REP_ACK, &[]));
     assert_eq!(out, expected);
@@ -601,10 +510,7 @@ fn list_meta_context_ignores_unknown_contexts_silently() {
     let mut d = Driver::fixed();
     d.structured();
     let queries: &[&[u8]] = &[b"qemu:dirty-bitmap:x", b"base:other", b"nonsense", b""];
-    assert_eq!(
-        d.option(OPT_LIST_META_CONTEXT, &meta_data(b"disk", queries)),
-        vec![ack(OPT_LIST_META_CONTEXT)]
-    );
+    assert_eq!(d.option(OPT_LIST_META_CONTEXT, &meta_data(b"disk", queries)), vec![ack(OPT_LIST_META_CONTEXT)]);
 }
 
 #[test]
@@ -619,10 +525,7 @@ fn list_meta_context_works_before_structured_reply() {
 #[test]
 fn set_meta_context_before_structured_reply_is_invalid() {
     let mut d = Driver::fixed();
-    let replies = d.option(
-        OPT_SET_META_CONTEXT,
-        &meta_data(b"disk", &[b"base:allocation"]),
-    );
+    let replies = d.option(OPT_SET_META_CONTEXT, &meta_data(b"disk", &[b"base:allocation"]));
     assert_single_error(&replies, OPT_SET_META_CONTEXT, REP_ERR_INVALID);
     d.assert_continues();
     // Negotiating structured replies afterwards does not revive the refused SET.
@@ -635,10 +538,7 @@ fn set_meta_context_before_structured_reply_is_invalid() {
 fn set_meta_context_selects_base_allocation_for_the_go_export() {
     let mut d = Driver::fixed();
     d.structured();
-    let out = d.send(&option(
-        OPT_SET_META_CONTEXT,
-        &meta_data(b"disk", &[b"base:allocation"]),
-    ));
+    let out = d.send(&option(OPT_SET_META_CONTEXT, &meta_data(b"disk", &[b"base:allocation"])));
     let mut expected = meta_reply(OPT_SET_META_CONTEXT, BASE_ALLOCATION_ID);
     expected.extend(reply_bytes(OPT_SET_META_CONTEXT, REP_ACK, &[]));
     assert_eq!(out, expected);
@@ -650,15 +550,9 @@ fn set_meta_context_selects_base_allocation_for_the_go_export() {
 
 #[test]
 fn set_meta_context_also_carries_over_to_export_name() {
-    let mut d = Driver::fixed_with(
-        TestCatalog::standard(),
-        FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES,
-    );
+    let mut d = Driver::fixed_with(TestCatalog::standard(), FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
     d.structured();
-    d.option(
-        OPT_SET_META_CONTEXT,
-        &meta_data(b"disk", &[b"base:allocation"]),
-    );
+    d.option(OPT_SET_META_CONTEXT, &meta_data(b"disk", &[b"base:allocation"]));
     d.send(&option(OPT_EXPORT_NAME, b"disk"));
     assert_eq!(d.negotiated().base_allocation, Some(BASE_ALLOCATION_ID));
 }
@@ -680,10 +574,7 @@ fn set_meta_context_ignores_bare_base_and_empty_query_lists() {
     for queries in [&[&b"base:"[..]][..], &[]] {
         let mut d = Driver::fixed();
         d.structured();
-        assert_eq!(
-            d.option(OPT_SET_META_CONTEXT, &meta_data(b"disk", queries)),
-            vec![ack(OPT_SET_META_CONTEXT)]
-        );
+        assert_eq!(d.option(OPT_SET_META_CONTEXT, &meta_data(b"disk", queries)), vec![ack(OPT_SET_META_CONTEXT)]);
         d.option(OPT_GO, &info_data(b"disk", &[]));
         assert_eq!(d.negotiated().base_allocation, None);
     }
@@ -693,14 +584,8 @@ fn set_meta_context_ignores_bare_base_and_empty_query_lists() {
 fn set_meta_context_replaces_the_previous_selection_even_when_it_fails() {
     let mut d = Driver::fixed();
     d.structured();
-    d.option(
-        OPT_SET_META_CONTEXT,
-        &meta_data(b"disk", &[b"base:allocation"]),
-    );
-    let replies = d.option(
-        OPT_SET_META_CONTEXT,
-        &meta_data(b"missing", &[b"base:allocation"]),
-    );
+    d.option(OPT_SET_META_CONTEXT, &meta_data(b"disk", &[b"base:allocation"]));
+    let replies = d.option(OPT_SET_META_CONTEXT, &meta_data(b"missing", &[b"base:allocation"]));
     assert_single_error(&replies, OPT_SET_META_CONTEXT, REP_ERR_UNKNOWN);
     d.option(OPT_GO, &info_data(b"disk", &[]));
     assert_eq!(d.negotiated().base_allocation, None);
@@ -737,11 +622,7 @@ fn starttls_is_refused_by_policy() {
     let mut d = Driver::fixed();
     assert_single_error(&d.option(OPT_STARTTLS, &[]), OPT_STARTTLS, REP_ERR_POLICY);
     d.assert_continues();
-    assert_single_error(
-        &d.option(OPT_STARTTLS, b"junk"),
-        OPT_STARTTLS,
-        REP_ERR_INVALID,
-    );
+    assert_single_error(&d.option(OPT_STARTTLS, b"junk"), OPT_STARTTLS, REP_ERR_INVALID);
     d.assert_continues();
 }
 
@@ -749,12 +630,7 @@ fn starttls_is_refused_by_policy() {
 fn unknown_options_are_unsupported_and_the_handshake_continues() {
     // Option 4 is the withdrawn PEEK_EXPORT, 11 is EXTENDED_HEADERS, which sluice lacks.
     let mut d = Driver::fixed();
-    for (opt, data) in [
-        (0u32, &b""[..]),
-        (4, b""),
-        (11, b""),
-        (0xdead_beef, b"some payload to skip"),
-    ] {
+    for (opt, data) in [(0u32, &b""[..]), (4, b""), (11, b""), (0xdead_beef, b"some payload to skip")] {
         assert_single_error(&d.option(opt, data), opt, REP_ERR_UNSUP);
         d.assert_continues();
     }
@@ -780,10 +656,7 @@ fn option_data_up_to_the_limit_is_read() {
     let mut d = Driver::fixed();
     let mut out = Vec::new();
     let header = option_with_len(0x7777, OPTION_DATA_MAX_BYTES, &[]);
-    assert_eq!(
-        d.hs.input(&header, &d.catalog, &mut out),
-        Next::Read(OPTION_DATA_MAX_BYTES as usize)
-    );
+    assert_eq!(d.hs.input(&header, &d.catalog, &mut out), Next::Read(OPTION_DATA_MAX_BYTES as usize));
     assert!(out.is_empty());
 }
 
@@ -837,13 +710,8 @@ fn input_after_the_handshake_ended_is_refused() {
     for mut d in endings {
         assert!(!matches!(d.next, Next::Read(_)));
         let mut out = Vec::new();
-        let next =
-            d.hs.input(&option(OPT_LIST, &[])[..16], &d.catalog, &mut out);
-        assert!(
-            matches!(next, Next::Close { .. }),
-            "after {:?}: {next:?}",
-            d.next
-        );
+        let next = d.hs.input(&option(OPT_LIST, &[])[..16], &d.catalog, &mut out);
+        assert!(matches!(next, Next::Close { .. }), "after {:?}: {next:?}", d.next);
         assert!(out.is_empty());
     }
 }

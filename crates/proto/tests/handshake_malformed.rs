@@ -14,16 +14,8 @@ fn assert_invalid(opt: u32, data: &[u8]) {
     let mut d = Driver::fixed();
     d.structured();
     let replies = d.option(opt, data);
-    assert_eq!(
-        replies.len(),
-        1,
-        "option {opt}, data {data:02x?}: {replies:?}"
-    );
-    assert_eq!(
-        (replies[0].option, replies[0].kind),
-        (opt, REP_ERR_INVALID),
-        "data {data:02x?}"
-    );
+    assert_eq!(replies.len(), 1, "option {opt}, data {data:02x?}: {replies:?}");
+    assert_eq!((replies[0].option, replies[0].kind), (opt, REP_ERR_INVALID), "data {data:02x?}");
     d.assert_continues();
     // The machine is still usable: a well-formed option afterwards succeeds.
     assert_eq!(d.option(OPT_LIST, &[]).last(), Some(&ack(OPT_LIST)));
@@ -62,13 +54,7 @@ fn info_and_go_with_trailing_garbage_are_invalid() {
 fn info_and_go_name_length_past_the_end_is_invalid() {
     // The name length is the first thing read; each of these points beyond the option.
     let rest = [&b"disk"[..], &[0, 0]].concat();
-    for name_len in [
-        rest.len() as u32 - 1,
-        rest.len() as u32,
-        5000,
-        u32::MAX / 2,
-        u32::MAX,
-    ] {
+    for name_len in [rest.len() as u32 - 1, rest.len() as u32, 5000, u32::MAX / 2, u32::MAX] {
         for opt in INFO_OPTIONS {
             let mut data = name_len.to_be_bytes().to_vec();
             data.extend_from_slice(&rest);
@@ -158,10 +144,7 @@ fn meta_context_query_count_at_the_limit_is_accepted() {
         d.structured();
         let replies = d.option(opt, &meta_data(b"disk", &queries));
         // One context however often it is named.
-        assert_eq!(
-            replies.iter().map(|r| r.kind).collect::<Vec<_>>(),
-            vec![REP_META_CONTEXT, REP_ACK]
-        );
+        assert_eq!(replies.iter().map(|r| r.kind).collect::<Vec<_>>(), vec![REP_META_CONTEXT, REP_ACK]);
     }
 }
 
@@ -183,10 +166,7 @@ fn meta_context_names_and_queries_over_the_limit_or_not_utf8_are_invalid() {
 fn failed_set_meta_context_leaves_no_context_selected() {
     let mut d = Driver::fixed();
     d.structured();
-    d.option(
-        OPT_SET_META_CONTEXT,
-        &meta_data(b"disk", &[b"base:allocation"]),
-    );
+    d.option(OPT_SET_META_CONTEXT, &meta_data(b"disk", &[b"base:allocation"]));
     let full = meta_data(b"disk", &[b"base:allocation"]);
     let replies = d.option(OPT_SET_META_CONTEXT, &full[..full.len() - 1]);
     assert_eq!(replies[0].kind, REP_ERR_INVALID);

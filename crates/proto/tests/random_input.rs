@@ -38,9 +38,7 @@ impl Rng {
         items[self.below(items.len() as u64) as usize]
     }
     fn bytes(&mut self, max_len: u64) -> Vec<u8> {
-        (0..self.below(max_len + 1))
-            .map(|_| self.next() as u8)
-            .collect()
+        (0..self.below(max_len + 1)).map(|_| self.next() as u8).collect()
     }
 }
 
@@ -48,10 +46,7 @@ impl Rng {
 fn run(name: &str, i: u32, input: &[u8], body: fn(&[u8])) {
     if let Err(panic) = std::panic::catch_unwind(|| body(input)) {
         let hex: String = input.iter().map(|b| format!("{b:02x}")).collect();
-        eprintln!(
-            "{name} input #{i} failed; input ({} bytes): {hex}",
-            input.len()
-        );
+        eprintln!("{name} input #{i} failed; input ({} bytes): {hex}", input.len());
         std::panic::resume_unwind(panic);
     }
 }
@@ -76,27 +71,14 @@ fn option_data(rng: &mut Rng, option: u32, favourite: &str) -> Vec<u8> {
         OPT_EXPORT_NAME => export_name(rng, favourite),
         OPT_INFO | OPT_GO => {
             let requests: Vec<u16> = (0..rng.below(5))
-                .map(|_| {
-                    if rng.percent(90) {
-                        rng.below(5) as u16
-                    } else {
-                        rng.next() as u16
-                    }
-                })
+                .map(|_| if rng.percent(90) { rng.below(5) as u16 } else { rng.next() as u16 })
                 .collect();
             info_data(&export_name(rng, favourite), &requests)
         }
         OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
             let random = rng.bytes(6);
-            let choices: [&[u8]; 7] = [
-                b"base:allocation",
-                b"base:allocation",
-                b"base:",
-                b"base:other",
-                b"qemu:dirty-bitmap:a",
-                b"",
-                &random,
-            ];
+            let choices: [&[u8]; 7] =
+                [b"base:allocation", b"base:allocation", b"base:", b"base:other", b"qemu:dirty-bitmap:a", b"", &random];
             let queries: Vec<&[u8]> = (0..rng.below(4)).map(|_| rng.pick(&choices)).collect();
             meta_data(&export_name(rng, favourite), &queries)
         }
@@ -134,10 +116,7 @@ fn handshake_input(rng: &mut Rng) -> Vec<u8> {
     let client_flags = match rng.below(20) {
         0 => rng.next() as u32,
         1 => rng.below(8) as u32,
-        _ => rng.pick(&[
-            FLAG_C_FIXED_NEWSTYLE,
-            FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES,
-        ]),
+        _ => rng.pick(&[FLAG_C_FIXED_NEWSTYLE, FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES]),
     };
     input.extend(client_flags.to_be_bytes());
     // Options come in random order, but SET_META_CONTEXT only selects anything after
@@ -159,11 +138,7 @@ fn handshake_input(rng: &mut Rng) -> Vec<u8> {
             2 => rng.next() as u32,
             _ => data.len() as u32,
         };
-        let magic = if rng.percent(98) {
-            IHAVEOPT
-        } else {
-            IHAVEOPT ^ (1 << rng.below(64))
-        };
+        let magic = if rng.percent(98) { IHAVEOPT } else { IHAVEOPT ^ (1 << rng.below(64)) };
         input.extend(magic.to_be_bytes());
         input.extend(option.to_be_bytes());
         input.extend(length.to_be_bytes());
@@ -190,24 +165,9 @@ fn handshake_harness_holds_on_random_option_streams() {
 
 fn session(rng: &mut Rng) -> Session {
     let random = rng.next();
-    let size = rng.pick(&[
-        0,
-        1,
-        4096,
-        1 << 20,
-        1 << 40,
-        u64::MAX,
-        u64::MAX - 4095,
-        random,
-    ]);
+    let size = rng.pick(&[0, 1, 4096, 1 << 20, 1 << 40, u64::MAX, u64::MAX - 4095, random]);
     let context_id = rng.pick(&[0, 1, random as u32]);
-    let payload_max_bytes = rng.pick(&[
-        REQUEST_PAYLOAD_MAX_BYTES,
-        4096,
-        0,
-        u32::MAX,
-        (random >> 32) as u32,
-    ]);
+    let payload_max_bytes = rng.pick(&[REQUEST_PAYLOAD_MAX_BYTES, 4096, 0, u32::MAX, (random >> 32) as u32]);
     Session {
         size,
         // Every combination of advertised features, READ_ONLY included.
@@ -219,28 +179,11 @@ fn session(rng: &mut Rng) -> Session {
 }
 
 fn request_bytes(rng: &mut Rng, s: &Session) -> [u8; REQUEST_BYTES] {
-    let kind = if rng.percent(90) {
-        rng.below(9) as u16
-    } else {
-        rng.next() as u16
-    };
-    let flags = if rng.percent(70) {
-        rng.below(32) as u16
-    } else {
-        rng.next() as u16
-    };
+    let kind = if rng.percent(90) { rng.below(9) as u16 } else { rng.next() as u16 };
+    let flags = if rng.percent(70) { rng.below(32) as u16 } else { rng.next() as u16 };
     let max = s.payload_max_bytes;
     let random = rng.next();
-    let length = rng.pick(&[
-        0,
-        1,
-        512,
-        4096,
-        max,
-        max.wrapping_add(1),
-        u32::MAX,
-        random as u32,
-    ]);
+    let length = rng.pick(&[0, 1, 512, 4096, max, max.wrapping_add(1), u32::MAX, random as u32]);
     let len = length as u64;
     let offset = rng.pick(&[
         0,
@@ -253,14 +196,7 @@ fn request_bytes(rng: &mut Rng, s: &Session) -> [u8; REQUEST_BYTES] {
         random,
         random % s.size.saturating_add(1),
     ]);
-    let mut b = RawRequest {
-        flags,
-        kind,
-        handle: rng.next(),
-        offset,
-        length,
-    }
-    .encode();
+    let mut b = RawRequest { flags, kind, handle: rng.next(), offset, length }.encode();
     if rng.percent(5) {
         b[rng.below(4) as usize] ^= 1 << rng.below(8);
     }
@@ -323,9 +259,7 @@ fn server_message_input(rng: &mut Rng) -> Vec<u8> {
         }
         2 | 4 => {
             let name = rng.bytes(20);
-            let mut p = (name.len() as u32 + rng.below(3) as u32)
-                .to_be_bytes()
-                .to_vec();
+            let mut p = (name.len() as u32 + rng.below(3) as u32).to_be_bytes().to_vec();
             p.extend(name);
             p.extend(rng.bytes(10));
             p

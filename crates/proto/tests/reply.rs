@@ -65,11 +65,7 @@ fn simple_reply_success_is_magic_zero_error_and_handle() {
 fn simple_reply_carries_each_error_code() {
     for (errno, code, _) in ALL_ERRNOS {
         let expected = cat(&[&SIMPLE_MAGIC, &code.to_be_bytes(), &HANDLE_BYTES]);
-        assert_eq!(
-            reply::simple(HANDLE, Some(errno)).to_vec(),
-            expected,
-            "{errno}"
-        );
+        assert_eq!(reply::simple(HANDLE, Some(errno)).to_vec(), expected, "{errno}");
     }
 }
 
@@ -80,35 +76,17 @@ fn simple_reply_carries_each_error_code() {
 #[test]
 fn chunk_header_lays_out_flags_type_handle_and_length() {
     let done = reply::chunk_header(HANDLE, REPLY_TYPE_BLOCK_STATUS, true, 0x0a0b_0c0d);
-    let expected = cat(&[
-        &STRUCTURED_MAGIC,
-        &[0, 1],
-        &[0, 5],
-        &HANDLE_BYTES,
-        &[0x0a, 0x0b, 0x0c, 0x0d],
-    ]);
+    let expected = cat(&[&STRUCTURED_MAGIC, &[0, 1], &[0, 5], &HANDLE_BYTES, &[0x0a, 0x0b, 0x0c, 0x0d]]);
     assert_eq!(done.to_vec(), expected);
 
     let more = reply::chunk_header(HANDLE, REPLY_TYPE_ERROR_OFFSET, false, 0);
-    let expected = cat(&[
-        &STRUCTURED_MAGIC,
-        &[0, 0],
-        &[0x80, 0x02],
-        &HANDLE_BYTES,
-        &[0, 0, 0, 0],
-    ]);
+    let expected = cat(&[&STRUCTURED_MAGIC, &[0, 0], &[0x80, 0x02], &HANDLE_BYTES, &[0, 0, 0, 0]]);
     assert_eq!(more.to_vec(), expected);
 }
 
 #[test]
 fn done_none_is_an_empty_final_chunk_of_type_none() {
-    let expected = cat(&[
-        &STRUCTURED_MAGIC,
-        &[0, 1],
-        &[0, 0],
-        &HANDLE_BYTES,
-        &[0, 0, 0, 0],
-    ]);
+    let expected = cat(&[&STRUCTURED_MAGIC, &[0, 1], &[0, 0], &HANDLE_BYTES, &[0, 0, 0, 0]]);
     assert_eq!(reply::done_none(HANDLE).to_vec(), expected);
 }
 
@@ -203,16 +181,8 @@ fn error_chunk_appends_to_what_is_already_in_the_buffer() {
 fn error_message(chunk: &[u8]) -> (usize, usize, &str) {
     let len = u32::from_be_bytes(chunk[16..20].try_into().unwrap()) as usize;
     let msg_len = u16::from_be_bytes(chunk[24..26].try_into().unwrap()) as usize;
-    assert_eq!(
-        chunk.len(),
-        20 + len,
-        "chunk length field covers the payload exactly"
-    );
-    (
-        len,
-        msg_len,
-        std::str::from_utf8(&chunk[26..26 + msg_len]).expect("message is UTF-8"),
-    )
+    assert_eq!(chunk.len(), 20 + len, "chunk length field covers the payload exactly");
+    (len, msg_len, std::str::from_utf8(&chunk[26..26 + msg_len]).expect("message is UTF-8"))
 }
 
 #[test]
@@ -224,10 +194,7 @@ fn error_chunk_message_is_cut_to_the_string_limit() {
         let (len, msg_len, msg) = error_message(&out);
         assert_eq!(msg_len, STRING_MAX_BYTES);
         assert_eq!(msg, &long[..STRING_MAX_BYTES]);
-        assert_eq!(
-            len,
-            6 + STRING_MAX_BYTES + if offset.is_some() { 8 } else { 0 }
-        );
+        assert_eq!(len, 6 + STRING_MAX_BYTES + if offset.is_some() { 8 } else { 0 });
     }
 }
 
@@ -263,16 +230,7 @@ fn error_chunk_message_is_cut_at_a_utf8_boundary() {
 #[test]
 fn block_status_chunk_lists_context_then_length_and_flags_pairs() {
     let mut out = Vec::new();
-    let extents = [
-        Extent {
-            length: 4096,
-            flags: STATE_HOLE | STATE_ZERO,
-        },
-        Extent {
-            length: 0x2000,
-            flags: 0,
-        },
-    ];
+    let extents = [Extent { length: 4096, flags: STATE_HOLE | STATE_ZERO }, Extent { length: 0x2000, flags: 0 }];
     reply::block_status(&mut out, HANDLE, 1, &extents);
     // context(4) + 2 × (length(4) flags(4)) = 20.
     let expected = cat(&[
@@ -293,17 +251,6 @@ fn block_status_chunk_lists_context_then_length_and_flags_pairs() {
 #[test]
 fn block_status_chunk_with_one_extent_is_twelve_payload_bytes() {
     let mut out = Vec::new();
-    reply::block_status(
-        &mut out,
-        0,
-        0xdead_beef,
-        &[Extent {
-            length: 1,
-            flags: STATE_ZERO,
-        }],
-    );
-    assert_eq!(
-        out[16..],
-        [0, 0, 0, 12, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1, 0, 0, 0, 2]
-    );
+    reply::block_status(&mut out, 0, 0xdead_beef, &[Extent { length: 1, flags: STATE_ZERO }]);
+    assert_eq!(out[16..], [0, 0, 0, 12, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1, 0, 0, 0, 2]);
 }

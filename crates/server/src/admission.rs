@@ -15,9 +15,7 @@ impl Permit {
     /// A permit if fewer than `max` are out.
     pub fn try_take(count: &Arc<AtomicUsize>, max: usize) -> Option<Permit> {
         count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
             .ok()
             .map(|_| Permit(Arc::clone(count)))
     }
@@ -40,11 +38,7 @@ pub struct Budget {
 
 impl Budget {
     pub fn new(max_bytes: usize) -> Budget {
-        Budget {
-            used_bytes: 0,
-            max_bytes,
-            waiters: VecDeque::new(),
-        }
+        Budget { used_bytes: 0, max_bytes, waiters: VecDeque::new() }
     }
 
     pub fn is_full(&self) -> bool {
@@ -63,10 +57,7 @@ impl Budget {
     }
 
     pub fn give(&mut self, bytes: usize) {
-        debug_assert!(
-            bytes <= self.used_bytes,
-            "a budget is given back only what was taken"
-        );
+        debug_assert!(bytes <= self.used_bytes, "a budget is given back only what was taken");
         self.used_bytes -= bytes;
     }
 

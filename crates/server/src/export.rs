@@ -102,10 +102,7 @@ impl std::str::FromStr for DataPath {
             "direct" => Ok(DataPath::Direct),
             "splice" => Ok(DataPath::Splice),
             "splice-direct" => Ok(DataPath::SpliceDirect),
-            _ => Err(SpecError(format!(
-                "unknown data path {s:?} (expected {})",
-                DataPath::NAMES
-            ))),
+            _ => Err(SpecError(format!("unknown data path {s:?} (expected {})", DataPath::NAMES))),
         }
     }
 }
@@ -133,26 +130,14 @@ pub struct Export {
 
 impl Export {
     pub fn open(name: &str, spec: &Spec, options: Options) -> std::io::Result<Export> {
-        let Options {
-            read_only,
-            description,
-            mut data_path,
-            chunk_bytes,
-        } = options;
+        let Options { read_only, description, mut data_path, chunk_bytes } = options;
         let backend: Box<dyn Backend> = match spec {
             Spec::Path(p) => {
                 let mut b = FileBackend::open(p, read_only)?;
                 if data_path.uses_direct() {
                     if let Err(e) = b.open_direct(p, read_only) {
-                        let fallback = if data_path == DataPath::Direct {
-                            DataPath::Copy
-                        } else {
-                            DataPath::Splice
-                        };
-                        log::warn!(
-                            "export {name:?}: no O_DIRECT on {} ({e}); using the {fallback} path",
-                            p.display()
-                        );
+                        let fallback = if data_path == DataPath::Direct { DataPath::Copy } else { DataPath::Splice };
+                        log::warn!("export {name:?}: no O_DIRECT on {} ({e}); using the {fallback} path", p.display());
                         data_path = fallback;
                     }
                 }
@@ -161,25 +146,14 @@ impl Export {
             Spec::Memory(size) => {
                 if data_path.uses_direct() {
                     // The page cache is the storage; there is nothing to bypass.
-                    data_path = if data_path == DataPath::Direct {
-                        DataPath::Copy
-                    } else {
-                        DataPath::Splice
-                    };
+                    data_path = if data_path == DataPath::Direct { DataPath::Copy } else { DataPath::Splice };
                     log::info!("export {name:?}: RAM exports have no storage below the page cache; using the {data_path} path");
                 }
                 Box::new(backend::memory(*size)?)
             }
             Spec::Null(size) => Box::new(NullBackend::new(*size)),
         };
-        Ok(Export {
-            name: name.to_owned(),
-            description,
-            read_only,
-            data_path,
-            chunk_bytes,
-            backend,
-        })
+        Ok(Export { name: name.to_owned(), description, read_only, data_path, chunk_bytes, backend })
     }
 
     pub fn caps(&self) -> Caps {
@@ -188,9 +162,7 @@ impl Export {
 
     /// The O_DIRECT alignment when this export's data path uses O_DIRECT.
     pub fn direct_align(&self) -> Option<usize> {
-        self.caps()
-            .direct_align
-            .filter(|_| self.data_path.uses_direct())
+        self.caps().direct_align.filter(|_| self.data_path.uses_direct())
     }
 
     /// Transmission flags, before the handshake adds SEND_DF.
@@ -198,11 +170,7 @@ impl Export {
         let caps = self.backend.caps();
         // One descriptor (or none) is shared by every connection, so a flush on one is a
         // flush for all: multi-conn is always safe.
-        let mut flags = FLAG_HAS_FLAGS
-            | FLAG_SEND_FLUSH
-            | FLAG_SEND_FUA
-            | FLAG_SEND_CACHE
-            | FLAG_CAN_MULTI_CONN;
+        let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_CACHE | FLAG_CAN_MULTI_CONN;
         if self.read_only {
             flags |= FLAG_READ_ONLY;
         } else {
@@ -227,8 +195,7 @@ impl Export {
             block_min: 1,
             // Unaligned requests work on every path (bounced or through the page cache), so
             // the minimum stays 1; the preferred size tells clients what avoids the bounce.
-            block_preferred: BLOCK_PREFERRED_BYTES
-                .max(self.caps().direct_align.unwrap_or(0) as u32),
+            block_preferred: BLOCK_PREFERRED_BYTES.max(self.caps().direct_align.unwrap_or(0) as u32),
             block_max: REQUEST_PAYLOAD_MAX_BYTES,
         }
     }
@@ -243,10 +210,7 @@ pub struct Exports {
 impl Exports {
     pub fn insert(&mut self, export: Export) -> Result<(), SpecError> {
         if self.by_name.contains_key(&export.name) {
-            return Err(SpecError(format!(
-                "export {:?} is defined twice",
-                export.name
-            )));
+            return Err(SpecError(format!("export {:?} is defined twice", export.name)));
         }
         self.by_name.insert(export.name.clone(), Arc::new(export));
         Ok(())
@@ -271,10 +235,7 @@ impl Catalog for Exports {
     }
 
     fn list(&self) -> Vec<(String, Option<String>)> {
-        self.by_name
-            .values()
-            .map(|e| (e.name.clone(), e.description.clone()))
-            .collect()
+        self.by_name.values().map(|e| (e.name.clone(), e.description.clone())).collect()
     }
 }
 
@@ -303,33 +264,16 @@ mod tests {
     fn specs_parse() {
         assert_eq!(Spec::parse("memory:1G").unwrap(), Spec::Memory(1 << 30));
         assert_eq!(Spec::parse("null:8").unwrap(), Spec::Null(8));
-        assert_eq!(
-            Spec::parse("/dev/sda").unwrap(),
-            Spec::Path("/dev/sda".into())
-        );
-        assert_eq!(
-            Spec::parse("file:memory:x").unwrap(),
-            Spec::Path("memory:x".into())
-        );
+        assert_eq!(Spec::parse("/dev/sda").unwrap(), Spec::Path("/dev/sda".into()));
+        assert_eq!(Spec::parse("file:memory:x").unwrap(), Spec::Path("memory:x".into()));
         assert!(Spec::parse("memory:lots").is_err());
     }
 
     #[test]
     fn read_only_exports_advertise_no_writes() {
-        let e = Export::open(
-            "",
-            &Spec::Null(4096),
-            Options {
-                read_only: true,
-                ..Options::default()
-            },
-        )
-        .unwrap();
+        let e = Export::open("", &Spec::Null(4096), Options { read_only: true, ..Options::default() }).unwrap();
         let f = e.flags();
         assert_ne!(f & FLAG_READ_ONLY, 0);
-        assert_eq!(
-            f & (FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO),
-            0
-        );
+        assert_eq!(f & (FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO), 0);
     }
 }

@@ -28,10 +28,7 @@ pub fn negotiate<S: Read + Write + Timeouts>(
     let remaining = || {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "handshake took too long",
-            ))
+            Err(io::Error::new(io::ErrorKind::TimedOut, "handshake took too long"))
         } else {
             Ok(left)
         }
@@ -58,11 +55,7 @@ pub fn negotiate<S: Read + Write + Timeouts>(
                 return Ok(None);
             }
             Next::Transmission(neg) => {
-                let export = Arc::clone(
-                    exports
-                        .get(&neg.export)
-                        .expect("the handshake negotiates only exports that exist"),
-                );
+                let export = Arc::clone(exports.get(&neg.export).expect("the handshake negotiates only exports that exist"));
                 let session = Session {
                     size: neg.summary.size,
                     flags: neg.flags,

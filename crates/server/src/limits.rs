@@ -155,9 +155,7 @@ impl Default for Limits {
 impl Limits {
     /// Refuses settings that would break an invariant the code relies on.
     pub fn check(&self) -> Result<(), String> {
-        if self.inflight_requests_per_connection == 0
-            || self.inflight_requests_per_connection > u16::MAX as usize
-        {
+        if self.inflight_requests_per_connection == 0 || self.inflight_requests_per_connection > u16::MAX as usize {
             return Err("inflight-requests-per-connection must be between 1 and 65535".into());
         }
         if self.inflight_bytes_per_connection < REQUEST_MAX_BYTES {
@@ -166,17 +164,13 @@ impl Limits {
             ));
         }
         if self.inflight_bytes_per_worker < self.inflight_bytes_per_connection {
-            return Err(
-                "inflight-bytes-per-worker must be at least inflight-bytes-per-connection".into(),
-            );
+            return Err("inflight-bytes-per-worker must be at least inflight-bytes-per-connection".into());
         }
         if self.connections == 0 {
             return Err("connections must be at least 1".into());
         }
         if self.buffer_pool_bytes_per_worker < REQUEST_MAX_BYTES {
-            return Err(format!(
-                "buffer-pool-bytes-per-worker must be at least {REQUEST_MAX_BYTES}"
-            ));
+            return Err(format!("buffer-pool-bytes-per-worker must be at least {REQUEST_MAX_BYTES}"));
         }
         Ok(())
     }

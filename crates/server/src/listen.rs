@@ -32,16 +32,10 @@ impl Listener {
         use std::os::unix::fs::FileTypeExt;
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             if !meta.file_type().is_socket() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    "exists and is not a socket",
-                ));
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "exists and is not a socket"));
             }
             if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    "another server is listening there",
-                ));
+                return Err(io::Error::new(io::ErrorKind::AddrInUse, "another server is listening there"));
             }
             std::fs::remove_file(path)?;
         }
@@ -50,9 +44,7 @@ impl Listener {
 
     pub fn describe(&self) -> String {
         match self {
-            Listener::Tcp(l) => l
-                .local_addr()
-                .map_or_else(|_| "tcp".into(), |a| a.to_string()),
+            Listener::Tcp(l) => l.local_addr().map_or_else(|_| "tcp".into(), |a| a.to_string()),
             Listener::Unix(_, p) => format!("unix:{}", p.display()),
         }
     }
@@ -161,12 +153,7 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
-    pub fn new(
-        exports: Arc<Exports>,
-        workers: Vec<WorkerHandle>,
-        limits: Limits,
-        shutdown: Arc<AtomicBool>,
-    ) -> Acceptor {
+    pub fn new(exports: Arc<Exports>, workers: Vec<WorkerHandle>, limits: Limits, shutdown: Arc<AtomicBool>) -> Acceptor {
         Acceptor {
             exports,
             workers,
@@ -193,10 +180,7 @@ impl Acceptor {
                 }
             };
             let Some(permit) = Permit::try_take(&self.connections, self.limits.connections) else {
-                log::warn!(
-                    "{peer}: refused, {} connections already open",
-                    self.limits.connections
-                );
+                log::warn!("{peer}: refused, {} connections already open", self.limits.connections);
                 continue;
             };
             let me = Arc::clone(&self);
@@ -218,13 +202,7 @@ impl Acceptor {
                     Err(e) => return log::warn!("{peer}: {e}"),
                 };
                 let n = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-                self.workers[n].hand_over(NewConnection {
-                    fd,
-                    peer,
-                    export,
-                    session,
-                    permit,
-                });
+                self.workers[n].hand_over(NewConnection { fd, peer, export, session, permit });
             }
             Ok(None) => {}
             Err(e) => log::info!("{peer}: handshake ended: {e}"),

@@ -37,9 +37,7 @@ impl std::fmt::Display for StartError {
             StartError::Bind { address, source } if source.kind() == io::ErrorKind::AddrInUse => {
                 write!(f, "cannot listen on {address}: address already in use (is another server running?)")
             }
-            StartError::Bind { address, source } => {
-                write!(f, "cannot listen on {address}: {source}")
-            }
+            StartError::Bind { address, source } => write!(f, "cannot listen on {address}: {source}"),
             StartError::Engine(e) => write!(f, "cannot start the io_uring engine: {e}"),
             StartError::Config(e) => f.write_str(e),
         }
@@ -67,26 +65,15 @@ impl Server {
         for addr in &config.tcp {
             match Listener::bind_tcp(*addr) {
                 Ok(l) => listeners.push(Arc::new(l)),
-                Err(e)
-                    if config.tcp_ipv6_optional
-                        && addr.is_ipv6()
-                        && e.kind() != io::ErrorKind::AddrInUse =>
-                {
+                Err(e) if config.tcp_ipv6_optional && addr.is_ipv6() && e.kind() != io::ErrorKind::AddrInUse => {
                     log::debug!("skipping {addr}: {e}");
                 }
-                Err(source) => {
-                    return Err(StartError::Bind {
-                        address: addr.to_string(),
-                        source,
-                    })
-                }
+                Err(source) => return Err(StartError::Bind { address: addr.to_string(), source }),
             }
         }
         for path in &config.unix {
-            let l = Listener::bind_unix(path).map_err(|source| StartError::Bind {
-                address: path.display().to_string(),
-                source,
-            })?;
+            let l = Listener::bind_unix(path)
+                .map_err(|source| StartError::Bind { address: path.display().to_string(), source })?;
             listeners.push(Arc::new(l));
         }
         if listeners.is_empty() {
@@ -95,21 +82,13 @@ impl Server {
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
         let metrics = Metrics::new(&names);
         let metrics_server = match config.metrics {
-            Some(addr) => Some(metrics::serve_http(addr, Arc::clone(&metrics)).map_err(
-                |source| StartError::Bind {
-                    address: format!("metrics {addr}"),
-                    source,
-                },
-            )?),
+            Some(addr) => Some(
+                metrics::serve_http(addr, Arc::clone(&metrics))
+                    .map_err(|source| StartError::Bind { address: format!("metrics {addr}"), source })?,
+            ),
             None => None,
         };
-        Ok(Server {
-            listeners,
-            config,
-            shutdown: Arc::new(AtomicBool::new(false)),
-            metrics,
-            metrics_server,
-        })
+        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)), metrics, metrics_server })
     }
 
     pub fn addresses(&self) -> Vec<String> {
@@ -123,35 +102,19 @@ impl Server {
 
     /// A handle that stops the server from any thread (a signal handler thread, a test).
     pub fn stopper(&self) -> Stopper {
-        Stopper {
-            shutdown: Arc::clone(&self.shutdown),
-            listeners: self.listeners.clone(),
-            workers: Arc::default(),
-        }
+        Stopper { shutdown: Arc::clone(&self.shutdown), listeners: self.listeners.clone(), workers: Arc::default() }
     }
 
     /// Serves until `Stopper::stop`, then lets in-flight requests finish and returns.
     pub fn serve(self, stopper: &Stopper) -> Result<(), StartError> {
-        let Server {
-            listeners,
-            config,
-            shutdown,
-            metrics,
-            metrics_server,
-        } = self;
+        let Server { listeners, config, shutdown, metrics, metrics_server } = self;
         if let Some(m) = &metrics_server {
             log::info!("metrics at http://{}/metrics", m.local_addr());
         }
         let mut handles = Vec::new();
         let mut joins = Vec::new();
         for id in 0..config.threads.max(1) {
-            let (h, j) = worker::spawn(
-                id,
-                config.limits,
-                Arc::clone(&shutdown),
-                Arc::clone(&metrics),
-            )
-            .map_err(StartError::Engine)?;
+            let (h, j) = worker::spawn(id, config.limits, Arc::clone(&shutdown), Arc::clone(&metrics)).map_err(StartError::Engine)?;
             handles.push(h);
             joins.push(j);
         }
@@ -161,24 +124,10 @@ impl Server {
         }
         for e in config.exports.iter() {
             let ro = if e.read_only { ", read-only" } else { "" };
-            let path = if e.caps().instant {
-                String::new()
-            } else {
-                format!(", {} data path", e.data_path)
-            };
-            log::info!(
-                "export {:?}: {} backend, {} bytes{ro}{path}",
-                e.name,
-                e.backend.kind(),
-                e.backend.size()
-            );
+            let path = if e.caps().instant { String::new() } else { format!(", {} data path", e.data_path) };
+            log::info!("export {:?}: {} backend, {} bytes{ro}{path}", e.name, e.backend.kind(), e.backend.size());
         }
-        let acceptor = Arc::new(Acceptor::new(
-            Arc::new(config.exports),
-            handles,
-            config.limits,
-            Arc::clone(&shutdown),
-        ));
+        let acceptor = Arc::new(Acceptor::new(Arc::new(config.exports), handles, config.limits, Arc::clone(&shutdown)));
         for l in &listeners {
             log::info!("listening on {}", l.describe());
             let (a, l) = (Arc::clone(&acceptor), Arc::clone(l));

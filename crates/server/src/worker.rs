@@ -16,10 +16,7 @@ use crate::admission::{Budget, Permit};
 use crate::conn::{Conn, Env, Io, Shutdown};
 use crate::engine::{Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
-use crate::limits::{
-    Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS,
-    SHUTDOWN_POLL_MS,
-};
+use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::Metrics;
 
 /// A connection that finished its handshake, on its way to a worker.
@@ -57,40 +54,27 @@ pub fn spawn(
     shutdown: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
-    let wake = Arc::new(rustix::event::eventfd(
-        0,
-        rustix::event::EventfdFlags::CLOEXEC,
-    )?);
+    let wake = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)?);
     let (tx, rx) = channel();
-    let handle = WorkerHandle {
-        tx,
-        wake: Arc::clone(&wake),
-    };
+    let handle = WorkerHandle { tx, wake: Arc::clone(&wake) };
     // The ring belongs to its thread; setup errors come back before serving starts.
     let (ready_tx, ready_rx) = channel();
-    let join = std::thread::Builder::new()
-        .name(format!("sluice-worker-{id}"))
-        .spawn(move || {
-            let ring = match Ring::new(RING_ENTRIES) {
-                Ok(r) => r,
-                Err(e) => return drop(ready_tx.send(Err(e))),
-            };
-            let pool = match Pool::new(
-                limits.buffer_pool_bytes_per_worker,
-                REQUEST_PAYLOAD_MAX_BYTES as usize,
-            ) {
-                Ok(p) => p,
-                Err(e) => return drop(ready_tx.send(Err(e))),
-            };
-            let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics);
-            let _ = ready_tx.send(Ok(()));
-            if let Err(e) = worker.run() {
-                log::error!("worker {id} stopped: {e}");
-            }
-        })?;
-    ready_rx
-        .recv()
-        .map_err(|_| std::io::Error::other("worker thread died during setup"))??;
+    let join = std::thread::Builder::new().name(format!("sluice-worker-{id}")).spawn(move || {
+        let ring = match Ring::new(RING_ENTRIES) {
+            Ok(r) => r,
+            Err(e) => return drop(ready_tx.send(Err(e))),
+        };
+        let pool = match Pool::new(limits.buffer_pool_bytes_per_worker, REQUEST_PAYLOAD_MAX_BYTES as usize) {
+            Ok(p) => p,
+            Err(e) => return drop(ready_tx.send(Err(e))),
+        };
+        let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics);
+        let _ = ready_tx.send(Ok(()));
+        if let Err(e) = worker.run() {
+            log::error!("worker {id} stopped: {e}");
+        }
+    })?;
+    ready_rx.recv().map_err(|_| std::io::Error::other("worker thread died during setup"))??;
     Ok((handle, join))
 }
 
@@ -112,12 +96,7 @@ struct Shared<'a> {
 
 impl Shared<'_> {
     fn env(&mut self) -> Env<'_> {
-        Env {
-            now: Instant::now(),
-            pool: self.pool,
-            pipes: self.pipes,
-            budget: self.budget,
-        }
+        Env { now: Instant::now(), pool: self.pool, pipes: self.pipes, budget: self.budget }
     }
 }
 
@@ -177,10 +156,7 @@ impl Worker {
             }
             if let Some(t) = draining_since {
                 if self.live == 0 {
-                    log::debug!(
-                        "worker done; {} buffers came from the heap",
-                        self.pool.heap_fallbacks()
-                    );
+                    log::debug!("worker done; {} buffers came from the heap", self.pool.heap_fallbacks());
                     return Ok(());
                 }
                 if t.elapsed() > Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS) {
@@ -205,16 +181,11 @@ impl Worker {
                 self.ring.recv_wake(self.wake.as_raw_fd(), buf);
             }
             Token::Recv { conn, buf } => self.on(conn, |c, env| c.handle_recv(env, result, buf)),
-            Token::Send { conn, batch } => {
-                self.on(conn, |c, env| c.handle_send(env, result, batch))
+            Token::Send { conn, batch } => self.on(conn, |c, env| c.handle_send(env, result, batch)),
+            Token::SpliceOut { conn, pipe } => self.on(conn, |c, env| c.handle_splice_out(env, result, pipe)),
+            Token::Storage { id: StorageId { conn, tag }, held } => {
+                self.on(conn, |c, env| c.handle_storage(env, tag, result, held))
             }
-            Token::SpliceOut { conn, pipe } => {
-                self.on(conn, |c, env| c.handle_splice_out(env, result, pipe))
-            }
-            Token::Storage {
-                id: StorageId { conn, tag },
-                held,
-            } => self.on(conn, |c, env| c.handle_storage(env, tag, result, held)),
         }
     }
 
@@ -225,12 +196,7 @@ impl Worker {
             debug_assert!(false, "a completion for connection {id:?}, which is closed");
             return;
         };
-        let mut shared = Shared {
-            ring: &mut self.ring,
-            pool: &mut self.pool,
-            pipes: &mut self.pipes,
-            budget: &mut self.budget,
-        };
+        let mut shared = Shared { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget };
         event(&mut entry.conn, &mut shared.env());
         drive(entry, id, &mut shared);
         if entry.conn.is_done() {
@@ -249,19 +215,8 @@ impl Worker {
             });
             log::info!("{}: serving export {:?}", new.peer, new.export.name);
             let metrics = Arc::clone(&self.metrics);
-            let conn = Conn::new(
-                new.peer,
-                Arc::clone(&new.export),
-                new.session,
-                self.limits,
-                metrics,
-            );
-            self.entries[index as usize] = Some(Entry {
-                conn,
-                fd: new.fd,
-                export: new.export,
-                _permit: new.permit,
-            });
+            let conn = Conn::new(new.peer, Arc::clone(&new.export), new.session, self.limits, metrics);
+            self.entries[index as usize] = Some(Entry { conn, fd: new.fd, export: new.export, _permit: new.permit });
             self.live += 1;
             self.on(ConnId(index), |c, env| c.resume(env));
         }
@@ -279,9 +234,7 @@ impl Worker {
     fn stop_all(&mut self) {
         for index in 0..self.entries.len() {
             if self.entries[index].is_some() {
-                self.on(ConnId(index as u32), |c, env| {
-                    c.stop(env, "server shutting down")
-                });
+                self.on(ConnId(index as u32), |c, env| c.stop(env, "server shutting down"));
             }
         }
     }
@@ -315,15 +268,8 @@ fn carry_out(entry: &mut Entry, id: ConnId, shared: &mut Shared) -> bool {
             Io::Send { batch } => shared.ring.send(fd, batch, id),
             Io::SpliceOut { pipe, len } => shared.ring.splice_out(pipe, fd, len, id),
             Io::Storage { tag, op } => {
-                if let Some(done) =
-                    entry
-                        .export
-                        .backend
-                        .start(op, StorageId { conn: id, tag }, shared.ring)
-                {
-                    entry
-                        .conn
-                        .handle_storage_now(&mut shared.env(), tag, done.result, done.held);
+                if let Some(done) = entry.export.backend.start(op, StorageId { conn: id, tag }, shared.ring) {
+                    entry.conn.handle_storage_now(&mut shared.env(), tag, done.result, done.held);
                     answered_now = true;
                 }
             }

@@ -42,20 +42,10 @@ impl Sluice {
                 .stderr(std::fs::File::create(&log).expect("log file"))
                 .spawn()
                 .expect("spawn sluice");
-            let mut s = Sluice {
-                child: Some(child),
-                dir,
-                socket,
-                port,
-                log,
-            };
+            let mut s = Sluice { child: Some(child), dir, socket, port, log };
             match s.wait_ready() {
                 Ok(()) => return s,
-                Err(text)
-                    if attempt < 5 && text.contains(&format!("cannot listen on {listen}")) =>
-                {
-                    continue
-                }
+                Err(text) if attempt < 5 && text.contains(&format!("cannot listen on {listen}")) => continue,
                 Err(text) => panic!("{text}"),
             }
         }
@@ -65,23 +55,15 @@ impl Sluice {
     fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if UnixStream::connect(&self.socket).is_ok()
-                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            {
+            if UnixStream::connect(&self.socket).is_ok() && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                return Err(format!(
-                    "sluice exited early with {status}: {}",
-                    self.log_text()
-                ));
+                return Err(format!("sluice exited early with {status}: {}", self.log_text()));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(format!(
-            "sluice did not start listening: {}",
-            self.log_text()
-        ))
+        Err(format!("sluice did not start listening: {}", self.log_text()))
     }
 
     /// URI of the default export over the Unix socket.
@@ -109,8 +91,7 @@ impl Sluice {
     pub fn stop(mut self) -> ExitStatus {
         let mut child = self.child.take().unwrap();
         signal(child.id(), libc::SIGTERM);
-        wait_timeout(&mut child, Duration::from_secs(15))
-            .expect("sluice did not exit after SIGTERM")
+        wait_timeout(&mut child, Duration::from_secs(15)).expect("sluice did not exit after SIGTERM")
     }
 
     /// Whether the server process is still running.
@@ -146,20 +127,12 @@ pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Whether an external program is on PATH.
 pub fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    Command::new("sh").args(["-c", &format!("command -v {tool}")]).stdout(Stdio::null()).status().is_ok_and(|s| s.success())
 }
 
 /// Skips the calling test, loudly, when a tool is missing. CI installs them all.
@@ -184,24 +157,13 @@ pub fn run(program: &str, args: &[&str]) -> (bool, String, String) {
     run_with_input(program, args, None)
 }
 
-pub fn run_with_input(
-    program: &str,
-    args: &[&str],
-    input: Option<&[u8]>,
-) -> (bool, String, String) {
+pub fn run_with_input(program: &str, args: &[&str], input: Option<&[u8]>) -> (bool, String, String) {
     use std::io::Write;
-    let path = format!(
-        "/usr/bin:/bin:{}",
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default());
     let mut child = Command::new(program)
         .args(args)
         .env("PATH", path)
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -216,11 +178,7 @@ pub fn run_with_input(
     });
     let out = child.wait_with_output().unwrap();
     drop(watchdog);
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
@@ -255,38 +213,25 @@ pub fn http_get(port: u16, path: &str) -> (String, String) {
     let mut s = loop {
         match std::net::TcpStream::connect(("127.0.0.1", port)) {
             Ok(s) => break s,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::ConnectionRefused
-                    && Instant::now() < deadline =>
-            {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(10));
             }
             Err(e) => panic!("cannot connect to the metrics endpoint 127.0.0.1:{port}: {e}"),
         }
     };
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).expect("read the response");
     let (head, body) = text.split_once("\r\n\r\n").expect("a header and a body");
-    (
-        head.lines().next().unwrap_or_default().to_owned(),
-        body.to_owned(),
-    )
+    (head.lines().next().unwrap_or_default().to_owned(), body.to_owned())
 }
 
 /// The value of the sample `name{labels}` (labels exactly as rendered) in a /metrics
 /// body. sluice renders every series from the start, so a missing one is a failure.
 pub fn sample(body: &str, series: &str) -> f64 {
     body.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
         .map(|v| v.trim().parse().expect("a number"))
         .unwrap_or_else(|| panic!("no sample {series} in /metrics:\n{body}"))
 }
@@ -318,8 +263,7 @@ impl Sluice {
     pub fn stop_with_log(mut self) -> (ExitStatus, String) {
         let mut child = self.child.take().unwrap();
         signal(child.id(), libc::SIGTERM);
-        let status = wait_timeout(&mut child, Duration::from_secs(15))
-            .expect("sluice did not exit after SIGTERM");
+        let status = wait_timeout(&mut child, Duration::from_secs(15)).expect("sluice did not exit after SIGTERM");
         (status, self.log_text())
     }
 }

@@ -248,15 +248,9 @@ impl Reply {
                     let error = be32(&p[0..4]);
                     let msg_len = be16(&p[4..6]) as usize;
                     assert_ne!(error, 0, "error chunk with error 0: {c:?}");
-                    assert!(
-                        msg_len <= p.len() - 6 - trailer,
-                        "error message overruns its chunk: {c:?}"
-                    );
+                    assert!(msg_len <= p.len() - 6 - trailer, "error message overruns its chunk: {c:?}");
                     assert!(msg_len <= 4096, "error message longer than 4096 bytes");
-                    assert!(
-                        std::str::from_utf8(&p[6..6 + msg_len]).is_ok(),
-                        "error message is not UTF-8"
-                    );
+                    assert!(std::str::from_utf8(&p[6..6 + msg_len]).is_ok(), "error message is not UTF-8");
                     if c.kind == CHUNK_ERROR_OFFSET {
                         let at = be64(&p[p.len() - 8..]);
                         let end = self.sent.offset.saturating_add(self.sent.length as u64);
@@ -302,15 +296,9 @@ impl Reply {
         let mut data = vec![0u8; length as usize];
         let mut covered = Vec::new();
         for (i, m) in self.msgs.iter().enumerate() {
-            let Msg::Chunk(c) = m else {
-                panic!("simple reply inside a structured read: {self:?}")
-            };
+            let Msg::Chunk(c) = m else { panic!("simple reply inside a structured read: {self:?}") };
             let last = i == self.msgs.len() - 1;
-            assert_eq!(
-                c.flags & REPLY_FLAG_DONE != 0,
-                last,
-                "DONE must be on the last chunk only"
-            );
+            assert_eq!(c.flags & REPLY_FLAG_DONE != 0, last, "DONE must be on the last chunk only");
             assert_eq!(c.flags & !REPLY_FLAG_DONE, 0, "reply flags other than DONE");
             let (at, piece): (u64, Option<&[u8]>) = match c.kind {
                 CHUNK_NONE => {
@@ -318,10 +306,7 @@ impl Reply {
                     continue;
                 }
                 CHUNK_OFFSET_DATA => {
-                    assert!(
-                        c.payload.len() >= 9,
-                        "OFFSET_DATA carries at least one byte"
-                    );
+                    assert!(c.payload.len() >= 9, "OFFSET_DATA carries at least one byte");
                     (be64(&c.payload[0..8]), Some(&c.payload[8..]))
                 }
                 CHUNK_OFFSET_HOLE => {
@@ -333,10 +318,7 @@ impl Reply {
                 k => panic!("chunk type {k:#x} in a READ reply"),
             };
             let n = piece.map_or_else(|| be32(&c.payload[8..12]) as usize, <[u8]>::len);
-            assert!(
-                at >= offset && at + n as u64 <= offset + length as u64,
-                "chunk [{at}, +{n}) outside the request"
-            );
+            assert!(at >= offset && at + n as u64 <= offset + length as u64, "chunk [{at}, +{n}) outside the request");
             let start = (at - offset) as usize;
             covered.push((start, start + n));
             if let Some(bytes) = piece {
@@ -347,39 +329,23 @@ impl Reply {
         let mut end = 0;
         for &(a, b) in &covered {
             assert!(a >= end, "chunks overlap at {}", offset + a as u64);
-            assert_eq!(
-                a,
-                end,
-                "a successful read must cover the whole range: gap at {}",
-                offset + end as u64
-            );
+            assert_eq!(a, end, "a successful read must cover the whole range: gap at {}", offset + end as u64);
             end = b;
         }
-        assert_eq!(
-            end, length as usize,
-            "a successful read must cover the whole range"
-        );
+        assert_eq!(end, length as usize, "a successful read must cover the whole range");
         data
     }
 
     /// The extents of a successful BLOCK_STATUS reply: (context id, [(length, flags)]).
     pub fn block_status(&self) -> (u32, Vec<(u32, u32)>) {
         assert_eq!(self.error(), None, "block status failed: {self:?}");
-        let [Msg::Chunk(c)] = self.msgs.as_slice() else {
-            panic!("expected one BLOCK_STATUS chunk: {self:?}")
-        };
+        let [Msg::Chunk(c)] = self.msgs.as_slice() else { panic!("expected one BLOCK_STATUS chunk: {self:?}") };
         assert_eq!(c.kind, CHUNK_BLOCK_STATUS);
         assert_eq!(c.flags, REPLY_FLAG_DONE);
         let p = &c.payload;
-        assert!(
-            p.len() >= 12 && (p.len() - 4) % 8 == 0,
-            "BLOCK_STATUS payload is 4 + 8k bytes, k >= 1"
-        );
+        assert!(p.len() >= 12 && (p.len() - 4) % 8 == 0, "BLOCK_STATUS payload is 4 + 8k bytes, k >= 1");
         let id = be32(&p[0..4]);
-        let extents = p[4..]
-            .chunks(8)
-            .map(|e| (be32(&e[0..4]), be32(&e[4..8])))
-            .collect();
+        let extents = p[4..].chunks(8).map(|e| (be32(&e[0..4]), be32(&e[4..8]))).collect();
         (id, extents)
     }
 }
@@ -439,9 +405,7 @@ pub struct Client {
 
 impl Client {
     pub fn unix(path: &Path) -> Client {
-        Client::new(Stream::Unix(
-            UnixStream::connect(path).expect("connect to the Unix socket"),
-        ))
+        Client::new(Stream::Unix(UnixStream::connect(path).expect("connect to the Unix socket")))
     }
 
     pub fn tcp(port: u16) -> Client {
@@ -453,12 +417,7 @@ impl Client {
     fn new(stream: Stream) -> Client {
         stream.set_timeouts(IO_TIMEOUT);
         // Handles with bytes in both halves, so a byte-order slip shows.
-        Client {
-            stream,
-            structured: false,
-            next_handle: 0x1122_3344_0000_0001,
-            pending: HashMap::new(),
-        }
+        Client { stream, structured: false, next_handle: 0x1122_3344_0000_0001, pending: HashMap::new() }
     }
 
     /// A second handle on the same socket, for a thread that only writes.
@@ -488,9 +447,8 @@ impl Client {
     /// Waits (at most IO_TIMEOUT) for the server to close the connection; returns whatever it
     /// sent first.
     pub fn expect_close(&mut self) -> Vec<u8> {
-        self.close_within(IO_TIMEOUT).unwrap_or_else(|got| {
-            panic!("server kept the connection open (sent {} bytes)", got.len())
-        })
+        self.close_within(IO_TIMEOUT)
+            .unwrap_or_else(|got| panic!("server kept the connection open (sent {} bytes)", got.len()))
     }
 
     /// Ok(bytes sent before the close), or Err(bytes) if the connection was still open after `t`.
@@ -503,20 +461,10 @@ impl Client {
                 Ok(0) => break Ok(got),
                 Ok(n) => {
                     got.extend_from_slice(&buf[..n]);
-                    assert!(
-                        got.len() < 1 << 20,
-                        "server keeps sending while it should close"
-                    );
+                    assert!(got.len() < 1 << 20, "server keeps sending while it should close");
                 }
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break Ok(got),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    break Err(got)
-                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => break Err(got),
                 Err(e) => panic!("waiting for close: {e}"),
             }
         };
@@ -530,11 +478,7 @@ impl Client {
     pub fn greeting(&mut self) -> u16 {
         let g = self.recv(18);
         assert_eq!(&g[0..8], &NBDMAGIC, "greeting starts with NBDMAGIC");
-        assert_eq!(
-            &g[8..16],
-            &IHAVEOPT,
-            "newstyle greeting continues with IHAVEOPT"
-        );
+        assert_eq!(&g[8..16], &IHAVEOPT, "newstyle greeting continues with IHAVEOPT");
         be16(&g[16..18])
     }
 
@@ -565,11 +509,7 @@ impl Client {
         let len = be32(&h[16..20]) as usize;
         assert!(len <= 1 << 20, "option reply of {len} bytes");
         let data = self.recv(len);
-        OptReply {
-            option: be32(&h[8..12]),
-            kind: be32(&h[12..16]),
-            data,
-        }
+        OptReply { option: be32(&h[8..12]), kind: be32(&h[12..16]), data }
     }
 
     /// Reads replies to `option` up to and including the final one (ACK or an error).
@@ -602,10 +542,7 @@ impl Client {
             self.structured = true;
         }
         if meta {
-            let r = self.ask(
-                OPT_SET_META_CONTEXT,
-                &meta_data(export, &["base:allocation"]),
-            );
+            let r = self.ask(OPT_SET_META_CONTEXT, &meta_data(export, &["base:allocation"]));
             assert_eq!(r.len(), 2, "one context and ACK: {r:?}");
             assert_eq!(r[0].kind, REP_META_CONTEXT);
             assert_eq!(&r[0].data[4..], b"base:allocation");
@@ -614,16 +551,10 @@ impl Client {
         }
         let r = self.ask(OPT_GO, &info_data(export, &[]));
         assert_eq!(r.last().unwrap().kind, REP_ACK, "GO {export:?}: {r:?}");
-        let info = r
-            .iter()
-            .find(|i| i.kind == REP_INFO && be16(&i.data[0..2]) == INFO_EXPORT)
-            .expect("GO sends INFO_EXPORT");
+        let info =
+            r.iter().find(|i| i.kind == REP_INFO && be16(&i.data[0..2]) == INFO_EXPORT).expect("GO sends INFO_EXPORT");
         assert_eq!(info.data.len(), 12, "INFO_EXPORT is 12 bytes");
-        Export {
-            size: be64(&info.data[2..10]),
-            flags: be16(&info.data[10..12]),
-            context,
-        }
+        Export { size: be64(&info.data[2..10]), flags: be16(&info.data[10..12]), context }
     }
 
     /// Connects over the Unix socket and negotiates as `go` does.
@@ -645,14 +576,7 @@ impl Client {
     /// Sends a request header and remembers it; returns its handle.
     pub fn req(&mut self, flags: u16, kind: u16, offset: u64, length: u32) -> u64 {
         let h = self.handle();
-        self.pending.insert(
-            h,
-            Sent {
-                kind,
-                offset,
-                length,
-            },
-        );
+        self.pending.insert(h, Sent { kind, offset, length });
         self.send(&request(flags, kind, h, offset, length));
         h
     }
@@ -660,14 +584,7 @@ impl Client {
     /// Sends a WRITE header and its payload.
     pub fn req_write(&mut self, flags: u16, offset: u64, data: &[u8]) -> u64 {
         let h = self.handle();
-        self.pending.insert(
-            h,
-            Sent {
-                kind: CMD_WRITE,
-                offset,
-                length: data.len() as u32,
-            },
-        );
+        self.pending.insert(h, Sent { kind: CMD_WRITE, offset, length: data.len() as u32 });
         let mut b = request(flags, CMD_WRITE, h, offset, data.len() as u32).to_vec();
         b.extend_from_slice(data);
         self.send(&b);
@@ -686,50 +603,25 @@ impl Client {
             let rest = self.recv(12);
             let error = be32(&rest[0..4]);
             let handle = be64(&rest[4..12]);
-            let sent = *self
-                .pending
-                .get(&handle)
-                .unwrap_or_else(|| panic!("simple reply for unknown handle {handle:#x}"));
+            let sent =
+                *self.pending.get(&handle).unwrap_or_else(|| panic!("simple reply for unknown handle {handle:#x}"));
             let data = if error == 0 && sent.kind == CMD_READ {
-                assert!(
-                    !self.structured,
-                    "simple reply carrying READ data after STRUCTURED_REPLY (rule 52)"
-                );
+                assert!(!self.structured, "simple reply carrying READ data after STRUCTURED_REPLY (rule 52)");
                 self.recv(sent.length as usize)
             } else {
                 Vec::new()
             };
-            return Msg::Simple {
-                error,
-                handle,
-                data,
-            };
+            return Msg::Simple { error, handle, data };
         }
         assert_eq!(magic, STRUCTURED_REPLY_MAGIC, "reply magic");
-        assert!(
-            self.structured,
-            "structured chunk without STRUCTURED_REPLY (rule 51)"
-        );
+        assert!(self.structured, "structured chunk without STRUCTURED_REPLY (rule 51)");
         let h = self.recv(16);
         let len = be32(&h[12..16]) as usize;
         assert!(len <= PAYLOAD_MAX as usize + 4096, "chunk of {len} bytes");
         let payload = self.recv(len);
-        let chunk = Chunk {
-            flags: be16(&h[0..2]),
-            kind: be16(&h[2..4]),
-            handle: be64(&h[4..12]),
-            payload,
-        };
-        assert!(
-            self.pending.contains_key(&chunk.handle),
-            "chunk for unknown handle {:#x}",
-            chunk.handle
-        );
-        assert_eq!(
-            chunk.flags & !REPLY_FLAG_DONE,
-            0,
-            "reply flags other than DONE (rule 64)"
-        );
+        let chunk = Chunk { flags: be16(&h[0..2]), kind: be16(&h[2..4]), handle: be64(&h[4..12]), payload };
+        assert!(self.pending.contains_key(&chunk.handle), "chunk for unknown handle {:#x}", chunk.handle);
+        assert_eq!(chunk.flags & !REPLY_FLAG_DONE, 0, "reply flags other than DONE (rule 64)");
         if chunk.kind == CHUNK_NONE {
             assert!(
                 chunk.flags & REPLY_FLAG_DONE != 0 && chunk.payload.is_empty(),
@@ -747,22 +639,12 @@ impl Client {
         while done.len() < n {
             let m = self.msg();
             let h = m.handle();
-            assert!(
-                !done.contains_key(&h),
-                "message after the end of reply {h:#x}"
-            );
+            assert!(!done.contains_key(&h), "message after the end of reply {h:#x}");
             let finished = m.done();
             partial.entry(h).or_default().push(m);
             if finished {
                 let sent = self.pending.remove(&h).expect("pending");
-                done.insert(
-                    h,
-                    Reply {
-                        handle: h,
-                        sent,
-                        msgs: partial.remove(&h).unwrap(),
-                    },
-                );
+                done.insert(h, Reply { handle: h, sent, msgs: partial.remove(&h).unwrap() });
             }
         }
         done
@@ -771,8 +653,7 @@ impl Client {
     /// Reads the reply to the one outstanding request `handle`.
     pub fn reply(&mut self, handle: u64) -> Reply {
         let mut r = self.replies(1);
-        r.remove(&handle)
-            .unwrap_or_else(|| panic!("expected the reply to {handle:#x}, got {r:?}"))
+        r.remove(&handle).unwrap_or_else(|| panic!("expected the reply to {handle:#x}, got {r:?}"))
     }
 
     /// Sends a request without payload and waits for its reply.
@@ -795,10 +676,6 @@ impl Client {
         let h = self.handle();
         self.send(&request(0, CMD_DISC, h, 0, 0));
         let rest = self.expect_close();
-        assert!(
-            rest.is_empty(),
-            "DISC has no reply, got {} bytes",
-            rest.len()
-        );
+        assert!(rest.is_empty(), "DISC has no reply, got {} bytes", rest.len());
     }
 }

@@ -6,8 +6,8 @@ use super::member::Connecting;
 use super::member_io::{self, Payload};
 use super::session::pool_id;
 use crate::client::Client;
-use crate::error::Error;
 use crate::options::Options;
+use crate::error::Error;
 use crate::uri::Uri;
 use sluice_pool::coordinator::{format, survey};
 use sluice_pool::{MemberCmd, PoolSpec, Status};
@@ -20,13 +20,7 @@ pub fn load(path: &Path) -> Result<PoolSpec, Error> {
 
 /// One connection per member is plenty for a megabyte of metadata.
 fn connect(uri: &Uri) -> Connecting<Client> {
-    let (uri, options) = (
-        uri.clone(),
-        Options {
-            block_status: false,
-            ..Options::default()
-        },
-    );
+    let (uri, options) = (uri.clone(), Options { block_status: false, ..Options::default() });
     Box::pin(async move { Client::connect_with(&uri, &options).await })
 }
 
@@ -51,19 +45,13 @@ pub async fn init(spec: &PoolSpec, force: bool) -> Result<Status, Error> {
         .cloned()
         .zip(images)
         .map(|(m, image)| {
-            let cmd = MemberCmd::Write {
-                offset: 0,
-                len: image.len() as u64,
-                fua: true,
-            };
+            let cmd = MemberCmd::Write { offset: 0, len: image.len() as u64, fua: true };
             tokio::spawn(async move { member_io::run(&m, cmd, Payload::Owned(image)).await })
         })
         .collect();
     for (w, u) in writes.into_iter().zip(&uris) {
         let written = w.await.unwrap_or_else(|e| Err(Error::Pool(e.to_string())));
-        written.map_err(|e| {
-            Error::Pool(format!("member {u}: writing the pool metadata failed: {e}"))
-        })?;
+        written.map_err(|e| Error::Pool(format!("member {u}: writing the pool metadata failed: {e}")))?;
     }
     // Read back what is there now: the status then shows what the members hold.
     let found = read_all(&members, &uris).await?;

@@ -12,14 +12,9 @@ use tokio::sync::mpsc;
 
 /// Sleeps until the coordinator's next wake-up, re-armed whenever it changes, and starts a
 /// reconnect loop for each member the pump drops. Ends when the pool is dropped.
-pub(crate) async fn supervise<M: Member>(
-    pool: Weak<Shared<M>>,
-    mut woken: mpsc::UnboundedReceiver<Wake>,
-) {
+pub(crate) async fn supervise<M: Member>(pool: Weak<Shared<M>>, mut woken: mpsc::UnboundedReceiver<Wake>) {
     loop {
-        let Some(deadline) = pool.upgrade().map(|s| s.arm()) else {
-            return;
-        };
+        let Some(deadline) = pool.upgrade().map(|s| s.arm()) else { return };
         let wake = match deadline {
             Some(at) => tokio::select! {
                 _ = tokio::time::sleep_until(at) => None,
@@ -49,11 +44,7 @@ async fn reconnect<M: Member>(pool: Weak<Shared<M>>, member: usize) {
     let mut delay_ms = POOL_RECONNECT_FIRST_MS;
     loop {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-        let Some((uri, options)) = pool
-            .upgrade()
-            .filter(|s| !s.look(|core| core.closed))
-            .map(|s| (s.uris[member].clone(), s.options.clone()))
-        else {
+        let Some((uri, options)) = pool.upgrade().filter(|s| !s.look(|core| core.closed)).map(|s| (s.uris[member].clone(), s.options.clone())) else {
             return;
         };
         let attempt = async {

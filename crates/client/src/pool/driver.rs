@@ -25,42 +25,20 @@ pub(crate) struct PoolDriver<M: Member> {
 impl<M: Member> PoolDriver<M> {
     /// Starts driving an assembled coordinator whose clock started at `start`; `members`
     /// are connected, in the pool file's order.
-    pub(crate) fn start(
-        coord: Coordinator,
-        members: Vec<M>,
-        uris: Vec<Uri>,
-        options: M::Options,
-        start: Instant,
-        member_timeout_ms: u64,
-    ) -> PoolDriver<M> {
+    pub(crate) fn start(coord: Coordinator, members: Vec<M>, uris: Vec<Uri>, options: M::Options, start: Instant, member_timeout_ms: u64) -> PoolDriver<M> {
         let (shared, woken) = Shared::new(coord, members, uris, options, start);
         tokio::spawn(supervise(Arc::downgrade(&shared), woken));
         // Assembling may already have asked for work (superblocks to write, resync).
         shared.run(|_, _| ());
-        PoolDriver {
-            shared,
-            stop_limit: Duration::from_millis(member_timeout_ms + POOL_STOP_MARGIN_MS),
-        }
+        PoolDriver { shared, stop_limit: Duration::from_millis(member_timeout_ms + POOL_STOP_MARGIN_MS) }
     }
 
     /// One request that `Client` checked and split, as it would send it to a server.
-    pub(crate) async fn call(
-        &self,
-        cmd: u16,
-        flags: u16,
-        offset: u64,
-        len: u32,
-        payload: &[IoSlice<'_>],
-        bufs: Vec<Vec<u8>>,
-    ) -> Result<Outcome, Error> {
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
         let command = requests::command(cmd, flags, offset, len)?;
         let write = (cmd == CMD_WRITE).then(|| Arc::new(requests::gather(payload)));
         let (done, answer) = oneshot::channel();
-        let request = Request {
-            write,
-            read: bufs,
-            done,
-        };
+        let request = Request { write, read: bufs, done };
         self.shared.run(|core, now| {
             if core.closed {
                 return Err(Error::Closed);
@@ -87,14 +65,8 @@ impl<M: Member> PoolDriver<M> {
                 core.coord.stop(now);
             }
         });
-        if tokio::time::timeout(self.stop_limit, stopped.wait_for(|&s| s))
-            .await
-            .is_err()
-        {
-            log::warn!(
-                "the pool did not stop cleanly within {:?}; the next assembly waits out the lease",
-                self.stop_limit
-            );
+        if tokio::time::timeout(self.stop_limit, stopped.wait_for(|&s| s)).await.is_err() {
+            log::warn!("the pool did not stop cleanly within {:?}; the next assembly waits out the lease", self.stop_limit);
         }
         for m in self.shared.take_members() {
             m.disconnect().await;

@@ -18,30 +18,15 @@ use std::time::Instant;
 
 /// A mirror over two members in memory, initialized and assembled.
 async fn mirror(fakes: &[Fake]) -> PoolDriver<Fake> {
-    let spec =
-        PoolSpec::parse("layout = \"mirror\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]").unwrap();
+    let spec = PoolSpec::parse("layout = \"mirror\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]").unwrap();
     let found = read_all(fakes).await;
-    for (f, image) in fakes
-        .iter()
-        .zip(format(&spec, &found, [7; 16], false).unwrap())
-    {
+    for (f, image) in fakes.iter().zip(format(&spec, &found, [7; 16], false).unwrap()) {
         f.put(0, &image);
     }
     let found = read_all(fakes).await.into_iter().map(Some).collect();
     let coord = Coordinator::assemble(&spec, found, session(), false, 0).unwrap();
-    let uris = spec
-        .members
-        .iter()
-        .map(|m| Uri::parse(m).unwrap())
-        .collect();
-    PoolDriver::start(
-        coord,
-        fakes.to_vec(),
-        uris,
-        (),
-        Instant::now(),
-        spec.member_timeout_ms,
-    )
+    let uris = spec.members.iter().map(|m| Uri::parse(m).unwrap()).collect();
+    PoolDriver::start(coord, fakes.to_vec(), uris, (), Instant::now(), spec.member_timeout_ms)
 }
 
 async fn read_all(fakes: &[Fake]) -> Vec<Found> {
@@ -53,27 +38,12 @@ async fn read_all(fakes: &[Fake]) -> Vec<Found> {
 }
 
 fn fakes() -> Vec<Fake> {
-    (0..2)
-        .map(|_| Fake::new(META_BYTES + (4 << 20), true, true, true))
-        .collect()
+    (0..2).map(|_| Fake::new(META_BYTES + (4 << 20), true, true, true)).collect()
 }
 
-async fn write(
-    pool: &PoolDriver<Fake>,
-    offset: u64,
-    data: &[u8],
-    fua: bool,
-) -> Result<Outcome, Error> {
+async fn write(pool: &PoolDriver<Fake>, offset: u64, data: &[u8], fua: bool) -> Result<Outcome, Error> {
     let flags = if fua { CMD_FLAG_FUA } else { 0 };
-    pool.call(
-        CMD_WRITE,
-        flags,
-        offset,
-        data.len() as u32,
-        &[IoSlice::new(data)],
-        Vec::new(),
-    )
-    .await
+    pool.call(CMD_WRITE, flags, offset, data.len() as u32, &[IoSlice::new(data)], Vec::new()).await
 }
 
 #[tokio::test]
@@ -81,41 +51,22 @@ async fn writes_reach_every_copy_and_reads_come_back_scattered() {
     let fakes = fakes();
     let pool = mirror(&fakes).await;
     let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
-    assert!(matches!(
-        write(&pool, 4096, &data, true).await,
-        Ok(Outcome::Done)
-    ));
+    assert!(matches!(write(&pool, 4096, &data, true).await, Ok(Outcome::Done)));
     for f in &fakes {
-        assert_eq!(
-            f.bytes(META_BYTES + 4096, 8192),
-            data,
-            "a copy lacks the write"
-        );
+        assert_eq!(f.bytes(META_BYTES + 4096, 8192), data, "a copy lacks the write");
     }
     let bufs = vec![vec![0xee; 1024], vec![0xee; 7168]];
-    let Ok(Outcome::Read(got)) = pool.call(CMD_READ, 0, 4096 + 512, 8192, &[], bufs).await else {
-        panic!("read failed")
-    };
+    let Ok(Outcome::Read(got)) = pool.call(CMD_READ, 0, 4096 + 512, 8192, &[], bufs).await else { panic!("read failed") };
     assert_eq!(got.concat()[..7680], data[512..]);
     assert!(got.concat()[7680..].iter().all(|&b| b == 0));
-    assert!(pool
-        .status()
-        .members
-        .iter()
-        .all(|m| m.state == MemberState::InSync));
+    assert!(pool.status().members.iter().all(|m| m.state == MemberState::InSync));
 
     pool.disconnect().await;
     for f in &fakes {
         let sb = Superblock::decode(&f.bytes(0, 4096)).unwrap().unwrap();
-        assert_eq!(
-            sb.owner.session, 0,
-            "a clean stop leaves the superblocks without an owner"
-        );
+        assert_eq!(sb.owner.session, 0, "a clean stop leaves the superblocks without an owner");
     }
-    assert!(matches!(
-        write(&pool, 0, &data, false).await,
-        Err(Error::Closed)
-    ));
+    assert!(matches!(write(&pool, 0, &data, false).await, Err(Error::Closed)));
 }
 
 #[tokio::test]
@@ -124,19 +75,11 @@ async fn a_failing_member_is_dropped_and_the_write_lands_on_the_other() {
     let pool = mirror(&fakes).await;
     fakes[1].fail_next();
     let data = vec![0x5a; 4096];
-    assert!(matches!(
-        write(&pool, 0, &data, false).await,
-        Ok(Outcome::Done)
-    ));
+    assert!(matches!(write(&pool, 0, &data, false).await, Ok(Outcome::Done)));
     assert_eq!(fakes[0].bytes(META_BYTES, 4096), data);
     let states: Vec<MemberState> = pool.status().members.iter().map(|m| m.state).collect();
     assert_eq!(states, [MemberState::InSync, MemberState::Missing]);
-    let Ok(Outcome::Read(got)) = pool
-        .call(CMD_READ, 0, 0, 4096, &[], vec![vec![0; 4096]])
-        .await
-    else {
-        panic!("read failed")
-    };
+    let Ok(Outcome::Read(got)) = pool.call(CMD_READ, 0, 0, 4096, &[], vec![vec![0; 4096]]).await else { panic!("read failed") };
     assert_eq!(got, vec![data]);
     pool.disconnect().await;
 }

@@ -11,26 +11,10 @@ use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Call {
-    Read {
-        offset: u64,
-        len: usize,
-    },
-    Write {
-        offset: u64,
-        len: usize,
-        fua: bool,
-    },
-    Zero {
-        offset: u64,
-        len: u64,
-        fua: bool,
-        may_trim: bool,
-    },
-    Trim {
-        offset: u64,
-        len: u64,
-        fua: bool,
-    },
+    Read { offset: u64, len: usize },
+    Write { offset: u64, len: usize, fua: bool },
+    Zero { offset: u64, len: u64, fua: bool, may_trim: bool },
+    Trim { offset: u64, len: u64, fua: bool },
     Flush,
 }
 
@@ -50,11 +34,7 @@ pub(crate) struct Fake {
 impl Fake {
     pub(crate) fn new(size: u64, fua: bool, zero: bool, trim: bool) -> Fake {
         let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH;
-        for (on, f) in [
-            (fua, FLAG_SEND_FUA),
-            (zero, FLAG_SEND_WRITE_ZEROES),
-            (trim, FLAG_SEND_TRIM),
-        ] {
+        for (on, f) in [(fua, FLAG_SEND_FUA), (zero, FLAG_SEND_WRITE_ZEROES), (trim, FLAG_SEND_TRIM)] {
             if on {
                 flags |= f;
             }
@@ -70,14 +50,8 @@ impl Fake {
             structured: true,
             base_allocation: false,
         };
-        let state = State {
-            data: vec![0; size as usize],
-            ..State::default()
-        };
-        Fake {
-            export,
-            state: Arc::new(Mutex::new(state)),
-        }
+        let state = State { data: vec![0; size as usize], ..State::default() };
+        Fake { export, state: Arc::new(Mutex::new(state)) }
     }
 
     pub(crate) fn with_flags(mut self, flags: u16, block_min: u32) -> Fake {
@@ -110,10 +84,7 @@ impl Fake {
     fn serve<T>(&self, call: Call, f: impl FnOnce(&mut Vec<u8>) -> T) -> Result<T, Error> {
         let mut st = self.state.lock().unwrap();
         if std::mem::take(&mut st.fail_next) {
-            return Err(Error::Server {
-                errno: 5,
-                message: Some("told to fail".into()),
-            });
+            return Err(Error::Server { errno: 5, message: Some("told to fail".into()) });
         }
         st.calls.push(call);
         Ok(f(&mut st.data))
@@ -136,54 +107,21 @@ impl Member for Fake {
     }
 
     fn read(&self, offset: u64, len: usize) -> impl Future<Output = Result<Vec<u8>, Error>> + Send {
-        let r = self.serve(Call::Read { offset, len }, |d| {
-            d[offset as usize..][..len].to_vec()
-        });
+        let r = self.serve(Call::Read { offset, len }, |d| d[offset as usize..][..len].to_vec());
         async move { r }
     }
 
-    fn write(
-        &self,
-        offset: u64,
-        data: &[u8],
-        fua: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
-        let r = self.serve(
-            Call::Write {
-                offset,
-                len: data.len(),
-                fua,
-            },
-            |d| d[offset as usize..][..data.len()].copy_from_slice(data),
-        );
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> impl Future<Output = Result<(), Error>> + Send {
+        let r = self.serve(Call::Write { offset, len: data.len(), fua }, |d| d[offset as usize..][..data.len()].copy_from_slice(data));
         async move { r }
     }
 
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-        may_trim: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
-        let r = self.serve(
-            Call::Zero {
-                offset,
-                len,
-                fua,
-                may_trim,
-            },
-            |d| d[offset as usize..][..len as usize].fill(0),
-        );
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool) -> impl Future<Output = Result<(), Error>> + Send {
+        let r = self.serve(Call::Zero { offset, len, fua, may_trim }, |d| d[offset as usize..][..len as usize].fill(0));
         async move { r }
     }
 
-    fn trim(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> impl Future<Output = Result<(), Error>> + Send {
         let r = self.serve(Call::Trim { offset, len, fua }, |_| ());
         async move { r }
     }

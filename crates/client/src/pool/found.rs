@@ -10,67 +10,38 @@ use sluice_pool::{Found, PoolSpec};
 /// The member URIs of a pool file, parsed, or an error naming the bad one.
 pub(crate) fn member_uris(spec: &PoolSpec) -> Result<Vec<Uri>, Error> {
     let parse = |i: usize, m: &str| match Uri::parse(m) {
-        Ok(Uri {
-            address: Address::Pool(_),
-            ..
-        }) => Err(Error::Pool(format!(
-            "member {} ({m}): a pool cannot be a member of a pool",
-            i + 1
-        ))),
+        Ok(Uri { address: Address::Pool(_), .. }) => Err(Error::Pool(format!("member {} ({m}): a pool cannot be a member of a pool", i + 1))),
         Ok(u) => Ok(u),
         Err(e) => Err(Error::Pool(format!("member {} ({m}): {e}", i + 1))),
     };
-    spec.members
-        .iter()
-        .enumerate()
-        .map(|(i, m)| parse(i, m))
-        .collect()
+    spec.members.iter().enumerate().map(|(i, m)| parse(i, m)).collect()
 }
 
 /// Connects to every member at once with `connect`; each result names its member when it
 /// fails.
-pub(crate) async fn connect_all<M: Member>(
-    uris: &[Uri],
-    connect: impl Fn(&Uri) -> Connecting<M>,
-) -> Vec<Result<M, Error>> {
+pub(crate) async fn connect_all<M: Member>(uris: &[Uri], connect: impl Fn(&Uri) -> Connecting<M>) -> Vec<Result<M, Error>> {
     let tasks: Vec<_> = uris
         .iter()
         .map(|u| {
             let connecting = connect(u);
             let name = u.to_string();
-            tokio::spawn(async move {
-                connecting
-                    .await
-                    .map_err(|e| Error::Pool(format!("member {name} cannot be reached: {e}")))
-            })
+            tokio::spawn(async move { connecting.await.map_err(|e| Error::Pool(format!("member {name} cannot be reached: {e}"))) })
         })
         .collect();
     let mut out = Vec::with_capacity(tasks.len());
     for t in tasks {
-        out.push(
-            t.await.unwrap_or_else(|e| {
-                Err(Error::Pool(format!("connecting to a member failed: {e}")))
-            }),
-        );
+        out.push(t.await.unwrap_or_else(|e| Err(Error::Pool(format!("connecting to a member failed: {e}")))));
     }
     out
 }
 
 /// Every member's metadata area, read at once.
 pub(crate) async fn read_all<M: Member>(members: &[M], uris: &[Uri]) -> Result<Vec<Found>, Error> {
-    let tasks: Vec<_> = members
-        .iter()
-        .cloned()
-        .map(|m| tokio::spawn(async move { read_found(&m).await }))
-        .collect();
+    let tasks: Vec<_> = members.iter().cloned().map(|m| tokio::spawn(async move { read_found(&m).await })).collect();
     let mut out = Vec::with_capacity(tasks.len());
     for (t, u) in tasks.into_iter().zip(uris) {
         let found = t.await.unwrap_or_else(|e| Err(Error::Pool(e.to_string())));
-        out.push(
-            found.map_err(|e| {
-                Error::Pool(format!("member {u}: cannot read its pool metadata: {e}"))
-            })?,
-        );
+        out.push(found.map_err(|e| Error::Pool(format!("member {u}: cannot read its pool metadata: {e}")))?);
     }
     Ok(out)
 }
@@ -80,11 +51,7 @@ pub(crate) async fn read_found<M: Member>(m: &M) -> Result<Found, Error> {
     let ex = m.export();
     let len = ex.size.min(META_BYTES);
     let meta = m.read(0, len as usize).await?;
-    Ok(Found {
-        size: ex.size,
-        meta,
-        read_only: ex.read_only(),
-    })
+    Ok(Found { size: ex.size, meta, read_only: ex.read_only() })
 }
 
 #[cfg(test)]
@@ -95,21 +62,11 @@ mod tests {
 
     #[test]
     fn found_is_the_metadata_area_or_the_whole_member() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let big = Fake::new(META_BYTES + 8192, true, true, true);
         big.put(0, b"SLUICEPL");
         let f = rt.block_on(read_found(&big)).unwrap();
-        assert_eq!(
-            (f.size, f.meta.len(), &f.meta[..8], f.read_only),
-            (
-                META_BYTES + 8192,
-                META_BYTES as usize,
-                &b"SLUICEPL"[..],
-                false
-            )
-        );
+        assert_eq!((f.size, f.meta.len(), &f.meta[..8], f.read_only), (META_BYTES + 8192, META_BYTES as usize, &b"SLUICEPL"[..], false));
         let small = Fake::new(8192, true, true, true).with_flags(FLAG_READ_ONLY, 512);
         let f = rt.block_on(read_found(&small)).unwrap();
         assert_eq!((f.size, f.meta.len(), f.read_only), (8192, 8192, true));
@@ -117,8 +74,7 @@ mod tests {
 
     #[test]
     fn member_uris_name_the_bad_one() {
-        let spec = PoolSpec::parse("layout = \"stripe\"\nmembers = [\"nbd://a/x\", \"http://b/\"]")
-            .unwrap();
+        let spec = PoolSpec::parse("layout = \"stripe\"\nmembers = [\"nbd://a/x\", \"http://b/\"]").unwrap();
         let e = member_uris(&spec).unwrap_err().to_string();
         assert!(e.contains("member 2 (http://b/)"), "{e}");
         let spec = PoolSpec::parse("layout = \"stripe\"\nmembers = [\"pool:/p.toml\"]").unwrap();

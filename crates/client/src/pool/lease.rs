@@ -36,12 +36,7 @@ fn alive(before: &[Option<Owner>], after: &[Option<Owner>]) -> Option<Owner> {
 
 /// What the members hold once no live coordinator owns the pool; a refusal naming the
 /// owner otherwise. A stripe may have many writers and is not checked.
-pub(crate) async fn take_over<M: Member>(
-    spec: &PoolSpec,
-    members: &[M],
-    uris: &[Uri],
-    found: Vec<Found>,
-) -> Result<Vec<Found>, Error> {
+pub(crate) async fn take_over<M: Member>(spec: &PoolSpec, members: &[M], uris: &[Uri], found: Vec<Found>) -> Result<Vec<Found>, Error> {
     let before = owners(&found);
     if !spec.layout.redundant() || before.iter().all(Option::is_none) {
         return Ok(found);
@@ -52,10 +47,7 @@ pub(crate) async fn take_over<M: Member>(
     tokio::time::sleep(Duration::from_millis(LEASE_MS)).await;
     let after = read_all(members, uris).await?;
     match alive(&before, &owners(&after)) {
-        Some(o) => Err(Error::Refused(format!(
-            "pool is being served by {} pid {}; stop that first",
-            o.host, o.pid
-        ))),
+        Some(o) => Err(Error::Refused(format!("pool is being served by {} pid {}; stop that first", o.host, o.pid))),
         None => Ok(after),
     }
 }
@@ -66,20 +58,12 @@ mod tests {
     use sluice_pool::{Layout, Role};
 
     fn owner(session: u64, heartbeat: u64) -> Option<Owner> {
-        Some(Owner {
-            session,
-            heartbeat,
-            pid: 42,
-            host: "node-a".into(),
-        })
+        Some(Owner { session, heartbeat, pid: 42, host: "node-a".into() })
     }
 
     #[test]
     fn a_moving_heartbeat_is_alive() {
-        assert_eq!(
-            alive(&[owner(7, 1), owner(7, 1)], &[owner(7, 1), owner(7, 2)]),
-            owner(7, 2)
-        );
+        assert_eq!(alive(&[owner(7, 1), owner(7, 1)], &[owner(7, 1), owner(7, 2)]), owner(7, 2));
         // Another coordinator took over meanwhile: alive too.
         assert_eq!(alive(&[owner(7, 1)], &[owner(9, 1)]), owner(9, 1));
         // Found released, or a member that had no owner now has one.
@@ -103,29 +87,12 @@ mod tests {
             member_bytes: 1 << 30,
             region_bytes: 4 << 20,
             events: 1,
-            owner: Owner {
-                session: 5,
-                heartbeat: 9,
-                pid: 42,
-                host: "node-a".into(),
-            },
+            owner: Owner { session: 5, heartbeat: 9, pid: 42, host: "node-a".into() },
             roles: vec![Role::Active, Role::Active],
         };
-        let released = Superblock {
-            owner: Owner::default(),
-            ..sb.clone()
-        };
-        let found = |b: Vec<u8>| Found {
-            size: 1 << 31,
-            meta: b,
-            read_only: false,
-        };
-        let got = owners(&[
-            found(sb.encode()),
-            found(released.encode()),
-            found(vec![0; 4096]),
-            found(vec![0xff; 4096]),
-        ]);
+        let released = Superblock { owner: Owner::default(), ..sb.clone() };
+        let found = |b: Vec<u8>| Found { size: 1 << 31, meta: b, read_only: false };
+        let got = owners(&[found(sb.encode()), found(released.encode()), found(vec![0; 4096]), found(vec![0xff; 4096])]);
         assert_eq!(got, vec![owner(5, 9), None, None, None]);
     }
 }

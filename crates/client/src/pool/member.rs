@@ -27,29 +27,13 @@ pub(crate) trait Member: Clone + Send + Sync + Sized + 'static {
 
     fn read(&self, offset: u64, len: usize) -> impl Future<Output = Result<Vec<u8>, Error>> + Send;
 
-    fn write(
-        &self,
-        offset: u64,
-        data: &[u8],
-        fua: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Only called when the export can zero.
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-        may_trim: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Only called when the export can trim.
-    fn trim(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> impl Future<Output = Result<(), Error>> + Send;
 
     fn flush(&self) -> impl Future<Output = Result<(), Error>> + Send;
 

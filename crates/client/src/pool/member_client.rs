@@ -2,10 +2,10 @@
 
 use super::member::{Connecting, Member};
 use crate::client::Client;
+use crate::options::Options;
 use crate::error::Error;
 use crate::export::Export;
 use crate::limits::POOL_MEMBER_CONNECTIONS;
-use crate::options::Options;
 use crate::uri::Uri;
 use std::future::Future;
 
@@ -37,31 +37,15 @@ impl Member for Client {
         self.read_owned(offset, vec![0; len])
     }
 
-    fn write(
-        &self,
-        offset: u64,
-        data: &[u8],
-        fua: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> impl Future<Output = Result<(), Error>> + Send {
         Client::write(self, offset, data, fua)
     }
 
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-        may_trim: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool, may_trim: bool) -> impl Future<Output = Result<(), Error>> + Send {
         Client::write_zeroes(self, offset, len, fua, may_trim, false)
     }
 
-    fn trim(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-    ) -> impl Future<Output = Result<(), Error>> + Send {
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> impl Future<Output = Result<(), Error>> + Send {
         Client::trim(self, offset, len, fua)
     }
 

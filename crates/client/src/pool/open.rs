@@ -15,10 +15,7 @@ use std::path::Path;
 use std::time::Instant;
 
 /// Opens the pool `path` describes; every member must answer.
-pub(crate) async fn open<M: Member>(
-    path: &Path,
-    options: &M::Options,
-) -> Result<(Export, PoolDriver<M>), Error> {
+pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options) -> Result<(Export, PoolDriver<M>), Error> {
     let named = |e: Error| match e {
         Error::Pool(m) => Error::Pool(format!("pool {}: {m}", path.display())),
         other => other,
@@ -32,39 +29,18 @@ pub(crate) async fn open<M: Member>(
     let found = read_all(&members, &uris).await.map_err(named)?;
     let found = take_over(&spec, &members, &uris, found).await?;
     let start = Instant::now();
-    let coord = Coordinator::assemble(
-        &spec,
-        found.into_iter().map(Some).collect(),
-        session(),
-        false,
-        0,
-    )
-    .map_err(|e| Error::Refused(format!("pool {}: {e}", path.display())))?;
+    let coord = Coordinator::assemble(&spec, found.into_iter().map(Some).collect(), session(), false, 0)
+        .map_err(|e| Error::Refused(format!("pool {}: {e}", path.display())))?;
     let export = export(path, &spec, coord.size(), &members);
-    let driver = PoolDriver::start(
-        coord,
-        members,
-        uris,
-        options.clone(),
-        start,
-        spec.member_timeout_ms,
-    );
+    let driver = PoolDriver::start(coord, members, uris, options.clone(), start, spec.member_timeout_ms);
     Ok((export, driver))
 }
 
 /// The volume as an export: what any client of one coherent volume may use. Blocks are
 /// no smaller than any member's, so that no member refuses a piece of a request.
 fn export<M: Member>(path: &Path, spec: &PoolSpec, size: u64, members: &[M]) -> Export {
-    let block_min = members
-        .iter()
-        .map(|m| m.export().block_min)
-        .fold(POOL_BLOCK_MIN_BYTES, u32::max);
-    let mut flags = FLAG_HAS_FLAGS
-        | FLAG_SEND_FLUSH
-        | FLAG_SEND_FUA
-        | FLAG_SEND_TRIM
-        | FLAG_SEND_WRITE_ZEROES
-        | FLAG_CAN_MULTI_CONN;
+    let block_min = members.iter().map(|m| m.export().block_min).fold(POOL_BLOCK_MIN_BYTES, u32::max);
+    let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_CAN_MULTI_CONN;
     // A write must reach every copy, so one member that refuses writes makes the pool
     // refuse them.
     if members.iter().any(|m| m.export().read_only()) {
@@ -72,11 +48,7 @@ fn export<M: Member>(path: &Path, spec: &PoolSpec, size: u64, members: &[M]) -> 
     }
     Export {
         name: path.display().to_string(),
-        description: Some(format!(
-            "{} pool of {} members",
-            spec.layout.name(),
-            spec.members.len()
-        )),
+        description: Some(format!("{} pool of {} members", spec.layout.name(), spec.members.len())),
         size,
         flags,
         block_min,
@@ -94,42 +66,19 @@ mod tests {
 
     #[test]
     fn the_export_is_one_coherent_volume() {
-        let spec = PoolSpec::parse("layout = \"mirror\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]")
-            .unwrap();
-        let members = [
-            Fake::new(1 << 21, false, false, false),
-            Fake::new(1 << 21, true, true, true),
-        ];
+        let spec = PoolSpec::parse("layout = \"mirror\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]").unwrap();
+        let members = [Fake::new(1 << 21, false, false, false), Fake::new(1 << 21, true, true, true)];
         let e = export(Path::new("/etc/p.toml"), &spec, 1 << 20, &members);
-        assert_eq!(
-            (
-                e.name.as_str(),
-                e.size,
-                e.block_min,
-                e.block_preferred,
-                e.block_max
-            ),
-            ("/etc/p.toml", 1 << 20, 512, 4096, 32 << 20)
-        );
+        assert_eq!((e.name.as_str(), e.size, e.block_min, e.block_preferred, e.block_max), ("/etc/p.toml", 1 << 20, 512, 4096, 32 << 20));
         assert!(e.can_flush() && e.can_fua() && e.can_trim() && e.can_zero() && e.can_multi_conn());
-        assert!(
-            !e.read_only()
-                && !e.can_cache()
-                && !e.can_fast_zero()
-                && e.structured
-                && !e.base_allocation
-        );
+        assert!(!e.read_only() && !e.can_cache() && !e.can_fast_zero() && e.structured && !e.base_allocation);
         assert_eq!(e.description.as_deref(), Some("mirror pool of 2 members"));
     }
 
     #[test]
     fn the_largest_member_block_and_any_read_only_member_count() {
-        let spec = PoolSpec::parse("layout = \"stripe\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]")
-            .unwrap();
-        let members = [
-            Fake::new(1 << 21, true, true, true).with_flags(0, 4096),
-            Fake::new(1 << 21, true, true, true).with_flags(FLAG_READ_ONLY, 1),
-        ];
+        let spec = PoolSpec::parse("layout = \"stripe\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]").unwrap();
+        let members = [Fake::new(1 << 21, true, true, true).with_flags(0, 4096), Fake::new(1 << 21, true, true, true).with_flags(FLAG_READ_ONLY, 1)];
         let e = export(Path::new("p"), &spec, 1 << 20, &members);
         assert_eq!((e.block_min, e.block_preferred), (4096, 4096));
         assert!(e.read_only());

@@ -9,9 +9,7 @@ use super::member_io::{self, Payload};
 use super::requests::{land, Request};
 use crate::error::Error;
 use crate::uri::Uri;
-use sluice_pool::{
-    Action, Coordinator, CopyId, Data, Failure, Found, MemberCmd, OpId, OpOutcome, ReqId,
-};
+use sluice_pool::{Action, Coordinator, CopyId, Data, Failure, Found, MemberCmd, OpId, OpOutcome, ReqId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,38 +65,11 @@ enum Sink {
 }
 
 impl<M: Member> Shared<M> {
-    pub(crate) fn new(
-        coord: Coordinator,
-        members: Vec<M>,
-        uris: Vec<Uri>,
-        options: M::Options,
-        start: Instant,
-    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Wake>) {
-        let slots = members
-            .into_iter()
-            .map(|m| Slot {
-                client: Some(m),
-                ops: HashMap::new(),
-                reconnecting: false,
-            })
-            .collect();
-        let core = Core {
-            coord,
-            requests: HashMap::new(),
-            copies: HashMap::new(),
-            members: slots,
-            armed: None,
-            closed: false,
-        };
+    pub(crate) fn new(coord: Coordinator, members: Vec<M>, uris: Vec<Uri>, options: M::Options, start: Instant) -> (Arc<Self>, mpsc::UnboundedReceiver<Wake>) {
+        let slots = members.into_iter().map(|m| Slot { client: Some(m), ops: HashMap::new(), reconnecting: false }).collect();
+        let core = Core { coord, requests: HashMap::new(), copies: HashMap::new(), members: slots, armed: None, closed: false };
         let (wake, woken) = mpsc::unbounded_channel();
-        let shared = Shared {
-            core: Mutex::new(core),
-            start,
-            uris,
-            options,
-            wake,
-            stopped: watch::Sender::new(false),
-        };
+        let shared = Shared { core: Mutex::new(core), start, uris, options, wake, stopped: watch::Sender::new(false) };
         (Arc::new(shared), woken)
     }
 
@@ -114,12 +85,7 @@ impl<M: Member> Shared<M> {
         let out = f(&mut core, now);
         while let Some(action) = core.coord.poll() {
             match action {
-                Action::Member {
-                    op,
-                    member,
-                    cmd,
-                    data,
-                } => self.start_op(&mut core, op, member, cmd, data, now),
+                Action::Member { op, member, cmd, data } => self.start_op(&mut core, op, member, cmd, data, now),
                 Action::Complete { req, result } => core.complete(req, result),
                 Action::Drop { member } => self.drop_member(&mut core, member),
                 Action::Release { copy } => {
@@ -146,8 +112,7 @@ impl<M: Member> Shared<M> {
     pub(crate) fn arm(&self) -> Option<tokio::time::Instant> {
         let mut core = self.core.lock().unwrap();
         core.armed = core.coord.next_wakeup();
-        core.armed
-            .map(|ms| tokio::time::Instant::from_std(self.start + Duration::from_millis(ms)))
+        core.armed.map(|ms| tokio::time::Instant::from_std(self.start + Duration::from_millis(ms)))
     }
 
     /// Resolves once the coordinator has stopped.
@@ -155,31 +120,15 @@ impl<M: Member> Shared<M> {
         self.stopped.subscribe()
     }
 
-    fn start_op(
-        self: &Arc<Self>,
-        core: &mut Core<M>,
-        op: OpId,
-        member: usize,
-        cmd: MemberCmd,
-        data: Data,
-        now: u64,
-    ) {
+    fn start_op(self: &Arc<Self>, core: &mut Core<M>, op: OpId, member: usize, cmd: MemberCmd, data: Data, now: u64) {
         let Some(client) = core.members[member].client.clone() else {
-            core.coord.handle(
-                op,
-                OpOutcome::Failed("the member is not connected".into()),
-                now,
-            );
+            core.coord.handle(op, OpOutcome::Failed("the member is not connected".into()), now);
             return;
         };
         let Some((payload, sink)) = core.route(&cmd, data) else {
             // The coordinator named a buffer the driver does not have: a bug in one of them.
             debug_assert!(false, "member operation {op:?} names a buffer that is gone");
-            core.coord.handle(
-                op,
-                OpOutcome::Failed("pool driver: the operation's buffer is gone".into()),
-                now,
-            );
+            core.coord.handle(op, OpOutcome::Failed("pool driver: the operation's buffer is gone".into()), now);
             return;
         };
         let shared = self.clone();
@@ -191,13 +140,7 @@ impl<M: Member> Shared<M> {
     }
 
     /// A member operation's task is done.
-    fn finish(
-        self: &Arc<Self>,
-        member: usize,
-        op: OpId,
-        sink: Sink,
-        result: Result<Option<Vec<u8>>, Error>,
-    ) {
+    fn finish(self: &Arc<Self>, member: usize, op: OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>) {
         self.run(|core, now| {
             core.members[member].ops.remove(&op);
             let outcome = match result {
@@ -248,13 +191,7 @@ impl<M: Member> Shared<M> {
     }
 
     pub(crate) fn connections(&self) -> usize {
-        self.look(|core| {
-            core.members
-                .iter()
-                .filter_map(|s| s.client.as_ref())
-                .map(M::connections)
-                .sum()
-        })
+        self.look(|core| core.members.iter().filter_map(|s| s.client.as_ref()).map(M::connections).sum())
     }
 }
 

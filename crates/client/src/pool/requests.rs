@@ -26,12 +26,7 @@ pub(crate) fn command(cmd: u16, flags: u16, offset: u64, len: u32) -> Result<Com
     match cmd {
         CMD_READ => Ok(Command::Read { offset, len }),
         CMD_WRITE => Ok(Command::Write { offset, len, fua }),
-        CMD_WRITE_ZEROES => Ok(Command::Zero {
-            offset,
-            len,
-            fua,
-            may_trim: flags & CMD_FLAG_NO_HOLE == 0,
-        }),
+        CMD_WRITE_ZEROES => Ok(Command::Zero { offset, len, fua, may_trim: flags & CMD_FLAG_NO_HOLE == 0 }),
         CMD_TRIM => Ok(Command::Trim { offset, len, fua }),
         CMD_FLUSH => Ok(Command::Flush),
         // The pool advertises neither CACHE nor base:allocation, so Client never sends them.
@@ -74,10 +69,7 @@ pub(crate) fn land(bufs: &mut [Vec<u8>], at: u64, data: Vec<u8>) {
         src = &src[n..];
         skip = 0;
     }
-    debug_assert!(
-        src.is_empty(),
-        "a read piece reaches past its request's buffers"
-    );
+    debug_assert!(src.is_empty(), "a read piece reaches past its request's buffers");
 }
 
 /// The reply `Client` expects for a finished request.
@@ -85,10 +77,7 @@ pub(crate) fn reply(cmd: u16, result: Result<Vec<Vec<u8>>, Failure>) -> Result<O
     match result {
         Ok(bufs) if cmd == CMD_READ => Ok(Outcome::Read(bufs)),
         Ok(_) => Ok(Outcome::Done),
-        Err(f) => Err(Error::Server {
-            errno: f.errno.code(),
-            message: Some(f.message),
-        }),
+        Err(f) => Err(Error::Server { errno: f.errno.code(), message: Some(f.message) }),
     }
 }
 
@@ -99,65 +88,23 @@ mod tests {
 
     #[test]
     fn commands_carry_their_flags() {
-        assert_eq!(
-            command(CMD_READ, 0, 4096, 512).unwrap(),
-            Command::Read {
-                offset: 4096,
-                len: 512
-            }
-        );
-        assert_eq!(
-            command(CMD_WRITE, CMD_FLAG_FUA, 0, 9).unwrap(),
-            Command::Write {
-                offset: 0,
-                len: 9,
-                fua: true
-            }
-        );
+        assert_eq!(command(CMD_READ, 0, 4096, 512).unwrap(), Command::Read { offset: 4096, len: 512 });
+        assert_eq!(command(CMD_WRITE, CMD_FLAG_FUA, 0, 9).unwrap(), Command::Write { offset: 0, len: 9, fua: true });
         assert_eq!(
             command(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1, 2).unwrap(),
-            Command::Zero {
-                offset: 1,
-                len: 2,
-                fua: false,
-                may_trim: false
-            }
+            Command::Zero { offset: 1, len: 2, fua: false, may_trim: false }
         );
-        assert_eq!(
-            command(CMD_WRITE_ZEROES, 0, 1, 2).unwrap(),
-            Command::Zero {
-                offset: 1,
-                len: 2,
-                fua: false,
-                may_trim: true
-            }
-        );
-        assert_eq!(
-            command(CMD_TRIM, CMD_FLAG_FUA, 3, 4).unwrap(),
-            Command::Trim {
-                offset: 3,
-                len: 4,
-                fua: true
-            }
-        );
+        assert_eq!(command(CMD_WRITE_ZEROES, 0, 1, 2).unwrap(), Command::Zero { offset: 1, len: 2, fua: false, may_trim: true });
+        assert_eq!(command(CMD_TRIM, CMD_FLAG_FUA, 3, 4).unwrap(), Command::Trim { offset: 3, len: 4, fua: true });
         assert_eq!(command(CMD_FLUSH, 0, 0, 0).unwrap(), Command::Flush);
-        assert!(matches!(
-            command(CMD_CACHE, 0, 0, 1),
-            Err(Error::Unsupported(_))
-        ));
-        assert!(matches!(
-            command(CMD_BLOCK_STATUS, 0, 0, 1),
-            Err(Error::Unsupported(_))
-        ));
+        assert!(matches!(command(CMD_CACHE, 0, 0, 1), Err(Error::Unsupported(_))));
+        assert!(matches!(command(CMD_BLOCK_STATUS, 0, 0, 1), Err(Error::Unsupported(_))));
     }
 
     #[test]
     fn gather_keeps_order() {
         let (a, b, c) = ([1u8, 2], [], [3u8, 4, 5]);
-        assert_eq!(
-            gather(&[IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)]),
-            vec![1, 2, 3, 4, 5]
-        );
+        assert_eq!(gather(&[IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)]), vec![1, 2, 3, 4, 5]);
     }
 
     #[test]
@@ -167,10 +114,7 @@ mod tests {
         land(&mut bufs, 5, vec![6, 7, 8, 9]);
         land(&mut bufs, 0, vec![1, 2]);
         land(&mut bufs, 2, vec![3, 4, 5]);
-        assert_eq!(
-            bufs,
-            vec![vec![1, 2, 3], vec![], vec![4, 5, 6, 7], vec![8, 9]]
-        );
+        assert_eq!(bufs, vec![vec![1, 2, 3], vec![], vec![4, 5, 6, 7], vec![8, 9]]);
     }
 
     #[test]
@@ -186,16 +130,9 @@ mod tests {
 
     #[test]
     fn replies_follow_the_command() {
-        assert!(
-            matches!(reply(CMD_READ, Ok(vec![vec![1]])), Ok(Outcome::Read(b)) if b == vec![vec![1]])
-        );
+        assert!(matches!(reply(CMD_READ, Ok(vec![vec![1]])), Ok(Outcome::Read(b)) if b == vec![vec![1]]));
         assert!(matches!(reply(CMD_WRITE, Ok(vec![])), Ok(Outcome::Done)));
-        let e = reply(CMD_WRITE, Err(Failure::io("no copy took it")))
-            .err()
-            .unwrap();
-        assert!(
-            matches!(&e, Error::Server { errno, message: Some(m) } if *errno == Errno::Io.code() && m == "no copy took it"),
-            "{e}"
-        );
+        let e = reply(CMD_WRITE, Err(Failure::io("no copy took it"))).err().unwrap();
+        assert!(matches!(&e, Error::Server { errno, message: Some(m) } if *errno == Errno::Io.code() && m == "no copy took it"), "{e}");
     }
 }

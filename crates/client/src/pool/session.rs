@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) fn random_u64() -> u64 {
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     h.write_u128(now.as_nanos());
     h.write_u32(std::process::id());
     h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
@@ -21,14 +19,8 @@ pub(crate) fn random_u64() -> u64 {
 
 /// This process as a pool's coordinator.
 pub(crate) fn session() -> Session {
-    let id = std::iter::repeat_with(random_u64)
-        .find(|&v| v != 0)
-        .unwrap_or(1);
-    Session {
-        id,
-        pid: std::process::id(),
-        host: host_name(),
-    }
+    let id = std::iter::repeat_with(random_u64).find(|&v| v != 0).unwrap_or(1);
+    Session { id, pid: std::process::id(), host: host_name() }
 }
 
 /// A new pool's id.

@@ -8,35 +8,16 @@ use crate::spec::Layout;
 /// A request on the volume, already checked by the caller against the volume's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
-    Read {
-        offset: u64,
-        len: u64,
-    },
-    Write {
-        offset: u64,
-        len: u64,
-        fua: bool,
-    },
-    Zero {
-        offset: u64,
-        len: u64,
-        fua: bool,
-        may_trim: bool,
-    },
-    Trim {
-        offset: u64,
-        len: u64,
-        fua: bool,
-    },
+    Read { offset: u64, len: u64 },
+    Write { offset: u64, len: u64, fua: bool },
+    Zero { offset: u64, len: u64, fua: bool, may_trim: bool },
+    Trim { offset: u64, len: u64, fua: bool },
     Flush,
 }
 
 impl Command {
     pub fn is_write(&self) -> bool {
-        matches!(
-            self,
-            Command::Write { .. } | Command::Zero { .. } | Command::Trim { .. }
-        )
+        matches!(self, Command::Write { .. } | Command::Zero { .. } | Command::Trim { .. })
     }
 
     pub fn range(&self) -> (u64, u64) {
@@ -67,26 +48,10 @@ pub struct CopyId(pub u64);
 /// included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemberCmd {
-    Read {
-        offset: u64,
-        len: u64,
-    },
-    Write {
-        offset: u64,
-        len: u64,
-        fua: bool,
-    },
-    Zero {
-        offset: u64,
-        len: u64,
-        fua: bool,
-        may_trim: bool,
-    },
-    Trim {
-        offset: u64,
-        len: u64,
-        fua: bool,
-    },
+    Read { offset: u64, len: u64 },
+    Write { offset: u64, len: u64, fua: bool },
+    Zero { offset: u64, len: u64, fua: bool, may_trim: bool },
+    Trim { offset: u64, len: u64, fua: bool },
     Flush,
 }
 
@@ -125,10 +90,7 @@ pub struct Failure {
 
 impl Failure {
     pub fn io(message: impl Into<String>) -> Failure {
-        Failure {
-            errno: Errno::Io,
-            message: message.into(),
-        }
+        Failure { errno: Errno::Io, message: message.into() }
     }
 }
 
@@ -142,17 +104,9 @@ impl std::fmt::Display for Failure {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Carry out `cmd` on `member` and report with `handle(op, …)`.
-    Member {
-        op: OpId,
-        member: usize,
-        cmd: MemberCmd,
-        data: Data,
-    },
+    Member { op: OpId, member: usize, cmd: MemberCmd, data: Data },
     /// Answer a volume request. For a read, its buffer now holds the data.
-    Complete {
-        req: ReqId,
-        result: Result<(), Failure>,
-    },
+    Complete { req: ReqId, result: Result<(), Failure> },
     /// Stop using the member's connections (it was declared missing); operations still in
     /// flight on it may be reported or not. Reconnect in the background and call
     /// `member_back` when it answers again.
@@ -192,10 +146,7 @@ pub enum MemberState {
     Missing,
     /// Answering, but it lacks writes and waits for a resync.
     Stale,
-    Resyncing {
-        done: u64,
-        total: u64,
-    },
+    Resyncing { done: u64, total: u64 },
 }
 
 impl MemberState {

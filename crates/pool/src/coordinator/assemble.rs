@@ -13,24 +13,11 @@ use crate::spec::PoolSpec;
 
 impl Coordinator {
     /// Assembles the pool (see `Coordinator::assemble`).
-    pub(super) fn build(
-        spec: &PoolSpec,
-        found: Vec<Option<Found>>,
-        session: Session,
-        degraded: bool,
-        now: u64,
-    ) -> Result<Coordinator, String> {
+    pub(super) fn build(spec: &PoolSpec, found: Vec<Option<Found>>, session: Session, degraded: bool, now: u64) -> Result<Coordinator, String> {
         if found.len() != spec.members.len() {
-            return Err(format!(
-                "{} members found for {} in the pool file",
-                found.len(),
-                spec.members.len()
-            ));
+            return Err(format!("{} members found for {} in the pool file", found.len(), spec.members.len()));
         }
-        let missing: Vec<&str> = (0..found.len())
-            .filter(|&i| found[i].is_none())
-            .map(|i| spec.members[i].as_str())
-            .collect();
+        let missing: Vec<&str> = (0..found.len()).filter(|&i| found[i].is_none()).map(|i| spec.members[i].as_str()).collect();
         if !missing.is_empty() && !degraded {
             return Err(format!("cannot reach member(s) {}; assemble degraded only if you know they hold nothing newer", missing.join(", ")));
         }
@@ -44,26 +31,14 @@ impl Coordinator {
         for (i, f) in found.iter().enumerate() {
             if let Some(f) = f {
                 if f.size < META_BYTES + auth.member_bytes {
-                    return Err(format!(
-                        "member {i} ({}) is {} bytes, smaller than the pool needs",
-                        spec.members[i], f.size
-                    ));
+                    return Err(format!("member {i} ({}) is {} bytes, smaller than the pool needs", spec.members[i], f.size));
                 }
             }
             if sbs[i].is_none() && found[i].is_some() && !spec.layout.redundant() {
-                return Err(format!(
-                    "member {i} ({}) carries no pool metadata; a stripe cannot rebuild it",
-                    spec.members[i]
-                ));
+                return Err(format!("member {i} ({}) carries no pool metadata; a stripe cannot rebuild it", spec.members[i]));
             }
         }
-        let map = Map {
-            layout: spec.layout,
-            unit: auth.stripe_unit,
-            copies: spec.copies,
-            sets: spec.sets(),
-            member_bytes: auth.member_bytes,
-        };
+        let map = Map { layout: spec.layout, unit: auth.stripe_unit, copies: spec.copies, sets: spec.sets(), member_bytes: auth.member_bytes };
         let regions = auth.regions();
         let bits = dirty_union(&sbs, &found, &auth);
         let blocks = 1 + bitmap_blocks(regions) as usize;
@@ -141,11 +116,7 @@ impl Coordinator {
             let todo = match (role, own) {
                 (_, None) => Some(all.clone()),
                 (Role::Active, Some(_)) => None,
-                (Role::Missing { since }, Some(sb))
-                    if since <= sb.events && sb.events < auth.events =>
-                {
-                    Some(self.dirty_regions())
-                }
+                (Role::Missing { since }, Some(sb)) if since <= sb.events && sb.events < auth.events => Some(self.dirty_regions()),
                 (Role::Missing { .. }, Some(_)) => Some(all.clone()),
                 (Role::Rebuilding { .. }, Some(_)) => Some(self.dirty_regions()),
             };
@@ -164,11 +135,7 @@ impl Coordinator {
             return;
         }
         for set in 0..self.map.sets {
-            let synced: Vec<usize> = self
-                .map
-                .members_of(set)
-                .filter(|&m| self.members[m].in_sync())
-                .collect();
+            let synced: Vec<usize> = self.map.members_of(set).filter(|&m| self.members[m].in_sync()).collect();
             for &m in synced.iter().skip(1) {
                 self.add_job(JobKind::Reconcile, m, dirty.clone());
             }
@@ -176,18 +143,13 @@ impl Coordinator {
     }
 
     pub(super) fn dirty_regions(&self) -> BTreeSet<u64> {
-        (0..self.regions)
-            .filter(|&r| crate::meta::bit(&self.bits, r))
-            .collect()
+        (0..self.regions).filter(|&r| crate::meta::bit(&self.bits, r)).collect()
     }
 
     pub(super) fn add_job(&mut self, kind: JobKind, target: usize, todo: BTreeSet<u64>) {
         let total_bytes = todo.iter().map(|&r| self.region_len(r)).sum();
         if let Role::Rebuilding { .. } = self.members[target].role {
-            self.members[target].role = Role::Rebuilding {
-                done: 0,
-                total: total_bytes,
-            };
+            self.members[target].role = Role::Rebuilding { done: 0, total: total_bytes };
         }
         let job = Job {
             kind,
@@ -212,3 +174,4 @@ impl Coordinator {
         (start + self.region_bytes).min(self.map.member_bytes) - start
     }
 }
+

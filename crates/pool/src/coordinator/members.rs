@@ -67,30 +67,19 @@ impl Coordinator {
         // The last in-sync copy of a set stays "active" while away: nothing can be written
         // to the set without it, so it still holds the set's newest data when it returns.
         let set = self.map.set_of(member);
-        let last = self
-            .map
-            .members_of(set)
-            .all(|x| x == member || !self.members[x].in_sync());
+        let last = self.map.members_of(set).all(|x| x == member || !self.members[x].in_sync());
         self.members[member].connected = false;
         if !(last && self.members[member].role == Role::Active) {
             self.members[member].role = Role::Missing { since };
         }
-        self.members[member]
-            .writing
-            .iter_mut()
-            .for_each(|w| *w = None);
+        self.members[member].writing.iter_mut().for_each(|w| *w = None);
         self.actions.push_back(Action::Drop { member });
         if self.redundant() {
             self.events += 1;
             self.gen[0] += 1;
         }
         self.requests_saw_failure(member);
-        let out: Vec<_> = self
-            .ops
-            .iter()
-            .filter(|(_, o)| o.member == member)
-            .map(|(&id, _)| id)
-            .collect();
+        let out: Vec<_> = self.ops.iter().filter(|(_, o)| o.member == member).map(|(&id, _)| id).collect();
         for id in out {
             if let Some(op) = self.ops.remove(&id) {
                 self.settle_ok_or_failed(&op, &OpOutcome::Failed(why.to_string()));
@@ -107,26 +96,16 @@ impl Coordinator {
         };
         if let Some(sb) = &sb {
             if sb.pool_id != self.pool_id || sb.index != member {
-                let why = format!(
-                    "stays out: it now belongs to pool {} as member {}",
-                    id_text(&sb.pool_id),
-                    sb.index
-                );
+                let why = format!("stays out: it now belongs to pool {} as member {}", id_text(&sb.pool_id), sb.index);
                 return self.log_member(member, &why);
             }
         }
         if found.read_only || found.size < crate::limits::META_BYTES + self.map.member_bytes {
-            return self.log_member(
-                member,
-                "stays out: it is read-only or smaller than the pool needs",
-            );
+            return self.log_member(member, "stays out: it is read-only or smaller than the pool needs");
         }
         if !self.redundant() {
             if sb.is_none() {
-                return self.log_member(
-                    member,
-                    "stays out: it lost its pool metadata, and a stripe cannot rebuild it",
-                );
+                return self.log_member(member, "stays out: it lost its pool metadata, and a stripe cannot rebuild it");
             }
             self.members[member].connected = true;
             self.members[member].role = Role::Active;
@@ -148,9 +127,7 @@ impl Coordinator {
         // was dropped at (below the current one): then it lacks only dirty regions, which
         // are not cleaned while it is away. Anything else is unknown history.
         let todo: BTreeSet<u64> = match (&sb, since) {
-            (Some(sb), Some(since)) if since <= sb.events && sb.events < self.events => {
-                self.dirty_regions()
-            }
+            (Some(sb), Some(since)) if since <= sb.events && sb.events < self.events => self.dirty_regions(),
             _ => (0..self.regions).collect(),
         };
         let m = &mut self.members[member];
@@ -160,23 +137,9 @@ impl Coordinator {
         m.role = Role::Rebuilding { done: 0, total: 0 };
         self.events += 1;
         self.gen[0] += 1;
-        let what = if todo.len() as u64 == self.regions {
-            "everything"
-        } else {
-            "the regions it missed"
-        };
-        let history = format!(
-            "its events {:?}, missing since {since:?}, pool at {}",
-            sb.as_ref().map(|s| s.events),
-            self.events
-        );
-        self.log_member(
-            member,
-            &format!(
-                "is back ({history}); copying {what} ({} regions) to it",
-                todo.len()
-            ),
-        );
+        let what = if todo.len() as u64 == self.regions { "everything" } else { "the regions it missed" };
+        let history = format!("its events {:?}, missing since {since:?}, pool at {}", sb.as_ref().map(|s| s.events), self.events);
+        self.log_member(member, &format!("is back ({history}); copying {what} ({} regions) to it", todo.len()));
         self.add_job(JobKind::Rebuild, member, todo);
     }
 
@@ -202,21 +165,8 @@ impl Coordinator {
                     0 => self.superblock(m).encode(),
                     b => bitmap_block_bytes(&self.bits, b as u64 - 1),
                 };
-                let cmd = MemberCmd::Write {
-                    offset: block as u64 * META_BLOCK_BYTES,
-                    len: META_BLOCK_BYTES,
-                    fua: true,
-                };
-                self.issue(
-                    m,
-                    cmd,
-                    Data::Bytes(bytes),
-                    Purpose::MetaWrite {
-                        block,
-                        gen,
-                        events: self.events,
-                    },
-                );
+                let cmd = MemberCmd::Write { offset: block as u64 * META_BLOCK_BYTES, len: META_BLOCK_BYTES, fua: true };
+                self.issue(m, cmd, Data::Bytes(bytes), Purpose::MetaWrite { block, gen, events: self.events });
                 moved = true;
             }
         }
@@ -232,10 +182,7 @@ impl Coordinator {
             .map(|(i, m)| match m.role {
                 Role::Rebuilding { .. } => {
                     let job = self.jobs.iter().flatten().find(|j| j.target == i);
-                    Role::Rebuilding {
-                        done: job.map_or(0, |j| j.done_bytes),
-                        total: job.map_or(0, |j| j.total_bytes),
-                    }
+                    Role::Rebuilding { done: job.map_or(0, |j| j.done_bytes), total: job.map_or(0, |j| j.total_bytes) }
                 }
                 r => r,
             })
@@ -276,32 +223,19 @@ impl Coordinator {
         for m in 0..self.members.len() {
             if self.members[m].live() {
                 self.fence_reads_out += 1;
-                self.issue(
-                    m,
-                    MemberCmd::Read {
-                        offset: 0,
-                        len: META_BLOCK_BYTES,
-                    },
-                    Data::Meta,
-                    Purpose::FenceCheck,
-                );
+                self.issue(m, MemberCmd::Read { offset: 0, len: META_BLOCK_BYTES }, Data::Meta, Purpose::FenceCheck);
             }
         }
     }
 
     pub(super) fn heartbeat_wakeup(&self) -> Option<u64> {
-        let possible = self.redundant()
-            && self.fenced.is_none()
-            && self.fence_reads_out == 0
-            && self.stopping == Stopping::Running;
+        let possible = self.redundant() && self.fenced.is_none() && self.fence_reads_out == 0 && self.stopping == Stopping::Running;
         (possible && self.durable(0, self.startup_gen)).then_some(self.next_heartbeat)
     }
 
     /// Stops all writing if another coordinator has taken the pool over.
     fn check_owner(&mut self, member: usize, bytes: &[u8]) {
-        let Ok(Some(sb)) = Superblock::decode(bytes) else {
-            return;
-        };
+        let Ok(Some(sb)) = Superblock::decode(bytes) else { return };
         if sb.pool_id != self.pool_id || sb.owner.session == self.session.id {
             return;
         }
@@ -318,10 +252,7 @@ impl Coordinator {
     }
 
     pub(super) fn log_member(&mut self, member: usize, what: &str) {
-        let text = format!(
-            "pool member {member} ({}) {what}",
-            self.spec.members[member]
-        );
+        let text = format!("pool member {member} ({}) {what}", self.spec.members[member]);
         self.actions.push_back(Action::Log { text });
     }
 }

@@ -22,9 +22,9 @@ mod state;
 mod survey;
 
 pub use api::*;
+pub use survey::{format, survey};
 #[cfg(any(test, feature = "sim"))]
 pub(crate) use survey::format_with;
-pub use survey::{format, survey};
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -77,13 +77,7 @@ impl Coordinator {
     /// Refuses when a member is unreachable (unless `degraded`), when members disagree about
     /// the pool, or when one belongs to another pool. The superblocks must have no live
     /// owner: the driver checks the lease (see `meta::Owner`) before calling this.
-    pub fn assemble(
-        spec: &PoolSpec,
-        found: Vec<Option<Found>>,
-        session: Session,
-        degraded: bool,
-        now: u64,
-    ) -> Result<Coordinator, String> {
+    pub fn assemble(spec: &PoolSpec, found: Vec<Option<Found>>, session: Session, degraded: bool, now: u64) -> Result<Coordinator, String> {
         Coordinator::build(spec, found, session, degraded, now)
     }
 
@@ -134,12 +128,7 @@ impl Coordinator {
     /// at `next_wakeup()` (or any time).
     pub fn tick(&mut self, now: u64) {
         self.now = self.now.max(now);
-        let late: Vec<usize> = self
-            .ops
-            .values()
-            .filter(|o| o.deadline <= self.now)
-            .map(|o| o.member)
-            .collect();
+        let late: Vec<usize> = self.ops.values().filter(|o| o.deadline <= self.now).map(|o| o.member).collect();
         for m in late {
             let ms = self.spec.member_timeout_ms;
             self.fail_member(m, &format!("no answer within {ms} ms"));
@@ -152,12 +141,7 @@ impl Coordinator {
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
         let deadline = self.ops.values().map(|o| o.deadline).min();
-        let timers = [
-            deadline,
-            self.heartbeat_wakeup(),
-            self.clean_wakeup(),
-            self.pace_wakeup(),
-        ];
+        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup()];
         timers.into_iter().flatten().min()
     }
 
@@ -187,12 +171,7 @@ impl Coordinator {
     }
 
     pub fn status(&self) -> Status {
-        let members = (0..self.members.len())
-            .map(|m| MemberStatus {
-                uri: self.spec.members[m].clone(),
-                state: self.member_state(m),
-            })
-            .collect();
+        let members = (0..self.members.len()).map(|m| MemberStatus { uri: self.spec.members[m].clone(), state: self.member_state(m) }).collect();
         Status {
             pool_id: crate::meta::id_text(&self.pool_id),
             layout: self.spec.layout,
@@ -211,10 +190,7 @@ impl Coordinator {
         let job = self.jobs.iter().flatten().find(|j| j.target == m);
         match (self.members[m].role, job) {
             (Role::Missing { .. }, _) => MemberState::Missing,
-            (_, Some(j)) => MemberState::Resyncing {
-                done: j.done_bytes,
-                total: j.total_bytes,
-            },
+            (_, Some(j)) => MemberState::Resyncing { done: j.done_bytes, total: j.total_bytes },
             (Role::Rebuilding { .. }, None) => MemberState::Stale,
             (Role::Active, None) if !self.members[m].connected => MemberState::Missing,
             (Role::Active, None) => MemberState::InSync,
@@ -232,29 +208,11 @@ impl Coordinator {
     }
 
     /// Sends an operation to a member.
-    fn issue(
-        &mut self,
-        member: usize,
-        cmd: MemberCmd,
-        data: Data,
-        purpose: state::Purpose,
-    ) -> OpId {
+    fn issue(&mut self, member: usize, cmd: MemberCmd, data: Data, purpose: state::Purpose) -> OpId {
         let op = OpId(self.fresh_id());
         let deadline = self.now + self.spec.member_timeout_ms;
-        self.ops.insert(
-            op,
-            Op {
-                member,
-                purpose,
-                deadline,
-            },
-        );
-        self.actions.push_back(Action::Member {
-            op,
-            member,
-            cmd,
-            data,
-        });
+        self.ops.insert(op, Op { member, purpose, deadline });
+        self.actions.push_back(Action::Member { op, member, cmd, data });
         op
     }
 

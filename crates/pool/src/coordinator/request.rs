@@ -11,35 +11,18 @@ use sluice_proto::Errno;
 impl Coordinator {
     pub(super) fn start_request(&mut self, id: ReqId, cmd: Command) {
         if self.stopping != Stopping::Running {
-            let f = Failure {
-                errno: Errno::Shutdown,
-                message: "the pool is stopping".into(),
-            };
-            return self.actions.push_back(Action::Complete {
-                req: id,
-                result: Err(f),
-            });
+            let f = Failure { errno: Errno::Shutdown, message: "the pool is stopping".into() };
+            return self.actions.push_back(Action::Complete { req: id, result: Err(f) });
         }
         if let Some(why) = &self.fenced {
             let f = Failure::io(why.clone());
-            return self.actions.push_back(Action::Complete {
-                req: id,
-                result: Err(f),
-            });
+            return self.actions.push_back(Action::Complete { req: id, result: Err(f) });
         }
         let (offset, len) = cmd.range();
         let pieces = self
             .map
             .pieces(offset, len)
-            .map(|p| PieceState {
-                set: p.set,
-                member_offset: p.member_offset,
-                len: p.len,
-                at: p.at,
-                done: 0,
-                tried: 0,
-                out: 0,
-            })
+            .map(|p| PieceState { set: p.set, member_offset: p.member_offset, len: p.len, at: p.at, done: 0, tried: 0, out: 0 })
             .collect();
         let mut req = Request {
             cmd,
@@ -117,27 +100,16 @@ impl Coordinator {
         if !self.durable(0, req.need_sb) || !req.marks.iter().all(|&(b, g)| self.durable(b, g)) {
             return false;
         }
-        !req.pieces.iter().any(|p| {
-            self.locks
-                .iter()
-                .any(|l| l.overlaps(p.set, p.member_offset, p.member_offset + p.len))
-        })
+        !req.pieces.iter().any(|p| self.locks.iter().any(|l| l.overlaps(p.set, p.member_offset, p.member_offset + p.len)))
     }
 
     /// Whether metadata block `block` of generation `gen` is on every live member.
     pub(super) fn durable(&self, block: usize, gen: u64) -> bool {
-        !self.redundant()
-            || self
-                .members
-                .iter()
-                .filter(|m| m.live())
-                .all(|m| m.written[block] >= gen)
+        !self.redundant() || self.members.iter().filter(|m| m.live()).all(|m| m.written[block] >= gen)
     }
 
     fn run(&mut self, id: ReqId) {
-        let Some(mut req) = self.requests.remove(&id) else {
-            return;
-        };
+        let Some(mut req) = self.requests.remove(&id) else { return };
         req.phase = Phase::Running;
         match req.cmd {
             Command::Flush => {
@@ -160,12 +132,7 @@ impl Coordinator {
                     let (offset, len) = (META_BYTES + p.member_offset, p.len);
                     let mcmd = match cmd {
                         Command::Write { fua, .. } => MemberCmd::Write { offset, len, fua },
-                        Command::Zero { fua, may_trim, .. } => MemberCmd::Zero {
-                            offset,
-                            len,
-                            fua,
-                            may_trim,
-                        },
+                        Command::Zero { fua, may_trim, .. } => MemberCmd::Zero { offset, len, fua, may_trim },
                         Command::Trim { fua, .. } => MemberCmd::Trim { offset, len, fua },
                         _ => unreachable!("reads and flushes are handled above"),
                     };
@@ -191,11 +158,7 @@ impl Coordinator {
     fn send_read(&mut self, id: ReqId, req: &mut Request, i: usize) {
         let p = &req.pieces[i];
         let Some(m) = self.reader(p.set, p.member_offset, p.len, p.tried) else {
-            let f = Failure::io(format!(
-                "no copy of volume offset {} can be read (set {} has no in-sync member)",
-                req.cmd.range().0 + p.at,
-                p.set
-            ));
+            let f = Failure::io(format!("no copy of volume offset {} can be read (set {} has no in-sync member)", req.cmd.range().0 + p.at, p.set));
             req.failure.get_or_insert(f);
             return;
         };
@@ -203,37 +166,18 @@ impl Coordinator {
         req.pieces[i].tried |= 1 << m;
         req.pieces[i].out += 1;
         req.out += 1;
-        self.issue(
-            m,
-            MemberCmd::Read { offset, len },
-            Data::Request { req: id, at },
-            Purpose::Piece { req: id, piece: i },
-        );
+        self.issue(m, MemberCmd::Read { offset, len }, Data::Request { req: id, at }, Purpose::Piece { req: id, piece: i });
     }
 
     /// The member a read of set `set` goes to: an in-sync one that no copy job still has to
     /// bring up to date there, least busy first; if every in-sync member has such a job
     /// (its source failed), the first of them, so successive reads agree.
     fn reader(&self, set: usize, start: u64, len: u64, tried: u64) -> Option<usize> {
-        let (first, last) = (
-            start / self.region_bytes,
-            (start + len - 1) / self.region_bytes,
-        );
-        let synced = self
-            .map
-            .members_of(set)
-            .filter(|&m| self.members[m].in_sync() && tried >> m & 1 == 0);
-        let behind = |m: usize| {
-            self.jobs
-                .iter()
-                .flatten()
-                .any(|j| j.target == m && j.todo.range(first..=last).next().is_some())
-        };
+        let (first, last) = (start / self.region_bytes, (start + len - 1) / self.region_bytes);
+        let synced = self.map.members_of(set).filter(|&m| self.members[m].in_sync() && tried >> m & 1 == 0);
+        let behind = |m: usize| self.jobs.iter().flatten().any(|j| j.target == m && j.todo.range(first..=last).next().is_some());
         let busy = |m: usize| self.ops.values().filter(|o| o.member == m).count();
-        let clean = synced
-            .clone()
-            .filter(|&m| !behind(m))
-            .min_by_key(|&m| (busy(m), m));
+        let clean = synced.clone().filter(|&m| !behind(m)).min_by_key(|&m| (busy(m), m));
         clean.or_else(|| synced.min())
     }
 
@@ -250,9 +194,7 @@ impl Coordinator {
                 }
             }
             Purpose::Piece { req, piece } => {
-                let Some(mut r) = self.requests.remove(&req) else {
-                    return;
-                };
+                let Some(mut r) = self.requests.remove(&req) else { return };
                 r.out -= 1;
                 r.pieces[piece].out -= 1;
                 if ok {
@@ -271,8 +213,7 @@ impl Coordinator {
     pub(super) fn requests_saw_failure(&mut self, member: usize) {
         let gen = self.gen[0];
         for r in self.requests.values_mut() {
-            let used =
-                r.sent >> member & 1 == 1 || r.pieces.iter().any(|p| p.tried >> member & 1 == 1);
+            let used = r.sent >> member & 1 == 1 || r.pieces.iter().any(|p| p.tried >> member & 1 == 1);
             if used && r.phase == Phase::Running {
                 r.need_sb = r.need_sb.max(gen);
             }
@@ -284,11 +225,7 @@ impl Coordinator {
         let ready: Vec<ReqId> = self
             .requests
             .iter()
-            .filter(|(_, r)| {
-                r.phase == Phase::Running
-                    && r.out == 0
-                    && (r.failure.is_some() || self.durable(0, r.need_sb))
-            })
+            .filter(|(_, r)| r.phase == Phase::Running && r.out == 0 && (r.failure.is_some() || self.durable(0, r.need_sb)))
             .map(|(&id, _)| id)
             .collect();
         for &id in &ready {
@@ -322,31 +259,17 @@ impl Coordinator {
                 // A stripe member that is away may have lost writes it acknowledged.
                 match r.flushed == r.sent && self.members.iter().all(|m| m.live()) {
                     true => Ok(()),
-                    false => Err(Failure::io(
-                        "a member of the stripe is missing or failed the flush",
-                    )),
+                    false => Err(Failure::io("a member of the stripe is missing or failed the flush")),
                 }
             }
             Command::Flush => {
-                match (0..self.map.sets).find(|&s| {
-                    !self
-                        .map
-                        .members_of(s)
-                        .any(|m| synced(m) && r.flushed >> m & 1 == 1)
-                }) {
-                    Some(s) => Err(Failure::io(format!(
-                        "no in-sync member of set {s} completed the flush"
-                    ))),
+                match (0..self.map.sets).find(|&s| !self.map.members_of(s).any(|m| synced(m) && r.flushed >> m & 1 == 1)) {
+                    Some(s) => Err(Failure::io(format!("no in-sync member of set {s} completed the flush"))),
                     None => Ok(()),
                 }
             }
             _ => {
-                let lost = r.pieces.iter().find(|p| {
-                    !self
-                        .map
-                        .members_of(p.set)
-                        .any(|m| synced(m) && p.done >> m & 1 == 1)
-                });
+                let lost = r.pieces.iter().find(|p| !self.map.members_of(p.set).any(|m| synced(m) && p.done >> m & 1 == 1));
                 match lost {
                     None => Ok(()),
                     Some(p) => Err(Failure::io(format!(
@@ -372,9 +295,6 @@ impl Coordinator {
     /// Roles of the members of a set, for the tests' eyes.
     #[allow(dead_code)]
     pub(super) fn roles_of(&self, set: usize) -> Vec<Role> {
-        self.map
-            .members_of(set)
-            .map(|m| self.members[m].role)
-            .collect()
+        self.map.members_of(set).map(|m| self.members[m].role).collect()
     }
 }

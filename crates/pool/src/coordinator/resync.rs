@@ -5,18 +5,14 @@
 use super::api::{Action, CopyId, Data, MemberCmd};
 use super::state::{Cleaning, JobKind, Lock, Phase, Purpose, Stopping};
 use super::Coordinator;
-use crate::limits::{
-    CLEAN_DELAY_MS, META_BLOCK_BYTES, META_BYTES, RESYNC_CHUNK_BYTES, RESYNC_STEPS_MAX,
-};
+use crate::limits::{CLEAN_DELAY_MS, META_BLOCK_BYTES, META_BYTES, RESYNC_CHUNK_BYTES, RESYNC_STEPS_MAX};
 use crate::meta::Role;
 
 impl Coordinator {
     /// The end of the copy chunk that starts at member offset `start`.
     fn chunk_end(&self, start: u64) -> u64 {
         let region_end = (start / self.region_bytes + 1) * self.region_bytes;
-        (start + RESYNC_CHUNK_BYTES)
-            .min(region_end)
-            .min(self.map.member_bytes)
+        (start + RESYNC_CHUNK_BYTES).min(region_end).min(self.map.member_bytes)
     }
 
     /// Where job `j` copies from: the first in-sync member of its set that no job is still
@@ -27,19 +23,12 @@ impl Coordinator {
         let job = self.jobs[j].as_ref()?;
         let (set, target) = (job.set, job.target);
         let behind = |c: &Coordinator, m: usize| c.jobs.iter().flatten().any(|x| x.target == m);
-        let synced: Vec<usize> = self
-            .map
-            .members_of(set)
-            .filter(|&m| self.members[m].in_sync())
-            .collect();
+        let synced: Vec<usize> = self.map.members_of(set).filter(|&m| self.members[m].in_sync()).collect();
         if let Some(&m) = synced.iter().find(|&&m| m != target && !behind(self, m)) {
             return Some(m);
         }
         let first = *synced.first()?;
-        if let Some(k) = self.jobs.iter().position(|x| {
-            x.as_ref()
-                .is_some_and(|x| x.target == first && x.kind == JobKind::Reconcile)
-        }) {
+        if let Some(k) = self.jobs.iter().position(|x| x.as_ref().is_some_and(|x| x.target == first && x.kind == JobKind::Reconcile)) {
             if self.jobs[k].as_ref().is_some_and(|x| x.chunks.is_empty()) {
                 self.end_job(k);
                 return if first == target { None } else { Some(first) };
@@ -71,37 +60,23 @@ impl Coordinator {
         moved |= self.start_held_locks();
         for j in 0..self.jobs.len() {
             while self.locks.len() < RESYNC_STEPS_MAX {
-                let Some(job) = self.jobs[j].as_ref() else {
-                    break;
-                };
-                let Some(start) = job.cursor.filter(|_| !job.flushing) else {
-                    break;
-                };
+                let Some(job) = self.jobs[j].as_ref() else { break };
+                let Some(start) = job.cursor.filter(|_| !job.flushing) else { break };
                 let end = self.chunk_end(start);
                 if !self.pace_allows(end - start) {
                     return moved;
                 }
                 self.paced_bytes += end - start;
                 let set = job.set;
-                let next = if !end.is_multiple_of(self.region_bytes) && end < self.map.member_bytes
-                {
+                let next = if !end.is_multiple_of(self.region_bytes) && end < self.map.member_bytes {
                     Some(end)
                 } else {
-                    job.todo
-                        .range(start / self.region_bytes + 1..)
-                        .next()
-                        .map(|&r| r * self.region_bytes)
+                    job.todo.range(start / self.region_bytes + 1..).next().map(|&r| r * self.region_bytes)
                 };
                 let job = self.jobs[j].as_mut().expect("checked above");
                 job.cursor = next;
                 job.chunks.insert(start);
-                self.locks.push(Lock {
-                    set,
-                    start,
-                    end,
-                    job: j,
-                    held: false,
-                });
+                self.locks.push(Lock { set, start, end, job: j, held: false });
                 moved = true;
             }
         }
@@ -111,86 +86,37 @@ impl Coordinator {
     /// Locks whose range no running write touches any more start copying.
     fn start_held_locks(&mut self) -> bool {
         let mut moved = false;
-        let waiting: Vec<(usize, u64)> = self
-            .locks
-            .iter()
-            .filter(|l| !l.held)
-            .map(|l| (l.job, l.start))
-            .collect();
+        let waiting: Vec<(usize, u64)> = self.locks.iter().filter(|l| !l.held).map(|l| (l.job, l.start)).collect();
         for (job, start) in waiting {
-            let Some(i) = self
-                .locks
-                .iter()
-                .position(|l| l.job == job && l.start == start)
-            else {
-                continue;
-            };
+            let Some(i) = self.locks.iter().position(|l| l.job == job && l.start == start) else { continue };
             let l = self.locks[i];
             if self.running_write_overlaps(l.set, l.start, l.end) {
                 continue;
             }
-            let Some(source) = self.source_of(l.job) else {
-                continue;
-            };
+            let Some(source) = self.source_of(l.job) else { continue };
             // Finding a source may have ended a job, and its locks with it.
-            let Some(i) = self
-                .locks
-                .iter()
-                .position(|l| l.job == job && l.start == start)
-            else {
-                continue;
-            };
+            let Some(i) = self.locks.iter().position(|l| l.job == job && l.start == start) else { continue };
             self.locks[i].held = true;
             let copy = CopyId(self.fresh_id());
-            let cmd = MemberCmd::Read {
-                offset: META_BYTES + l.start,
-                len: l.end - l.start,
-            };
-            self.issue(
-                source,
-                cmd,
-                Data::Copy(copy),
-                Purpose::CopyRead {
-                    job: l.job,
-                    chunk: l.start,
-                    copy,
-                },
-            );
+            let cmd = MemberCmd::Read { offset: META_BYTES + l.start, len: l.end - l.start };
+            self.issue(source, cmd, Data::Copy(copy), Purpose::CopyRead { job: l.job, chunk: l.start, copy });
             moved = true;
         }
         moved
     }
 
     fn running_write_overlaps(&self, set: usize, start: u64, end: u64) -> bool {
-        self.requests
-            .values()
-            .filter(|r| r.phase == Phase::Running && r.cmd.is_write())
-            .any(|r| {
-                r.pieces.iter().any(|p| {
-                    p.set == set && p.member_offset < end && start < p.member_offset + p.len
-                })
-            })
+        self.requests.values().filter(|r| r.phase == Phase::Running && r.cmd.is_write()).any(|r| {
+            r.pieces.iter().any(|p| p.set == set && p.member_offset < end && start < p.member_offset + p.len)
+        })
     }
 
     pub(super) fn settle_copy_read(&mut self, job: usize, chunk: u64, copy: CopyId, ok: bool) {
-        let target = self
-            .jobs
-            .get(job)
-            .and_then(Option::as_ref)
-            .map(|j| j.target);
+        let target = self.jobs.get(job).and_then(Option::as_ref).map(|j| j.target);
         match target {
             Some(t) if ok && self.members[t].live() => {
-                let cmd = MemberCmd::Write {
-                    offset: META_BYTES + chunk,
-                    len: self.chunk_end(chunk) - chunk,
-                    fua: false,
-                };
-                self.issue(
-                    t,
-                    cmd,
-                    Data::Copy(copy),
-                    Purpose::CopyWrite { job, chunk, copy },
-                );
+                let cmd = MemberCmd::Write { offset: META_BYTES + chunk, len: self.chunk_end(chunk) - chunk, fua: false };
+                self.issue(t, cmd, Data::Copy(copy), Purpose::CopyWrite { job, chunk, copy });
             }
             _ => self.chunk_over(job, chunk, copy, false),
         }
@@ -205,9 +131,7 @@ impl Coordinator {
         self.actions.push_back(Action::Release { copy });
         self.locks.retain(|l| !(l.job == j && l.start == chunk));
         let (len, region_bytes) = (self.chunk_end(chunk) - chunk, self.region_bytes);
-        let Some(job) = self.jobs.get_mut(j).and_then(Option::as_mut) else {
-            return;
-        };
+        let Some(job) = self.jobs.get_mut(j).and_then(Option::as_mut) else { return };
         job.chunks.remove(&chunk);
         if !copied {
             job.cursor = Some(job.cursor.map_or(chunk, |c| c.min(chunk)));
@@ -226,14 +150,8 @@ impl Coordinator {
     fn finish_jobs(&mut self) -> bool {
         let mut moved = false;
         for j in 0..self.jobs.len() {
-            let Some(job) = self.jobs[j].as_mut() else {
-                continue;
-            };
-            if !job.todo.is_empty()
-                || !job.chunks.is_empty()
-                || job.flushing
-                || job.cursor.is_some()
-            {
+            let Some(job) = self.jobs[j].as_mut() else { continue };
+            if !job.todo.is_empty() || !job.chunks.is_empty() || job.flushing || job.cursor.is_some() {
                 continue;
             }
             moved = true;
@@ -242,12 +160,7 @@ impl Coordinator {
                 JobKind::Rebuild => {
                     job.flushing = true;
                     let t = job.target;
-                    self.issue(
-                        t,
-                        MemberCmd::Flush,
-                        Data::None,
-                        Purpose::JobFlush { job: j },
-                    );
+                    self.issue(t, MemberCmd::Flush, Data::None, Purpose::JobFlush { job: j });
                 }
             }
         }
@@ -255,9 +168,7 @@ impl Coordinator {
     }
 
     pub(super) fn settle_job_flush(&mut self, j: usize, ok: bool) {
-        let Some(job) = self.jobs.get(j).and_then(Option::as_ref) else {
-            return;
-        };
+        let Some(job) = self.jobs.get(j).and_then(Option::as_ref) else { return };
         let t = job.target;
         if ok && self.members[t].live() {
             self.members[t].role = Role::Active;
@@ -281,10 +192,7 @@ impl Coordinator {
     /// as failed and go again from another source.
     pub(super) fn jobs_lost_member(&mut self, member: usize) {
         for j in 0..self.jobs.len() {
-            if self.jobs[j]
-                .as_ref()
-                .is_some_and(|job| job.target == member)
-            {
+            if self.jobs[j].as_ref().is_some_and(|job| job.target == member) {
                 self.jobs[j] = None;
                 self.locks.retain(|l| l.job != j);
             }
@@ -293,25 +201,16 @@ impl Coordinator {
 
     fn pace_allows(&self, len: u64) -> bool {
         let elapsed = self.now.saturating_sub(self.pace_origin);
-        let allowed =
-            self.spec.resync_rate_bytes_per_s.saturating_mul(elapsed) / 1000 + RESYNC_CHUNK_BYTES;
+        let allowed = self.spec.resync_rate_bytes_per_s.saturating_mul(elapsed) / 1000 + RESYNC_CHUNK_BYTES;
         self.paced_bytes + len <= allowed
     }
 
     pub(super) fn pace_wakeup(&self) -> Option<u64> {
-        let waiting = self
-            .jobs
-            .iter()
-            .flatten()
-            .any(|j| j.cursor.is_some() && !j.flushing);
+        let waiting = self.jobs.iter().flatten().any(|j| j.cursor.is_some() && !j.flushing);
         if !waiting || self.locks.len() >= RESYNC_STEPS_MAX {
             return None;
         }
-        let at = self.pace_origin
-            + self
-                .paced_bytes
-                .saturating_mul(1000)
-                .div_ceil(self.spec.resync_rate_bytes_per_s);
+        let at = self.pace_origin + self.paced_bytes.saturating_mul(1000).div_ceil(self.spec.resync_rate_bytes_per_s);
         (at > self.now).then_some(at)
     }
 
@@ -322,11 +221,7 @@ impl Coordinator {
 
     /// Starts cleaning idle dirty regions when it is time.
     pub(super) fn clean_due(&mut self) {
-        if !self.redundant()
-            || self.fenced.is_some()
-            || self.cleaning.is_some()
-            || self.now < self.next_clean
-        {
+        if !self.redundant() || self.fenced.is_some() || self.cleaning.is_some() || self.now < self.next_clean {
             return;
         }
         if self.stopping != Stopping::Running {
@@ -340,11 +235,7 @@ impl Coordinator {
         let regions: Vec<u64> = self
             .dirty_regions()
             .into_iter()
-            .filter(|r| {
-                self.uses
-                    .get(r)
-                    .is_none_or(|u| u.writes == 0 && u.last <= idle_since)
-            })
+            .filter(|r| self.uses.get(r).is_none_or(|u| u.writes == 0 && u.last <= idle_since))
             .collect();
         self.begin_clean(regions, self.now);
     }
@@ -355,15 +246,8 @@ impl Coordinator {
         if regions.is_empty() {
             return;
         }
-        let live: Vec<usize> = (0..self.members.len())
-            .filter(|&m| self.members[m].live())
-            .collect();
-        self.cleaning = Some(Cleaning {
-            regions,
-            started,
-            flushes_out: live.len(),
-            failed: false,
-        });
+        let live: Vec<usize> = (0..self.members.len()).filter(|&m| self.members[m].live()).collect();
+        self.cleaning = Some(Cleaning { regions, started, flushes_out: live.len(), failed: false });
         for m in live {
             self.issue(m, MemberCmd::Flush, Data::None, Purpose::CleanFlush);
         }
@@ -371,17 +255,12 @@ impl Coordinator {
 
     pub(super) fn clean_wakeup(&self) -> Option<u64> {
         let dirty = self.bits.iter().any(|&w| w != 0);
-        let possible = self.redundant()
-            && self.fenced.is_none()
-            && self.cleaning.is_none()
-            && self.stopping == Stopping::Running;
+        let possible = self.redundant() && self.fenced.is_none() && self.cleaning.is_none() && self.stopping == Stopping::Running;
         (possible && dirty && self.all_in_sync()).then_some(self.next_clean)
     }
 
     pub(super) fn settle_clean_flush(&mut self, ok: bool) {
-        let Some(c) = self.cleaning.as_mut() else {
-            return;
-        };
+        let Some(c) = self.cleaning.as_mut() else { return };
         c.flushes_out -= 1;
         c.failed |= !ok;
         if c.flushes_out > 0 {
@@ -393,11 +272,7 @@ impl Coordinator {
         }
         for r in c.regions {
             // Only regions no write touched since the flush started.
-            if self
-                .uses
-                .get(&r)
-                .is_some_and(|u| u.writes > 0 || u.last >= c.started)
-            {
+            if self.uses.get(&r).is_some_and(|u| u.writes > 0 || u.last >= c.started) {
                 continue;
             }
             self.uses.remove(&r);
@@ -414,10 +289,7 @@ impl Coordinator {
         match self.stopping {
             Stopping::Running | Stopping::Stopped => false,
             Stopping::Draining => {
-                let busy = !self.requests.is_empty()
-                    || !self.locks.is_empty()
-                    || self.cleaning.is_some()
-                    || self.fence_reads_out > 0;
+                let busy = !self.requests.is_empty() || !self.locks.is_empty() || self.cleaning.is_some() || self.fence_reads_out > 0;
                 let flushing = self.jobs.iter().flatten().any(|j| j.flushing);
                 if busy || flushing {
                     return false;
@@ -457,9 +329,6 @@ impl Coordinator {
 
     /// The superblock no longer names an owner.
     pub(super) fn stopping_released(&self) -> bool {
-        matches!(
-            self.stopping,
-            Stopping::Releasing { .. } | Stopping::Stopped
-        )
+        matches!(self.stopping, Stopping::Releasing { .. } | Stopping::Stopped)
     }
 }

@@ -74,37 +74,18 @@ pub(super) struct Request {
 /// What a member operation is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Purpose {
-    Piece {
-        req: ReqId,
-        piece: usize,
-    },
-    Flush {
-        req: ReqId,
-    },
+    Piece { req: ReqId, piece: usize },
+    Flush { req: ReqId },
     /// `events`: the event counter the block carries (superblock).
-    MetaWrite {
-        block: usize,
-        gen: u64,
-        events: u64,
-    },
+    MetaWrite { block: usize, gen: u64, events: u64 },
     /// Reading a superblock to check that no one else took the pool over.
     FenceCheck,
     /// Making everything durable before dirty bits are cleared.
     CleanFlush,
-    CopyRead {
-        job: usize,
-        chunk: u64,
-        copy: CopyId,
-    },
-    CopyWrite {
-        job: usize,
-        chunk: u64,
-        copy: CopyId,
-    },
+    CopyRead { job: usize, chunk: u64, copy: CopyId },
+    CopyWrite { job: usize, chunk: u64, copy: CopyId },
     /// Making a rebuilt member's copy durable before it counts as in sync.
-    JobFlush {
-        job: usize,
-    },
+    JobFlush { job: usize },
 }
 
 pub(super) struct Op {
@@ -180,8 +161,6 @@ pub(super) enum Stopping {
     /// Flushing before the final clean.
     Flushing,
     /// Waiting for the released superblocks to be durable.
-    Releasing {
-        gen: u64,
-    },
+    Releasing { gen: u64 },
     Stopped,
 }

@@ -8,16 +8,12 @@ use crate::meta::{bitmap_blocks, bitmap_words, id_text, region_bytes, Owner, Rol
 use crate::spec::{Layout, PoolSpec};
 
 /// Each member's superblock (`Ok(None)`: blank), or why the pool cannot be assembled.
-pub(super) fn decode_all(
-    spec: &PoolSpec,
-    found: &[Option<Found>],
-) -> Result<Vec<Option<Superblock>>, String> {
+pub(super) fn decode_all(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Vec<Option<Superblock>>, String> {
     let mut out = Vec::with_capacity(found.len());
     for (i, f) in found.iter().enumerate() {
         let sb = match f {
             None => None,
-            Some(f) => Superblock::decode(&f.meta)
-                .map_err(|e| format!("member {i} ({}): {e}", spec.members[i]))?,
+            Some(f) => Superblock::decode(&f.meta).map_err(|e| format!("member {i} ({}): {e}", spec.members[i]))?,
         };
         out.push(sb);
     }
@@ -26,15 +22,8 @@ pub(super) fn decode_all(
 
 /// The superblock with the most recent history, after checking that every member with
 /// metadata belongs to the pool the file describes, in its place.
-pub(super) fn authority<'a>(
-    spec: &PoolSpec,
-    sbs: &'a [Option<Superblock>],
-) -> Result<&'a Superblock, String> {
-    let first = sbs
-        .iter()
-        .flatten()
-        .next()
-        .ok_or("no member carries pool metadata (run `sluice pool init` first)")?;
+pub(super) fn authority<'a>(spec: &PoolSpec, sbs: &'a [Option<Superblock>]) -> Result<&'a Superblock, String> {
+    let first = sbs.iter().flatten().next().ok_or("no member carries pool metadata (run `sluice pool init` first)")?;
     for (i, sb) in sbs.iter().enumerate() {
         let Some(sb) = sb else { continue };
         let who = format!("member {i} ({})", spec.members[i]);
@@ -46,21 +35,10 @@ pub(super) fn authority<'a>(
             ));
         }
         if sb.index != i {
-            return Err(format!(
-                "{who} was initialised as member {}: the member list's order changed",
-                sb.index
-            ));
+            return Err(format!("{who} was initialised as member {}: the member list's order changed", sb.index));
         }
-        let unit = if spec.layout == Layout::Mirror {
-            u64::MAX
-        } else {
-            spec.stripe_unit
-        };
-        if sb.layout != spec.layout
-            || sb.copies != spec.copies
-            || sb.members() != spec.members.len()
-            || sb.stripe_unit != unit
-        {
+        let unit = if spec.layout == Layout::Mirror { u64::MAX } else { spec.stripe_unit };
+        if sb.layout != spec.layout || sb.copies != spec.copies || sb.members() != spec.members.len() || sb.stripe_unit != unit {
             return Err(format!(
                 "{who} was initialised as {} with {} members and {} copies, but the pool file says {} with {} members and {} copies",
                 sb.layout.name(),
@@ -72,39 +50,20 @@ pub(super) fn authority<'a>(
             ));
         }
     }
-    Ok(sbs
-        .iter()
-        .flatten()
-        .max_by_key(|sb| sb.events)
-        .unwrap_or(first))
+    Ok(sbs.iter().flatten().max_by_key(|sb| sb.events).unwrap_or(first))
 }
 
 /// What `pool init` writes at offset 0 of each member: its superblock and a clean bitmap.
 /// Refuses a member that already carries pool metadata unless `force`.
-pub fn format(
-    spec: &PoolSpec,
-    found: &[Found],
-    pool_id: [u8; 16],
-    force: bool,
-) -> Result<Vec<Vec<u8>>, String> {
+pub fn format(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], force: bool) -> Result<Vec<Vec<u8>>, String> {
     format_with(spec, found, pool_id, force, None)
 }
 
 /// `format` with a chosen region size (the simulation uses small regions, so that a short
 /// run cleans and dirties many of them).
-pub(crate) fn format_with(
-    spec: &PoolSpec,
-    found: &[Found],
-    pool_id: [u8; 16],
-    force: bool,
-    region: Option<u64>,
-) -> Result<Vec<Vec<u8>>, String> {
+pub(crate) fn format_with(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], force: bool, region: Option<u64>) -> Result<Vec<Vec<u8>>, String> {
     if found.len() != spec.members.len() {
-        return Err(format!(
-            "{} members found for {} in the pool file",
-            found.len(),
-            spec.members.len()
-        ));
+        return Err(format!("{} members found for {} in the pool file", found.len(), spec.members.len()));
     }
     for (i, f) in found.iter().enumerate() {
         let who = format!("member {i} ({})", spec.members[i]);
@@ -128,11 +87,7 @@ pub(crate) fn format_with(
         }
     }
     let smallest = found.iter().map(|f| f.size).min().unwrap_or(0);
-    let unit = if spec.layout == Layout::Mirror {
-        u64::MAX
-    } else {
-        spec.stripe_unit
-    };
+    let unit = if spec.layout == Layout::Mirror { u64::MAX } else { spec.stripe_unit };
     let map = Map::new(spec.layout, unit, spec.copies, spec.members.len(), smallest)?;
     let region = region.unwrap_or_else(|| region_bytes(map.member_bytes));
     let blocks = bitmap_blocks(map.member_bytes.div_ceil(region));
@@ -162,20 +117,13 @@ pub(crate) fn format_with(
 /// `pool status`; `None`: unreachable).
 /// The union of the bitmaps of every member as current as `auth`: a clean may have reached
 /// some of them and not others.
-pub(super) fn dirty_union(
-    sbs: &[Option<Superblock>],
-    found: &[Option<Found>],
-    auth: &Superblock,
-) -> Vec<u64> {
+pub(super) fn dirty_union(sbs: &[Option<Superblock>], found: &[Option<Found>], auth: &Superblock) -> Vec<u64> {
     let regions = auth.regions();
     let mut bits = vec![0u64; regions.div_ceil(64) as usize];
     for (sb, f) in sbs.iter().zip(found) {
         if let (Some(sb), Some(f)) = (sb, f) {
             if sb.events == auth.events && f.meta.len() > META_BLOCK_BYTES as usize {
-                for (w, x) in bits
-                    .iter_mut()
-                    .zip(bitmap_words(&f.meta[META_BLOCK_BYTES as usize..], regions))
-                {
+                for (w, x) in bits.iter_mut().zip(bitmap_words(&f.meta[META_BLOCK_BYTES as usize..], regions)) {
                     *w |= x;
                 }
             }
@@ -190,23 +138,14 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
     let dirty = dirty_union(&sbs, found, auth);
     let members = (0..found.len())
         .map(|i| {
-            let state = match (
-                &found[i],
-                &sbs[i],
-                auth.roles.get(i).copied().unwrap_or(Role::Active),
-            ) {
+            let state = match (&found[i], &sbs[i], auth.roles.get(i).copied().unwrap_or(Role::Active)) {
                 (None, _, _) => MemberState::Missing,
                 (Some(_), None, _) => MemberState::Stale,
                 (Some(_), Some(_), Role::Active) => MemberState::InSync,
                 (Some(_), Some(_), Role::Missing { .. }) => MemberState::Stale,
-                (Some(_), Some(_), Role::Rebuilding { done, total }) => {
-                    MemberState::Resyncing { done, total }
-                }
+                (Some(_), Some(_), Role::Rebuilding { done, total }) => MemberState::Resyncing { done, total },
             };
-            MemberStatus {
-                uri: spec.members[i].clone(),
-                state,
-            }
+            MemberStatus { uri: spec.members[i].clone(), state }
         })
         .collect();
     Ok(Status {

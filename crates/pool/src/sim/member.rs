@@ -28,12 +28,8 @@ pub struct Pending {
 pub enum Health {
     Up,
     /// Processes nothing until then.
-    Stalled {
-        until: u64,
-    },
-    Down {
-        until: u64,
-    },
+    Stalled { until: u64 },
+    Down { until: u64 },
 }
 
 pub struct SimMember {
@@ -93,16 +89,12 @@ impl SimMember {
             return Done::Failed;
         }
         match p.cmd {
-            MemberCmd::Read { offset, len } if offset < META_BYTES => Done::Meta(
-                self.meta[offset as usize..(offset + len).min(META_BYTES) as usize].to_vec(),
-            ),
-            MemberCmd::Read { offset, len } => {
-                Done::Read(self.sectors(offset, len).map(|s| self.sector(s)).collect())
+            MemberCmd::Read { offset, len } if offset < META_BYTES => {
+                Done::Meta(self.meta[offset as usize..(offset + len).min(META_BYTES) as usize].to_vec())
             }
+            MemberCmd::Read { offset, len } => Done::Read(self.sectors(offset, len).map(|s| self.sector(s)).collect()),
             MemberCmd::Write { offset, len, fua } if offset < META_BYTES => {
-                let Data::Bytes(bytes) = &p.data else {
-                    return Done::Failed;
-                };
+                let Data::Bytes(bytes) = &p.data else { return Done::Failed };
                 self.meta[offset as usize..(offset + len) as usize].copy_from_slice(bytes);
                 self.meta_unflushed = true;
                 if fua {
@@ -117,10 +109,7 @@ impl SimMember {
                 }
                 Done::Ok
             }
-            MemberCmd::Zero {
-                offset, len, fua, ..
-            }
-            | MemberCmd::Trim { offset, len, fua } => {
+            MemberCmd::Zero { offset, len, fua, .. } | MemberCmd::Trim { offset, len, fua } => {
                 let sectors: Vec<u64> = self.sectors(offset, len).collect();
                 for s in sectors {
                     self.put(s, 0, fua);
@@ -135,14 +124,8 @@ impl SimMember {
     }
 
     fn sectors(&self, offset: u64, len: u64) -> impl Iterator<Item = u64> {
-        assert!(
-            offset >= META_BYTES && offset.is_multiple_of(SECTOR) && len.is_multiple_of(SECTOR),
-            "data operations are whole sectors"
-        );
-        assert!(
-            offset + len <= self.size,
-            "an operation past the member's end"
-        );
+        assert!(offset >= META_BYTES && offset.is_multiple_of(SECTOR) && len.is_multiple_of(SECTOR), "data operations are whole sectors");
+        assert!(offset + len <= self.size, "an operation past the member's end");
         let first = (offset - META_BYTES) / SECTOR;
         first..first + len / SECTOR
     }
@@ -191,7 +174,6 @@ impl SimMember {
     /// Data sectors that differ between two members.
     pub fn differs(&self, other: &SimMember) -> Option<u64> {
         let keys: BTreeSet<u64> = self.data.keys().chain(other.data.keys()).copied().collect();
-        keys.into_iter()
-            .find(|&s| self.sector(s) != other.sector(s))
+        keys.into_iter().find(|&s| self.sector(s) != other.sector(s))
     }
 }

@@ -14,9 +14,7 @@ mod model;
 
 use std::collections::BTreeMap;
 
-use crate::coordinator::{
-    Action, Command, Coordinator, CopyId, Data, Found, MemberState, OpOutcome, ReqId, Session,
-};
+use crate::coordinator::{Action, Command, Coordinator, CopyId, Data, Found, MemberState, OpOutcome, ReqId, Session};
 use crate::limits::META_BYTES;
 use crate::meta::Superblock;
 use crate::spec::{Layout, PoolSpec};
@@ -66,11 +64,7 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
         2 => (Layout::Mirror, 3, 3),
         _ => (Layout::Raid10, 4, 2),
     };
-    let unit = if layout == Layout::Mirror {
-        u64::MAX
-    } else {
-        4096 << rng.below(6)
-    };
+    let unit = if layout == Layout::Mirror { u64::MAX } else { 4096 << rng.below(6) };
     PoolSpec {
         layout,
         stripe_unit: unit,
@@ -85,43 +79,16 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
 pub fn run(rng: Rng) -> Result<Report, String> {
     let mut rng = rng;
     let spec = spec_for(&mut rng);
-    let mut members: Vec<SimMember> = (0..spec.members.len())
-        .map(|_| SimMember::new(MEMBER_DATA_BYTES))
-        .collect();
-    let found: Vec<Found> = members
-        .iter()
-        .map(|m| Found {
-            size: m.size,
-            meta: m.meta.clone(),
-            read_only: false,
-        })
-        .collect();
+    let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(MEMBER_DATA_BYTES)).collect();
+    let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
     let region = 64 << (10 + rng.below(4));
-    let formatted = crate::coordinator::format_with(
-        &spec,
-        &found,
-        [rng.below(255) as u8 + 1; 16],
-        false,
-        Some(region),
-    )?;
+    let formatted = crate::coordinator::format_with(&spec, &found, [rng.below(255) as u8 + 1; 16], false, Some(region))?;
     for (m, bytes) in members.iter_mut().zip(formatted) {
         m.meta[..bytes.len()].copy_from_slice(&bytes);
     }
-    let found = members
-        .iter()
-        .map(|m| {
-            Some(Found {
-                size: m.size,
-                meta: m.meta.clone(),
-                read_only: false,
-            })
-        })
-        .collect();
+    let found = members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
     let coord = Coordinator::assemble(&spec, found, session(1), false, 0)?;
-    let report = Report {
-        layout: spec.layout.name(),
-        ..Report::default()
-    };
+    let report = Report { layout: spec.layout.name(), ..Report::default() };
     let mut w = World {
         rng,
         now: 0,
@@ -147,27 +114,13 @@ pub fn run(rng: Rng) -> Result<Report, String> {
 }
 
 fn session(id: u64) -> Session {
-    Session {
-        id,
-        pid: 1,
-        host: "sim".into(),
-    }
+    Session { id, pid: 1, host: "sim".into() }
 }
 
 impl World {
     fn explain(&self, e: String) -> String {
-        let tail: Vec<&String> = self
-            .log
-            .iter()
-            .rev()
-            .filter(|l| !l.contains("time jumps"))
-            .take(std::env::var("SIM_LOG").map_or(60, |_| 100000))
-            .collect();
-        let queues: Vec<(usize, Health, bool)> = self
-            .members
-            .iter()
-            .map(|m| (m.queue.len(), m.health, m.dropped))
-            .collect();
+        let tail: Vec<&String> = self.log.iter().rev().filter(|l| !l.contains("time jumps")).take(std::env::var("SIM_LOG").map_or(60, |_| 100000)).collect();
+        let queues: Vec<(usize, Health, bool)> = self.members.iter().map(|m| (m.queue.len(), m.health, m.dropped)).collect();
         format!("{e}\nnow {} requests {} status: {:?}\nqueues {queues:?} wakeup {:?}\nlast events (newest first):\n{tail:#?}", self.now, self.reqs.len(), self.coord.status().members, self.coord.next_wakeup())
     }
 
@@ -193,9 +146,7 @@ impl World {
     fn heal(&mut self) {
         for m in &mut self.members {
             match m.health {
-                Health::Stalled { until } | Health::Down { until } if until <= self.now => {
-                    m.health = Health::Up
-                }
+                Health::Stalled { until } | Health::Down { until } if until <= self.now => m.health = Health::Up,
                 _ => {}
             }
         }
@@ -208,40 +159,21 @@ impl World {
         let size = self.coord.size();
         let len = (1 + self.rng.below(64)) * SECTOR;
         // Most writes land in a hot eighth of the volume, so resyncs have something to skip.
-        let span = if self.rng.below(16) == 0 {
-            size
-        } else {
-            size / 8
-        };
+        let span = if self.rng.below(16) == 0 { size } else { size / 8 };
         let offset = self.rng.below((span - len) / SECTOR + 1) * SECTOR;
         if !self.model.free(offset, len) {
             return Ok(());
         }
         let cmd = match self.rng.below(20) {
             0..=8 => Command::Read { offset, len },
-            9..=16 => Command::Write {
-                offset,
-                len,
-                fua: self.rng.below(8) == 0,
-            },
-            17 => Command::Zero {
-                offset,
-                len,
-                fua: false,
-                may_trim: self.rng.below(2) == 0,
-            },
-            18 => Command::Trim {
-                offset,
-                len,
-                fua: false,
-            },
+            9..=16 => Command::Write { offset, len, fua: self.rng.below(8) == 0 },
+            17 => Command::Zero { offset, len, fua: false, may_trim: self.rng.below(2) == 0 },
+            18 => Command::Trim { offset, len, fua: false },
             _ => Command::Flush,
         };
         let buf = match cmd {
             Command::Write { .. } => self.model.versions(len),
-            Command::Read { .. } | Command::Zero { .. } | Command::Trim { .. } => {
-                vec![0; (len / SECTOR) as usize]
-            }
+            Command::Read { .. } | Command::Zero { .. } | Command::Trim { .. } => vec![0; (len / SECTOR) as usize],
             Command::Flush => Vec::new(),
         };
         if cmd != Command::Flush {
@@ -258,14 +190,7 @@ impl World {
         let now = self.now;
         let ready: Vec<(usize, usize)> = (0..self.members.len())
             .filter(|&m| self.members[m].health == Health::Up)
-            .flat_map(|m| {
-                self.members[m]
-                    .queue
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| p.ready_at <= now)
-                    .map(move |(i, _)| (m, i))
-            })
+            .flat_map(|m| self.members[m].queue.iter().enumerate().filter(|(_, p)| p.ready_at <= now).map(move |(i, _)| (m, i)))
             .collect();
         if ready.is_empty() {
             return Ok(false);
@@ -313,12 +238,7 @@ impl World {
         let candidates: Vec<usize> = (0..self.members.len())
             .filter(|&m| {
                 let set = m / copies * copies..(m / copies + 1) * copies;
-                !redundant
-                    || set.clone().all(|x| {
-                        status.members[x].state == MemberState::InSync
-                            && self.members[x].health == Health::Up
-                            && !self.members[x].fail_next
-                    })
+                !redundant || set.clone().all(|x| status.members[x].state == MemberState::InSync && self.members[x].health == Health::Up && !self.members[x].fail_next)
             })
             .collect();
         if candidates.is_empty() {
@@ -329,23 +249,16 @@ impl World {
         match self.rng.below(3) {
             0 => {
                 let power = redundant && self.rng.below(2) == 0;
-                self.log.push(format!(
-                    "{} member {m} crashes (power loss: {power})",
-                    self.now
-                ));
+                self.log.push(format!("{} member {m} crashes (power loss: {power})", self.now));
                 self.members[m].crash(&mut self.rng, power, until);
                 self.coord.member_lost(m, "connection reset", self.now);
             }
             1 => {
-                self.log
-                    .push(format!("{} member {m} stalls until {until}", self.now));
-                self.members[m].health = Health::Stalled {
-                    until: self.now + 100 + self.rng.below(800),
-                };
+                self.log.push(format!("{} member {m} stalls until {until}", self.now));
+                self.members[m].health = Health::Stalled { until: self.now + 100 + self.rng.below(800) };
             }
             _ => {
-                self.log
-                    .push(format!("{} member {m} fails its next operation", self.now));
+                self.log.push(format!("{} member {m} fails its next operation", self.now));
                 self.members[m].fail_next = true;
             }
         }
@@ -378,28 +291,10 @@ impl World {
         }
         self.copies.clear();
         self.sessions += 1;
-        let found = self
-            .members
-            .iter()
-            .map(|m| {
-                Some(Found {
-                    size: m.size,
-                    meta: m.meta.clone(),
-                    read_only: false,
-                })
-            })
-            .collect();
-        self.coord =
-            Coordinator::assemble(&self.spec, found, session(self.sessions), false, self.now)?;
-        let states: Vec<MemberState> = self
-            .coord
-            .status()
-            .members
-            .iter()
-            .map(|m| m.state)
-            .collect();
-        self.log
-            .push(format!("{} assembled again: {states:?}", self.now));
+        let found = self.members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
+        self.coord = Coordinator::assemble(&self.spec, found, session(self.sessions), false, self.now)?;
+        let states: Vec<MemberState> = self.coord.status().members.iter().map(|m| m.state).collect();
+        self.log.push(format!("{} assembled again: {states:?}", self.now));
         Ok(())
     }
 
@@ -410,13 +305,8 @@ impl World {
             let m = &mut self.members[i];
             if m.dropped && m.health == Health::Up && m.queue.is_empty() && self.now >= m.retry_at {
                 m.dropped = false;
-                let found = Found {
-                    size: m.size,
-                    meta: m.meta.clone(),
-                    read_only: false,
-                };
-                self.log
-                    .push(format!("{} member {i} answers again", self.now));
+                let found = Found { size: m.size, meta: m.meta.clone(), read_only: false };
+                self.log.push(format!("{} member {i} answers again", self.now));
                 self.coord.member_back(i, found, self.now);
             }
         }
@@ -426,23 +316,12 @@ impl World {
     fn pump(&mut self) -> Result<(), String> {
         while let Some(a) = self.coord.poll() {
             match a {
-                Action::Member {
-                    op,
-                    member,
-                    cmd,
-                    data,
-                } => {
+                Action::Member { op, member, cmd, data } => {
                     let payload = match &data {
                         Data::Request { req, at } => {
-                            let r = self
-                                .reqs
-                                .get(req)
-                                .ok_or("an operation for an unknown request")?;
+                            let r = self.reqs.get(req).ok_or("an operation for an unknown request")?;
                             match (r.cmd, cmd) {
-                                (
-                                    Command::Write { .. },
-                                    crate::coordinator::MemberCmd::Write { len, .. },
-                                ) => {
+                                (Command::Write { .. }, crate::coordinator::MemberCmd::Write { len, .. }) => {
                                     let first = (at / SECTOR) as usize;
                                     r.buf[first..first + (len / SECTOR) as usize].to_vec()
                                 }
@@ -454,20 +333,10 @@ impl World {
                     };
                     let conn = self.members[member].conn;
                     let ready_at = self.now + self.rng.below(20);
-                    self.members[member].queue.push_back(Pending {
-                        op,
-                        cmd,
-                        data,
-                        payload,
-                        conn,
-                        ready_at,
-                    });
+                    self.members[member].queue.push_back(Pending { op, cmd, data, payload, conn, ready_at });
                 }
                 Action::Complete { req, result } => {
-                    let r = self
-                        .reqs
-                        .remove(&req)
-                        .ok_or("an answer to an unknown request")?;
+                    let r = self.reqs.remove(&req).ok_or("an answer to an unknown request")?;
                     if let (Command::Read { .. }, Err(e)) = (r.cmd, &result) {
                         self.log.push(format!("{} read failed: {e}", self.now));
                     }
@@ -483,11 +352,7 @@ impl World {
                     self.copies.remove(&copy);
                 }
                 Action::Log { text } => {
-                    let queues: Vec<(usize, Health, bool)> = self
-                        .members
-                        .iter()
-                        .map(|m| (m.queue.len(), m.health, m.dropped))
-                        .collect();
+                    let queues: Vec<(usize, Health, bool)> = self.members.iter().map(|m| (m.queue.len(), m.health, m.dropped)).collect();
                     self.log.push(format!("{} {text} {queues:?}", self.now));
                 }
             }
@@ -511,13 +376,7 @@ impl World {
     }
 
     fn quiet(&self) -> bool {
-        self.reqs.is_empty()
-            && self
-                .coord
-                .status()
-                .members
-                .iter()
-                .all(|m| m.state == MemberState::InSync)
+        self.reqs.is_empty() && self.coord.status().members.iter().all(|m| m.state == MemberState::InSync)
     }
 
     /// Heals everything and runs until requests are answered and every member is in sync.
@@ -525,11 +384,7 @@ impl World {
         for m in &mut self.members {
             m.fail_next = false;
             if let Health::Stalled { until } | Health::Down { until } = m.health {
-                m.health = if until > self.now {
-                    Health::Down { until: self.now }
-                } else {
-                    Health::Up
-                };
+                m.health = if until > self.now { Health::Down { until: self.now } } else { Health::Up };
             }
         }
         for _ in 0..SETTLE_STEPS_MAX {
@@ -539,26 +394,20 @@ impl World {
             let idle = self.members.iter().all(|m| m.queue.is_empty());
             if idle {
                 if let Some(t) = self.coord.next_wakeup() {
-                    self.log
-                        .push(format!("{} settle: idle, time jumps to {t}", self.now));
+                    self.log.push(format!("{} settle: idle, time jumps to {t}", self.now));
                     self.now = self.now.max(t);
                 }
             }
             self.step(false)?;
         }
-        Err(format!(
-            "the pool did not settle in {SETTLE_STEPS_MAX} steps"
-        ))
+        Err(format!("the pool did not settle in {SETTLE_STEPS_MAX} steps"))
     }
 
     /// With everything healed: every sector reads back, copies agree, and a clean stop
     /// releases the pool.
     fn verify(&mut self) -> Result<(), String> {
         if self.read_errors > 0 && self.spec.layout.redundant() {
-            return Err(format!(
-                "{} reads failed on a redundant pool with one fault per set at most",
-                self.read_errors
-            ));
+            return Err(format!("{} reads failed on a redundant pool with one fault per set at most", self.read_errors));
         }
         let size = self.coord.size();
         let step = 1 << 20;
@@ -566,29 +415,19 @@ impl World {
             let len = step.min(size - offset);
             self.model.hold(offset, len);
             let id = self.coord.submit(Command::Read { offset, len }, self.now);
-            self.reqs.insert(
-                id,
-                Req {
-                    cmd: Command::Read { offset, len },
-                    buf: vec![0; (len / SECTOR) as usize],
-                },
-            );
+            self.reqs.insert(id, Req { cmd: Command::Read { offset, len }, buf: vec![0; (len / SECTOR) as usize] });
             self.read_errors = 0;
             self.pump()?;
             self.settle()?;
             if self.read_errors > 0 {
-                return Err(format!(
-                    "reading back volume offset {offset} failed with every member healthy"
-                ));
+                return Err(format!("reading back volume offset {offset} failed with every member healthy"));
             }
         }
         for set in 0..self.spec.sets() {
             let first = set * self.spec.copies;
             for m in first + 1..first + self.spec.copies {
                 if let Some(s) = self.members[first].differs(&self.members[m]) {
-                    return Err(format!(
-                        "members {first} and {m} differ at data sector {s} after resync"
-                    ));
+                    return Err(format!("members {first} and {m} differ at data sector {s} after resync"));
                 }
             }
         }
@@ -599,13 +438,8 @@ impl World {
                 break;
             }
             if self.members.iter().all(|m| m.queue.is_empty()) {
-                let t = self
-                    .coord
-                    .next_wakeup()
-                    .unwrap_or(self.now)
-                    .max(self.now + 1);
-                self.log
-                    .push(format!("{} stop: idle, time jumps to {t}", self.now));
+                let t = self.coord.next_wakeup().unwrap_or(self.now).max(self.now + 1);
+                self.log.push(format!("{} stop: idle, time jumps to {t}", self.now));
                 self.now = t;
             }
             self.step(false)?;
@@ -616,11 +450,7 @@ impl World {
         for (i, m) in self.members.iter().enumerate() {
             match Superblock::decode(&m.meta[..META_BYTES as usize]) {
                 Ok(Some(sb)) if sb.owner.session == 0 || !self.spec.layout.redundant() => {}
-                other => {
-                    return Err(format!(
-                        "member {i}'s superblock after a clean stop: {other:?}"
-                    ))
-                }
+                other => return Err(format!("member {i}'s superblock after a clean stop: {other:?}")),
             }
         }
         Ok(())
@@ -633,10 +463,7 @@ mod tests {
 
     #[test]
     fn seeded_runs_keep_every_acknowledged_write() {
-        let seeds: u64 = std::env::var("SLUICE_POOL_SIM_SEEDS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(120);
+        let seeds: u64 = std::env::var("SLUICE_POOL_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
         let mut totals = Report::default();
         for seed in 0..seeds {
             let r = run(Rng::seeded(seed)).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
@@ -646,11 +473,6 @@ mod tests {
             totals.resynced_bytes += r.resynced_bytes;
         }
         // The runs must actually have exercised failures, not just passed quietly.
-        assert!(
-            totals.faults > seeds / 2
-                && totals.coordinator_crashes > 0
-                && totals.resynced_bytes > 0,
-            "{totals:?}"
-        );
+        assert!(totals.faults > seeds / 2 && totals.coordinator_crashes > 0 && totals.resynced_bytes > 0, "{totals:?}");
     }
 }

@@ -21,11 +21,7 @@ pub struct Model {
 
 impl Model {
     pub fn new() -> Model {
-        Model {
-            sectors: BTreeMap::new(),
-            busy: BTreeMap::new(),
-            next_version: 0,
-        }
+        Model { sectors: BTreeMap::new(), busy: BTreeMap::new(), next_version: 0 }
     }
 
     fn get(&self, s: u64) -> Allowed {
@@ -33,10 +29,7 @@ impl Model {
     }
 
     pub fn free(&self, offset: u64, len: u64) -> bool {
-        self.busy
-            .range(offset / SECTOR..(offset + len) / SECTOR)
-            .next()
-            .is_none()
+        self.busy.range(offset / SECTOR..(offset + len) / SECTOR).next().is_none()
     }
 
     pub fn hold(&mut self, offset: u64, len: u64) {
@@ -95,11 +88,7 @@ impl Model {
                 Allowed::Either(vs) if vs.contains(&v) => {
                     self.sectors.insert(s, Allowed::Exact(v));
                 }
-                want => {
-                    return Err(format!(
-                        "volume sector {s} read version {v}, but {want:?} was allowed"
-                    ))
-                }
+                want => return Err(format!("volume sector {s} read version {v}, but {want:?} was allowed")),
             }
         }
         Ok(())

@@ -27,16 +27,10 @@ pub struct TestCatalog {
 
 impl Catalog for TestCatalog {
     fn lookup(&self, name: &str) -> Option<ExportSummary> {
-        self.exports
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, s)| s.clone())
+        self.exports.iter().find(|(n, _)| n == name).map(|(_, s)| s.clone())
     }
     fn list(&self) -> Vec<(String, Option<String>)> {
-        self.exports
-            .iter()
-            .map(|(n, s)| (n.clone(), s.description.clone()))
-            .collect()
+        self.exports.iter().map(|(n, s)| (n.clone(), s.description.clone())).collect()
     }
 }
 
@@ -57,22 +51,14 @@ impl TestCatalog {
     pub fn standard() -> TestCatalog {
         TestCatalog {
             exports: vec![
-                (
-                    "disk".to_owned(),
-                    summary(DISK_SIZE, DISK_FLAGS, Some(DISK_DESCRIPTION)),
-                ),
+                ("disk".to_owned(), summary(DISK_SIZE, DISK_FLAGS, Some(DISK_DESCRIPTION))),
                 (String::new(), summary(DEFAULT_SIZE, FLAG_READ_ONLY, None)),
             ],
         }
     }
 
     pub fn with(exports: Vec<(&str, ExportSummary)>) -> TestCatalog {
-        TestCatalog {
-            exports: exports
-                .into_iter()
-                .map(|(n, s)| (n.to_owned(), s))
-                .collect(),
-        }
+        TestCatalog { exports: exports.into_iter().map(|(n, s)| (n.to_owned(), s)).collect() }
     }
 }
 
@@ -94,16 +80,8 @@ pub fn parse_replies(mut out: &[u8]) -> Vec<OptReply> {
         let option = u32::from_be_bytes(out[8..12].try_into().unwrap());
         let kind = u32::from_be_bytes(out[12..16].try_into().unwrap());
         let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
-        assert!(
-            out.len() >= 20 + len,
-            "option reply claims {len} bytes, {} present",
-            out.len() - 20
-        );
-        replies.push(OptReply {
-            option,
-            kind,
-            data: out[20..20 + len].to_vec(),
-        });
+        assert!(out.len() >= 20 + len, "option reply claims {len} bytes, {} present", out.len() - 20);
+        replies.push(OptReply { option, kind, data: out[20..20 + len].to_vec() });
         out = &out[20 + len..];
     }
     replies
@@ -166,11 +144,7 @@ pub struct Driver {
 impl Driver {
     /// Greeting sent; nothing read yet.
     pub fn new(catalog: TestCatalog) -> Driver {
-        Driver {
-            hs: Handshake::new(),
-            next: Handshake::start(),
-            catalog,
-        }
+        Driver { hs: Handshake::new(), next: Handshake::start(), catalog }
     }
 
     /// A fixed-newstyle client that did not ask for NO_ZEROES, ready for options.
@@ -201,16 +175,9 @@ impl Driver {
                     self.next = self.hs.input(now, &self.catalog, &mut out);
                 }
                 Next::Read(_) if bytes.is_empty() => return out,
-                Next::Read(n) => {
-                    panic!("input ends inside a message: {} of {n} bytes", bytes.len())
-                }
+                Next::Read(n) => panic!("input ends inside a message: {} of {n} bytes", bytes.len()),
                 _ => {
-                    assert!(
-                        bytes.is_empty(),
-                        "{} bytes left after {:?}",
-                        bytes.len(),
-                        self.next
-                    );
+                    assert!(bytes.is_empty(), "{} bytes left after {:?}", bytes.len(), self.next);
                     return out;
                 }
             }
@@ -231,19 +198,11 @@ impl Driver {
 
     /// The handshake is waiting for the next option header.
     pub fn assert_continues(&self) {
-        assert_eq!(
-            self.next,
-            Next::Read(16),
-            "the handshake should wait for the next option"
-        );
+        assert_eq!(self.next, Next::Read(16), "the handshake should wait for the next option");
     }
 
     pub fn assert_closed(&self) {
-        assert!(
-            matches!(self.next, Next::Close { .. }),
-            "expected Close, got {:?}",
-            self.next
-        );
+        assert!(matches!(self.next, Next::Close { .. }), "expected Close, got {:?}", self.next);
     }
 
     pub fn negotiated(&self) -> &Negotiated {
@@ -255,28 +214,13 @@ impl Driver {
 }
 
 pub fn ack(option: u32) -> OptReply {
-    OptReply {
-        option,
-        kind: REP_ACK,
-        data: Vec::new(),
-    }
+    OptReply { option, kind: REP_ACK, data: Vec::new() }
 }
 
 /// Checks that `replies` is exactly one error reply of `kind` for `option`, carrying a
 /// human-readable UTF-8 message (the spec allows one with every error).
 pub fn assert_single_error(replies: &[OptReply], option: u32, kind: u32) {
-    assert_eq!(
-        replies.len(),
-        1,
-        "expected one error reply, got {replies:?}"
-    );
-    assert_eq!(
-        (replies[0].option, replies[0].kind),
-        (option, kind),
-        "{replies:?}"
-    );
-    assert!(
-        std::str::from_utf8(&replies[0].data).is_ok(),
-        "error message is not UTF-8"
-    );
+    assert_eq!(replies.len(), 1, "expected one error reply, got {replies:?}");
+    assert_eq!((replies[0].option, replies[0].kind), (option, kind), "{replies:?}");
+    assert!(std::str::from_utf8(&replies[0].data).is_ok(), "error message is not UTF-8");
 }

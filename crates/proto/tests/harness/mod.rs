@@ -29,11 +29,7 @@ impl Catalog for FuzzCatalog {
     fn lookup(&self, name: &str) -> Option<ExportSummary> {
         let (size, flags, description) = match name {
             "" => (1 << 20, FLAG_SEND_FLUSH | FLAG_SEND_FUA, None),
-            "disk" => (
-                1 << 40,
-                FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_DF,
-                Some("a disk"),
-            ),
+            "disk" => (1 << 40, FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_DF, Some("a disk")),
             "ro" => (0, FLAG_READ_ONLY, Some("")),
             _ => return None,
         };
@@ -48,10 +44,7 @@ impl Catalog for FuzzCatalog {
     }
 
     fn list(&self) -> Vec<(String, Option<String>)> {
-        EXPORT_NAMES
-            .iter()
-            .map(|n| (n.to_string(), self.lookup(n).unwrap().description))
-            .collect()
+        EXPORT_NAMES.iter().map(|n| (n.to_string(), self.lookup(n).unwrap().description)).collect()
     }
 }
 
@@ -89,13 +82,9 @@ pub fn handshake(input: &[u8]) {
             Phase::ClientFlags => {
                 let flags = u32::from_be_bytes(now.try_into().unwrap());
                 assert!(out.is_empty(), "client flags are never answered");
-                let acceptable =
-                    flags & FLAG_C_FIXED_NEWSTYLE != 0 && flags & !CLIENT_FLAGS_KNOWN == 0;
+                let acceptable = flags & FLAG_C_FIXED_NEWSTYLE != 0 && flags & !CLIENT_FLAGS_KNOWN == 0;
                 if !acceptable {
-                    assert!(
-                        matches!(next, Next::Close { .. }),
-                        "flags {flags:#x} accepted: {next:?}"
-                    );
+                    assert!(matches!(next, Next::Close { .. }), "flags {flags:#x} accepted: {next:?}");
                     break;
                 }
                 assert_eq!(next, Next::Read(OPTION_HEADER_BYTES));
@@ -107,10 +96,7 @@ pub fn handshake(input: &[u8]) {
                 let option = u32::from_be_bytes(now[8..12].try_into().unwrap());
                 let length = u32::from_be_bytes(now[12..16].try_into().unwrap());
                 if magic != IHAVEOPT {
-                    assert!(
-                        out.is_empty() && matches!(next, Next::Close { .. }),
-                        "bad magic {magic:#x}: {next:?}"
-                    );
+                    assert!(out.is_empty() && matches!(next, Next::Close { .. }), "bad magic {magic:#x}: {next:?}");
                     break;
                 }
                 options += 1;
@@ -139,29 +125,16 @@ pub fn handshake(input: &[u8]) {
     header[8..12].copy_from_slice(&OPT_LIST.to_be_bytes());
     let mut out = Vec::new();
     let after = hs.input(&header, &catalog, &mut out);
-    assert!(
-        matches!(after, Next::Close { .. }),
-        "input accepted after {next:?}: {after:?}"
-    );
+    assert!(matches!(after, Next::Close { .. }), "input accepted after {next:?}: {after:?}");
     assert!(out.is_empty());
 }
 
 /// Checks what the machine did with one option's data.
-fn check_option_outcome(
-    option: u32,
-    data: &[u8],
-    out: &[u8],
-    next: &Next,
-    no_zeroes: bool,
-    structured: &mut bool,
-) {
+fn check_option_outcome(option: u32, data: &[u8], out: &[u8], next: &Next, no_zeroes: bool, structured: &mut bool) {
     match next {
         Next::Read(n) => {
             assert_eq!(*n, OPTION_HEADER_BYTES, "after option {option}");
-            assert!(
-                option != OPT_EXPORT_NAME && option != OPT_ABORT,
-                "option {option} did not end the handshake"
-            );
+            assert!(option != OPT_EXPORT_NAME && option != OPT_ABORT, "option {option} did not end the handshake");
             let replies = option_replies(out, option);
             check_reply_sequence(option, &replies, *structured);
             if option == OPT_STRUCTURED_REPLY && replies[0].0 == REP_ACK {
@@ -172,27 +145,17 @@ fn check_option_outcome(
         Next::Close { .. } => match option {
             OPT_ABORT => assert_eq!(option_replies(out, option), vec![(REP_ACK, Vec::new())]),
             // A failed EXPORT_NAME can only hang up: there is no error reply for it.
-            OPT_EXPORT_NAME => assert!(
-                out.is_empty(),
-                "EXPORT_NAME failure wrote {} bytes",
-                out.len()
-            ),
+            OPT_EXPORT_NAME => assert!(out.is_empty(), "EXPORT_NAME failure wrote {} bytes", out.len()),
             _ => panic!("option {option} closed the connection"),
         },
         Next::Transmission(negotiated) => {
             check_negotiated(negotiated, *structured);
-            let summary = FuzzCatalog
-                .lookup(&negotiated.export)
-                .expect("transmission on an export that exists");
+            let summary = FuzzCatalog.lookup(&negotiated.export).expect("transmission on an export that exists");
             assert_eq!(negotiated.summary, summary);
             match option {
                 OPT_EXPORT_NAME => {
                     assert_eq!(data, negotiated.export.as_bytes());
-                    let expected_len = if no_zeroes {
-                        10
-                    } else {
-                        10 + EXPORT_NAME_PADDING_BYTES
-                    };
+                    let expected_len = if no_zeroes { 10 } else { 10 + EXPORT_NAME_PADDING_BYTES };
                     assert_eq!(out.len(), expected_len);
                     assert_eq!(out[0..8], summary.size.to_be_bytes());
                     assert_eq!(out[8..10], negotiated.flags.to_be_bytes());
@@ -201,11 +164,7 @@ fn check_option_outcome(
                 OPT_GO => {
                     let replies = option_replies(out, option);
                     check_reply_sequence(option, &replies, *structured);
-                    assert_eq!(
-                        replies.last().unwrap().0,
-                        REP_ACK,
-                        "GO succeeded without ACK"
-                    );
+                    assert_eq!(replies.last().unwrap().0, REP_ACK, "GO succeeded without ACK");
                     // INFO_EXPORT describes exactly what transmission will use.
                     let export = &replies[0].1;
                     assert_eq!(export[2..10], summary.size.to_be_bytes());
@@ -223,15 +182,8 @@ fn option_replies(mut out: &[u8], option: u32) -> Vec<(u32, Vec<u8>)> {
     let mut replies = Vec::new();
     while !out.is_empty() {
         assert!(out.len() >= 20, "truncated reply header");
-        assert_eq!(
-            u64::from_be_bytes(out[0..8].try_into().unwrap()),
-            OPTION_REPLY_MAGIC
-        );
-        assert_eq!(
-            u32::from_be_bytes(out[8..12].try_into().unwrap()),
-            option,
-            "reply echoes the option"
-        );
+        assert_eq!(u64::from_be_bytes(out[0..8].try_into().unwrap()), OPTION_REPLY_MAGIC);
+        assert_eq!(u32::from_be_bytes(out[8..12].try_into().unwrap()), option, "reply echoes the option");
         let kind = u32::from_be_bytes(out[12..16].try_into().unwrap());
         let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
         assert!(out.len() >= 20 + len, "reply length runs past the output");
@@ -247,11 +199,7 @@ fn is_error(kind: u32) -> bool {
 
 /// A string the server sends: UTF-8, no NUL, at most 4096 bytes.
 fn check_string(bytes: &[u8]) {
-    assert!(
-        bytes.len() <= STRING_MAX_BYTES,
-        "string of {} bytes",
-        bytes.len()
-    );
+    assert!(bytes.len() <= STRING_MAX_BYTES, "string of {} bytes", bytes.len());
     let s = std::str::from_utf8(bytes).expect("strings are UTF-8");
     assert!(!s.contains('\0'), "string contains NUL");
 }
@@ -291,11 +239,7 @@ fn check_reply_sequence(option: u32, replies: &[(u32, Vec<u8>)], structured: boo
                         assert_eq!(data.len(), 12);
                         let flags = u16::from_be_bytes(data[10..12].try_into().unwrap());
                         assert_ne!(flags & FLAG_HAS_FLAGS, 0);
-                        assert_eq!(
-                            flags & FLAG_SEND_DF != 0,
-                            structured,
-                            "SEND_DF iff structured replies"
-                        );
+                        assert_eq!(flags & FLAG_SEND_DF != 0, structured, "SEND_DF iff structured replies");
                     }
                     INFO_NAME | INFO_DESCRIPTION => check_string(&data[2..]),
                     INFO_BLOCK_SIZE => {
@@ -326,32 +270,17 @@ fn check_reply_sequence(option: u32, replies: &[(u32, Vec<u8>)], structured: boo
         }
     }
     if option == OPT_INFO || option == OPT_GO {
-        assert_eq!(
-            info_types.first(),
-            Some(&INFO_EXPORT),
-            "INFO_EXPORT is always sent, first"
-        );
+        assert_eq!(info_types.first(), Some(&INFO_EXPORT), "INFO_EXPORT is always sent, first");
         // Requested or not, the block size constraints are advertised, after the rest.
-        assert_eq!(
-            info_types.last(),
-            Some(&INFO_BLOCK_SIZE),
-            "INFO_BLOCK_SIZE is always sent, last"
-        );
+        assert_eq!(info_types.last(), Some(&INFO_BLOCK_SIZE), "INFO_BLOCK_SIZE is always sent, last");
     }
 }
 
 fn check_negotiated(n: &Negotiated, structured: bool) {
     assert_eq!(n.structured, structured);
     assert_ne!(n.flags & FLAG_HAS_FLAGS, 0);
-    assert_eq!(
-        n.flags & FLAG_SEND_DF != 0,
-        structured,
-        "SEND_DF iff structured replies"
-    );
-    assert_eq!(
-        n.flags & !FLAG_SEND_DF,
-        (n.summary.flags | FLAG_HAS_FLAGS) & !FLAG_SEND_DF
-    );
+    assert_eq!(n.flags & FLAG_SEND_DF != 0, structured, "SEND_DF iff structured replies");
+    assert_eq!(n.flags & !FLAG_SEND_DF, (n.summary.flags | FLAG_HAS_FLAGS) & !FLAG_SEND_DF);
     if n.base_allocation.is_some() {
         assert!(structured, "a metadata context without structured replies");
     }
@@ -381,8 +310,7 @@ pub fn decode_session(b: &[u8; SESSION_BYTES]) -> Session {
         size: u64::from_be_bytes(b[0..8].try_into().unwrap()),
         flags: u16::from_be_bytes(b[8..10].try_into().unwrap()),
         structured: b[10] & 1 != 0,
-        base_allocation: (b[10] & 2 != 0)
-            .then(|| u32::from_be_bytes(b[11..15].try_into().unwrap())),
+        base_allocation: (b[10] & 2 != 0).then(|| u32::from_be_bytes(b[11..15].try_into().unwrap())),
         payload_max_bytes: u32::from_be_bytes(b[15..19].try_into().unwrap()),
     }
 }
@@ -401,9 +329,7 @@ fn documented_flags(kind: u16, s: &Session) -> u16 {
 /// Reads a session from the start of `input`, then decodes and validates each following
 /// 28-byte chunk against it.
 pub fn request(input: &[u8]) {
-    let Some((head, body)) = input.split_first_chunk::<SESSION_BYTES>() else {
-        return;
-    };
+    let Some((head, body)) = input.split_first_chunk::<SESSION_BYTES>() else { return };
     let session = decode_session(head);
     for chunk in body.chunks_exact(REQUEST_BYTES) {
         let chunk: &[u8; REQUEST_BYTES] = chunk.try_into().unwrap();
@@ -423,27 +349,15 @@ pub fn request(input: &[u8]) {
 }
 
 fn check_validation(raw: &RawRequest, s: &Session) {
-    let in_bounds = raw
-        .offset
-        .checked_add(raw.length as u64)
-        .is_some_and(|end| end <= s.size);
+    let in_bounds = raw.offset.checked_add(raw.length as u64).is_some_and(|end| end <= s.size);
     let flag = |f: u16| raw.flags & f != 0;
     match validate(raw, s) {
         Ok(req) => {
             assert_eq!(req.handle, raw.handle);
-            assert_eq!(
-                raw.flags & !documented_flags(raw.kind, s),
-                0,
-                "undocumented flag accepted: {raw:?}"
-            );
-            let writes = matches!(
-                req.command,
-                Command::Write { .. } | Command::Trim { .. } | Command::WriteZeroes { .. }
-            );
-            assert!(
-                !(writes && s.read_only()),
-                "write accepted on a read-only export: {raw:?}"
-            );
+            assert_eq!(raw.flags & !documented_flags(raw.kind, s), 0, "undocumented flag accepted: {raw:?}");
+            let writes =
+                matches!(req.command, Command::Write { .. } | Command::Trim { .. } | Command::WriteZeroes { .. });
+            assert!(!(writes && s.read_only()), "write accepted on a read-only export: {raw:?}");
             let range = match req.command {
                 Command::Read { range, whole } => {
                     assert_eq!((raw.kind, whole), (CMD_READ, flag(CMD_FLAG_DF)));
@@ -465,20 +379,11 @@ fn check_validation(raw: &RawRequest, s: &Session) {
                     assert_ne!(s.flags & FLAG_SEND_CACHE, 0);
                     Some(range)
                 }
-                Command::WriteZeroes {
-                    range,
-                    fua,
-                    may_trim,
-                    fast,
-                } => {
+                Command::WriteZeroes { range, fua, may_trim, fast } => {
                     assert_eq!(raw.kind, CMD_WRITE_ZEROES);
                     assert_eq!(
                         (fua, may_trim, fast),
-                        (
-                            flag(CMD_FLAG_FUA),
-                            !flag(CMD_FLAG_NO_HOLE),
-                            flag(CMD_FLAG_FAST_ZERO)
-                        )
+                        (flag(CMD_FLAG_FUA), !flag(CMD_FLAG_NO_HOLE), flag(CMD_FLAG_FAST_ZERO))
                     );
                     assert_ne!(s.flags & FLAG_SEND_WRITE_ZEROES, 0);
                     if fast {
@@ -486,11 +391,7 @@ fn check_validation(raw: &RawRequest, s: &Session) {
                     }
                     Some(range)
                 }
-                Command::BlockStatus {
-                    range,
-                    context_id,
-                    one,
-                } => {
+                Command::BlockStatus { range, context_id, one } => {
                     assert_eq!((raw.kind, one), (CMD_BLOCK_STATUS, flag(CMD_FLAG_REQ_ONE)));
                     assert_eq!(Some(context_id), s.base_allocation);
                     assert_ne!(range.length, 0);
@@ -508,11 +409,7 @@ fn check_validation(raw: &RawRequest, s: &Session) {
             };
             if let Some(range) = range {
                 assert_eq!((range.offset, range.length), (raw.offset, raw.length));
-                assert!(
-                    in_bounds,
-                    "accepted range outside the export: {raw:?} size {}",
-                    s.size
-                );
+                assert!(in_bounds, "accepted range outside the export: {raw:?} size {}", s.size);
                 assert!(range.end() <= s.size);
             }
         }
@@ -526,10 +423,7 @@ fn check_validation(raw: &RawRequest, s: &Session) {
                 Errno::Inval => {}
                 Errno::Perm => assert!(write_kind && s.read_only(), "EPERM for {raw:?}"),
                 Errno::NoSpc => {
-                    assert!(
-                        matches!(raw.kind, CMD_WRITE | CMD_WRITE_ZEROES) && !in_bounds,
-                        "ENOSPC for {raw:?}"
-                    )
+                    assert!(matches!(raw.kind, CMD_WRITE | CMD_WRITE_ZEROES) && !in_bounds, "ENOSPC for {raw:?}")
                 }
                 Errno::Overflow => assert!(
                     raw.kind == CMD_READ && flag(CMD_FLAG_DF) && raw.length > s.payload_max_bytes,
@@ -555,9 +449,7 @@ fn check_validation(raw: &RawRequest, s: &Session) {
 /// must return `Malformed` rather than panic, and whatever they accept must be sane.
 pub fn server_message(input: &[u8]) {
     use sluice_proto::client::*;
-    let Some((&which, p)) = input.split_first() else {
-        return;
-    };
+    let Some((&which, p)) = input.split_first() else { return };
     match which % 8 {
         0 => {
             if let Ok(b) = <&[u8; GREETING_BYTES]>::try_from(p) {
@@ -580,11 +472,7 @@ pub fn server_message(input: &[u8]) {
             }
         }
         3 => match decode_info(p) {
-            Ok(Info::BlockSize {
-                min,
-                preferred,
-                max,
-            }) => {
+            Ok(Info::BlockSize { min, preferred, max }) => {
                 assert!(min.is_power_of_two() && min <= 65536 && preferred >= min && max >= min);
             }
             Ok(Info::Export { .. }) => assert_eq!(p.len(), 12),

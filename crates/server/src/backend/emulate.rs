@@ -25,21 +25,13 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(errno: Errno, message: &'static str, offset: Option<u64>) -> Failure {
-        Failure {
-            errno,
-            message: Cow::Borrowed(message),
-            offset,
-        }
+        Failure { errno, message: Cow::Borrowed(message), offset }
     }
 
     /// From a storage error (a positive errno).
     pub fn os(code: i32, offset: Option<u64>) -> Failure {
         let message = Cow::Owned(std::io::Error::from_raw_os_error(code).to_string());
-        Failure {
-            errno: errno_from_os(code),
-            message,
-            offset,
-        }
+        Failure { errno: errno_from_os(code), message, offset }
     }
 }
 
@@ -76,32 +68,15 @@ pub struct Exec {
 
 impl Exec {
     /// `buf` is a write's payload.
-    pub fn new(
-        command: Command,
-        buf: Option<Buf>,
-        caps: Caps,
-        direct_align: Option<usize>,
-    ) -> Exec {
-        debug_assert!(!matches!(
-            command,
-            Command::Read { .. } | Command::BlockStatus { .. } | Command::Disconnect
-        ));
-        Exec {
-            command,
-            stage: Stage::Main,
-            done: 0,
-            buf,
-            caps,
-            direct_align,
-        }
+    pub fn new(command: Command, buf: Option<Buf>, caps: Caps, direct_align: Option<usize>) -> Exec {
+        debug_assert!(!matches!(command, Command::Read { .. } | Command::BlockStatus { .. } | Command::Disconnect));
+        Exec { command, stage: Stage::Main, done: 0, buf, caps, direct_align }
     }
 
     /// The first step of the command.
     pub fn start(&mut self, pool: &mut Pool) -> Step {
         let empty = match self.command {
-            Command::Write { range, .. }
-            | Command::Trim { range, .. }
-            | Command::Cache { range } => range.length == 0,
+            Command::Write { range, .. } | Command::Trim { range, .. } | Command::Cache { range } => range.length == 0,
             Command::WriteZeroes { range, .. } => range.length == 0,
             _ => false,
         };
@@ -113,11 +88,7 @@ impl Exec {
         if let Command::WriteZeroes { fast, may_trim, .. } = self.command {
             if !(self.caps.zero || (may_trim && self.caps.trim)) {
                 if fast {
-                    return Step::Fail(Failure::new(
-                        Errno::NotSup,
-                        "zeroing here means writing zeros",
-                        None,
-                    ));
+                    return Step::Fail(Failure::new(Errno::NotSup, "zeroing here means writing zeros", None));
                 }
                 self.stage = Stage::ZeroFill;
             }
@@ -158,9 +129,7 @@ impl Exec {
                 // Each zero-fill write was already durable when FUA asked for it and could.
                 self.sync_if(fua && !self.caps.fua, pool)
             }
-            (Stage::Main, Command::Trim { fua, .. } | Command::WriteZeroes { fua, .. }) => {
-                self.sync_if(fua, pool)
-            }
+            (Stage::Main, Command::Trim { fua, .. } | Command::WriteZeroes { fua, .. }) => self.sync_if(fua, pool),
             _ => Step::Done,
         }
     }
@@ -177,9 +146,7 @@ impl Exec {
                 self.stage = Stage::ZeroFill;
                 self.next(pool)
             }
-            (_, Command::Write { range, .. }) => {
-                Step::Fail(Failure::os(code, Some(range.offset + self.done as u64)))
-            }
+            (_, Command::Write { range, .. }) => Step::Fail(Failure::os(code, Some(range.offset + self.done as u64))),
             _ => Step::Fail(Failure::os(code, None)),
         }
     }
@@ -197,61 +164,27 @@ impl Exec {
         let op = match (self.stage, self.command) {
             (Stage::Sync, _) | (Stage::Main, Command::Flush) => StorageOp::Flush,
             (Stage::Main, Command::Write { range, fua }) => {
-                let Some(buf) = self.buf.take() else {
-                    return self.lost_buffer();
-                };
+                let Some(buf) = self.buf.take() else { return self.lost_buffer() };
                 let len = range.length as usize - self.done;
                 let offset = range.offset + self.done as u64;
                 // Unaligned writes go through the page cache, which the kernel keeps coherent
                 // with O_DIRECT; a read-modify-write here would race with other writers.
-                let direct = self
-                    .direct_align
-                    .is_some_and(|a| (offset as usize | len | self.done).is_multiple_of(a));
-                StorageOp::Write {
-                    offset,
-                    buf,
-                    at: self.done,
-                    len,
-                    fua: fua && self.caps.fua,
-                    direct,
-                }
+                let direct = self.direct_align.is_some_and(|a| (offset as usize | len | self.done).is_multiple_of(a));
+                StorageOp::Write { offset, buf, at: self.done, len, fua: fua && self.caps.fua, direct }
             }
-            (Stage::Main, Command::Trim { range, .. }) => StorageOp::Trim {
-                offset: range.offset,
-                len: range.length as u64,
-            },
-            (
-                Stage::Main,
-                Command::WriteZeroes {
-                    range, may_trim, ..
-                },
-            ) => StorageOp::Zero {
-                offset: range.offset,
-                len: range.length as u64,
-                may_trim,
-            },
+            (Stage::Main, Command::Trim { range, .. }) => StorageOp::Trim { offset: range.offset, len: range.length as u64 },
+            (Stage::Main, Command::WriteZeroes { range, may_trim, .. }) => {
+                StorageOp::Zero { offset: range.offset, len: range.length as u64, may_trim }
+            }
             (Stage::ZeroFill, Command::WriteZeroes { range, fua, .. }) => {
                 let len = (range.length as usize - self.done).min(ZERO_FILL_CHUNK_BYTES);
-                let mut buf = self
-                    .buf
-                    .take()
-                    .unwrap_or_else(|| pool.get(ZERO_FILL_CHUNK_BYTES));
+                let mut buf = self.buf.take().unwrap_or_else(|| pool.get(ZERO_FILL_CHUNK_BYTES));
                 buf.set_len(len);
                 buf.as_mut_slice().fill(0);
                 let offset = range.offset + self.done as u64;
-                StorageOp::Write {
-                    offset,
-                    buf,
-                    at: 0,
-                    len,
-                    fua: fua && self.caps.fua,
-                    direct: false,
-                }
+                StorageOp::Write { offset, buf, at: 0, len, fua: fua && self.caps.fua, direct: false }
             }
-            (Stage::Main, Command::Cache { range }) => StorageOp::Cache {
-                offset: range.offset,
-                len: range.length as u64,
-            },
+            (Stage::Main, Command::Cache { range }) => StorageOp::Cache { offset: range.offset, len: range.length as u64 },
             (stage, command) => unreachable!("no storage operation for {command:?} in {stage:?}"),
         };
         Step::Submit(op)
@@ -260,11 +193,7 @@ impl Exec {
     /// A backend kept a write's buffer: a bug in the backend, reported as an I/O error.
     fn lost_buffer(&self) -> Step {
         debug_assert!(false, "a backend did not return a write's buffer");
-        Step::Fail(Failure::new(
-            Errno::Io,
-            "internal error: write buffer lost",
-            None,
-        ))
+        Step::Fail(Failure::new(Errno::Io, "internal error: write buffer lost", None))
     }
 }
 
@@ -278,32 +207,15 @@ mod tests {
     }
 
     fn caps(zero: bool, trim: bool, fua: bool) -> Caps {
-        Caps {
-            zero,
-            trim,
-            fua,
-            ..Caps::default()
-        }
+        Caps { zero, trim, fua, ..Caps::default() }
     }
 
     fn zeroes(len: u32, fua: bool, may_trim: bool, fast: bool) -> Command {
-        Command::WriteZeroes {
-            range: Range {
-                offset: 4096,
-                length: len,
-            },
-            fua,
-            may_trim,
-            fast,
-        }
+        Command::WriteZeroes { range: Range { offset: 4096, length: len }, fua, may_trim, fast }
     }
 
     /// Runs a command to its end, answering each operation with `answer`.
-    fn drive(
-        exec: &mut Exec,
-        pool: &mut Pool,
-        mut answer: impl FnMut(&StorageOp) -> i32,
-    ) -> (Vec<String>, Step) {
+    fn drive(exec: &mut Exec, pool: &mut Pool, mut answer: impl FnMut(&StorageOp) -> i32) -> (Vec<String>, Step) {
         let mut seen = Vec::new();
         let mut step = exec.start(pool);
         while let Step::Submit(op) = step {
@@ -332,49 +244,25 @@ mod tests {
     fn zeroing_without_a_primitive_writes_zeros_in_chunks_then_flushes_for_fua() {
         let mut pool = pool();
         let len = ZERO_FILL_CHUNK_BYTES as u32 * 2 + 4096;
-        let mut exec = Exec::new(
-            zeroes(len, true, false, false),
-            None,
-            caps(false, true, false),
-            None,
-        );
+        let mut exec = Exec::new(zeroes(len, true, false, false), None, caps(false, true, false), None);
         let (seen, step) = drive(&mut exec, &mut pool, len_of);
-        assert_eq!(
-            seen,
-            ["write 1048576", "write 1048576", "write 4096", "flush"]
-        );
+        assert_eq!(seen, ["write 1048576", "write 1048576", "write 4096", "flush"]);
         assert!(matches!(step, Step::Done));
     }
 
     #[test]
     fn fast_zero_fails_at_once_where_zeroing_means_writing() {
         let mut pool = pool();
-        let mut exec = Exec::new(
-            zeroes(8192, false, false, true),
-            None,
-            caps(false, false, true),
-            None,
-        );
+        let mut exec = Exec::new(zeroes(8192, false, false, true), None, caps(false, false, true), None);
         let (seen, step) = drive(&mut exec, &mut pool, len_of);
         assert!(seen.is_empty());
-        assert!(matches!(
-            step,
-            Step::Fail(Failure {
-                errno: Errno::NotSup,
-                ..
-            })
-        ));
+        assert!(matches!(step, Step::Fail(Failure { errno: Errno::NotSup, .. })));
     }
 
     #[test]
     fn zeroing_nothing_succeeds_even_under_fast_zero() {
         let mut pool = pool();
-        let mut exec = Exec::new(
-            zeroes(0, false, false, true),
-            None,
-            caps(false, false, true),
-            None,
-        );
+        let mut exec = Exec::new(zeroes(0, false, false, true), None, caps(false, false, true), None);
         let (seen, step) = drive(&mut exec, &mut pool, len_of);
         assert!(seen.is_empty());
         assert!(matches!(step, Step::Done));
@@ -383,55 +271,21 @@ mod tests {
     #[test]
     fn a_refused_zero_range_falls_back_to_writing_unless_fast() {
         let mut pool = pool();
-        let mut exec = Exec::new(
-            zeroes(8192, false, false, false),
-            None,
-            caps(true, false, true),
-            None,
-        );
-        let (seen, step) = drive(&mut exec, &mut pool, |op| {
-            if matches!(op, StorageOp::Zero { .. }) {
-                -libc::EOPNOTSUPP
-            } else {
-                len_of(op)
-            }
-        });
+        let mut exec = Exec::new(zeroes(8192, false, false, false), None, caps(true, false, true), None);
+        let (seen, step) = drive(&mut exec, &mut pool, |op| if matches!(op, StorageOp::Zero { .. }) { -libc::EOPNOTSUPP } else { len_of(op) });
         assert_eq!(seen, ["zero", "write 8192"]);
         assert!(matches!(step, Step::Done));
-        let mut exec = Exec::new(
-            zeroes(8192, false, false, true),
-            None,
-            caps(true, false, true),
-            None,
-        );
+        let mut exec = Exec::new(zeroes(8192, false, false, true), None, caps(true, false, true), None);
         let (_, step) = drive(&mut exec, &mut pool, |_| -libc::EOPNOTSUPP);
-        assert!(matches!(
-            step,
-            Step::Fail(Failure {
-                errno: Errno::NotSup,
-                ..
-            })
-        ));
+        assert!(matches!(step, Step::Fail(Failure { errno: Errno::NotSup, .. })));
     }
 
     #[test]
     fn a_refused_trim_is_accepted_and_fua_still_flushes() {
         let mut pool = pool();
-        let trim = Command::Trim {
-            range: Range {
-                offset: 0,
-                length: 4096,
-            },
-            fua: true,
-        };
+        let trim = Command::Trim { range: Range { offset: 0, length: 4096 }, fua: true };
         let mut exec = Exec::new(trim, None, caps(true, true, true), None);
-        let (seen, step) = drive(&mut exec, &mut pool, |op| {
-            if matches!(op, StorageOp::Trim { .. }) {
-                -libc::EOPNOTSUPP
-            } else {
-                0
-            }
-        });
+        let (seen, step) = drive(&mut exec, &mut pool, |op| if matches!(op, StorageOp::Trim { .. }) { -libc::EOPNOTSUPP } else { 0 });
         assert_eq!(seen, ["trim", "flush"]);
         assert!(matches!(step, Step::Done));
     }
@@ -439,13 +293,7 @@ mod tests {
     #[test]
     fn short_writes_continue_and_errors_name_where_the_write_stopped() {
         let mut pool = pool();
-        let write = Command::Write {
-            range: Range {
-                offset: 1 << 20,
-                length: 10_000,
-            },
-            fua: true,
-        };
+        let write = Command::Write { range: Range { offset: 1 << 20, length: 10_000 }, fua: true };
         let buf = pool.get(10_000);
         let mut exec = Exec::new(write, Some(buf), caps(true, true, false), None);
         let mut calls = 0;
@@ -470,22 +318,11 @@ mod tests {
     #[test]
     fn direct_writes_only_when_aligned() {
         let mut pool = pool();
-        for (offset, length, direct) in [(4096, 8192, true), (4096, 100, false), (10, 4096, false)]
-        {
-            let write = Command::Write {
-                range: Range { offset, length },
-                fua: false,
-            };
-            let mut exec = Exec::new(
-                write,
-                Some(pool.get(length as usize)),
-                caps(true, true, true),
-                Some(4096),
-            );
+        for (offset, length, direct) in [(4096, 8192, true), (4096, 100, false), (10, 4096, false)] {
+            let write = Command::Write { range: Range { offset, length }, fua: false };
+            let mut exec = Exec::new(write, Some(pool.get(length as usize)), caps(true, true, true), Some(4096));
             match exec.start(&mut pool) {
-                Step::Submit(StorageOp::Write { direct: d, .. }) => {
-                    assert_eq!(d, direct, "{offset}+{length}")
-                }
+                Step::Submit(StorageOp::Write { direct: d, .. }) => assert_eq!(d, direct, "{offset}+{length}"),
                 _ => panic!("a write starts with a write"),
             }
         }

@@ -13,9 +13,7 @@ use sluice_proto::wire::{STATE_HOLE, STATE_ZERO};
 
 use super::interface::{Backend, Caps, Outcome, StorageOp};
 use crate::engine::{fully_cached, splice_now, Held, Ring, StorageId};
-use crate::limits::{
-    DIRECT_ALIGN_DEFAULT_BYTES, EXTENTS_PER_REPLY_MAX, INLINE_WRITE_MAX_BYTES, PAGE_BYTES,
-};
+use crate::limits::{DIRECT_ALIGN_DEFAULT_BYTES, EXTENTS_PER_REPLY_MAX, INLINE_WRITE_MAX_BYTES, PAGE_BYTES};
 
 /// A regular file, a block device, or a memfd.
 pub struct FileBackend {
@@ -32,40 +30,19 @@ impl FileBackend {
         let meta = file.metadata()?;
         let block = meta.file_type().is_block_device();
         if !block && !meta.is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "not a regular file or block device",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file or block device"));
         }
         let kind = if block { "block" } else { "file" };
         let rotational = block && rotational(&meta);
         // Block devices cannot report holes; regular files and tmpfs can.
-        let caps = Caps {
-            trim: true,
-            zero: true,
-            fua: true,
-            extents: !block,
-            rotational,
-            splice: true,
-            ..Caps::default()
-        };
+        let caps = Caps { trim: true, zero: true, fua: true, extents: !block, rotational, splice: true, ..Caps::default() };
         FileBackend::from_file(kind, file, caps)
     }
 
-    pub(super) fn from_file(
-        kind: &'static str,
-        mut file: File,
-        caps: Caps,
-    ) -> io::Result<FileBackend> {
+    pub(super) fn from_file(kind: &'static str, mut file: File, caps: Caps) -> io::Result<FileBackend> {
         // Seeking to the end gives the size of files and block devices alike.
         let size = file.seek(SeekFrom::End(0))?;
-        Ok(FileBackend {
-            kind,
-            fd: file.into(),
-            direct: None,
-            size,
-            caps,
-        })
+        Ok(FileBackend { kind, fd: file.into(), direct: None, size, caps })
     }
 
     /// Opens the same file again with O_DIRECT for the direct data paths. The kernel keeps
@@ -74,23 +51,13 @@ impl FileBackend {
     pub fn open_direct(&mut self, path: &Path, read_only: bool) -> io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         if self.kind == "memory" {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "a RAM export has no storage below its page cache",
-            ));
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "a RAM export has no storage below its page cache"));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)?;
+        let file = OpenOptions::new().read(true).write(!read_only).custom_flags(libc::O_DIRECT).open(path)?;
         let align = direct_align(&file).unwrap_or(DIRECT_ALIGN_DEFAULT_BYTES);
         if align > DIRECT_ALIGN_DEFAULT_BYTES {
             // Buffers are page aligned; a device that wants more is served by the page cache.
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("O_DIRECT here needs {align}-byte alignment"),
-            ));
+            return Err(io::Error::new(io::ErrorKind::Unsupported, format!("O_DIRECT here needs {align}-byte alignment")));
         }
         self.direct = Some((file.into(), align));
         Ok(())
@@ -114,10 +81,7 @@ fn rotational(meta: &std::fs::Metadata) -> bool {
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
     let path = format!("/sys/dev/block/{major}:{minor}/queue/rotational");
     let parent = format!("/sys/dev/block/{major}:{minor}/../queue/rotational");
-    [path, parent]
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-        .is_some_and(|s| s.trim() == "1")
+    [path, parent].iter().find_map(|p| std::fs::read_to_string(p).ok()).is_some_and(|s| s.trim() == "1")
 }
 
 impl FileBackend {
@@ -135,17 +99,14 @@ impl FileBackend {
         if fully_cached(self.fd.as_fd(), offset, len) != Some(true) {
             return None;
         }
-        splice_now(self.fd.as_fd(), offset, pipe, len)
-            .ok()
-            .filter(|&n| n > 0)
+        splice_now(self.fd.as_fd(), offset, pipe, len).ok().filter(|&n| n > 0)
     }
 
     /// Whether a buffered write is better done by this thread: small, and either whole
     /// pages or pages already cached, so no read from the disk comes first.
     fn write_inline(&self, offset: u64, len: usize) -> bool {
         len <= INLINE_WRITE_MAX_BYTES
-            && ((offset as usize | len).is_multiple_of(PAGE_BYTES)
-                || fully_cached(self.fd.as_fd(), offset, len) == Some(true))
+            && ((offset as usize | len).is_multiple_of(PAGE_BYTES) || fully_cached(self.fd.as_fd(), offset, len) == Some(true))
     }
 
     /// Writes at once, bypassing the ring (tests set up contents with it).
@@ -154,18 +115,9 @@ impl FileBackend {
         Ok(rustix::io::pwrite(self.fd.as_fd(), data, offset)?)
     }
 
-    pub(super) fn extents(
-        &self,
-        offset: u64,
-        len: u32,
-        one: bool,
-        out: &mut Vec<Extent>,
-    ) -> io::Result<()> {
+    pub(super) fn extents(&self, offset: u64, len: u32, one: bool, out: &mut Vec<Extent>) -> io::Result<()> {
         if !self.caps.extents {
-            out.push(Extent {
-                length: len,
-                flags: 0,
-            });
+            out.push(Extent { length: len, flags: 0 });
             return Ok(());
         }
         let end = offset + len as u64;
@@ -177,10 +129,7 @@ impl FileBackend {
                 Err(e) if out.is_empty() => {
                     // A filesystem that cannot tell: everything is data, which is always true.
                     log::debug!("SEEK_DATA failed ({e}); reporting data");
-                    out.push(Extent {
-                        length: len,
-                        flags: 0,
-                    });
+                    out.push(Extent { length: len, flags: 0 });
                     return Ok(());
                 }
                 Err(_) => break,
@@ -191,10 +140,7 @@ impl FileBackend {
                 let hole = rustix::fs::seek(self.fd.as_fd(), rustix::fs::SeekFrom::Hole(pos))?;
                 (hole.clamp(pos + 1, end), 0)
             };
-            out.push(Extent {
-                length: (next - pos) as u32,
-                flags,
-            });
+            out.push(Extent { length: (next - pos) as u32, flags });
             pos = next;
             if one {
                 break;
@@ -214,97 +160,42 @@ impl Backend for FileBackend {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            direct_align: self.direct.as_ref().map(|&(_, a)| a),
-            ..self.caps
-        }
+        Caps { direct_align: self.direct.as_ref().map(|&(_, a)| a), ..self.caps }
     }
 
     fn start(&self, op: StorageOp, id: StorageId, ring: &mut Ring) -> Option<Outcome> {
         const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
         match op {
-            StorageOp::Read {
-                offset,
-                len,
-                into: Held::Pipe(pipe),
-                direct,
-                ..
-            } => {
-                let cached = if direct {
-                    None
-                } else {
-                    self.splice_cached(offset, len, &pipe)
-                };
+            StorageOp::Read { offset, len, into: Held::Pipe(pipe), direct, .. } => {
+                let cached = if direct { None } else { self.splice_cached(offset, len, &pipe) };
                 if let Some(n) = cached {
-                    return Some(Outcome {
-                        result: n as i32,
-                        held: Held::Pipe(pipe),
-                    });
+                    return Some(Outcome { result: n as i32, held: Held::Pipe(pipe) });
                 }
                 ring.splice_in(self.fd_for(direct), offset, pipe, len, id);
             }
-            StorageOp::Read {
-                offset,
-                len,
-                into: Held::Buf(buf),
-                at,
-                direct,
-            } => ring.read_at(self.fd_for(direct), buf, at, len, offset, id),
-            StorageOp::Read { into, .. } => {
-                return Some(Outcome {
-                    result: -libc::EINVAL,
-                    held: into,
-                })
+            StorageOp::Read { offset, len, into: Held::Buf(buf), at, direct } => {
+                ring.read_at(self.fd_for(direct), buf, at, len, offset, id)
             }
-            StorageOp::Write {
-                offset,
-                buf,
-                at,
-                len,
-                fua,
-                direct,
-            } => {
+            StorageOp::Read { into, .. } => return Some(Outcome { result: -libc::EINVAL, held: into }),
+            StorageOp::Write { offset, buf, at, len, fua, direct } => {
                 // Only exports without an O_DIRECT path: there, small writes stay off the
                 // worker thread whatever their alignment.
                 if !fua && self.direct.is_none() && self.write_inline(offset, len) {
-                    let written =
-                        rustix::io::pwrite(self.fd.as_fd(), &buf.as_slice()[at..at + len], offset);
-                    return Some(Outcome::of(
-                        written.map_err(io::Error::from),
-                        Held::Buf(buf),
-                    ));
+                    let written = rustix::io::pwrite(self.fd.as_fd(), &buf.as_slice()[at..at + len], offset);
+                    return Some(Outcome::of(written.map_err(io::Error::from), Held::Buf(buf)));
                 }
                 ring.write_at(self.fd_for(direct), buf, at, len, offset, fua, id)
             }
             StorageOp::Flush => ring.fdatasync(self.fd.as_raw_fd(), id),
-            StorageOp::Trim { offset, len } => ring.fallocate(
-                self.fd.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | KEEP,
-                offset,
-                len,
-                id,
-            ),
-            StorageOp::Zero {
-                offset,
-                len,
-                may_trim,
-            } => {
-                let mode = if may_trim && self.caps.trim {
-                    libc::FALLOC_FL_PUNCH_HOLE
-                } else {
-                    libc::FALLOC_FL_ZERO_RANGE
-                };
+            StorageOp::Trim { offset, len } => {
+                ring.fallocate(self.fd.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | KEEP, offset, len, id)
+            }
+            StorageOp::Zero { offset, len, may_trim } => {
+                let mode = if may_trim && self.caps.trim { libc::FALLOC_FL_PUNCH_HOLE } else { libc::FALLOC_FL_ZERO_RANGE };
                 ring.fallocate(self.fd.as_raw_fd(), mode | KEEP, offset, len, id)
             }
-            StorageOp::Cache { offset, len } => {
-                ring.fadvise_willneed(self.fd.as_raw_fd(), offset, len, id)
-            }
-            StorageOp::Extents {
-                offset,
-                len,
-                one,
-                mut out,
-            } => {
+            StorageOp::Cache { offset, len } => ring.fadvise_willneed(self.fd.as_raw_fd(), offset, len, id),
+            StorageOp::Extents { offset, len, one, mut out } => {
                 let found = self.extents(offset, len, one, &mut out);
                 return Some(Outcome::of(found.map(|()| 0), Held::Extents(out)));
             }

@@ -33,45 +33,17 @@ pub struct Caps {
 pub enum StorageOp {
     /// Reads `len` bytes at `offset` into `into`: a buffer (from byte `at` on) or a pipe.
     /// `direct` asks for the O_DIRECT path; offset and length are then aligned.
-    Read {
-        offset: u64,
-        len: usize,
-        into: Held,
-        at: usize,
-        direct: bool,
-    },
+    Read { offset: u64, len: usize, into: Held, at: usize, direct: bool },
     /// Writes `buf[at..at + len]` at `offset`; `fua` makes it durable before completion.
-    Write {
-        offset: u64,
-        buf: Buf,
-        at: usize,
-        len: usize,
-        fua: bool,
-        direct: bool,
-    },
+    Write { offset: u64, buf: Buf, at: usize, len: usize, fua: bool, direct: bool },
     Flush,
-    Trim {
-        offset: u64,
-        len: u64,
-    },
+    Trim { offset: u64, len: u64 },
     /// Zeroes a range natively; `may_trim` allows leaving a hole.
-    Zero {
-        offset: u64,
-        len: u64,
-        may_trim: bool,
-    },
+    Zero { offset: u64, len: u64, may_trim: bool },
     /// A hint to bring the range into the cache.
-    Cache {
-        offset: u64,
-        len: u64,
-    },
+    Cache { offset: u64, len: u64 },
     /// Appends allocation extents covering a prefix of the range; `one` wants just one.
-    Extents {
-        offset: u64,
-        len: u32,
-        one: bool,
-        out: Vec<Extent>,
-    },
+    Extents { offset: u64, len: u32, one: bool, out: Vec<Extent> },
 }
 
 /// An operation's result: bytes moved (or 0), or a negative errno, with what it held.

@@ -12,14 +12,7 @@ pub fn memory(size: u64) -> io::Result<FileBackend> {
     rustix::fs::ftruncate(&fd, size)?;
     // tmpfs punches holes but has no ZERO_RANGE; punching is how it zeroes. Nothing below
     // the page cache needs syncing, so FUA costs nothing.
-    let caps = Caps {
-        trim: true,
-        zero: false,
-        fua: true,
-        extents: true,
-        splice: true,
-        ..Caps::default()
-    };
+    let caps = Caps { trim: true, zero: false, fua: true, extents: true, splice: true, ..Caps::default() };
     FileBackend::from_file("memory", File::from(fd), caps)
 }
 
@@ -37,13 +30,7 @@ mod tests {
         b.extents(0, 1 << 20, false, &mut out).unwrap();
         let total: u64 = out.iter().map(|e| e.length as u64).sum();
         assert_eq!(total, 1 << 20);
-        assert_eq!(
-            out[0],
-            Extent {
-                length: 65536,
-                flags: STATE_HOLE | STATE_ZERO
-            }
-        );
+        assert_eq!(out[0], Extent { length: 65536, flags: STATE_HOLE | STATE_ZERO });
         assert_eq!(out[1].flags, 0);
         assert!(out[1].length >= 4096);
         let mut one = Vec::new();

@@ -15,23 +15,11 @@ impl Conn {
     pub(super) fn dispatch(&mut self, env: &mut Env, slot: u16) {
         let command = self.slot(slot).request.command;
         match command {
-            Command::Read { range, .. } => {
-                self.start_read(env, slot, range.offset, range.length as usize)
-            }
+            Command::Read { range, .. } => self.start_read(env, slot, range.offset, range.length as usize),
             Command::BlockStatus { range, one, .. } => {
                 let mut out = self.spare_extents.pop().unwrap_or_default();
                 out.clear();
-                self.submit(
-                    env,
-                    slot,
-                    0,
-                    StorageOp::Extents {
-                        offset: range.offset,
-                        len: range.length,
-                        one,
-                        out,
-                    },
-                );
+                self.submit(env, slot, 0, StorageOp::Extents { offset: range.offset, len: range.length, one, out });
             }
             _ => {
                 let buf = self.slot_mut(slot).buf.take();
@@ -48,13 +36,7 @@ impl Conn {
         let s = self.slot_mut(slot);
         s.ops += 1;
         s.times.storage_start.get_or_insert(env.now);
-        self.emit(Io::Storage {
-            tag: Tag {
-                slot,
-                chunk: chunk as u16,
-            },
-            op,
-        });
+        self.emit(Io::Storage { tag: Tag { slot, chunk: chunk as u16 }, op });
     }
 
     /// A storage operation of a command other than READ came back.
@@ -85,16 +67,8 @@ impl Conn {
         match step {
             Step::Submit(op) => self.submit(env, slot, 0, op),
             Step::Done => self.reply_ok(env, slot),
-            Step::Fail(Failure {
-                errno,
-                message,
-                offset,
-            }) => {
-                log::debug!(
-                    "{}: {:?} failed: {message}",
-                    self.peer,
-                    self.slot(slot).request.command
-                );
+            Step::Fail(Failure { errno, message, offset }) => {
+                log::debug!("{}: {:?} failed: {message}", self.peer, self.slot(slot).request.command);
                 self.reply_error(env, slot, errno, &message, offset);
             }
         }
@@ -103,26 +77,14 @@ impl Conn {
     fn extents_done(&mut self, env: &mut Env, slot: u16, context_id: u32, result: i32, held: Held) {
         let Held::Extents(extents) = held else {
             debug_assert!(false, "a backend did not return the extents list");
-            return self.reply_error(
-                env,
-                slot,
-                sluice_proto::Errno::Io,
-                "block status failed",
-                None,
-            );
+            return self.reply_error(env, slot, sluice_proto::Errno::Io, "block status failed", None);
         };
         if self.is_broken() {
             self.spare_extents.push(extents);
             return self.release_if_idle(env, slot);
         }
         if result < 0 {
-            self.reply_error(
-                env,
-                slot,
-                errno_from_os(-result),
-                "block status failed",
-                None,
-            );
+            self.reply_error(env, slot, errno_from_os(-result), "block status failed", None);
         } else {
             self.reply_block_status(env, slot, context_id, &extents);
         }

@@ -82,9 +82,7 @@ impl Conn {
                 }
                 continue;
             }
-            if self.free_slots.is_empty()
-                || self.inflight_bytes >= self.limits.inflight_bytes_per_connection
-            {
+            if self.free_slots.is_empty() || self.inflight_bytes >= self.limits.inflight_bytes_per_connection {
                 // Over budget: leave the rest in the socket until replies drain.
                 return;
             }
@@ -95,14 +93,9 @@ impl Conn {
             if avail < REQUEST_BYTES {
                 break;
             }
-            let rbuf = self
-                .rbuf
-                .as_ref()
-                .expect("the receive buffer is home while headers are parsed");
-            let header: &[u8; REQUEST_BYTES] = rbuf.as_slice()
-                [self.rstart..self.rstart + REQUEST_BYTES]
-                .try_into()
-                .expect("a header's length");
+            let rbuf = self.rbuf.as_ref().expect("the receive buffer is home while headers are parsed");
+            let header: &[u8; REQUEST_BYTES] =
+                rbuf.as_slice()[self.rstart..self.rstart + REQUEST_BYTES].try_into().expect("a header's length");
             self.rstart += REQUEST_BYTES;
             let raw = match RawRequest::decode(header) {
                 Ok(raw) => raw,
@@ -119,10 +112,7 @@ impl Conn {
         if !self.is_open() {
             return;
         }
-        let mut rbuf = self
-            .rbuf
-            .take()
-            .expect("the receive buffer is home while headers are parsed");
+        let mut rbuf = self.rbuf.take().expect("the receive buffer is home while headers are parsed");
         if self.rstart > 0 {
             rbuf.as_mut_slice().copy_within(self.rstart..self.rend, 0);
             self.rend -= self.rstart;
@@ -137,20 +127,8 @@ impl Conn {
         let request = match validate(&raw, &self.session) {
             Ok(r) => r,
             Err(rej) => {
-                log::debug!(
-                    "{}: {:?} rejected: {} ({})",
-                    self.peer,
-                    raw,
-                    rej.errno,
-                    rej.reason
-                );
-                let mut s = Slot::new(
-                    Request {
-                        handle: raw.handle,
-                        command: Command::Flush,
-                    },
-                    env.now,
-                );
+                log::debug!("{}: {:?} rejected: {} ({})", self.peer, raw, rej.errno, rej.reason);
+                let mut s = Slot::new(Request { handle: raw.handle, command: Command::Flush }, env.now);
                 s.rejection = Some((rej.errno, rej.reason));
                 let slot = self.occupy(s);
                 if rej.discard > 0 {
@@ -189,18 +167,11 @@ impl Conn {
     fn take_payload(&mut self, env: &mut Env, slot: u16, len: usize) -> bool {
         let mut buf = env.pool.get(len);
         let avail = (self.rend - self.rstart).min(len);
-        let rbuf = self
-            .rbuf
-            .as_ref()
-            .expect("the receive buffer is home while headers are parsed");
-        buf.as_mut_slice()[..avail]
-            .copy_from_slice(&rbuf.as_slice()[self.rstart..self.rstart + avail]);
+        let rbuf = self.rbuf.as_ref().expect("the receive buffer is home while headers are parsed");
+        buf.as_mut_slice()[..avail].copy_from_slice(&rbuf.as_slice()[self.rstart..self.rstart + avail]);
         self.rstart += avail;
         if avail < len {
-            self.receiving = Receiving::Payload {
-                slot,
-                filled: avail,
-            };
+            self.receiving = Receiving::Payload { slot, filled: avail };
             self.recv(buf, avail);
             return false;
         }

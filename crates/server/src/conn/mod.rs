@@ -139,17 +139,9 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub fn new(
-        peer: String,
-        export: Arc<Export>,
-        session: Session,
-        limits: Limits,
-        metrics: Arc<Metrics>,
-    ) -> Conn {
+    pub fn new(peer: String, export: Arc<Export>, session: Session, limits: Limits, metrics: Arc<Metrics>) -> Conn {
         let slots_max = limits.inflight_requests_per_connection;
-        let metrics_export = metrics
-            .export_index(&export.name)
-            .expect("metrics know every export");
+        let metrics_export = metrics.export_index(&export.name).expect("metrics know every export");
         metrics.connection_opened(metrics_export);
         Conn {
             peer,
@@ -267,10 +259,7 @@ impl Conn {
     }
 
     fn answered(&mut self) {
-        debug_assert!(
-            self.ops > 0,
-            "an answer for an operation that was not handed out"
-        );
+        debug_assert!(self.ops > 0, "an answer for an operation that was not handed out");
         self.ops -= 1;
     }
 

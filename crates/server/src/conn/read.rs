@@ -19,9 +19,7 @@ use crate::limits::{CHUNKS_PER_READ_MAX, PAGE_BYTES, SPLICE_MIN_BYTES};
 fn log_once_pipes_exhausted() {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
-        log::info!(
-            "all splice pipes are in use; further reads are copied until some are free (said once)"
-        )
+        log::info!("all splice pipes are in use; further reads are copied until some are free (said once)")
     });
 }
 
@@ -74,10 +72,7 @@ impl Conn {
             });
             at = c1;
         }
-        assert!(
-            chunks.len() <= CHUNKS_PER_READ_MAX,
-            "chunk numbers are part of the operation id"
-        );
+        assert!(chunks.len() <= CHUNKS_PER_READ_MAX, "chunk numbers are part of the operation id");
         for c in chunks.iter_mut() {
             if plan.splice {
                 c.pipe = env.pipes.get();
@@ -124,20 +119,12 @@ impl Conn {
         let mut chunk = match self.export.chunk_bytes as usize {
             _ if caps.instant => span,
             0 => span,
-            c => c
-                .max(span.div_ceil(CHUNKS_PER_READ_MAX))
-                .next_multiple_of(BUFFER_ALIGN_BYTES),
+            c => c.max(span.div_ceil(CHUNKS_PER_READ_MAX)).next_multiple_of(BUFFER_ALIGN_BYTES),
         };
         if splice {
             chunk = chunk.min(pipe_bytes);
         }
-        Plan {
-            lo,
-            hi,
-            chunk,
-            splice,
-            direct: bounce || (splice && aligned),
-        }
+        Plan { lo, hi, chunk, splice, direct: bounce || (splice && aligned) }
     }
 
     /// Submits (the rest of) one chunk's storage read.
@@ -150,31 +137,16 @@ impl Conn {
             (None, Some(buf)) => Held::Buf(buf),
             (None, None) => unreachable!("a chunk being read has a pipe or a buffer"),
         };
-        let op = StorageOp::Read {
-            offset,
-            len,
-            into,
-            at: c.done,
-            direct: c.direct,
-        };
+        let op = StorageOp::Read { offset, len, into, at: c.done, direct: c.direct };
         self.submit(env, slot, i, op);
     }
 
-    pub(super) fn chunk_done(
-        &mut self,
-        env: &mut Env,
-        slot: u16,
-        i: usize,
-        result: i32,
-        held: Held,
-    ) {
+    pub(super) fn chunk_done(&mut self, env: &mut Env, slot: u16, i: usize, result: i32, held: Held) {
         let c = &mut self.chunks[slot as usize][i];
         match held {
             Held::Buf(buf) => c.buf = Some(buf),
             Held::Pipe(pipe) => c.pipe = Some(pipe),
-            Held::Nothing | Held::Extents(_) => {
-                debug_assert!(false, "a read returns its buffer or pipe")
-            }
+            Held::Nothing | Held::Extents(_) => debug_assert!(false, "a read returns its buffer or pipe"),
         }
         let mut failure = match result {
             r if r < 0 => Some(-r),
@@ -197,24 +169,16 @@ impl Conn {
         if short && !self.is_broken() && self.slot(slot).error.is_none() {
             return self.submit_chunk(env, slot, i);
         }
-        let s = self.slots[slot as usize]
-            .as_mut()
-            .expect("a read's slot is live while chunks return");
+        let s = self.slots[slot as usize].as_mut().expect("a read's slot is live while chunks return");
         s.chunks_left -= 1;
         let c = &mut self.chunks[slot as usize][i];
         if let Some(code) = failure {
             c.state = ChunkState::Gone;
             drop((c.buf.take(), c.pipe.take()));
             if s.error.is_none() {
-                let Command::Read { range, .. } = s.request.command else {
-                    unreachable!("chunks belong to reads")
-                };
+                let Command::Read { range, .. } = s.request.command else { unreachable!("chunks belong to reads") };
                 let offset = error_offset.max(range.offset);
-                log::debug!(
-                    "{}: read at {offset} failed: {}",
-                    self.peer,
-                    std::io::Error::from_raw_os_error(code)
-                );
+                log::debug!("{}: read at {offset} failed: {}", self.peer, std::io::Error::from_raw_os_error(code));
                 s.error = Some((code, offset));
             }
         } else if c.state == ChunkState::Reading {
@@ -231,9 +195,7 @@ impl Conn {
     pub(super) fn flush_read(&mut self, env: &mut Env, slot: u16) {
         let s = self.slot(slot);
         let last = s.chunks_left == 0;
-        let Command::Read { whole, .. } = s.request.command else {
-            unreachable!("chunks belong to reads")
-        };
+        let Command::Read { whole, .. } = s.request.command else { unreachable!("chunks belong to reads") };
         if let Some((code, offset)) = s.error {
             return self.read_failed(env, slot, code, offset, last);
         }
@@ -251,16 +213,11 @@ impl Conn {
 
     fn read_failed(&mut self, env: &mut Env, slot: u16, code: i32, offset: u64, last: bool) {
         // Nothing more goes out for this read but the error, once every chunk is back.
-        for c in self.chunks[slot as usize]
-            .iter_mut()
-            .filter(|c| c.state == ChunkState::Ready)
-        {
+        for c in self.chunks[slot as usize].iter_mut().filter(|c| c.state == ChunkState::Ready) {
             c.state = ChunkState::Gone;
             drop((c.buf.take(), c.pipe.take()));
         }
-        let Command::Read { whole, .. } = self.slot(slot).request.command else {
-            unreachable!("chunks belong to reads")
-        };
+        let Command::Read { whole, .. } = self.slot(slot).request.command else { unreachable!("chunks belong to reads") };
         let contiguous = !self.session.structured || whole;
         if contiguous && self.slot(slot).next_in_order > 0 {
             // Part of the data is queued after a header promising all of it; the only way to
@@ -278,10 +235,7 @@ impl Conn {
     /// Structured replies: every ready chunk goes out now as its own OFFSET_DATA chunk.
     fn flush_chunks(&mut self, env: &mut Env, slot: u16, last: bool) {
         let handle = self.slot(slot).request.handle;
-        let ready = self.chunks[slot as usize]
-            .iter()
-            .filter(|c| c.state == ChunkState::Ready)
-            .count();
+        let ready = self.chunks[slot as usize].iter().filter(|c| c.state == ChunkState::Ready).count();
         let mut queued = 0;
         for i in 0..self.chunks[slot as usize].len() {
             if self.chunks[slot as usize][i].state != ChunkState::Ready {
@@ -290,12 +244,7 @@ impl Conn {
             queued += 1;
             let done = last && queued == ready;
             let c = &mut self.chunks[slot as usize][i];
-            let head = reply::offset_data_header(
-                handle,
-                c.file_offset + c.skip as u64,
-                c.want as u32,
-                done,
-            );
+            let head = reply::offset_data_header(handle, c.file_offset + c.skip as u64, c.want as u32, done);
             let part = Self::chunk_part(slot, c, &head);
             self.queue_part(env, slot, part, done);
             if done {
@@ -310,11 +259,7 @@ impl Conn {
     fn flush_contiguous(&mut self, env: &mut Env, slot: u16, last: bool) {
         let s = self.slot(slot);
         let handle = s.request.handle;
-        let Command::Read {
-            range: Range { offset, length },
-            ..
-        } = s.request.command
-        else {
+        let Command::Read { range: Range { offset, length }, .. } = s.request.command else {
             unreachable!("chunks belong to reads")
         };
         if s.next_in_order == 0 && !last && self.streaming.is_some_and(|x| x != slot) {

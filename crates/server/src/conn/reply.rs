@@ -42,34 +42,18 @@ impl Conn {
 
     /// The answer to a request that validation refused.
     pub(super) fn reply_rejected(&mut self, env: &mut Env, slot: u16) {
-        let (errno, reason) = self
-            .slot(slot)
-            .rejection
-            .expect("only refused requests are answered as refused");
+        let (errno, reason) = self.slot(slot).rejection.expect("only refused requests are answered as refused");
         self.reply_error(env, slot, errno, reason, None);
     }
 
-    pub(super) fn reply_block_status(
-        &mut self,
-        env: &mut Env,
-        slot: u16,
-        context_id: u32,
-        extents: &[Extent],
-    ) {
+    pub(super) fn reply_block_status(&mut self, env: &mut Env, slot: u16, context_id: u32, extents: &[Extent]) {
         let handle = self.slot(slot).request.handle;
         let mut extra = self.spare_vecs.pop().unwrap_or_default();
         reply::block_status(&mut extra, handle, context_id, extents);
         self.queue_part(env, slot, Part::new(slot as u32, &[], None, extra), true);
     }
 
-    pub(super) fn reply_error(
-        &mut self,
-        env: &mut Env,
-        slot: u16,
-        errno: Errno,
-        message: &str,
-        offset: Option<u64>,
-    ) {
+    pub(super) fn reply_error(&mut self, env: &mut Env, slot: u16, errno: Errno, message: &str, offset: Option<u64>) {
         let s = self.slot_mut(slot);
         let handle = s.request.handle;
         s.failed = true;
@@ -78,12 +62,7 @@ impl Conn {
             reply::error_chunk(&mut extra, handle, errno, message, offset);
             Part::new(slot as u32, &[], None, extra)
         } else {
-            Part::new(
-                slot as u32,
-                &reply::simple(handle, Some(errno)),
-                None,
-                Vec::new(),
-            )
+            Part::new(slot as u32, &reply::simple(handle, Some(errno)), None, Vec::new())
         };
         self.queue_part(env, slot, part, true);
     }
@@ -125,15 +104,10 @@ impl Conn {
         self.streaming = None;
         self.queue.extend(self.deferred.drain(..));
         for _ in 0..self.stream_waiters.len() {
-            let Some(waiter) = self.stream_waiters.pop_front() else {
-                break;
-            };
+            let Some(waiter) = self.stream_waiters.pop_front() else { break };
             if self.streaming.is_some() {
                 self.stream_waiters.push_back(waiter);
-            } else if self.slots[waiter as usize]
-                .as_ref()
-                .is_some_and(|s| !s.final_queued)
-            {
+            } else if self.slots[waiter as usize].as_ref().is_some_and(|s| !s.final_queued) {
                 self.flush_read(env, waiter);
             }
         }

@@ -14,9 +14,7 @@ impl Conn {
         if self.life == Life::Closing && self.queue.is_empty() && self.batch.is_some() {
             return self.fail(env, "closing after a read that failed part way");
         }
-        let Some(mut batch) = self.batch.take() else {
-            return;
-        };
+        let Some(mut batch) = self.batch.take() else { return };
         if self.queue.front().is_some_and(Part::is_bare_splice) {
             // Data with no header in front (a later piece of a contiguous read): no sendmsg,
             // straight to the splice.
@@ -26,9 +24,7 @@ impl Conn {
             return self.start_splice_out(part);
         }
         while !batch.is_full() && !batch.ends_with_splice() {
-            let Some(part) = self.queue.pop_front() else {
-                break;
-            };
+            let Some(part) = self.queue.pop_front() else { break };
             self.mark_sending(env, &part);
             batch.push(part);
         }
@@ -87,10 +83,7 @@ impl Conn {
     }
 
     pub(super) fn splice_out_done(&mut self, env: &mut Env, result: i32, pipe: Pipe) {
-        let mut part = self
-            .splicing
-            .take()
-            .expect("a splice completion has its part");
+        let mut part = self.splicing.take().expect("a splice completion has its part");
         if self.is_broken() {
             drop(pipe);
             return self.sent(env, part);

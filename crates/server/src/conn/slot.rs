@@ -22,23 +22,16 @@ fn metrics_op(command: Command) -> metrics::Op {
 
 impl Conn {
     pub(super) fn slot_mut(&mut self, slot: u16) -> &mut Slot {
-        self.slots[slot as usize]
-            .as_mut()
-            .expect("an operation's slot stays live until it returns")
+        self.slots[slot as usize].as_mut().expect("an operation's slot stays live until it returns")
     }
 
     pub(super) fn slot(&self, slot: u16) -> &Slot {
-        self.slots[slot as usize]
-            .as_ref()
-            .expect("an operation's slot stays live until it returns")
+        self.slots[slot as usize].as_ref().expect("an operation's slot stays live until it returns")
     }
 
     /// Takes a free slot for a request; the caller checked that one is free.
     pub(super) fn occupy(&mut self, slot: Slot) -> u16 {
-        let index = self
-            .free_slots
-            .pop()
-            .expect("admission checks for a free slot");
+        let index = self.free_slots.pop().expect("admission checks for a free slot");
         self.slots[index as usize] = Some(slot);
         index
     }
@@ -66,9 +59,7 @@ impl Conn {
         if self.streaming == Some(slot) {
             self.streaming = None;
         }
-        let s = self.slots[slot as usize]
-            .take()
-            .expect("a released slot was live");
+        let s = self.slots[slot as usize].take().expect("a released slot was live");
         if s.storage_read {
             self.reads_in_flight -= 1;
         }
@@ -79,8 +70,7 @@ impl Conn {
             let ok = !s.failed && !self.is_broken();
             let bytes = if ok { s.bytes as u64 } else { 0 };
             let op = metrics_op(s.request.command);
-            self.metrics
-                .record(self.metrics_export, op, &s.times.phases(env.now), bytes, ok);
+            self.metrics.record(self.metrics_export, op, &s.times.phases(env.now), bytes, ok);
             self.metrics.request_finished(self.metrics_export);
         }
     }

@@ -13,10 +13,7 @@ use crate::metrics::Phases;
 pub(super) enum Receiving {
     Headers,
     /// Straight into a write's buffer: `filled` of its bytes have arrived.
-    Payload {
-        slot: u16,
-        filled: usize,
-    },
+    Payload { slot: u16, filled: usize },
 }
 
 pub(super) struct Slot {
@@ -85,14 +82,7 @@ pub(super) struct Times {
 
 impl Times {
     pub(super) fn new(now: Instant) -> Times {
-        Times {
-            decoded: now,
-            received: None,
-            storage_start: None,
-            storage_end: None,
-            queued: None,
-            sending: None,
-        }
+        Times { decoded: now, received: None, storage_start: None, storage_end: None, queued: None, sending: None }
     }
 
     pub(super) fn phases(&self, done: Instant) -> Phases {

@@ -26,12 +26,7 @@ impl Backend for Later {
         1 << 20
     }
     fn caps(&self) -> Caps {
-        Caps {
-            trim: true,
-            zero: true,
-            fua: true,
-            ..Caps::default()
-        }
+        Caps { trim: true, zero: true, fua: true, ..Caps::default() }
     }
     fn start(&self, _: StorageOp, _: StorageId, _: &mut Ring) -> Option<Outcome> {
         unreachable!("these tests complete operations by hand")
@@ -60,21 +55,9 @@ impl Rig {
             backend: Box::new(Later),
         };
         let flags = export.flags() | FLAG_SEND_DF;
-        let session = Session {
-            size: 1 << 20,
-            flags,
-            structured,
-            base_allocation: None,
-            payload_max_bytes: 1 << 20,
-        };
+        let session = Session { size: 1 << 20, flags, structured, base_allocation: None, payload_max_bytes: 1 << 20 };
         let metrics = Metrics::new(&[String::new()]);
-        let conn = Conn::new(
-            "test".into(),
-            Arc::new(export),
-            session,
-            Limits::default(),
-            metrics,
-        );
+        let conn = Conn::new("test".into(), Arc::new(export), session, Limits::default(), metrics);
         let mut rig = Rig {
             conn,
             pool: Pool::new(4 << 20, 1 << 20).unwrap(),
@@ -91,12 +74,7 @@ impl Rig {
 
     /// Runs an event, then carries out sends at once (whole) and keeps the rest pending.
     fn with(&mut self, event: impl FnOnce(&mut Conn, &mut Env)) {
-        let mut env = Env {
-            now: Instant::now(),
-            pool: &mut self.pool,
-            pipes: &mut self.pipes,
-            budget: &mut self.budget,
-        };
+        let mut env = Env { now: Instant::now(), pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget };
         event(&mut self.conn, &mut env);
         while let Some(io) = self.conn.poll_io() {
             match io {
@@ -108,9 +86,7 @@ impl Rig {
                 }
                 Io::Storage { tag, op } => self.storage.push((tag, op)),
                 Io::Shutdown(super::Shutdown::Read) => self.shut_read = true,
-                Io::Shutdown(_) | Io::SpliceOut { .. } | Io::AwaitBudget => {
-                    panic!("not expected here")
-                }
+                Io::Shutdown(_) | Io::SpliceOut { .. } | Io::AwaitBudget => panic!("not expected here"),
             }
         }
     }
@@ -123,19 +99,10 @@ impl Rig {
 
     /// Completes the pending storage operation with this tag, filling reads with `fill`.
     fn complete(&mut self, tag: Tag, fill: u8) {
-        let i = self
-            .storage
-            .iter()
-            .position(|(t, _)| *t == tag)
-            .expect("such an operation is pending");
+        let i = self.storage.iter().position(|(t, _)| *t == tag).expect("such an operation is pending");
         let (_, op) = self.storage.remove(i);
         let (result, held) = match op {
-            StorageOp::Read {
-                len,
-                into: Held::Buf(mut buf),
-                at,
-                ..
-            } => {
+            StorageOp::Read { len, into: Held::Buf(mut buf), at, .. } => {
                 buf.as_mut_slice()[at..at + len].fill(fill);
                 (len as i32, Held::Buf(buf))
             }
@@ -147,14 +114,7 @@ impl Rig {
 }
 
 fn request(kind: u16, flags: u16, handle: u64, offset: u64, length: u32) -> [u8; REQUEST_BYTES] {
-    RawRequest {
-        flags,
-        kind,
-        handle,
-        offset,
-        length,
-    }
-    .encode()
+    RawRequest { flags, kind, handle, offset, length }.encode()
 }
 
 fn tag(slot: u16, chunk: u16) -> Tag {
@@ -181,16 +141,10 @@ fn a_refused_write_is_answered_only_after_its_payload_is_dropped() {
     bytes.extend_from_slice(&[9; 4096]);
     bytes.extend_from_slice(&request(CMD_FLUSH, 0, 2, 0, 0));
     rig.deliver(&bytes[..1000]);
-    assert!(
-        rig.wire.is_empty(),
-        "the client is still sending the refused write"
-    );
+    assert!(rig.wire.is_empty(), "the client is still sending the refused write");
     rig.deliver(&bytes[1000..]);
     let error = sluice_proto::reply::simple(1, Some(sluice_proto::Errno::NoSpc));
-    assert_eq!(
-        rig.wire, error,
-        "refused once its payload is gone; the flush is next"
-    );
+    assert_eq!(rig.wire, error, "refused once its payload is gone; the flush is next");
     let t = rig.storage[0].0;
     rig.complete(t, 0);
     assert_eq!(rig.wire[16..], sluice_proto::reply::simple(2, None));
@@ -200,11 +154,7 @@ fn a_refused_write_is_answered_only_after_its_payload_is_dropped() {
 fn structured_read_chunks_leave_in_completion_order() {
     let mut rig = Rig::new(true);
     rig.deliver(&request(CMD_READ, 0, 5, 8192, 3 * 4096));
-    assert_eq!(
-        rig.storage.len(),
-        3,
-        "one storage read per 4 KiB chunk, all at once"
-    );
+    assert_eq!(rig.storage.len(), 3, "one storage read per 4 KiB chunk, all at once");
     let slot = rig.storage[0].0.slot;
     rig.complete(tag(slot, 2), 0xcc);
     let head = sluice_proto::reply::offset_data_header(5, 8192 + 2 * 4096, 4096, false);
@@ -214,11 +164,7 @@ fn structured_read_chunks_leave_in_completion_order() {
     rig.complete(tag(slot, 1), 0xbb);
     let done = sluice_proto::reply::offset_data_header(5, 8192 + 4096, 4096, true);
     let at = rig.wire.len() - 4096 - done.len();
-    assert_eq!(
-        rig.wire[at..at + done.len()],
-        done,
-        "the final chunk carries DONE"
-    );
+    assert_eq!(rig.wire[at..at + done.len()], done, "the final chunk carries DONE");
 }
 
 #[test]
@@ -228,17 +174,9 @@ fn a_simple_read_goes_out_in_order_and_holds_back_other_replies() {
     bytes.extend_from_slice(&request(CMD_FLUSH, 0, 2, 0, 0));
     rig.deliver(&bytes);
     let read_slot = rig.storage[0].0.slot;
-    let flush = rig
-        .storage
-        .iter()
-        .find(|(_, op)| matches!(op, StorageOp::Flush))
-        .unwrap()
-        .0;
+    let flush = rig.storage.iter().find(|(_, op)| matches!(op, StorageOp::Flush)).unwrap().0;
     rig.complete(tag(read_slot, 1), 0xbb);
-    assert!(
-        rig.wire.is_empty(),
-        "the second chunk cannot go before the first"
-    );
+    assert!(rig.wire.is_empty(), "the second chunk cannot go before the first");
     rig.complete(tag(read_slot, 0), 0xaa);
     rig.complete(flush, 0);
     let mut want = sluice_proto::reply::simple(1, None).to_vec();
@@ -273,12 +211,7 @@ fn replies_finished_at_once_leave_in_one_send() {
     }
     let (mut buf, at) = rig.recv.take().expect("the core is receiving");
     buf.as_mut_slice()[at..at + bytes.len()].copy_from_slice(&bytes);
-    let mut env = Env {
-        now: Instant::now(),
-        pool: &mut rig.pool,
-        pipes: &mut rig.pipes,
-        budget: &mut rig.budget,
-    };
+    let mut env = Env { now: Instant::now(), pool: &mut rig.pool, pipes: &mut rig.pipes, budget: &mut rig.budget };
     rig.conn.handle_recv(&mut env, bytes.len() as i32, buf);
     let mut sends = Vec::new();
     let mut answered_now = Vec::new();
@@ -293,12 +226,7 @@ fn replies_finished_at_once_leave_in_one_send() {
     for tag in answered_now {
         rig.conn.handle_storage_now(&mut env, tag, 0, Held::Nothing);
     }
-    assert!(
-        rig.conn
-            .poll_io()
-            .is_none_or(|io| !matches!(io, Io::Send { .. })),
-        "no send before the flush"
-    );
+    assert!(rig.conn.poll_io().is_none_or(|io| !matches!(io, Io::Send { .. })), "no send before the flush");
     rig.conn.flush(&mut env);
     while let Some(io) = rig.conn.poll_io() {
         if let Io::Send { batch } = io {

@@ -21,9 +21,7 @@ pub struct Buddy {
 impl Buddy {
     /// `blocks` must be a multiple of 2^max_order.
     pub fn new(blocks: usize, max_order: u8) -> Buddy {
-        assert!(
-            max_order < 31 && blocks.is_multiple_of(1usize << max_order) && blocks < NIL as usize
-        );
+        assert!(max_order < 31 && blocks.is_multiple_of(1usize << max_order) && blocks < NIL as usize);
         let mut b = Buddy {
             max_order,
             heads: vec![NIL; max_order as usize + 1],
@@ -66,10 +64,7 @@ impl Buddy {
 
     /// Returns a run that `alloc(order)` handed out.
     pub fn free(&mut self, mut block: u32, mut order: u8) {
-        debug_assert_eq!(
-            self.free_order[block as usize], NOT_FREE,
-            "block {block} freed twice"
-        );
+        debug_assert_eq!(self.free_order[block as usize], NOT_FREE, "block {block} freed twice");
         while order < self.max_order {
             let buddy = block ^ (1 << order);
             if self.free_order[buddy as usize] != order {

@@ -27,14 +27,8 @@ impl Drop for Region {
 }
 
 enum Origin {
-    Pool {
-        region: Rc<Region>,
-        block: u32,
-        order: u8,
-    },
-    Heap {
-        layout: Layout,
-    },
+    Pool { region: Rc<Region>, block: u32, order: u8 },
+    Heap { layout: Layout },
 }
 
 /// An owned, aligned buffer. Whoever holds it may touch its bytes; while an operation is in
@@ -49,21 +43,12 @@ pub struct Buf {
 impl Buf {
     /// A heap buffer of `len` bytes outside any pool, zero-filled.
     pub fn heap(len: usize) -> Buf {
-        let layout = Layout::from_size_align(
-            len.max(1).next_multiple_of(BUFFER_ALIGN_BYTES),
-            BUFFER_ALIGN_BYTES,
-        )
-        .expect("buffer sizes are bounded by the request limit");
+        let layout = Layout::from_size_align(len.max(1).next_multiple_of(BUFFER_ALIGN_BYTES), BUFFER_ALIGN_BYTES)
+            .expect("buffer sizes are bounded by the request limit");
         // SAFETY: the layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(ptr) else {
-            std::alloc::handle_alloc_error(layout)
-        };
-        Buf {
-            ptr,
-            len,
-            origin: Origin::Heap { layout },
-        }
+        let Some(ptr) = NonNull::new(ptr) else { std::alloc::handle_alloc_error(layout) };
+        Buf { ptr, len, origin: Origin::Heap { layout } }
     }
 
     pub fn len(&self) -> usize {
@@ -110,11 +95,7 @@ impl Drop for Buf {
         match &self.origin {
             // SAFETY: ptr and layout are the pair alloc_zeroed returned in `heap`.
             Origin::Heap { layout } => unsafe { dealloc(self.ptr.as_ptr(), *layout) },
-            Origin::Pool {
-                region,
-                block,
-                order,
-            } => region.buddy.borrow_mut().free(*block, *order),
+            Origin::Pool { region, block, order } => region.buddy.borrow_mut().free(*block, *order),
         }
     }
 }
@@ -148,10 +129,7 @@ impl Pool {
         }
         let base = NonNull::new(base.cast::<u8>()).expect("mmap never returns null on success");
         let buddy = RefCell::new(Buddy::new(len / BUFFER_ALIGN_BYTES, max_order));
-        Ok(Pool {
-            region: Rc::new(Region { base, len, buddy }),
-            heap_fallbacks: 0,
-        })
+        Ok(Pool { region: Rc::new(Region { base, len, buddy }), heap_fallbacks: 0 })
     }
 
     /// A buffer of `len` bytes from the region, or from the heap when the region is full.
@@ -163,15 +141,7 @@ impl Pool {
             Some(block) => {
                 // SAFETY: the buddy allocator only returns runs inside the region.
                 let ptr = unsafe { self.region.base.add(block as usize * BUFFER_ALIGN_BYTES) };
-                Buf {
-                    ptr,
-                    len,
-                    origin: Origin::Pool {
-                        region: Rc::clone(&self.region),
-                        block,
-                        order,
-                    },
-                }
+                Buf { ptr, len, origin: Origin::Pool { region: Rc::clone(&self.region), block, order } }
             }
             None => {
                 self.heap_fallbacks += 1;
@@ -210,10 +180,7 @@ mod tests {
         assert_eq!(b.ptr() as usize % BUFFER_ALIGN_BYTES, 0);
         a.as_mut_slice().fill(1);
         b.as_mut_slice().fill(2);
-        assert!(
-            a.as_slice().iter().all(|&x| x == 1),
-            "writing b must not touch a"
-        );
+        assert!(a.as_slice().iter().all(|&x| x == 1), "writing b must not touch a");
         assert_eq!(b.capacity(), 16384);
         drop(a);
         drop(b);

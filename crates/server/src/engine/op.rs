@@ -43,26 +43,12 @@ pub enum Held {
 /// completes.
 pub enum Token {
     /// The worker's wake-up eventfd read.
-    Wake {
-        buf: Buf,
-    },
-    Recv {
-        conn: ConnId,
-        buf: Buf,
-    },
-    Send {
-        conn: ConnId,
-        batch: Box<SendBatch>,
-    },
+    Wake { buf: Buf },
+    Recv { conn: ConnId, buf: Buf },
+    Send { conn: ConnId, batch: Box<SendBatch> },
     /// Reply data moving from a pipe to the socket.
-    SpliceOut {
-        conn: ConnId,
-        pipe: Pipe,
-    },
-    Storage {
-        id: StorageId,
-        held: Held,
-    },
+    SpliceOut { conn: ConnId, pipe: Pipe },
+    Storage { id: StorageId, held: Held },
 }
 
 /// A finished operation: its token back, and the kernel's result (bytes, or -errno).

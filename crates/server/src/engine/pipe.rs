@@ -15,37 +15,21 @@ pub struct Pipe {
 
 impl Pipe {
     pub fn read_fd(&self) -> RawFd {
-        self.fds
-            .as_ref()
-            .expect("a live pipe has descriptors")
-            .0
-            .as_raw_fd()
+        self.fds.as_ref().expect("a live pipe has descriptors").0.as_raw_fd()
     }
 
     pub fn write_fd(&self) -> RawFd {
-        self.fds
-            .as_ref()
-            .expect("a live pipe has descriptors")
-            .1
-            .as_raw_fd()
+        self.fds.as_ref().expect("a live pipe has descriptors").1.as_raw_fd()
     }
 
     /// The read end, for system calls made directly.
     pub fn read_end(&self) -> BorrowedFd<'_> {
-        self.fds
-            .as_ref()
-            .expect("a live pipe has descriptors")
-            .0
-            .as_fd()
+        self.fds.as_ref().expect("a live pipe has descriptors").0.as_fd()
     }
 
     /// The write end, for system calls made directly.
     pub fn write_end(&self) -> BorrowedFd<'_> {
-        self.fds
-            .as_ref()
-            .expect("a live pipe has descriptors")
-            .1
-            .as_fd()
+        self.fds.as_ref().expect("a live pipe has descriptors").1.as_fd()
     }
 }
 
@@ -69,20 +53,10 @@ impl Pipes {
     pub fn new(max: usize, bytes_wanted: usize) -> Pipes {
         let out = Rc::new(Cell::new(0));
         match make(bytes_wanted) {
-            Ok((r, w, bytes)) => Pipes {
-                free: vec![(r, w)],
-                out,
-                max,
-                bytes,
-            },
+            Ok((r, w, bytes)) => Pipes { free: vec![(r, w)], out, max, bytes },
             Err(e) => {
                 log::warn!("cannot create pipes ({e}); spliced reads are copied instead");
-                Pipes {
-                    free: Vec::new(),
-                    out,
-                    max: 0,
-                    bytes: 0,
-                }
+                Pipes { free: Vec::new(), out, max: 0, bytes: 0 }
             }
         }
     }
@@ -112,10 +86,7 @@ impl Pipes {
             },
         };
         self.out.set(self.out.get() + 1);
-        Some(Pipe {
-            fds: Some(fds),
-            out: Rc::clone(&self.out),
-        })
+        Some(Pipe { fds: Some(fds), out: Rc::clone(&self.out) })
     }
 
     /// Returns a pipe that was drained completely; anything else must simply be dropped.
@@ -155,22 +126,11 @@ pub fn fully_cached(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Option<bool>
     /// The same number on every architecture: it was allocated after the tables merged.
     const SYS_CACHESTAT: libc::c_long = 451;
     const PAGE: u64 = crate::limits::PAGE_BYTES as u64;
-    let range = Range {
-        off: offset,
-        len: len as u64,
-    };
+    let range = Range { off: offset, len: len as u64 };
     let mut stat = Stat::default();
     // SAFETY: both pointers refer to live, properly laid out structs of this frame that the
     // kernel only reads (range) or writes (stat) during the call.
-    let rc = unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            fd.as_raw_fd(),
-            &range as *const Range,
-            &mut stat as *mut Stat,
-            0u32,
-        )
-    };
+    let rc = unsafe { libc::syscall(SYS_CACHESTAT, fd.as_raw_fd(), &range as *const Range, &mut stat as *mut Stat, 0u32) };
     if rc != 0 {
         return None;
     }
@@ -182,13 +142,6 @@ pub fn fully_cached(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Option<bool>
 /// pipe; meant for data already in the page cache.
 pub fn splice_now(file: BorrowedFd<'_>, offset: u64, pipe: &Pipe, len: usize) -> io::Result<usize> {
     let mut off = offset;
-    let n = rustix::pipe::splice(
-        file,
-        Some(&mut off),
-        pipe.write_end(),
-        None,
-        len,
-        rustix::pipe::SpliceFlags::NONBLOCK,
-    )?;
+    let n = rustix::pipe::splice(file, Some(&mut off), pipe.write_end(), None, len, rustix::pipe::SpliceFlags::NONBLOCK)?;
     Ok(n)
 }

@@ -38,23 +38,14 @@ impl Ring {
             Ok(u) => u,
             Err(_) => IoUring::builder().setup_clamp().build(entries)?,
         };
-        Ok(Ring {
-            uring,
-            ops: Vec::new(),
-            free_ops: Vec::new(),
-            registered: false,
-            cqes: Vec::new(),
-        })
+        Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), registered: false, cqes: Vec::new() })
     }
 
     /// Registers the pool's region as fixed buffer 0. Failure (for example a small
     /// RLIMIT_MEMLOCK) is not fatal: operations then use ordinary buffers.
     pub fn register(&mut self, pool: &Pool) -> io::Result<()> {
         let (base, len) = pool.region();
-        let iov = libc::iovec {
-            iov_base: base.cast(),
-            iov_len: len,
-        };
+        let iov = libc::iovec { iov_base: base.cast(), iov_len: len };
         // SAFETY: the region stays mapped while any Buf from it exists, and the Pool (with the
         // region) is owned by the same worker as this ring and dropped after it.
         unsafe { self.uring.submitter().register_buffers(&[iov])? };
@@ -78,9 +69,7 @@ impl Ring {
 
     /// Reads the worker's wake-up eventfd into the whole buffer.
     pub fn recv_wake(&mut self, fd: RawFd, buf: Buf) {
-        let sqe = opcode::Read::new(types::Fd(fd), buf.ptr(), buf.len() as u32)
-            .offset(u64::MAX)
-            .build();
+        let sqe = opcode::Read::new(types::Fd(fd), buf.ptr(), buf.len() as u32).offset(u64::MAX).build();
         self.push(sqe, Token::Wake { buf });
     }
 
@@ -92,9 +81,7 @@ impl Ring {
         if batch.ends_with_splice() {
             flags |= libc::MSG_MORE;
         }
-        let sqe = opcode::SendMsg::new(types::Fd(fd), msg)
-            .flags(flags as u32)
-            .build();
+        let sqe = opcode::SendMsg::new(types::Fd(fd), msg).flags(flags as u32).build();
         self.push(sqe, Token::Send { conn, batch });
     }
 
@@ -107,147 +94,68 @@ impl Ring {
     /// Moves up to `len` bytes at `offset` of file `fd` into `pipe`.
     pub fn splice_in(&mut self, fd: RawFd, offset: u64, pipe: Pipe, len: usize, id: StorageId) {
         let sqe = splice(fd, offset as i64, pipe.write_fd(), len);
-        self.push(
-            sqe,
-            Token::Storage {
-                id,
-                held: Held::Pipe(pipe),
-            },
-        );
+        self.push(sqe, Token::Storage { id, held: Held::Pipe(pipe) });
     }
 
     /// Reads `len` bytes at file offset `offset` into `buf[at..at + len]`.
-    pub fn read_at(
-        &mut self,
-        fd: RawFd,
-        buf: Buf,
-        at: usize,
-        len: usize,
-        offset: u64,
-        id: StorageId,
-    ) {
+    pub fn read_at(&mut self, fd: RawFd, buf: Buf, at: usize, len: usize, offset: u64, id: StorageId) {
         assert!(at + len <= buf.len() && len <= u32::MAX as usize);
         // SAFETY: at + len <= buf.len(), checked above.
         let ptr = unsafe { buf.ptr().add(at) };
         let sqe = if self.registered && buf.is_registered() {
-            opcode::ReadFixed::new(types::Fd(fd), ptr, len as u32, 0)
-                .offset(offset)
-                .build()
+            opcode::ReadFixed::new(types::Fd(fd), ptr, len as u32, 0).offset(offset).build()
         } else {
-            opcode::Read::new(types::Fd(fd), ptr, len as u32)
-                .offset(offset)
-                .build()
+            opcode::Read::new(types::Fd(fd), ptr, len as u32).offset(offset).build()
         };
-        self.push(
-            sqe,
-            Token::Storage {
-                id,
-                held: Held::Buf(buf),
-            },
-        );
+        self.push(sqe, Token::Storage { id, held: Held::Buf(buf) });
     }
 
     /// Writes `buf[at..at + len]` at `offset`; `dsync` makes it durable before completing.
     #[allow(clippy::too_many_arguments)]
-    pub fn write_at(
-        &mut self,
-        fd: RawFd,
-        buf: Buf,
-        at: usize,
-        len: usize,
-        offset: u64,
-        dsync: bool,
-        id: StorageId,
-    ) {
+    pub fn write_at(&mut self, fd: RawFd, buf: Buf, at: usize, len: usize, offset: u64, dsync: bool, id: StorageId) {
         assert!(at + len <= buf.len() && len <= u32::MAX as usize);
         // SAFETY: at + len <= buf.len(), checked above.
         let ptr = unsafe { buf.ptr().add(at) } as *const u8;
         let flags = if dsync { libc::RWF_DSYNC } else { 0 };
         let sqe = if self.registered && buf.is_registered() {
-            opcode::WriteFixed::new(types::Fd(fd), ptr, len as u32, 0)
-                .offset(offset)
-                .rw_flags(flags)
-                .build()
+            opcode::WriteFixed::new(types::Fd(fd), ptr, len as u32, 0).offset(offset).rw_flags(flags).build()
         } else {
-            opcode::Write::new(types::Fd(fd), ptr, len as u32)
-                .offset(offset)
-                .rw_flags(flags)
-                .build()
+            opcode::Write::new(types::Fd(fd), ptr, len as u32).offset(offset).rw_flags(flags).build()
         };
-        self.push(
-            sqe,
-            Token::Storage {
-                id,
-                held: Held::Buf(buf),
-            },
-        );
+        self.push(sqe, Token::Storage { id, held: Held::Buf(buf) });
     }
 
     pub fn fdatasync(&mut self, fd: RawFd, id: StorageId) {
-        let sqe = opcode::Fsync::new(types::Fd(fd))
-            .flags(types::FsyncFlags::DATASYNC)
-            .build();
-        self.push(
-            sqe,
-            Token::Storage {
-                id,
-                held: Held::Nothing,
-            },
-        );
+        let sqe = opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build();
+        self.push(sqe, Token::Storage { id, held: Held::Nothing });
     }
 
     pub fn fallocate(&mut self, fd: RawFd, mode: i32, offset: u64, len: u64, id: StorageId) {
-        let sqe = opcode::Fallocate::new(types::Fd(fd), len)
-            .offset(offset)
-            .mode(mode)
-            .build();
-        self.push(
-            sqe,
-            Token::Storage {
-                id,
-                held: Held::Nothing,
-            },
-        );
+        let sqe = opcode::Fallocate::new(types::Fd(fd), len).offset(offset).mode(mode).build();
+        self.push(sqe, Token::Storage { id, held: Held::Nothing });
     }
 
     pub fn fadvise_willneed(&mut self, fd: RawFd, offset: u64, len: u64, id: StorageId) {
-        let sqe =
-            opcode::Fadvise::new(types::Fd(fd), len as libc::off_t, libc::POSIX_FADV_WILLNEED)
-                .offset(offset)
-                .build();
-        self.push(
-            sqe,
-            Token::Storage {
-                id,
-                held: Held::Nothing,
-            },
-        );
+        let sqe = opcode::Fadvise::new(types::Fd(fd), len as libc::off_t, libc::POSIX_FADV_WILLNEED)
+            .offset(offset)
+            .build();
+        self.push(sqe, Token::Storage { id, held: Held::Nothing });
     }
 
     /// Submits everything queued, waits for at least one completion (or `timeout`), and
     /// appends all available completions to `out`.
-    pub fn wait(
-        &mut self,
-        out: &mut Vec<Completion>,
-        timeout: Option<std::time::Duration>,
-    ) -> io::Result<()> {
+    pub fn wait(&mut self, out: &mut Vec<Completion>, timeout: Option<std::time::Duration>) -> io::Result<()> {
         let submitted = match timeout {
             None => self.uring.submit_and_wait(1),
             Some(t) => {
-                let ts = types::Timespec::new()
-                    .sec(t.as_secs())
-                    .nsec(t.subsec_nanos());
+                let ts = types::Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
                 let args = types::SubmitArgs::new().timespec(&ts);
                 self.uring.submitter().submit_with_args(1, &args)
             }
         };
         match submitted {
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR) | Some(libc::ETIME) | Some(libc::EBUSY)
-                ) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::ETIME) | Some(libc::EBUSY)) => {}
             Err(e) => return Err(e),
         }
         let mut cqes = std::mem::take(&mut self.cqes);
@@ -261,14 +169,9 @@ impl Ring {
 
     fn finish(&mut self, cqe: &cqueue::Entry) -> Completion {
         let id = cqe.user_data() as u32;
-        let token = self.ops[id as usize]
-            .take()
-            .expect("the kernel completes each submitted operation once");
+        let token = self.ops[id as usize].take().expect("the kernel completes each submitted operation once");
         self.free_ops.push(id);
-        Completion {
-            token,
-            result: cqe.result(),
-        }
+        Completion { token, result: cqe.result() }
     }
 
     fn push(&mut self, sqe: squeue::Entry, op: Token) {
@@ -308,9 +211,7 @@ impl Drop for Ring {
         if self.in_flight() == 0 {
             return;
         }
-        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
-            .build()
-            .user_data(CANCEL_USER_DATA);
+        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any()).build().user_data(CANCEL_USER_DATA);
         // SAFETY: the cancel request carries no pointers.
         let _ = unsafe { self.uring.submission().push(&cancel) };
         let mut spins = 0;

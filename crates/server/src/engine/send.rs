@@ -34,17 +34,8 @@ impl Part {
     }
 
     /// A part whose data is `data[start..start + len]`.
-    pub fn window(
-        tag: u32,
-        head: &[u8],
-        data: Option<Buf>,
-        start: usize,
-        len: usize,
-        extra: Vec<u8>,
-    ) -> Part {
-        assert!(data
-            .as_ref()
-            .map_or(start + len == 0, |d| start + len <= d.len()));
+    pub fn window(tag: u32, head: &[u8], data: Option<Buf>, start: usize, len: usize, extra: Vec<u8>) -> Part {
+        assert!(data.as_ref().map_or(start + len == 0, |d| start + len <= d.len()));
         let mut h = [0u8; INLINE_HEAD_BYTES];
         h[..head.len()].copy_from_slice(head);
         Part {
@@ -109,10 +100,7 @@ impl SendBatch {
 
     pub fn push(&mut self, part: Part) {
         assert!(!self.is_full());
-        assert!(
-            self.parts.back().is_none_or(|p| p.pipe.is_none()),
-            "a spliced part ends its batch"
-        );
+        assert!(self.parts.back().is_none_or(|p| p.pipe.is_none()), "a spliced part ends its batch");
         self.parts.push_back(part);
     }
 
@@ -146,12 +134,7 @@ impl SendBatch {
         for p in &self.parts {
             let mut skip = p.sent;
             // SAFETY: Part::window checked data_start + data_len <= the buffer's length.
-            let data = p.data.as_ref().map(|b| {
-                (
-                    unsafe { b.ptr().add(p.data_start) } as *const u8,
-                    p.data_len,
-                )
-            });
+            let data = p.data.as_ref().map(|b| (unsafe { b.ptr().add(p.data_start) } as *const u8, p.data_len));
             let pieces = [
                 (p.head.as_ptr(), p.head_len as usize),
                 data.unwrap_or((std::ptr::null(), 0)),
@@ -164,10 +147,7 @@ impl SendBatch {
                 }
                 // SAFETY: skip < len, so the pointer stays inside the piece.
                 let base = unsafe { ptr.add(skip) };
-                self.iov.push(libc::iovec {
-                    iov_base: base as *mut libc::c_void,
-                    iov_len: len - skip,
-                });
+                self.iov.push(libc::iovec { iov_base: base as *mut libc::c_void, iov_len: len - skip });
                 skip = 0;
             }
         }
@@ -182,9 +162,7 @@ impl SendBatch {
     pub fn copy_out(&self, max: usize, out: &mut Vec<u8>) {
         let mut left = max;
         for p in &self.parts {
-            let data = p.data.as_ref().map_or(&[][..], |b| {
-                &b.as_slice()[p.data_start..p.data_start + p.data_len]
-            });
+            let data = p.data.as_ref().map_or(&[][..], |b| &b.as_slice()[p.data_start..p.data_start + p.data_len]);
             let mut skip = p.sent;
             for piece in [&p.head[..p.head_len as usize], data, &p.extra[..]] {
                 let from = skip.min(piece.len());
@@ -204,3 +182,4 @@ impl SendBatch {
         self.parts.iter().map(|p| p.total() - p.sent).sum()
     }
 }
+

@@ -13,10 +13,8 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 
 use super::recorder::Metrics;
 use crate::limits::{
-    METRICS_ACCEPT_RETRY_DELAY_MS as ACCEPT_RETRY_DELAY_MS,
-    METRICS_CLIENT_DEADLINE_MS as CLIENT_DEADLINE_MS,
-    METRICS_REQUEST_HEADERS_MAX_COUNT as REQUEST_HEADERS_MAX_COUNT,
-    METRICS_REQUEST_HEAD_MAX_BYTES as REQUEST_HEAD_MAX_BYTES,
+    METRICS_ACCEPT_RETRY_DELAY_MS as ACCEPT_RETRY_DELAY_MS, METRICS_CLIENT_DEADLINE_MS as CLIENT_DEADLINE_MS,
+    METRICS_REQUEST_HEADERS_MAX_COUNT as REQUEST_HEADERS_MAX_COUNT, METRICS_REQUEST_HEAD_MAX_BYTES as REQUEST_HEAD_MAX_BYTES,
 };
 
 /// What `TextEncoder` writes (`prometheus::TEXT_FORMAT`), with the charset; Prometheus picks
@@ -47,11 +45,7 @@ pub fn serve_http(addr: SocketAddr, metrics: Arc<Metrics>) -> io::Result<Metrics
     let thread = thread::Builder::new()
         .name("sluice-metrics".to_string())
         .spawn(move || serve(&listener, &stopping, &metrics))?;
-    Ok(MetricsServer {
-        addr,
-        wake: Some(wake),
-        thread: Some(thread),
-    })
+    Ok(MetricsServer { addr, wake: Some(wake), thread: Some(thread) })
 }
 
 impl MetricsServer {
@@ -85,15 +79,8 @@ enum Wake {
 
 /// Sleeps until the handle is dropped, `listener` (when given) has a connection waiting, or
 /// `timeout` (when given) passes. A signal ends it with `Interrupted`.
-fn wait(
-    stopping: &OwnedFd,
-    listener: Option<&TcpListener>,
-    timeout: Option<Duration>,
-) -> io::Result<Wake> {
-    let timeout = timeout
-        .map(Timespec::try_from)
-        .transpose()
-        .map_err(io::Error::other)?;
+fn wait(stopping: &OwnedFd, listener: Option<&TcpListener>, timeout: Option<Duration>) -> io::Result<Wake> {
+    let timeout = timeout.map(Timespec::try_from).transpose().map_err(io::Error::other)?;
     let mut fds = vec![PollFd::new(stopping, PollFlags::IN)];
     fds.extend(listener.map(|listener| PollFd::new(listener, PollFlags::IN)));
     rustix::event::poll(&mut fds, timeout.as_ref())?;
@@ -134,10 +121,7 @@ fn serve(listener: &TcpListener, stopping: &OwnedFd, metrics: &Metrics) {
 /// Errors about one connection or one wake-up, not the listener: nothing to wait out. The
 /// connection went away before accept, or a signal came.
 fn is_fleeting(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::WouldBlock | ErrorKind::ConnectionAborted | ErrorKind::Interrupted
-    )
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::ConnectionAborted | ErrorKind::Interrupted)
 }
 
 /// Logs `e` and waits `ACCEPT_RETRY_DELAY_MS`, or less if the handle is dropped meanwhile;
@@ -192,10 +176,7 @@ fn read_request(stream: &mut TcpStream, deadline: Instant) -> io::Result<Option<
             Ok(httparse::Status::Partial) => {}
             Ok(httparse::Status::Complete(_)) => {
                 // A complete head always has both.
-                let (method, target) = (
-                    request.method.unwrap_or_default(),
-                    request.path.unwrap_or_default(),
-                );
+                let (method, target) = (request.method.unwrap_or_default(), request.path.unwrap_or_default());
                 return Ok(Some(classify(method, target)));
             }
             Err(_) => return Ok(Some(Asked::Malformed)),
@@ -223,10 +204,7 @@ fn reply(asked: &Asked, metrics: &Metrics) -> Vec<u8> {
     let (status, headers) = match asked {
         Asked::Metrics { .. } => {
             metrics.render(&mut body);
-            (
-                "200 OK",
-                format!("Content-Type: {EXPOSITION_CONTENT_TYPE}\r\n"),
-            )
+            ("200 OK", format!("Content-Type: {EXPOSITION_CONTENT_TYPE}\r\n"))
         }
         Asked::WrongMethod => {
             body.push_str("method not allowed\n");
@@ -242,9 +220,7 @@ fn reply(asked: &Asked, metrics: &Metrics) -> Vec<u8> {
         }
     };
     let length = body.len();
-    let mut out = format!(
-        "HTTP/1.1 {status}\r\n{headers}Content-Length: {length}\r\nConnection: close\r\n\r\n"
-    );
+    let mut out = format!("HTTP/1.1 {status}\r\n{headers}Content-Length: {length}\r\nConnection: close\r\n\r\n");
     if !matches!(asked, Asked::Metrics { head_only: true }) {
         out.push_str(&body);
     }
@@ -281,10 +257,7 @@ fn linger(stream: &mut TcpStream, deadline: Instant) -> io::Result<()> {
 fn remaining(deadline: Instant) -> io::Result<Duration> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
-        return Err(io::Error::new(
-            ErrorKind::TimedOut,
-            "the client took too long",
-        ));
+        return Err(io::Error::new(ErrorKind::TimedOut, "the client took too long"));
     }
     Ok(left)
 }
@@ -298,21 +271,11 @@ mod tests {
     /// One request over a fresh connection; returns the status code and the whole response.
     fn get(addr: SocketAddr, request_line: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        write!(
-            stream,
-            "{request_line}\r\nHost: test\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(stream, "{request_line}\r\nHost: test\r\nConnection: close\r\n\r\n").unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
-        let status = response
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
+        let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
         (status, response)
     }
 
@@ -324,17 +287,12 @@ mod tests {
             let _ = done.send(());
         });
         // A hang detector, not a timing check: generous for a loaded machine.
-        finished
-            .recv_timeout(Duration::from_secs(30))
-            .expect("stopping took over 30 s");
+        finished.recv_timeout(Duration::from_secs(30)).expect("stopping took over 30 s");
     }
 
     fn assert_not_listening(addr: SocketAddr) {
         // Joining the thread dropped the listener, so the port is closed by now.
-        assert!(
-            TcpStream::connect(addr).is_err(),
-            "still listening on {addr} after stop"
-        );
+        assert!(TcpStream::connect(addr).is_err(), "still listening on {addr} after stop");
     }
 
     fn start(exports: &[&str]) -> MetricsServer {
@@ -354,14 +312,8 @@ mod tests {
         assert_eq!(status, 200, "{response}");
         let (head, body) = response.split_once("\r\n\r\n").unwrap();
         let head = head.to_ascii_lowercase();
-        assert!(
-            head.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
-            "{head}"
-        );
-        assert!(
-            head.contains(&format!("content-length: {}\r\n", body.len())),
-            "{head}"
-        );
+        assert!(head.contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"), "{head}");
+        assert!(head.contains(&format!("content-length: {}\r\n", body.len())), "{head}");
         assert!(body.contains("sluice_request_bytes_total{export=\"web\",op=\"write\"} 512\n"));
         assert!(body.ends_with('\n') && !body.contains("# EOF"));
 
@@ -373,10 +325,7 @@ mod tests {
         assert!(response.contains("Allow: GET, HEAD\r\n"), "{response}");
         let (status, response) = get(addr, "HEAD /metrics HTTP/1.1");
         assert_eq!(status, 200);
-        assert!(
-            response.ends_with("\r\n\r\n"),
-            "HEAD has no body: {response}"
-        );
+        assert!(response.ends_with("\r\n\r\n"), "HEAD has no body: {response}");
 
         // A client speaking nonsense must not take the endpoint down.
         let mut junk = TcpStream::connect(addr).unwrap();
@@ -392,10 +341,7 @@ mod tests {
     fn an_oversized_request_head_is_refused_and_its_reply_arrives() {
         let server = start(&[]);
         let padding = "x".repeat(REQUEST_HEAD_MAX_BYTES);
-        let (status, response) = get(
-            server.local_addr(),
-            &format!("GET /metrics HTTP/1.1\r\nX-Pad: {padding}"),
-        );
+        let (status, response) = get(server.local_addr(), &format!("GET /metrics HTTP/1.1\r\nX-Pad: {padding}"));
         assert_eq!(status, 400, "{response}");
     }
 
@@ -410,9 +356,7 @@ mod tests {
     #[test]
     fn http_bind_errors_come_back_at_start_up() {
         let taken = TcpListener::bind("127.0.0.1:0").unwrap();
-        let err = serve_http(taken.local_addr().unwrap(), Metrics::new(&[]))
-            .err()
-            .unwrap();
+        let err = serve_http(taken.local_addr().unwrap(), Metrics::new(&[])).err().unwrap();
         assert_eq!(err.kind(), ErrorKind::AddrInUse);
     }
 
@@ -442,41 +386,23 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let (stopping, wake) = rustix::pipe::pipe().unwrap();
         let short = Some(Duration::from_millis(10));
-        assert_eq!(
-            wait(&stopping, Some(&listener), short).unwrap(),
-            Wake::Timeout
-        );
+        assert_eq!(wait(&stopping, Some(&listener), short).unwrap(), Wake::Timeout);
         let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        assert_eq!(
-            wait(&stopping, Some(&listener), None).unwrap(),
-            Wake::Connection
-        );
+        assert_eq!(wait(&stopping, Some(&listener), None).unwrap(), Wake::Connection);
         drop(wake);
         assert_eq!(wait(&stopping, Some(&listener), None).unwrap(), Wake::Stop);
     }
 
     #[test]
     fn the_content_type_is_the_encoders() {
-        assert_eq!(
-            EXPOSITION_CONTENT_TYPE,
-            format!("{}; charset=utf-8", prometheus::TEXT_FORMAT)
-        );
+        assert_eq!(EXPOSITION_CONTENT_TYPE, format!("{}; charset=utf-8", prometheus::TEXT_FORMAT));
     }
 
     #[test]
     fn classify_checks_the_path_before_the_method() {
-        assert_eq!(
-            classify("GET", "/metrics"),
-            Asked::Metrics { head_only: false }
-        );
-        assert_eq!(
-            classify("GET", "/metrics?name[]=x"),
-            Asked::Metrics { head_only: false }
-        );
-        assert_eq!(
-            classify("HEAD", "/metrics"),
-            Asked::Metrics { head_only: true }
-        );
+        assert_eq!(classify("GET", "/metrics"), Asked::Metrics { head_only: false });
+        assert_eq!(classify("GET", "/metrics?name[]=x"), Asked::Metrics { head_only: false });
+        assert_eq!(classify("HEAD", "/metrics"), Asked::Metrics { head_only: true });
         assert_eq!(classify("DELETE", "/metrics"), Asked::WrongMethod);
         assert_eq!(classify("DELETE", "/"), Asked::NotFound);
         assert_eq!(classify("GET", "/metrics/"), Asked::NotFound);

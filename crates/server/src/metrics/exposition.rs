@@ -62,11 +62,7 @@ const FAMILIES: [Family; 7] = [
         help: "Time each request spent in each phase.",
         source: Source::PhaseHistograms,
     },
-    Family {
-        name: "sluice_requests_total",
-        help: "Requests finished.",
-        source: Source::PerOpCounter(|m| &m.requests),
-    },
+    Family { name: "sluice_requests_total", help: "Requests finished.", source: Source::PerOpCounter(|m| &m.requests) },
     Family {
         name: "sluice_request_errors_total",
         help: "Requests finished with an error reply.",
@@ -97,26 +93,14 @@ const FAMILIES: [Family; 7] = [
 /// The descriptors `Collector::desc` hands out, one per family in `FAMILIES`, built once.
 fn descs() -> &'static [Desc] {
     static DESCS: OnceLock<Vec<Desc>> = OnceLock::new();
-    DESCS.get_or_init(|| {
-        FAMILIES
-            .iter()
-            .map(|f| {
-                let labels = f
-                    .source
-                    .label_names()
-                    .iter()
-                    .map(|l| l.to_string())
-                    .collect();
-                Desc::new(
-                    f.name.to_string(),
-                    f.help.to_string(),
-                    labels,
-                    HashMap::new(),
-                )
+    DESCS.get_or_init(|| FAMILIES
+        .iter()
+        .map(|f| {
+            let labels = f.source.label_names().iter().map(|l| l.to_string()).collect();
+            Desc::new(f.name.to_string(), f.help.to_string(), labels, HashMap::new())
                 .expect("the families' names, help texts and labels are valid")
-            })
-            .collect()
-    })
+        })
+        .collect())
 }
 
 impl Metrics {
@@ -154,10 +138,7 @@ impl Family {
                 Source::PhaseHistograms => {
                     for op in Op::ALL {
                         for (h, phase) in e.ops[op as usize].phases.iter().zip(PHASE_LABELS) {
-                            let mut metric = proto::Metric::from_label(labels(
-                                names,
-                                [&e.name, op.label(), phase],
-                            ));
+                            let mut metric = proto::Metric::from_label(labels(names, [&e.name, op.label(), phase]));
                             metric.set_histogram(histogram(h));
                             series.push(metric);
                         }
@@ -263,33 +244,16 @@ mod tests {
 
     /// The value of the series written exactly as `series`, if present.
     fn value(text: &str, series: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
     /// HELP and TYPE lines of every family, in order, as sluice has always written them.
     const HEADERS: [(&str, &str, &str); 7] = [
-        (
-            "sluice_request_phase_seconds",
-            "histogram",
-            "Time each request spent in each phase.",
-        ),
+        ("sluice_request_phase_seconds", "histogram", "Time each request spent in each phase."),
         ("sluice_requests_total", "counter", "Requests finished."),
-        (
-            "sluice_request_errors_total",
-            "counter",
-            "Requests finished with an error reply.",
-        ),
-        (
-            "sluice_request_bytes_total",
-            "counter",
-            "Payload bytes read or written.",
-        ),
-        (
-            "sluice_requests_inflight",
-            "gauge",
-            "Requests received and not yet finished.",
-        ),
+        ("sluice_request_errors_total", "counter", "Requests finished with an error reply."),
+        ("sluice_request_bytes_total", "counter", "Payload bytes read or written."),
+        ("sluice_requests_inflight", "gauge", "Requests received and not yet finished."),
         ("sluice_connections", "gauge", "Connections open now."),
         ("sluice_connections_total", "counter", "Connections opened."),
     ];
@@ -301,26 +265,16 @@ mod tests {
         let headers: Vec<_> = text.lines().filter(|l| l.starts_with('#')).collect();
         let expected: Vec<_> = HEADERS
             .iter()
-            .flat_map(|(name, kind, help)| {
-                [
-                    format!("# HELP {name} {help}"),
-                    format!("# TYPE {name} {kind}"),
-                ]
-            })
+            .flat_map(|(name, kind, help)| [format!("# HELP {name} {help}"), format!("# TYPE {name} {kind}")])
             .collect();
         assert_eq!(headers, expected);
         for line in text.lines() {
-            assert!(
-                line.starts_with("# ") || line.starts_with("sluice_"),
-                "stray line {line:?}"
-            );
+            assert!(line.starts_with("# ") || line.starts_with("sluice_"), "stray line {line:?}");
         }
         assert!(text.ends_with("} 0\n"), "no trailer after the last sample");
         assert!(text.contains(r#"sluice_connections{export="a\"b\\c\nd"} 0"#));
         assert!(text.contains(r#"sluice_requests_total{export="",op="block_status"} 0"#));
-        assert!(text.contains(
-            r#"sluice_request_phase_seconds_count{export="plain",op="trim",phase="queue"} 0"#
-        ));
+        assert!(text.contains(r#"sluice_request_phase_seconds_count{export="plain",op="trim",phase="queue"} 0"#));
         // Each family's series directly follow its TYPE line, as the format requires.
         let mut current = "";
         for line in text.lines() {
@@ -328,14 +282,8 @@ mod tests {
                 current = rest.split(' ').next().unwrap();
             } else if !line.starts_with('#') {
                 let series = line.split(['{', ' ']).next().unwrap();
-                let family = series
-                    .trim_end_matches("_bucket")
-                    .trim_end_matches("_sum")
-                    .trim_end_matches("_count");
-                assert!(
-                    series == current || family == current,
-                    "{line} outside {current}"
-                );
+                let family = series.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count");
+                assert!(series == current || family == current, "{line} outside {current}");
             }
         }
     }
@@ -348,38 +296,22 @@ mod tests {
     #[test]
     fn descriptors_match_the_families() {
         let m = Metrics::new(&names(&["x"]));
-        let described: Vec<_> = m
-            .desc()
-            .iter()
-            .map(|d| (d.fq_name.clone(), d.help.clone()))
-            .collect();
-        let collected: Vec<_> = m
-            .collect()
-            .iter()
-            .map(|f| (f.name().to_string(), f.help().to_string()))
-            .collect();
+        let described: Vec<_> = m.desc().iter().map(|d| (d.fq_name.clone(), d.help.clone())).collect();
+        let collected: Vec<_> = m.collect().iter().map(|f| (f.name().to_string(), f.help().to_string())).collect();
         assert_eq!(described, collected);
         let mut ids: Vec<_> = m.desc().iter().map(|d| d.id).collect();
         ids.sort();
         ids.dedup();
-        assert_eq!(
-            ids.len(),
-            FAMILIES.len(),
-            "a registry would refuse two descriptors with one name"
-        );
+        assert_eq!(ids.len(), FAMILIES.len(), "a registry would refuse two descriptors with one name");
     }
 
     #[test]
     fn bucket_bounds_are_the_powers_of_two_microseconds() {
         let m = Metrics::new(&names(&["x"]));
         let text = rendered(&m);
-        let prefix =
-            r#"sluice_request_phase_seconds_bucket{export="x",op="read",phase="receive",le=""#;
-        let written: Vec<_> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix(prefix)?.split_once('"'))
-            .map(|(le, _)| le)
-            .collect();
+        let prefix = r#"sluice_request_phase_seconds_bucket{export="x",op="read",phase="receive",le=""#;
+        let written: Vec<_> =
+            text.lines().filter_map(|l| l.strip_prefix(prefix)?.split_once('"')).map(|(le, _)| le).collect();
         let mut expected: Vec<String> = (0..PHASE_BUCKETS_FINITE_COUNT)
             .map(|k| {
                 let ns = PHASE_BUCKET_SMALLEST_NS << k;
@@ -399,53 +331,25 @@ mod tests {
     fn record_moves_counters_and_the_right_buckets() {
         let m = Metrics::new(&names(&["", "disk"]));
         let disk = m.export_index("disk").unwrap();
-        let phases = Phases {
-            receive_ns: 3_000,
-            storage_ns: 0,
-            queue_ns: 2_000,
-            send_ns: 5_000,
-            total_ns: 20_000_000_000,
-        };
+        let phases =
+            Phases { receive_ns: 3_000, storage_ns: 0, queue_ns: 2_000, send_ns: 5_000, total_ns: 20_000_000_000 };
         m.record(disk, Op::Read, &phases, 4096, true);
         m.record(disk, Op::Read, &phases, 4096, false);
         m.record(disk, Op::Flush, &Phases::default(), 0, true);
         let text = rendered(&m);
 
-        let series =
-            |name: &str, extra: &str| format!("{name}{{export=\"disk\",op=\"read\"{extra}}}");
-        assert_eq!(
-            value(&text, &series("sluice_requests_total", "")),
-            Some(2.0)
-        );
-        assert_eq!(
-            value(&text, &series("sluice_request_errors_total", "")),
-            Some(1.0)
-        );
-        assert_eq!(
-            value(&text, &series("sluice_request_bytes_total", "")),
-            Some(8192.0)
-        );
+        let series = |name: &str, extra: &str| format!("{name}{{export=\"disk\",op=\"read\"{extra}}}");
+        assert_eq!(value(&text, &series("sluice_requests_total", "")), Some(2.0));
+        assert_eq!(value(&text, &series("sluice_request_errors_total", "")), Some(1.0));
+        assert_eq!(value(&text, &series("sluice_request_bytes_total", "")), Some(8192.0));
         let bytes = format!("{} 8192\n", series("sluice_request_bytes_total", ""));
-        assert!(
-            text.contains(&bytes),
-            "integers are written without a fraction"
-        );
-        assert_eq!(
-            value(&text, r#"sluice_requests_total{export="disk",op="flush"}"#),
-            Some(1.0)
-        );
-        assert_eq!(
-            value(&text, r#"sluice_requests_total{export="",op="read"}"#),
-            Some(0.0)
-        );
+        assert!(text.contains(&bytes), "integers are written without a fraction");
+        assert_eq!(value(&text, r#"sluice_requests_total{export="disk",op="flush"}"#), Some(1.0));
+        assert_eq!(value(&text, r#"sluice_requests_total{export="",op="read"}"#), Some(0.0));
 
         let bucket = |phase: &str, le: &str| {
             let labels = format!(",phase=\"{phase}\",le=\"{le}\"");
-            value(
-                &text,
-                &series("sluice_request_phase_seconds_bucket", &labels),
-            )
-            .unwrap()
+            value(&text, &series("sluice_request_phase_seconds_bucket", &labels)).unwrap()
         };
         assert_eq!(bucket("receive", "0.000002"), 0.0);
         assert_eq!(bucket("receive", "0.000004"), 2.0);
@@ -458,22 +362,12 @@ mod tests {
         assert_eq!(bucket("total", "16.777216"), 0.0);
         assert_eq!(bucket("total", "+Inf"), 2.0);
         let sum = |phase: &str| {
-            value(
-                &text,
-                &series(
-                    "sluice_request_phase_seconds_sum",
-                    &format!(",phase=\"{phase}\""),
-                ),
-            )
-            .unwrap()
+            value(&text, &series("sluice_request_phase_seconds_sum", &format!(",phase=\"{phase}\""))).unwrap()
         };
         assert_eq!(sum("receive"), 0.000006);
         assert_eq!(sum("total"), 40.0);
         for phase in PHASE_LABELS {
-            let count = series(
-                "sluice_request_phase_seconds_count",
-                &format!(",phase=\"{phase}\""),
-            );
+            let count = series("sluice_request_phase_seconds_count", &format!(",phase=\"{phase}\""));
             assert_eq!(value(&text, &count), Some(2.0), "{phase}");
         }
         assert_histograms_are_whole(&text, 2);
@@ -492,17 +386,8 @@ mod tests {
             let mut previous = (0.0f64, 0.0f64);
             let mut line = line;
             loop {
-                let (le, count) = line
-                    .split_once(",le=\"")
-                    .unwrap()
-                    .1
-                    .split_once("\"} ")
-                    .unwrap();
-                let le: f64 = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().unwrap()
-                };
+                let (le, count) = line.split_once(",le=\"").unwrap().1.split_once("\"} ").unwrap();
+                let le: f64 = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
                 let count: f64 = count.parse().unwrap();
                 assert!(le > previous.0 && count >= previous.1, "{line}");
                 previous = (le, count);
@@ -513,16 +398,10 @@ mod tests {
                 assert!(line.starts_with(labels), "{line}");
             }
             let sum_line = lines.next().unwrap();
-            assert!(
-                sum_line.starts_with(&labels.replace("_bucket{", "_sum{")),
-                "{sum_line}"
-            );
+            assert!(sum_line.starts_with(&labels.replace("_bucket{", "_sum{")), "{sum_line}");
             let count_line = lines.next().unwrap();
-            let count: f64 = count_line
-                .strip_prefix(&labels.replace("_bucket{", "_count{"))
-                .unwrap()[2..]
-                .parse()
-                .unwrap();
+            let count: f64 =
+                count_line.strip_prefix(&labels.replace("_bucket{", "_count{")).unwrap()[2..].parse().unwrap();
             assert_eq!(count, previous.1, "{count_line}");
             seen += 1;
         }
@@ -541,13 +420,7 @@ mod tests {
         m.request_finished(0);
         let text = rendered(&m);
         assert_eq!(value(&text, r#"sluice_connections{export="a"}"#), Some(1.0));
-        assert_eq!(
-            value(&text, r#"sluice_connections_total{export="a"}"#),
-            Some(2.0)
-        );
-        assert_eq!(
-            value(&text, r#"sluice_requests_inflight{export="a"}"#),
-            Some(2.0)
-        );
+        assert_eq!(value(&text, r#"sluice_connections_total{export="a"}"#), Some(2.0));
+        assert_eq!(value(&text, r#"sluice_requests_inflight{export="a"}"#), Some(2.0));
     }
 }

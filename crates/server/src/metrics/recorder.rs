@@ -30,15 +30,7 @@ pub enum Op {
 
 impl Op {
     /// In declaration order, so `op as usize` indexes it.
-    pub const ALL: [Op; 7] = [
-        Op::Read,
-        Op::Write,
-        Op::Flush,
-        Op::Trim,
-        Op::WriteZeroes,
-        Op::Cache,
-        Op::BlockStatus,
-    ];
+    pub const ALL: [Op; 7] = [Op::Read, Op::Write, Op::Flush, Op::Trim, Op::WriteZeroes, Op::Cache, Op::BlockStatus];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -73,13 +65,7 @@ pub(super) const PHASE_LABELS: [&str; 5] = ["receive", "storage", "queue", "send
 
 impl Phases {
     pub(super) fn values(&self) -> [u64; PHASE_LABELS.len()] {
-        [
-            self.receive_ns,
-            self.storage_ns,
-            self.queue_ns,
-            self.send_ns,
-            self.total_ns,
-        ]
+        [self.receive_ns, self.storage_ns, self.queue_ns, self.send_ns, self.total_ns]
     }
 }
 
@@ -176,16 +162,12 @@ impl Metrics {
 
     /// Inflight gauge +1.
     pub fn request_started(&self, export: usize) {
-        self.exports[export]
-            .inflight
-            .fetch_add(1, Ordering::Relaxed);
+        self.exports[export].inflight.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Inflight gauge -1.
     pub fn request_finished(&self, export: usize) {
-        self.exports[export]
-            .inflight
-            .fetch_sub(1, Ordering::Relaxed);
+        self.exports[export].inflight.fetch_sub(1, Ordering::Relaxed);
     }
 
     pub fn connection_opened(&self, export: usize) {
@@ -195,9 +177,7 @@ impl Metrics {
     }
 
     pub fn connection_closed(&self, export: usize) {
-        self.exports[export]
-            .connections
-            .fetch_sub(1, Ordering::Relaxed);
+        self.exports[export].connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -211,18 +191,7 @@ mod tests {
             assert_eq!(*op as usize, i);
         }
         let labels: Vec<_> = Op::ALL.iter().map(|op| op.label()).collect();
-        assert_eq!(
-            labels,
-            [
-                "read",
-                "write",
-                "flush",
-                "trim",
-                "write_zeroes",
-                "cache",
-                "block_status"
-            ]
-        );
+        assert_eq!(labels, ["read", "write", "flush", "trim", "write_zeroes", "cache", "block_status"]);
     }
 
     #[test]

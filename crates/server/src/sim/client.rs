@@ -38,29 +38,14 @@ pub struct Sent {
 }
 
 /// Builds the byte stream a client sends: requests, a DISC, and sometimes more after it.
-pub fn requests(
-    rng: &mut Rng,
-    size: u64,
-    structured: bool,
-    count: usize,
-) -> (Vec<u8>, HashMap<u64, Sent>) {
+pub fn requests(rng: &mut Rng, size: u64, structured: bool, count: usize) -> (Vec<u8>, HashMap<u64, Sent>) {
     let mut out = Vec::new();
     let mut sent = HashMap::new();
     let mut answerable = true;
     for handle in 0..count as u64 {
         if answerable && rng.below(40) == 0 {
             // The client hangs up, and what it sends after must never be answered.
-            push(
-                &mut out,
-                RawRequest {
-                    flags: 0,
-                    kind: CMD_DISC,
-                    handle: u64::MAX,
-                    offset: 0,
-                    length: 0,
-                },
-                &[],
-            );
+            push(&mut out, RawRequest { flags: 0, kind: CMD_DISC, handle: u64::MAX, offset: 0, length: 0 }, &[]);
             answerable = false;
         }
         if answerable && rng.below(300) == 0 {
@@ -70,38 +55,16 @@ pub fn requests(
         }
         let (raw, kind) = random_request(rng, size, structured, handle);
         let payload: Vec<u8> = if raw.kind == CMD_WRITE {
-            (0..raw.length as u64)
-                .map(|i| pattern(raw.offset.wrapping_add(i)))
-                .collect()
+            (0..raw.length as u64).map(|i| pattern(raw.offset.wrapping_add(i))).collect()
         } else {
             Vec::new()
         };
         push(&mut out, raw, &payload);
         let whole = raw.kind == CMD_READ && raw.flags & CMD_FLAG_DF != 0;
-        sent.insert(
-            handle,
-            Sent {
-                kind,
-                offset: raw.offset,
-                length: raw.length,
-                end: out.len(),
-                answerable,
-                whole,
-            },
-        );
+        sent.insert(handle, Sent { kind, offset: raw.offset, length: raw.length, end: out.len(), answerable, whole });
     }
     if answerable && rng.below(2) == 0 {
-        push(
-            &mut out,
-            RawRequest {
-                flags: 0,
-                kind: CMD_DISC,
-                handle: u64::MAX,
-                offset: 0,
-                length: 0,
-            },
-            &[],
-        );
+        push(&mut out, RawRequest { flags: 0, kind: CMD_DISC, handle: u64::MAX, offset: 0, length: 0 }, &[]);
     }
     (out, sent)
 }
@@ -115,13 +78,7 @@ fn random_request(rng: &mut Rng, size: u64, structured: bool, handle: u64) -> (R
     let offset = rng.below(size);
     let max_len = (size - offset).min(300 * 1024);
     let length = rng.below(max_len + 1) as u32;
-    let mut raw = RawRequest {
-        flags: 0,
-        kind: CMD_READ,
-        handle,
-        offset,
-        length,
-    };
+    let mut raw = RawRequest { flags: 0, kind: CMD_READ, handle, offset, length };
     let kind = match rng.below(20) {
         0..=7 => {
             if structured && rng.below(4) == 0 {
@@ -146,8 +103,7 @@ fn random_request(rng: &mut Rng, size: u64, structured: bool, handle: u64) -> (R
         }
         14 => {
             raw.kind = CMD_WRITE_ZEROES;
-            raw.flags =
-                [0, CMD_FLAG_FUA, CMD_FLAG_NO_HOLE, CMD_FLAG_FAST_ZERO][rng.below(4) as usize];
+            raw.flags = [0, CMD_FLAG_FUA, CMD_FLAG_NO_HOLE, CMD_FLAG_FAST_ZERO][rng.below(4) as usize];
             Kind::Other
         }
         15 => {
@@ -161,21 +117,10 @@ fn random_request(rng: &mut Rng, size: u64, structured: bool, handle: u64) -> (R
         }
         17 => {
             // Past the end: refused, and a write's payload must still be read and dropped.
-            raw.kind = if rng.below(2) == 0 {
-                CMD_WRITE
-            } else {
-                CMD_READ
-            };
+            raw.kind = if rng.below(2) == 0 { CMD_WRITE } else { CMD_READ };
             raw.offset = size - rng.below(4096).min(size);
             raw.length = 4096 + rng.below(8192) as u32;
-            return (
-                raw,
-                if raw.kind == CMD_WRITE {
-                    Kind::Write
-                } else {
-                    Kind::Other
-                },
-            );
+            return (raw, if raw.kind == CMD_WRITE { Kind::Write } else { Kind::Other });
         }
         18 => {
             raw.flags = 1 << 9; // no such flag
@@ -207,11 +152,7 @@ pub struct Checker {
 
 impl Checker {
     pub fn new(structured: bool) -> Checker {
-        Checker {
-            structured,
-            wire: Vec::new(),
-            answers: HashMap::new(),
-        }
+        Checker { structured, wire: Vec::new(), answers: HashMap::new() }
     }
 
     /// Handles of requests answered completely.
@@ -226,12 +167,7 @@ impl Checker {
 
     /// Takes bytes the server sent; `read_to` is how far into the client's stream the
     /// server had received when they were sent.
-    pub fn take(
-        &mut self,
-        bytes: &[u8],
-        sent: &HashMap<u64, Sent>,
-        read_to: usize,
-    ) -> Result<(), String> {
+    pub fn take(&mut self, bytes: &[u8], sent: &HashMap<u64, Sent>, read_to: usize) -> Result<(), String> {
         self.wire.extend_from_slice(bytes);
         while let Some(used) = self.parse_one(sent, read_to)? {
             self.wire.drain(..used);
@@ -240,11 +176,7 @@ impl Checker {
     }
 
     /// Checks one reply at the front of the wire; None when it is not all there yet.
-    fn parse_one(
-        &mut self,
-        sent: &HashMap<u64, Sent>,
-        read_to: usize,
-    ) -> Result<Option<usize>, String> {
+    fn parse_one(&mut self, sent: &HashMap<u64, Sent>, read_to: usize) -> Result<Option<usize>, String> {
         if self.wire.len() < 4 {
             return Ok(None);
         }
@@ -254,31 +186,17 @@ impl Checker {
             // be answered simply (doc/proto.md).
             SIMPLE_REPLY_MAGIC => self.parse_simple(sent, read_to),
             STRUCTURED_REPLY_MAGIC if self.structured => self.parse_chunk(sent, read_to),
-            m => Err(format!(
-                "reply magic {m:#x} (structured: {})",
-                self.structured
-            )),
+            m => Err(format!("reply magic {m:#x} (structured: {})", self.structured)),
         }
     }
 
-    fn request(
-        &self,
-        handle: u64,
-        sent: &HashMap<u64, Sent>,
-        read_to: usize,
-    ) -> Result<Sent, String> {
-        let Some(&s) = sent.get(&handle) else {
-            return Err(format!("a reply for handle {handle}, never sent"));
-        };
+    fn request(&self, handle: u64, sent: &HashMap<u64, Sent>, read_to: usize) -> Result<Sent, String> {
+        let Some(&s) = sent.get(&handle) else { return Err(format!("a reply for handle {handle}, never sent")) };
         if s.end > read_to {
-            return Err(format!(
-                "a reply for handle {handle} before the server read all of it"
-            ));
+            return Err(format!("a reply for handle {handle} before the server read all of it"));
         }
         if !s.answerable {
-            return Err(format!(
-                "a reply for handle {handle}, sent after DISC or garbage"
-            ));
+            return Err(format!("a reply for handle {handle}, sent after DISC or garbage"));
         }
         if self.answers.get(&handle).is_some_and(|a| a.done) {
             return Err(format!("a second reply for handle {handle}"));
@@ -286,63 +204,29 @@ impl Checker {
         Ok(s)
     }
 
-    fn parse_simple(
-        &mut self,
-        sent: &HashMap<u64, Sent>,
-        read_to: usize,
-    ) -> Result<Option<usize>, String> {
+    fn parse_simple(&mut self, sent: &HashMap<u64, Sent>, read_to: usize) -> Result<Option<usize>, String> {
         if self.wire.len() < SIMPLE_REPLY_BYTES {
             return Ok(None);
         }
-        let (error, handle) = decode_simple(
-            self.wire[4..SIMPLE_REPLY_BYTES]
-                .try_into()
-                .expect("length checked"),
-        );
+        let (error, handle) = decode_simple(self.wire[4..SIMPLE_REPLY_BYTES].try_into().expect("length checked"));
         let s = self.request(handle, sent, read_to)?;
         if self.structured && matches!(s.kind, Kind::Read | Kind::BlockStatus) {
-            return Err(format!(
-                "handle {handle}: a simple reply to a {:?} under structured replies",
-                s.kind
-            ));
+            return Err(format!("handle {handle}: a simple reply to a {:?} under structured replies", s.kind));
         }
-        let data = if error == 0 && s.kind == Kind::Read {
-            s.length as usize
-        } else {
-            0
-        };
+        let data = if error == 0 && s.kind == Kind::Read { s.length as usize } else { 0 };
         if self.wire.len() < SIMPLE_REPLY_BYTES + data {
             return Ok(None);
         }
-        check_data(
-            handle,
-            s.offset,
-            &self.wire[SIMPLE_REPLY_BYTES..SIMPLE_REPLY_BYTES + data],
-        )?;
-        self.answers.insert(
-            handle,
-            Answer {
-                done: true,
-                error: error != 0,
-                ranges: Vec::new(),
-            },
-        );
+        check_data(handle, s.offset, &self.wire[SIMPLE_REPLY_BYTES..SIMPLE_REPLY_BYTES + data])?;
+        self.answers.insert(handle, Answer { done: true, error: error != 0, ranges: Vec::new() });
         Ok(Some(SIMPLE_REPLY_BYTES + data))
     }
 
-    fn parse_chunk(
-        &mut self,
-        sent: &HashMap<u64, Sent>,
-        read_to: usize,
-    ) -> Result<Option<usize>, String> {
+    fn parse_chunk(&mut self, sent: &HashMap<u64, Sent>, read_to: usize) -> Result<Option<usize>, String> {
         if self.wire.len() < CHUNK_HEADER_BYTES {
             return Ok(None);
         }
-        let h = ChunkHeader::decode(
-            self.wire[4..CHUNK_HEADER_BYTES]
-                .try_into()
-                .expect("length checked"),
-        );
+        let h = ChunkHeader::decode(self.wire[4..CHUNK_HEADER_BYTES].try_into().expect("length checked"));
         let total = CHUNK_HEADER_BYTES + h.len as usize;
         if self.wire.len() < total {
             return Ok(None);
@@ -355,57 +239,34 @@ impl Checker {
                 let offset = u64::from_be_bytes(payload[..8].try_into().expect("eight bytes"));
                 let end = offset + (payload.len() - 8) as u64;
                 if offset < s.offset || end > s.offset + s.length as u64 || end == offset {
-                    return Err(format!(
-                        "handle {}: data chunk {offset}..{end} outside its read",
-                        h.handle
-                    ));
+                    return Err(format!("handle {}: data chunk {offset}..{end} outside its read", h.handle));
                 }
                 if answer.ranges.iter().any(|&(a, b)| offset < b && a < end) {
-                    return Err(format!(
-                        "handle {}: data chunk {offset}..{end} overlaps another",
-                        h.handle
-                    ));
+                    return Err(format!("handle {}: data chunk {offset}..{end} overlaps another", h.handle));
                 }
                 answer.ranges.push((offset, end));
                 check_data(h.handle, offset, &payload[8..])?;
             }
             REPLY_TYPE_NONE if payload.is_empty() => {}
             REPLY_TYPE_BLOCK_STATUS if s.kind == Kind::BlockStatus && payload.len() >= 4 => {
-                let lengths = payload[4..]
-                    .chunks(8)
-                    .map(|e| u32::from_be_bytes(e[..4].try_into().expect("4")) as u64);
+                let lengths = payload[4..].chunks(8).map(|e| u32::from_be_bytes(e[..4].try_into().expect("4")) as u64);
                 let sum: u64 = lengths.sum();
                 if sum == 0 || sum > s.length as u64 || payload.len() % 8 != 4 {
-                    return Err(format!(
-                        "handle {}: block status covers {sum} of {} bytes",
-                        h.handle, s.length
-                    ));
+                    return Err(format!("handle {}: block status covers {sum} of {} bytes", h.handle, s.length));
                 }
             }
             REPLY_TYPE_ERROR | REPLY_TYPE_ERROR_OFFSET => {
-                decode_error_chunk(h.kind, payload)
-                    .map_err(|e| format!("handle {}: {e}", h.handle))?;
+                decode_error_chunk(h.kind, payload).map_err(|e| format!("handle {}: {e}", h.handle))?;
                 answer.error = true;
             }
-            k => {
-                return Err(format!(
-                    "handle {}: chunk type {k} for a {:?} request",
-                    h.handle, s.kind
-                ))
-            }
+            k => return Err(format!("handle {}: chunk type {k} for a {:?} request", h.handle, s.kind)),
         }
         if h.done() {
             answer.done = true;
             let covered: u64 = answer.ranges.iter().map(|&(a, b)| b - a).sum();
             let one_chunk_or_none = answer.ranges.len() <= 1 || !s.whole;
-            if s.kind == Kind::Read
-                && !answer.error
-                && (covered != s.length as u64 || !one_chunk_or_none)
-            {
-                return Err(format!(
-                    "handle {}: read of {} answered with {covered} bytes",
-                    h.handle, s.length
-                ));
+            if s.kind == Kind::Read && !answer.error && (covered != s.length as u64 || !one_chunk_or_none) {
+                return Err(format!("handle {}: read of {} answered with {covered} bytes", h.handle, s.length));
             }
         }
         Ok(Some(total))
@@ -413,16 +274,8 @@ impl Checker {
 }
 
 fn check_data(handle: u64, offset: u64, data: &[u8]) -> Result<(), String> {
-    match data
-        .iter()
-        .enumerate()
-        .find(|&(i, &b)| b != pattern(offset + i as u64))
-    {
-        Some((i, b)) => Err(format!(
-            "handle {handle}: byte {} is {b}, not {}",
-            offset + i as u64,
-            pattern(offset + i as u64)
-        )),
+    match data.iter().enumerate().find(|&(i, &b)| b != pattern(offset + i as u64)) {
+        Some((i, b)) => Err(format!("handle {handle}: byte {} is {b}, not {}", offset + i as u64, pattern(offset + i as u64))),
         None => Ok(()),
     }
 }

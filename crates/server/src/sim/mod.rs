@@ -147,12 +147,7 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
 }
 
 fn random_export(rng: &mut Rng) -> Export {
-    let data_path = [
-        DataPath::Copy,
-        DataPath::Splice,
-        DataPath::Direct,
-        DataPath::SpliceDirect,
-    ][rng.below(4) as usize];
+    let data_path = [DataPath::Copy, DataPath::Splice, DataPath::Direct, DataPath::SpliceDirect][rng.below(4) as usize];
     let caps = Caps {
         trim: rng.below(2) == 0,
         zero: rng.below(2) == 0,
@@ -169,21 +164,13 @@ fn random_export(rng: &mut Rng) -> Export {
         read_only: false,
         data_path,
         chunk_bytes: [0, 4096, 64 << 10, 1 << 20][rng.below(4) as usize],
-        backend: Box::new(Simulated {
-            size: SIZE_BYTES,
-            caps,
-        }),
+        backend: Box::new(Simulated { size: SIZE_BYTES, caps }),
     }
 }
 
 impl World {
     fn env(&mut self) -> Env<'_> {
-        Env {
-            now: Instant::now(),
-            pool: &mut self.pool,
-            pipes: &mut self.pipes,
-            budget: &mut self.budget,
-        }
+        Env { now: Instant::now(), pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget }
     }
 
     /// Takes every operation the core asks for, checking it may ask for it now.
@@ -192,15 +179,9 @@ impl World {
         while let Some(io) = conn.poll_io() {
             match io {
                 Io::Recv { buf, at } if self.recv.is_none() => self.recv = Some((buf, at)),
-                Io::Send { .. } | Io::SpliceOut { .. } if self.shut => {
-                    return Err("a send after the socket was shut".into())
-                }
-                Io::Send { batch } if self.send.is_none() && self.splice.is_none() => {
-                    self.send = Some(batch)
-                }
-                Io::SpliceOut { pipe, len } if self.send.is_none() && self.splice.is_none() => {
-                    self.splice = Some((pipe, len))
-                }
+                Io::Send { .. } | Io::SpliceOut { .. } if self.shut => return Err("a send after the socket was shut".into()),
+                Io::Send { batch } if self.send.is_none() && self.splice.is_none() => self.send = Some(batch),
+                Io::SpliceOut { pipe, len } if self.send.is_none() && self.splice.is_none() => self.splice = Some((pipe, len)),
                 Io::Storage { tag, op } => {
                     storage::check_op(&op, self.size, self.direct_align)?;
                     if self.rng.below(3) == 0 {
@@ -269,15 +250,10 @@ impl World {
         let left = self.input.len() - self.delivered;
         let result = if left == 0 {
             // The client has said everything: it hangs up, cleanly or not.
-            if self.rng.below(4) == 0 {
-                -libc::ECONNRESET
-            } else {
-                0
-            }
+            if self.rng.below(4) == 0 { -libc::ECONNRESET } else { 0 }
         } else {
             let n = 1 + self.rng.below(left.min(buf.len() - at) as u64) as usize;
-            buf.as_mut_slice()[at..at + n]
-                .copy_from_slice(&self.input[self.delivered..self.delivered + n]);
+            buf.as_mut_slice()[at..at + n].copy_from_slice(&self.input[self.delivered..self.delivered + n]);
             self.delivered += n;
             n as i32
         };
@@ -331,16 +307,10 @@ impl World {
     /// The checks once the connection is done.
     fn finish(self, steps: usize) -> Result<Report, String> {
         if self.budget.used_bytes() != 0 {
-            return Err(format!(
-                "{} budget bytes never came back",
-                self.budget.used_bytes()
-            ));
+            return Err(format!("{} budget bytes never came back", self.budget.used_bytes()));
         }
         if self.pool.free_bytes() != self.pool_free_bytes {
-            return Err(format!(
-                "{} pool bytes never came back",
-                self.pool_free_bytes - self.pool.free_bytes()
-            ));
+            return Err(format!("{} pool bytes never came back", self.pool_free_bytes - self.pool.free_bytes()));
         }
         if self.pipes.in_use() != 0 {
             return Err(format!("{} pipes never came back", self.pipes.in_use()));
@@ -349,24 +319,14 @@ impl World {
         let clean = !self.cut;
         if clean {
             if self.checker.partial() != 0 {
-                return Err(format!(
-                    "{} bytes of a reply left hanging",
-                    self.checker.partial()
-                ));
+                return Err(format!("{} bytes of a reply left hanging", self.checker.partial()));
             }
-            let missing = self
-                .sent
-                .iter()
-                .find(|(h, s)| s.answerable && s.end <= self.delivered && !answered.contains(h));
+            let missing = self.sent.iter().find(|(h, s)| s.answerable && s.end <= self.delivered && !answered.contains(h));
             if let Some((handle, s)) = missing {
                 return Err(format!("request {handle} ({s:?}) was never answered"));
             }
         }
-        Ok(Report {
-            steps,
-            answered: answered.len(),
-            clean,
-        })
+        Ok(Report { steps, answered: answered.len(), clean })
     }
 }
 

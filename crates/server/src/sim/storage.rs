@@ -6,59 +6,36 @@ use rustix::fs::OFlags;
 use sluice_proto::reply::Extent;
 
 use super::client::pattern;
+use sluice_proto::rng::Rng;
 use crate::backend::{Outcome, StorageOp};
 use crate::engine::{Held, Pipe};
-use sluice_proto::rng::Rng;
 
 /// What the core may never ask of storage: ranges past the end, unaligned direct I/O, a
 /// write whose payload is neither the client's bytes nor zeros.
 pub fn check_op(op: &StorageOp, size: u64, align: Option<usize>) -> Result<(), String> {
     let (offset, len, direct) = match op {
-        StorageOp::Read {
-            offset,
-            len,
-            direct,
-            ..
-        } => (*offset, *len as u64, *direct),
-        StorageOp::Write {
-            offset,
-            len,
-            direct,
-            buf,
-            at,
-            ..
-        } => {
+        StorageOp::Read { offset, len, direct, .. } => (*offset, *len as u64, *direct),
+        StorageOp::Write { offset, len, direct, buf, at, .. } => {
             let data = &buf.as_slice()[*at..*at + *len];
             let zeros = data.iter().all(|&b| b == 0);
-            if !zeros
-                && data
-                    .iter()
-                    .enumerate()
-                    .any(|(i, &b)| b != pattern(offset + i as u64))
-            {
-                return Err(format!(
-                    "a write at {offset} carries bytes the client did not send"
-                ));
+            if !zeros && data.iter().enumerate().any(|(i, &b)| b != pattern(offset + i as u64)) {
+                return Err(format!("a write at {offset} carries bytes the client did not send"));
             }
             (*offset, *len as u64, *direct)
         }
-        StorageOp::Trim { offset, len }
-        | StorageOp::Zero { offset, len, .. }
-        | StorageOp::Cache { offset, len } => (*offset, *len, false),
+        StorageOp::Trim { offset, len } | StorageOp::Zero { offset, len, .. } | StorageOp::Cache { offset, len } => {
+            (*offset, *len, false)
+        }
         StorageOp::Extents { offset, len, .. } => (*offset, *len as u64, false),
         StorageOp::Flush => return Ok(()),
     };
     if offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(format!(
-            "storage asked for {len} bytes at {offset}, past the end"
-        ));
+        return Err(format!("storage asked for {len} bytes at {offset}, past the end"));
     }
     if direct {
         let a = align.ok_or("a direct operation on an export without O_DIRECT")? as u64;
         if offset % a != 0 || len % a != 0 {
-            return Err(format!(
-                "unaligned direct operation: {len} bytes at {offset}"
-            ));
+            return Err(format!("unaligned direct operation: {len} bytes at {offset}"));
         }
     }
     Ok(())
@@ -68,21 +45,9 @@ pub fn check_op(op: &StorageOp, size: u64, align: Option<usize>) -> Result<(), S
 pub fn carry_out(op: StorageOp, rng: &mut Rng) -> Result<(Outcome, bool), String> {
     let fail = rng.below(40) == 0;
     let outcome = match op {
-        StorageOp::Read {
-            offset,
-            len,
-            into,
-            at,
-            direct,
-        } => {
+        StorageOp::Read { offset, len, into, at, direct } => {
             if fail {
-                return Ok((
-                    Outcome {
-                        result: -libc::EIO,
-                        held: into,
-                    },
-                    true,
-                ));
+                return Ok((Outcome { result: -libc::EIO, held: into }, true));
             }
             let n = short(rng, len, direct);
             let data: Vec<u8> = (0..n as u64).map(|i| pattern(offset + i)).collect();
@@ -95,53 +60,26 @@ pub fn carry_out(op: StorageOp, rng: &mut Rng) -> Result<(Outcome, bool), String
                     fill_pipe(&pipe, &data)?;
                     Held::Pipe(pipe)
                 }
-                Held::Nothing | Held::Extents(_) => {
-                    return Err("a read with nowhere to put its data".into())
-                }
+                Held::Nothing | Held::Extents(_) => return Err("a read with nowhere to put its data".into()),
             };
-            Outcome {
-                result: n as i32,
-                held,
-            }
+            Outcome { result: n as i32, held }
         }
-        StorageOp::Write {
-            buf, len, direct, ..
-        } => {
-            let result = if fail {
-                -libc::ENOSPC
-            } else {
-                short(rng, len, direct) as i32
-            };
-            Outcome {
-                result,
-                held: Held::Buf(buf),
-            }
+        StorageOp::Write { buf, len, direct, .. } => {
+            let result = if fail { -libc::ENOSPC } else { short(rng, len, direct) as i32 };
+            Outcome { result, held: Held::Buf(buf) }
         }
-        StorageOp::Trim { .. } | StorageOp::Zero { .. } if rng.below(6) == 0 => Outcome {
-            result: -libc::EOPNOTSUPP,
-            held: Held::Nothing,
-        },
+        StorageOp::Trim { .. } | StorageOp::Zero { .. } if rng.below(6) == 0 => {
+            Outcome { result: -libc::EOPNOTSUPP, held: Held::Nothing }
+        }
         StorageOp::Extents { len, mut out, .. } => {
             let first = 1 + rng.below(len as u64) as u32;
-            out.push(Extent {
-                length: first,
-                flags: 0,
-            });
+            out.push(Extent { length: first, flags: 0 });
             if first < len && rng.below(2) == 0 {
-                out.push(Extent {
-                    length: len - first,
-                    flags: 3,
-                });
+                out.push(Extent { length: len - first, flags: 3 });
             }
-            Outcome {
-                result: 0,
-                held: Held::Extents(out),
-            }
+            Outcome { result: 0, held: Held::Extents(out) }
         }
-        _ => Outcome {
-            result: if fail { -libc::EIO } else { 0 },
-            held: Held::Nothing,
-        },
+        _ => Outcome { result: if fail { -libc::EIO } else { 0 }, held: Held::Nothing },
     };
     Ok((outcome, false))
 }
@@ -170,12 +108,7 @@ fn fill_pipe(pipe: &Pipe, data: &[u8]) -> Result<(), String> {
     while at < data.len() {
         match rustix::io::write(pipe.write_end(), &data[at..]) {
             Ok(n) => at += n,
-            Err(e) => {
-                return Err(format!(
-                    "a chunk does not fit its pipe ({e}) after {at} of {} bytes",
-                    data.len()
-                ))
-            }
+            Err(e) => return Err(format!("a chunk does not fit its pipe ({e}) after {at} of {} bytes", data.len())),
         }
     }
     Ok(())
