@@ -2,10 +2,10 @@
 
 use super::member::{Connecting, Member};
 use crate::client::Client;
-use crate::options::Options;
 use crate::error::Error;
 use crate::export::Export;
 use crate::limits::POOL_MEMBER_CONNECTIONS;
+use crate::options::Options;
 use crate::uri::Uri;
 use std::future::Future;
 
@@ -16,10 +16,12 @@ impl Member for Client {
         let uri = uri.clone();
         // Every caller of the pool shares its members, so each member gets several
         // connections when it allows them; the pool reports no allocation, so members
-        // need not negotiate it.
+        // need not negotiate it. A member never reconnects by itself: the coordinator must
+        // see it go, or writes it missed would go unnoticed.
         let options = Options {
             connections: options.connections.max(POOL_MEMBER_CONNECTIONS),
             block_status: false,
+            reconnect: None,
             ..options.clone()
         };
         Box::pin(async move { Client::connect_with(&uri, &options).await })
