@@ -58,6 +58,9 @@ pub fn to_text(s: &Status) -> String {
     out += &format!("layout:   {}\n", layout_text(s));
     out += &format!("size:     {} ({})\n", s.size, HumanBytes(s.size));
     out += &format!("events:   {}\n", s.events);
+    if let Some(owner) = &s.owner {
+        out += &format!("owner:    {owner}\n");
+    }
     out += &format!(
         "dirty:    {} regions of {}\n",
         s.dirty_regions,
@@ -100,6 +103,7 @@ pub fn to_json(s: &Status) -> Value {
         "region_bytes": s.region_bytes,
         "dirty_regions": s.dirty_regions,
         "resynced_bytes": s.resynced_bytes,
+        "owner": s.owner,
         "members": members,
     })
 }
@@ -124,6 +128,7 @@ mod tests {
             region_bytes: 4 << 20,
             dirty_regions: 3,
             resynced_bytes: 0,
+            owner: None,
             members: vec![
                 member("nbd://a/d", MemberState::InSync),
                 member("nbd://bb/d", MemberState::Missing),

@@ -180,5 +180,7 @@ pub struct Status {
     pub dirty_regions: u64,
     /// Bytes copied by resync since this coordinator started.
     pub resynced_bytes: u64,
+    /// The coordinator that holds the pool ("HOST pid PID"), if one does.
+    pub owner: Option<String>,
     pub members: Vec<MemberStatus>,
 }
