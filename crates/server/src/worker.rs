@@ -129,6 +129,9 @@ impl Worker {
         if let Err(e) = ring.register(&pool) {
             log::warn!("could not register I/O buffers ({e}); using unregistered buffers (raise RLIMIT_MEMLOCK to fix)");
         }
+        // Operations other threads complete wake the worker as new connections do; the
+        // wake-up read is always in flight (`run`, `route`).
+        ring.set_waker(Arc::clone(&wake));
         Worker {
             ring,
             pool,

@@ -1,10 +1,12 @@
-//! The engine: io_uring submission, typed operation ids, and the buffers and pipes the
-//! kernel reads and writes. All of sluice's `unsafe` lives under this module; everything
-//! outside it uses safe ownership-passing interfaces.
+//! The engine: io_uring submission, typed operation ids, the buffers and pipes the kernel
+//! reads and writes, and the mailbox through which other threads complete operations
+//! parked in the ring. All of sluice's `unsafe` lives under this module; everything outside
+//! it uses safe ownership-passing interfaces.
 #![allow(unsafe_code)]
 
 mod buddy;
 mod buffer;
+mod mailbox;
 mod op;
 mod pipe;
 mod ring;

@@ -1,13 +1,17 @@
 //! One io_uring per worker thread, behind a safe interface: every operation takes ownership
 //! of the memory and descriptors the kernel will touch (in its `Token`) and hands them back
 //! with the completion, so no Rust reference can alias memory the kernel is using.
+//! Operations carried out by other threads park here too (`defer`) and come back from the
+//! same `wait`, through the ring's mailbox.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::Arc;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use super::buffer::{Buf, Pool};
+use super::mailbox::{Completer, Mailbox};
 use super::op::{Completion, ConnId, Held, StorageId, Token};
 use super::pipe::Pipe;
 use super::send::SendBatch;
@@ -22,6 +26,8 @@ pub struct Ring {
     /// The pool region registered as fixed buffer 0, when registration succeeded.
     registered: bool,
     cqes: Vec<cqueue::Entry>,
+    /// Operations other threads carry out; the kernel never sees them.
+    mailbox: Mailbox,
 }
 
 impl Ring {
@@ -38,7 +44,7 @@ impl Ring {
             Ok(u) => u,
             Err(_) => IoUring::builder().setup_clamp().build(entries)?,
         };
-        Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), registered: false, cqes: Vec::new() })
+        Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), registered: false, cqes: Vec::new(), mailbox: Mailbox::new() })
     }
 
     /// Registers the pool's region as fixed buffer 0. Failure (for example a small
@@ -53,8 +59,28 @@ impl Ring {
         Ok(())
     }
 
+    /// Operations the kernel holds.
     pub fn in_flight(&self) -> usize {
         self.ops.len() - self.free_ops.len()
+    }
+
+    /// Operations parked by `defer` and not yet completed.
+    pub fn deferred(&self) -> usize {
+        self.mailbox.parked()
+    }
+
+    /// The eventfd that posts to the mailbox write to. The caller keeps a read of it in
+    /// flight on this ring (the worker's wake-up read), so that a post ends `wait`.
+    pub fn set_waker(&mut self, fd: Arc<OwnedFd>) {
+        self.mailbox.set_waker(fd);
+    }
+
+    /// Parks a storage operation that another thread will carry out: the ring keeps `held`
+    /// (a buffer stays on this thread), and the completer, which may go anywhere, completes
+    /// it. Bytes it brings back are copied into a held buffer from byte `at` on. The
+    /// operation then comes out of `wait` like any other.
+    pub fn defer(&mut self, id: StorageId, held: Held, at: usize) -> Completer {
+        self.mailbox.park(id, held, at)
     }
 
     /// Receives into `buf[at..]`.
@@ -164,6 +190,9 @@ impl Ring {
             out.push(self.finish(&cqe));
         }
         self.cqes = cqes;
+        // After the kernel's completions: a post's wake-up read that completed above is
+        // followed by taking that post here.
+        self.mailbox.collect(out);
         Ok(())
     }
 
@@ -239,4 +268,115 @@ impl Drop for Ring {
 fn splice(fd_in: RawFd, off_in: i64, fd_out: RawFd, len: usize) -> squeue::Entry {
     let len = len.min(u32::MAX as usize) as u32;
     opcode::Splice::new(types::Fd(fd_in), off_in, types::Fd(fd_out), -1, len).build()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::time::Duration;
+
+    use sluice_proto::reply::Extent;
+
+    use super::super::mailbox::Payload;
+    use super::super::op::Tag;
+    use super::*;
+
+    fn id(slot: u16) -> StorageId {
+        StorageId { conn: ConnId(7), tag: Tag { slot, chunk: 0 } }
+    }
+
+    /// A ring whose mailbox wakes it through an eventfd read kept in flight, as a worker's does.
+    fn ring_with_waker() -> (Ring, Arc<OwnedFd>) {
+        let mut ring = Ring::new(8).unwrap();
+        let fd = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap());
+        ring.set_waker(Arc::clone(&fd));
+        ring.recv_wake(fd.as_raw_fd(), Buf::heap(8));
+        (ring, fd)
+    }
+
+    /// Waits for `n` storage completions, re-arming the wake-up read as the worker does.
+    /// Every wait must end in something: a post that failed to wake the ring would leave
+    /// it waiting out the (generous) timeout with nothing to show.
+    fn storage_completions(ring: &mut Ring, fd: &OwnedFd, n: usize) -> Vec<(StorageId, Held, i32)> {
+        let mut found = Vec::new();
+        let mut batch = Vec::new();
+        while found.len() < n {
+            ring.wait(&mut batch, Some(Duration::from_secs(10))).unwrap();
+            assert!(!batch.is_empty(), "a post did not wake the ring");
+            for Completion { token, result } in batch.drain(..) {
+                match token {
+                    Token::Wake { buf } => ring.recv_wake(fd.as_raw_fd(), buf),
+                    Token::Storage { id, held } => found.push((id, held, result)),
+                    _ => unreachable!("only wake-ups and storage operations here"),
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn bytes_posted_from_another_thread_land_in_the_parked_buffer() {
+        let (mut ring, fd) = ring_with_waker();
+        let done = ring.defer(id(3), Held::Buf(Buf::heap(8192)), 4096);
+        assert_eq!(ring.deferred(), 1);
+        std::thread::spawn(move || done.complete(4, Payload::Bytes(vec![1, 2, 3, 4]))).join().unwrap();
+        let mut got = storage_completions(&mut ring, &fd, 1);
+        let (sid, held, result) = got.pop().unwrap();
+        assert_eq!((sid, result, ring.deferred()), (id(3), 4, 0));
+        let Held::Buf(buf) = held else { panic!("the parked buffer comes back") };
+        assert_eq!(&buf.as_slice()[4096..4100], &[1, 2, 3, 4]);
+        assert!(buf.as_slice()[..4096].iter().chain(&buf.as_slice()[4100..]).all(|&b| b == 0));
+    }
+
+    #[test]
+    fn posts_from_many_threads_each_arrive_once() {
+        let (mut ring, fd) = ring_with_waker();
+        let completers: Vec<_> = (0..64).map(|i| ring.defer(id(i), Held::Nothing, 0)).collect();
+        let threads: Vec<_> = completers
+            .into_iter()
+            .enumerate()
+            .map(|(i, done)| std::thread::spawn(move || done.complete(i as i32, Payload::Nothing)))
+            .collect();
+        let mut got = storage_completions(&mut ring, &fd, 64);
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        got.sort_by_key(|(sid, _, _)| sid.tag.slot);
+        for (i, (sid, _, result)) in got.iter().enumerate() {
+            assert_eq!((sid.tag.slot as usize, *result as usize), (i, i));
+        }
+        assert_eq!(ring.deferred(), 0);
+    }
+
+    #[test]
+    fn a_completer_dropped_unanswered_cancels_and_returns_what_was_parked() {
+        let (mut ring, fd) = ring_with_waker();
+        let done = ring.defer(id(1), Held::Extents(Vec::new()), 0);
+        std::thread::spawn(move || drop(done)).join().unwrap();
+        let (_, held, result) = storage_completions(&mut ring, &fd, 1).pop().unwrap();
+        assert_eq!(result, -libc::ECANCELED);
+        assert!(matches!(held, Held::Extents(_)));
+    }
+
+    #[test]
+    fn extents_posted_replace_the_parked_list() {
+        let (mut ring, fd) = ring_with_waker();
+        let done = ring.defer(id(1), Held::Extents(Vec::new()), 0);
+        let extents = vec![Extent { length: 512, flags: 3 }, Extent { length: 4096, flags: 0 }];
+        let sent = extents.clone();
+        std::thread::spawn(move || done.complete(0, Payload::Extents(sent))).join().unwrap();
+        let (_, held, result) = storage_completions(&mut ring, &fd, 1).pop().unwrap();
+        assert_eq!(result, 0);
+        assert!(matches!(held, Held::Extents(e) if e == extents));
+    }
+
+    #[test]
+    fn parked_buffers_go_with_the_ring_and_later_posts_are_dropped() {
+        let mut pool = Pool::new(1 << 20, 1 << 20).unwrap();
+        let full = pool.free_bytes();
+        let (mut ring, _fd) = ring_with_waker();
+        let done = ring.defer(id(1), Held::Buf(pool.get(4096)), 0);
+        assert!(pool.free_bytes() < full);
+        drop(ring);
+        assert_eq!(pool.free_bytes(), full, "the parked buffer went back to the pool with the ring");
+        done.complete(4096, Payload::Bytes(vec![9; 4096]));
+    }
 }

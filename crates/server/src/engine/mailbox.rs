@@ -1,0 +1,248 @@
+//! Completions that arrive from other threads. A backend whose work runs elsewhere (a remote
+//! export reached through the async client) parks its storage operation in the ring with
+//! `Ring::defer` and gets a `Completer`: `Send`, holding plain integers and a handle on this
+//! mailbox, never a buffer. The other thread posts the result through it and wakes the
+//! worker's eventfd; the ring's next `wait` takes the parked operation back, copies any
+//! returned bytes into its buffer on the worker thread, and hands it out as an ordinary
+//! `Completion`. Buffers never leave their worker, so no `unsafe` is needed here.
+//!
+//! Every parked operation is answered exactly once: `complete` consumes the completer, and a
+//! completer dropped unanswered (its task cancelled, its runtime shut down) posts ECANCELED.
+//! Parked operations belong to the mailbox and are dropped with the ring; posts that arrive
+//! after that find the mailbox closed and are dropped by the poster.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use sluice_proto::reply::Extent;
+
+use super::op::{Completion, Held, StorageId, Token};
+
+/// A parked operation's place in the mailbox: its slot and the slot's generation when it
+/// was parked, so that a ticket outliving its operation can never take another's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ticket {
+    index: u32,
+    generation: u32,
+}
+
+/// What a completion brings back besides its result.
+pub enum Payload {
+    Nothing,
+    /// Bytes read: copied into the parked buffer at the offset given to `defer`.
+    Bytes(Vec<u8>),
+    /// Extents found: they replace what was parked (an empty `Held::Extents`, which an
+    /// operation cancelled without an answer still returns).
+    Extents(Vec<Extent>),
+}
+
+struct Post {
+    ticket: Ticket,
+    result: i32,
+    payload: Payload,
+}
+
+/// The part other threads reach: the posts not yet taken (None once the ring is gone) and
+/// the eventfd that ends the worker's wait.
+struct Shared {
+    posts: Mutex<Option<Vec<Post>>>,
+    waker: OnceLock<Arc<OwnedFd>>,
+}
+
+impl Shared {
+    fn posts(&self) -> MutexGuard<'_, Option<Vec<Post>>> {
+        // A poster cannot panic while holding the lock (it only pushes), so a poisoned lock
+        // still guards a consistent list.
+        self.posts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The right, and the duty, to complete one parked operation from any thread.
+pub struct Completer {
+    ticket: Ticket,
+    shared: Arc<Shared>,
+    posted: bool,
+}
+
+impl Completer {
+    /// Completes the operation with `result` (bytes moved, or a negative errno).
+    pub fn complete(mut self, result: i32, payload: Payload) {
+        self.post(result, payload);
+    }
+
+    fn post(&mut self, result: i32, payload: Payload) {
+        debug_assert!(!self.posted, "a parked operation is completed once");
+        self.posted = true;
+        let was_empty = match self.shared.posts().as_mut() {
+            // The ring is gone and its parked operations with it.
+            None => return,
+            Some(posts) => {
+                let was_empty = posts.is_empty();
+                posts.push(Post { ticket: self.ticket, result, payload });
+                was_empty
+            }
+        };
+        // Whoever made the list non-empty wakes the worker; the ring takes the whole list
+        // after the wake-up read completes, so later posts to a non-empty list ride along.
+        if was_empty {
+            if let Some(fd) = self.shared.waker.get() {
+                let _ = rustix::io::write(fd.as_fd(), &1u64.to_ne_bytes());
+            }
+        }
+    }
+}
+
+impl Drop for Completer {
+    fn drop(&mut self) {
+        if !self.posted {
+            self.post(-libc::ECANCELED, Payload::Nothing);
+        }
+    }
+}
+
+/// A storage operation waiting for its completer.
+struct Parked {
+    id: StorageId,
+    held: Held,
+    /// Where returned bytes go in a held buffer.
+    at: usize,
+}
+
+struct Slot {
+    generation: u32,
+    parked: Option<Parked>,
+}
+
+/// The ring's side: parked operations, and the list other threads post to.
+pub(super) struct Mailbox {
+    shared: Arc<Shared>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// The list swapped in when posts are taken, so taking them allocates nothing.
+    spare: Vec<Post>,
+}
+
+impl Mailbox {
+    pub(super) fn new() -> Mailbox {
+        let shared = Arc::new(Shared { posts: Mutex::new(Some(Vec::new())), waker: OnceLock::new() });
+        Mailbox { shared, slots: Vec::new(), free: Vec::new(), spare: Vec::new() }
+    }
+
+    /// The eventfd a post writes to. Its owner keeps a read of it in flight on the ring, so
+    /// that a post ends the ring's wait. Set once; later calls are ignored.
+    pub(super) fn set_waker(&self, fd: Arc<OwnedFd>) {
+        let _ = self.shared.waker.set(fd);
+    }
+
+    pub(super) fn parked(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    pub(super) fn park(&mut self, id: StorageId, held: Held, at: usize) -> Completer {
+        let parked = Some(Parked { id, held, at });
+        let index = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize].parked = parked;
+                i
+            }
+            None => {
+                self.slots.push(Slot { generation: 0, parked });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let ticket = Ticket { index, generation: self.slots[index as usize].generation };
+        Completer { ticket, shared: Arc::clone(&self.shared), posted: false }
+    }
+
+    /// Appends a completion for every operation completed since the last call.
+    pub(super) fn collect(&mut self, out: &mut Vec<Completion>) {
+        let mut posts = std::mem::take(&mut self.spare);
+        if let Some(list) = self.shared.posts().as_mut() {
+            std::mem::swap(list, &mut posts);
+        }
+        for post in posts.drain(..) {
+            if let Some(c) = self.unpark(post) {
+                out.push(c);
+            }
+        }
+        self.spare = posts;
+    }
+
+    fn unpark(&mut self, Post { ticket, result, payload }: Post) -> Option<Completion> {
+        let Some(Parked { id, mut held, at }) = self.take(ticket) else {
+            debug_assert!(false, "a post for {ticket:?}, which is not parked");
+            return None;
+        };
+        let result = match payload {
+            Payload::Nothing => result,
+            Payload::Extents(extents) => {
+                held = Held::Extents(extents);
+                result
+            }
+            Payload::Bytes(data) => match &mut held {
+                Held::Buf(buf) if at + data.len() <= buf.len() => {
+                    buf.as_mut_slice()[at..at + data.len()].copy_from_slice(&data);
+                    result
+                }
+                _ => {
+                    debug_assert!(false, "{} bytes do not fit the buffer parked at {at}", data.len());
+                    -libc::EIO
+                }
+            },
+        };
+        Some(Completion { token: Token::Storage { id, held }, result })
+    }
+
+    /// The operation parked under `ticket`, if that is still the slot's current use.
+    fn take(&mut self, ticket: Ticket) -> Option<Parked> {
+        let slot = self.slots.get_mut(ticket.index as usize).filter(|s| s.generation == ticket.generation)?;
+        let parked = slot.parked.take()?;
+        slot.generation = slot.generation.wrapping_add(1);
+        self.free.push(ticket.index);
+        Some(parked)
+    }
+}
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        // Later posts are dropped by their posters; parked operations go with the slots.
+        self.shared.posts().take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::op::{ConnId, Tag};
+
+    fn id() -> StorageId {
+        StorageId { conn: ConnId(1), tag: Tag { slot: 2, chunk: 0 } }
+    }
+
+    #[test]
+    fn a_ticket_takes_its_operation_once_and_never_the_slots_next_use() {
+        let mut mailbox = Mailbox::new();
+        let done = mailbox.park(id(), Held::Nothing, 0);
+        let stale = done.ticket;
+        done.complete(0, Payload::Nothing);
+        let mut out = Vec::new();
+        mailbox.collect(&mut out);
+        assert_eq!((out.len(), mailbox.parked()), (1, 0));
+        let next = mailbox.park(id(), Held::Nothing, 0);
+        assert_eq!(next.ticket.index, stale.index, "the slot is reused");
+        assert!(mailbox.take(stale).is_none(), "an old ticket does not take the new operation");
+        assert!(mailbox.take(next.ticket).is_some());
+        // Its completer's post now names nothing parked; release builds drop it.
+        std::mem::forget(next);
+    }
+
+    #[test]
+    fn posts_after_the_mailbox_closed_are_dropped_by_the_poster() {
+        let mut mailbox = Mailbox::new();
+        let done = mailbox.park(id(), Held::Nothing, 0);
+        let shared = Arc::clone(&mailbox.shared);
+        drop(mailbox);
+        done.complete(0, Payload::Bytes(vec![1; 64]));
+        assert!(shared.posts().is_none());
+    }
+}
