@@ -188,14 +188,17 @@ impl Export {
     }
 
     pub fn summary(&self) -> ExportSummary {
+        let caps = self.caps();
+        // Unaligned requests work on every local path (bounced or through the page cache),
+        // so the minimum is 1 unless the storage itself refuses them (a remote server that
+        // asks for more); the preferred size tells clients what avoids the bounce.
+        let block_min = caps.block_min.unwrap_or(1);
         ExportSummary {
             size: self.backend.size(),
             flags: self.flags(),
             description: self.description.clone(),
-            block_min: 1,
-            // Unaligned requests work on every path (bounced or through the page cache), so
-            // the minimum stays 1; the preferred size tells clients what avoids the bounce.
-            block_preferred: BLOCK_PREFERRED_BYTES.max(self.caps().direct_align.unwrap_or(0) as u32),
+            block_min,
+            block_preferred: BLOCK_PREFERRED_BYTES.max(caps.direct_align.unwrap_or(0) as u32).max(block_min),
             block_max: REQUEST_PAYLOAD_MAX_BYTES,
         }
     }

@@ -173,8 +173,8 @@ impl Exec {
                 StorageOp::Write { offset, buf, at: self.done, len, fua: fua && self.caps.fua, direct }
             }
             (Stage::Main, Command::Trim { range, .. }) => StorageOp::Trim { offset: range.offset, len: range.length as u64 },
-            (Stage::Main, Command::WriteZeroes { range, may_trim, .. }) => {
-                StorageOp::Zero { offset: range.offset, len: range.length as u64, may_trim }
+            (Stage::Main, Command::WriteZeroes { range, may_trim, fast, .. }) => {
+                StorageOp::Zero { offset: range.offset, len: range.length as u64, may_trim, fast }
             }
             (Stage::ZeroFill, Command::WriteZeroes { range, fua, .. }) => {
                 let len = (range.length as usize - self.done).min(ZERO_FILL_CHUNK_BYTES);

@@ -190,7 +190,7 @@ impl Backend for FileBackend {
             StorageOp::Trim { offset, len } => {
                 ring.fallocate(self.fd.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | KEEP, offset, len, id)
             }
-            StorageOp::Zero { offset, len, may_trim } => {
+            StorageOp::Zero { offset, len, may_trim, .. } => {
                 let mode = if may_trim && self.caps.trim { libc::FALLOC_FL_PUNCH_HOLE } else { libc::FALLOC_FL_ZERO_RANGE };
                 ring.fallocate(self.fd.as_raw_fd(), mode | KEEP, offset, len, id)
             }

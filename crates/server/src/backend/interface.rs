@@ -26,6 +26,10 @@ pub struct Caps {
     /// Every operation completes at once with no storage behind it: reads gain nothing
     /// from being split and pipelined.
     pub instant: bool,
+    /// Writes and zeroing must start and end on multiples of this many bytes (a power of
+    /// two; the storage refuses others), advertised as the export's minimum block size.
+    /// None: any byte offset works.
+    pub block_min: Option<u32>,
 }
 
 /// One operation on a backend's storage. Buffers and pipes are passed by ownership and
@@ -38,8 +42,10 @@ pub enum StorageOp {
     Write { offset: u64, buf: Buf, at: usize, len: usize, fua: bool, direct: bool },
     Flush,
     Trim { offset: u64, len: u64 },
-    /// Zeroes a range natively; `may_trim` allows leaving a hole.
-    Zero { offset: u64, len: u64, may_trim: bool },
+    /// Zeroes a range natively; `may_trim` allows leaving a hole. `fast` is the client's
+    /// FAST_ZERO: fail with EOPNOTSUPP rather than zero slowly (a local primitive is always
+    /// fast; a remote one may not be).
+    Zero { offset: u64, len: u64, may_trim: bool, fast: bool },
     /// A hint to bring the range into the cache.
     Cache { offset: u64, len: u64 },
     /// Appends allocation extents covering a prefix of the range; `one` wants just one.

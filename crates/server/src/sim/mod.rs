@@ -157,6 +157,8 @@ fn random_export(rng: &mut Rng) -> Export {
         splice: data_path.uses_splice(),
         direct_align: data_path.uses_direct().then_some(4096),
         instant: rng.below(8) == 0,
+        // The simulated client writes at any offset.
+        block_min: None,
     };
     Export {
         name: "sim".into(),
