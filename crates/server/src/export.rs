@@ -12,7 +12,7 @@ use sluice_proto::{Catalog, ExportSummary};
 
 use serde::Deserialize;
 
-use crate::backend::{self, Backend, Caps, FileBackend, NullBackend};
+use crate::backend::{self, Backend, Caps, FileBackend, NullBackend, RemoteBackend};
 use crate::limits::BLOCK_PREFERRED_BYTES;
 
 /// Where an export's data lives, as written on the command line or in the config file.
@@ -21,6 +21,9 @@ pub enum Spec {
     Path(PathBuf),
     Memory(u64),
     Null(u64),
+    /// Another NBD server's export (`nbd://`, `nbd+unix://`) or a sluice pool (`pool:FILE`),
+    /// as written: the client library parses it when the export opens.
+    Remote(String),
 }
 
 #[derive(Debug)]
@@ -35,8 +38,21 @@ impl fmt::Display for SpecError {
 impl std::error::Error for SpecError {}
 
 impl Spec {
-    /// `memory:SIZE`, `null:SIZE`, or a path (`file:PATH` also works for odd names).
+    /// `memory:SIZE`, `null:SIZE`, an NBD URI (`nbd://HOST[:PORT]/NAME`,
+    /// `nbd+unix:///NAME?socket=PATH`), `pool:FILE`, or a path (`file:PATH` also works for
+    /// odd names).
     pub fn parse(s: &str) -> Result<Spec, SpecError> {
+        if is_nbd_uri(s) {
+            // Checked now, so a typo is a usage error before anything is opened.
+            sluice_client::Uri::parse(s).map_err(|e| SpecError(e.to_string()))?;
+            return Ok(Spec::Remote(s.to_owned()));
+        }
+        if let Some(path) = s.strip_prefix("pool:") {
+            if path.is_empty() {
+                return Err(SpecError("pool: needs the path of the pool's file".into()));
+            }
+            return Ok(Spec::Remote(s.to_owned()));
+        }
         if let Some(size) = s.strip_prefix("memory:") {
             return Ok(Spec::Memory(parse_size(size)?));
         }
@@ -48,6 +64,26 @@ impl Spec {
             return Err(SpecError("empty export path".into()));
         }
         Ok(Spec::Path(PathBuf::from(path)))
+    }
+}
+
+/// `nbd://`, `nbd+unix://` and the other schemes of the NBD URI specification, whatever
+/// their case; the client library says which it supports.
+fn is_nbd_uri(s: &str) -> bool {
+    s.split_once("://").is_some_and(|(scheme, _)| {
+        let scheme = scheme.to_ascii_lowercase();
+        scheme == "nbd" || scheme == "nbds" || scheme.starts_with("nbd+") || scheme.starts_with("nbds+")
+    })
+}
+
+impl fmt::Display for Spec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Spec::Path(p) => write!(f, "{}", p.display()),
+            Spec::Memory(size) => write!(f, "memory:{size}"),
+            Spec::Null(size) => write!(f, "null:{size}"),
+            Spec::Remote(s) => f.write_str(s),
+        }
     }
 }
 
@@ -130,7 +166,7 @@ pub struct Export {
 
 impl Export {
     pub fn open(name: &str, spec: &Spec, options: Options) -> std::io::Result<Export> {
-        let Options { read_only, description, mut data_path, chunk_bytes } = options;
+        let Options { mut read_only, description, mut data_path, chunk_bytes } = options;
         let backend: Box<dyn Backend> = match spec {
             Spec::Path(p) => {
                 let mut b = FileBackend::open(p, read_only)?;
@@ -152,6 +188,16 @@ impl Export {
                 Box::new(backend::memory(*size)?)
             }
             Spec::Null(size) => Box::new(NullBackend::new(*size)),
+            Spec::Remote(s) => {
+                let b = RemoteBackend::open(s)?;
+                if b.read_only() && !read_only {
+                    log::info!("export {name:?}: {s} is read-only, so this export is too");
+                    read_only = true;
+                }
+                // Bytes arrive in memory from a socket: there is no file to splice or bypass.
+                data_path = DataPath::Copy;
+                Box::new(b)
+            }
         };
         Ok(Export { name: name.to_owned(), description, read_only, data_path, chunk_bytes, backend })
     }
@@ -270,6 +316,29 @@ mod tests {
         assert_eq!(Spec::parse("/dev/sda").unwrap(), Spec::Path("/dev/sda".into()));
         assert_eq!(Spec::parse("file:memory:x").unwrap(), Spec::Path("memory:x".into()));
         assert!(Spec::parse("memory:lots").is_err());
+        let unix = "nbd+unix:///disk?socket=/run/a.sock";
+        assert_eq!(Spec::parse(unix).unwrap(), Spec::Remote(unix.into()));
+        assert_eq!(Spec::parse("nbd://h:10809/x").unwrap(), Spec::Remote("nbd://h:10809/x".into()));
+        assert_eq!(Spec::parse("pool:/etc/p.toml").unwrap(), Spec::Remote("pool:/etc/p.toml".into()));
+        assert!(Spec::parse("nbd+unix:///disk").is_err(), "no socket");
+        assert!(Spec::parse("NBD://h:0/").is_err(), "port 0");
+        assert!(Spec::parse("pool:").is_err());
+        assert_eq!(Spec::parse("file:nbd://x").unwrap(), Spec::Path("nbd://x".into()));
+    }
+
+    #[test]
+    fn specs_display_as_written() {
+        for s in ["memory:4096", "null:1", "/dev/sda", "nbd://h:1/e", "pool:/p.toml"] {
+            assert_eq!(Spec::parse(s).unwrap().to_string(), s);
+        }
+    }
+
+    #[test]
+    fn an_unreachable_remote_is_an_open_error() {
+        let dir = std::env::temp_dir().join(format!("sluice-no-server-{}", std::process::id()));
+        let spec = Spec::parse(&format!("nbd+unix:///?socket={}", dir.display())).unwrap();
+        let e = Export::open("r", &spec, Options::default()).err().expect("nothing listens there");
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
     }
 
     #[test]

@@ -96,6 +96,21 @@ pub const SHUTDOWN_POLL_MS: u64 = 100;
 /// retrying at once would spin and fill the log.
 pub const ACCEPT_RETRY_DELAY_MS: u64 = 100;
 
+// ---- remote exports --------------------------------------------------------------------
+
+/// Connections a remote export opens to its server when the server allows multi-conn: the
+/// client library's default, enough to spread one export's traffic without holding many
+/// of the remote server's connection slots.
+pub const REMOTE_CONNECTIONS: usize = sluice_client::limits::CONNECTIONS_DEFAULT;
+
+/// Threads of each remote export's runtime. They only move bytes between sockets and
+/// buffers and wait; two keep one slow reply parser from holding up every request.
+pub const REMOTE_RUNTIME_THREADS: usize = 2;
+
+/// Time a remote export gives its server to take the disconnect at shutdown; a dead or
+/// stalled server costs no more than this.
+pub const REMOTE_DISCONNECT_TIMEOUT_MS: u64 = 1_000;
+
 // ---- the metrics endpoint ------------------------------------------------------------
 
 /// Time one scraper gets to send its request and take the whole reply. Scrapers answer

@@ -69,7 +69,7 @@ impl Outcome {
 }
 
 pub trait Backend: Send + Sync {
-    /// "file", "block", "memory" or "null", for logs and `info`.
+    /// "file", "block", "memory", "null", "nbd" or "pool", for logs and `info`.
     fn kind(&self) -> &'static str;
     fn size(&self) -> u64;
     fn caps(&self) -> Caps;

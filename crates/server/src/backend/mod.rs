@@ -1,15 +1,19 @@
-//! Backends: where an export's bytes live. A backend says what it can do (`Caps`) and
-//! carries out storage operations, either at once or by submitting them to the worker's
-//! ring, whose completion comes back later. It never sees a client: the transmission core
-//! turns requests into operations, and `emulate` fills in what a backend cannot do itself.
+//! Backends: where an export's bytes live (a file or block device, RAM, nowhere, or a
+//! remote server or pool). A backend says what it can do (`Caps`) and carries out storage
+//! operations, either at once or by submitting them to the worker's ring (or parking them
+//! there for another thread), whose completion comes back later. It never sees a client:
+//! the transmission core turns requests into operations, and `emulate` fills in what a
+//! backend cannot do itself.
 
 pub mod emulate;
 mod file;
 mod interface;
 mod memory;
 mod null;
+mod remote;
 
 pub use file::FileBackend;
 pub use interface::{Backend, Caps, Outcome, StorageOp};
 pub use memory::memory;
 pub use null::NullBackend;
+pub use remote::RemoteBackend;

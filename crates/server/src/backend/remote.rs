@@ -1,0 +1,214 @@
+//! Exports whose bytes live elsewhere: another NBD server (`nbd://`, `nbd+unix://`), or a
+//! sluice pool (`pool:FILE`), both reached through sluice's async client. The backend owns
+//! the client and a small tokio runtime. Each operation is parked in the worker's ring,
+//! runs on the runtime, and comes back through the ring's mailbox, so registered buffers
+//! never leave the worker: a write's payload is copied out once before it goes, a read's
+//! data copied in once when it arrives. A remote that fails fails only the requests on it.
+
+use std::future::Future;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_client::{Client, Error, Options, Uri};
+use sluice_proto::reply::Extent;
+use sluice_proto::wire::{STATE_HOLE, STATE_ZERO};
+use tokio::runtime::Runtime;
+
+use super::interface::{Backend, Caps, Outcome, StorageOp};
+use crate::engine::{Completer, Held, Payload, Ring, StorageId};
+use crate::errors::os_from_remote;
+use crate::limits::{EXTENTS_PER_REPLY_MAX, REMOTE_CONNECTIONS, REMOTE_DISCONNECT_TIMEOUT_MS, REMOTE_RUNTIME_THREADS};
+
+pub struct RemoteBackend {
+    kind: &'static str,
+    remote: Arc<Remote>,
+    caps: Caps,
+    runtime: Runtime,
+}
+
+/// What the runtime's tasks share with the backend.
+struct Remote {
+    client: Client,
+    spec: String,
+    /// The connection to the remote failed and the log said so; its requests now fail
+    /// one by one, quietly.
+    lost: AtomicBool,
+}
+
+impl Remote {
+    /// A storage result from a client call that moved `n` bytes.
+    fn result(&self, r: Result<usize, Error>) -> i32 {
+        match r {
+            Ok(n) => n.min(i32::MAX as usize) as i32,
+            Err(e) => {
+                let unreachable = matches!(e, Error::Io(_) | Error::Closed | Error::Protocol(_) | Error::Timeout);
+                if unreachable && !self.lost.swap(true, Ordering::Relaxed) {
+                    log::warn!("{}: {e}; requests to this export fail with EIO", self.spec);
+                } else {
+                    log::debug!("{}: request failed: {e}", self.spec);
+                }
+                -os_from_remote(&e)
+            }
+        }
+    }
+
+    /// The completion of a call that moves no data.
+    fn done(&self, r: Result<(), Error>) -> (i32, Payload) {
+        (self.result(r.map(|()| 0)), Payload::Nothing)
+    }
+}
+
+impl RemoteBackend {
+    /// Connects to `spec` (an NBD URI, or anything else `Uri::parse` takes), with several
+    /// connections when the server allows multi-conn.
+    pub fn open(spec: &str) -> io::Result<RemoteBackend> {
+        let uri = Uri::parse(spec).map_err(open_error)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(REMOTE_RUNTIME_THREADS)
+            .thread_name("sluice-remote")
+            .enable_all()
+            .build()?;
+        let options = Options { connections: REMOTE_CONNECTIONS, ..Options::default() };
+        let client = runtime.block_on(Client::connect_with(&uri, &options)).map_err(open_error)?;
+        let ex = client.export();
+        let caps = Caps {
+            trim: ex.can_trim(),
+            zero: ex.can_zero(),
+            fua: ex.can_fua(),
+            // Without base:allocation the client reports everything as data, which is true.
+            extents: true,
+            rotational: ex.rotational(),
+            block_min: Some(ex.block_min).filter(|&b| b > 1),
+            ..Caps::default()
+        };
+        let kind = if spec.starts_with("pool:") { "pool" } else { "nbd" };
+        log::debug!("{spec}: {} bytes over {} connection(s), flags {:#06x}", ex.size, client.connections(), ex.flags);
+        let remote = Arc::new(Remote { client, spec: spec.to_owned(), lost: AtomicBool::new(false) });
+        Ok(RemoteBackend { kind, remote, caps, runtime })
+    }
+
+    /// The remote export refuses writes.
+    pub fn read_only(&self) -> bool {
+        self.remote.client.export().read_only()
+    }
+
+    /// Runs `work` on the runtime and completes the parked operation with what it returns.
+    fn spawn(&self, done: Completer, work: impl Future<Output = (i32, Payload)> + Send + 'static) {
+        self.runtime.spawn(async move {
+            let (result, payload) = work.await;
+            done.complete(result, payload);
+        });
+    }
+}
+
+/// Why a remote export did not open, keeping the kind of an error from the socket.
+fn open_error(e: Error) -> io::Error {
+    let kind = match &e {
+        Error::Io(inner) => inner.kind(),
+        Error::Uri(_) => io::ErrorKind::InvalidInput,
+        Error::Timeout => io::ErrorKind::TimedOut,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+/// Appends the client's extents as base:allocation descriptors (at most `one`, or the
+/// reply's bound). The client never reports past the range asked for, which fits a u32.
+fn descriptors(found: Vec<sluice_client::Extent>, one: bool, len: u32, out: &mut Vec<Extent>) {
+    let max = if one { 1 } else { EXTENTS_PER_REPLY_MAX };
+    for e in found.into_iter().filter(|e| e.length > 0).take(max) {
+        let flags = if e.hole { STATE_HOLE } else { 0 } | if e.zero { STATE_ZERO } else { 0 };
+        out.push(Extent { length: e.length.min(len as u64) as u32, flags });
+    }
+    if out.is_empty() {
+        // Data is always a true answer.
+        out.push(Extent { length: len, flags: 0 });
+    }
+}
+
+impl Backend for RemoteBackend {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn size(&self) -> u64 {
+        self.remote.client.size()
+    }
+
+    fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    fn start(&self, op: StorageOp, id: StorageId, ring: &mut Ring) -> Option<Outcome> {
+        let remote = Arc::clone(&self.remote);
+        let ex = self.remote.client.export();
+        match op {
+            StorageOp::Read { offset, len, into: Held::Buf(buf), at, .. } => {
+                let done = ring.defer(id, Held::Buf(buf), at);
+                self.spawn(done, async move {
+                    match remote.client.read_owned(offset, vec![0; len]).await {
+                        Ok(data) => (data.len() as i32, Payload::Bytes(data)),
+                        Err(e) => (remote.result(Err(e)), Payload::Nothing),
+                    }
+                });
+            }
+            // No splice capability: reads never ask for a pipe.
+            StorageOp::Read { into, .. } => return Some(Outcome { result: -libc::EINVAL, held: into }),
+            StorageOp::Write { offset, buf, at, len, fua, .. } => {
+                // The one copy of a write: the buffer belongs to the worker thread.
+                let data = buf.as_slice()[at..at + len].to_vec();
+                let done = ring.defer(id, Held::Buf(buf), 0);
+                self.spawn(done, async move {
+                    let written = remote.client.write(offset, &data, fua).await;
+                    (remote.result(written.map(|()| len)), Payload::Nothing)
+                });
+            }
+            StorageOp::Flush => {
+                self.spawn(ring.defer(id, Held::Nothing, 0), async move { remote.done(remote.client.flush().await) })
+            }
+            StorageOp::Trim { offset, len } => self.spawn(ring.defer(id, Held::Nothing, 0), async move {
+                remote.done(remote.client.trim(offset, len, false).await)
+            }),
+            StorageOp::Zero { offset, len, may_trim, fast } => {
+                if !ex.can_zero() || (fast && !ex.can_fast_zero()) {
+                    // The emulation layer writes zeros instead, or fails a FAST_ZERO at once.
+                    return Some(Outcome { result: -libc::EOPNOTSUPP, held: Held::Nothing });
+                }
+                let zero = async move { remote.done(remote.client.write_zeroes(offset, len, false, may_trim, fast).await) };
+                self.spawn(ring.defer(id, Held::Nothing, 0), zero);
+            }
+            // A hint; a server without CACHE simply gets none.
+            StorageOp::Cache { .. } if !ex.can_cache() => return Some(Outcome { result: 0, held: Held::Nothing }),
+            StorageOp::Cache { offset, len } => self.spawn(ring.defer(id, Held::Nothing, 0), async move {
+                remote.done(remote.client.cache(offset, len).await)
+            }),
+            StorageOp::Extents { offset, len, one, mut out } => {
+                // Parked with an empty list, which comes back even if the call is cancelled.
+                let done = ring.defer(id, Held::Extents(Vec::new()), 0);
+                self.spawn(done, async move {
+                    let found = remote.client.block_status(offset, len as u64).await;
+                    let (result, _) = remote.done(found.map(|found| descriptors(found, one, len, &mut out)));
+                    (result, Payload::Extents(out))
+                });
+            }
+        }
+        None
+    }
+}
+
+impl Drop for RemoteBackend {
+    fn drop(&mut self) {
+        // A clean goodbye, so the remote server logs no broken connection; bounded, as the
+        // remote may be gone. Dropping the runtime then cancels whatever is left, and each
+        // cancelled operation is answered (ECANCELED) to a ring that may no longer exist.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Blocking inside another runtime is not allowed; the sockets just close.
+            return;
+        }
+        let limit = Duration::from_millis(REMOTE_DISCONNECT_TIMEOUT_MS);
+        let remote = Arc::clone(&self.remote);
+        let _ = self.runtime.block_on(async move { tokio::time::timeout(limit, remote.client.disconnect()).await });
+    }
+}
