@@ -26,13 +26,14 @@ const DEFAULT_MEMORY_EXPORT_BYTES: u64 = 1 << 30;
   sluice serve                          # 1 GiB RAM export on 127.0.0.1:10809 and [::1]:10809
   sluice serve disk.img                 # serve a file as the default export
   sluice serve --export vm=/dev/vdb,ro --export scratch=memory:4G
+  sluice serve --export far=nbd://10.0.0.7/disk   # re-export another NBD server's export
   sluice serve --unix /run/sluice.sock disk.img
   sluice serve --data-path direct --chunk 512K disk.img
   sluice serve --export cold=/dev/vdc,data-path=splice-direct --metrics 127.0.0.1:9109
 
 Exit status: 0 after a clean shutdown (SIGINT/SIGTERM); 1 when the server cannot start
 (address in use, io_uring unavailable); 2 for a bad command line or config file, including
-an export that cannot be opened (missing file, bad size).")]
+an export that cannot be opened (missing file, bad size, unreachable NBD server).")]
 pub struct ServeArgs {
     /// File or block device to serve as the default export (name ""). Without PATH and
     /// without --export, a 1 GiB in-memory export is served.
@@ -48,9 +49,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     unix: Vec<PathBuf>,
 
-    /// Add a named export (repeatable). SPEC is a path, memory:SIZE or null:SIZE; options
-    /// follow after commas: `ro`, `data-path=PATH`, and `description=TEXT` (last, may
-    /// contain commas).
+    /// Add a named export (repeatable). SPEC is a path, memory:SIZE, null:SIZE, an NBD URI
+    /// (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH) to re-export, or pool:FILE;
+    /// options follow after commas: `ro`, `data-path=PATH`, and `description=TEXT` (last,
+    /// may contain commas).
     #[arg(long, value_name = "NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]")]
     export: Vec<ExportEntry>,
 
@@ -173,13 +175,8 @@ fn open_exports(entries: Vec<ExportEntry>, defaults: &Options) -> Result<Exports
     let mut exports = Exports::default();
     for entry in entries {
         let name = &entry.name;
-        let export = Export::open(name, &entry.spec, entry.options(defaults)).map_err(|e| {
-            let what = match &entry.spec {
-                Spec::Path(p) => p.display().to_string(),
-                spec => format!("{spec:?}"),
-            };
-            Usage(format!("export {name:?}: cannot open {what}: {e}"))
-        })?;
+        let export = Export::open(name, &entry.spec, entry.options(defaults))
+            .map_err(|e| Usage(format!("export {name:?}: cannot open {}: {e}", entry.spec)))?;
         exports.insert(export).map_err(|e| Usage(e.to_string()))?;
     }
     Ok(exports)

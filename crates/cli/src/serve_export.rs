@@ -16,7 +16,7 @@ pub struct ExportEntry {
     /// `""` is the default export.
     #[serde(default)]
     pub name: String,
-    /// A path, `memory:SIZE` or `null:SIZE`.
+    /// A path, `memory:SIZE`, `null:SIZE`, an NBD URI or `pool:FILE`.
     #[serde(deserialize_with = "spec")]
     pub spec: Spec,
     #[serde(default)]

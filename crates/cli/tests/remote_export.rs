@@ -1,0 +1,259 @@
+//! A sluice export re-exported by a second sluice (`--export NAME=nbd://…`) carries data,
+//! flush, trim, zero and block status through byte-exact, and a dead remote fails only its
+//! own export's requests.
+mod common;
+use common::*;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const SIZE: usize = 16 << 20;
+
+/// Server A with a RAM export "disk", and server B re-exporting it as "unix" (over A's Unix
+/// socket) and "tcp" (over A's TCP port), beside a RAM export "local" of its own.
+fn remote_and_proxy(disk_options: &str) -> (Sluice, Sluice) {
+    let a = Sluice::start(&["--export", &format!("disk=memory:16M{disk_options}")]);
+    let unix = format!("unix={}", a.uri_for("disk"));
+    let tcp = format!("tcp=nbd://127.0.0.1:{}/disk", a.port);
+    let b = Sluice::start(&["--export", &unix, "--export", &tcp, "--export", "local=memory:1M"]);
+    (a, b)
+}
+
+/// Stops B, which says goodbye to A, then A; both exit cleanly.
+fn stop_both(a: Sluice, b: Sluice) {
+    let (status, log) = b.stop_with_log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert_eq!(a.stop().code(), Some(0));
+}
+
+/// Runs a Python script under nbdsh with `connect(uri, meta=False)` defined; panics with its
+/// output unless it ran to the end.
+fn nbdsh(script: &str) {
+    let prelude = "import nbd, errno\n\
+        def connect(uri, meta=False):\n    h = nbd.NBD()\n    if meta:\n        h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)\n    h.connect_uri(uri)\n    return h\n";
+    let full = format!("{prelude}\n{script}\nprint('SCRIPT-COMPLETED')\n");
+    let (ok, out, err) = run("nbdsh", &["-c", &full]);
+    assert!(ok && out.contains("SCRIPT-COMPLETED"), "nbdsh script failed\nstdout:\n{out}\nstderr:\n{err}");
+}
+
+fn nbdcopy(from: &str, to: &str) {
+    let (ok, out, err) = run("nbdcopy", &[from, to]);
+    assert!(ok, "nbdcopy {from} {to} failed\n{out}\n{err}");
+}
+
+fn assert_same(a: &[u8], b: &[u8], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: sizes differ");
+    if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
+        panic!("{what}: first difference at byte {i}");
+    }
+}
+
+#[test]
+fn data_copied_through_a_re_export_lands_on_the_remote_byte_exact() {
+    require!("nbdcopy", "nbdinfo");
+    let (a, b) = remote_and_proxy("");
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.img");
+    for (seed, name) in [(11, "unix"), (12, "tcp")] {
+        let (ok, out, err) = run("nbdinfo", &["--size", &b.uri_for(name)]);
+        assert!(ok && out.trim() == SIZE.to_string(), "nbdinfo --size through {name}: {out}{err}");
+        // Different content each time, so a copy that reached nothing shows.
+        let expected = pattern(SIZE, seed);
+        write_file(&src, &expected);
+        nbdcopy(src.to_str().unwrap(), &b.uri_for(name));
+        let (on_a, through_b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+        nbdcopy(&a.uri_for("disk"), on_a.to_str().unwrap());
+        nbdcopy(&b.uri_for(name), through_b.to_str().unwrap());
+        assert_same(&expected, &std::fs::read(&on_a).unwrap(), &format!("A after a copy into B's {name}"));
+        assert_same(&expected, &std::fs::read(&through_b).unwrap(), &format!("B's {name} read back"));
+    }
+    stop_both(a, b);
+}
+
+#[test]
+fn flush_fua_trim_zero_cache_and_block_status_pass_through() {
+    require!("nbdsh");
+    let (a, b) = remote_and_proxy("");
+    nbdsh(&format!(
+        r#"
+MiB = 1 << 20
+b = connect("{b}", meta=True)
+a = connect("{a}", meta=True)
+assert b.get_size() == a.get_size()
+assert b.can_trim() and b.can_zero() and b.can_fast_zero() and b.can_fua() and b.can_flush()
+data = bytes(range(256)) * (4 * MiB // 256)
+b.pwrite(data, 0)
+b.flush()
+assert a.pread(4 * MiB, 0) == data
+b.pwrite(b"\xab" * 4096, 8 * MiB, nbd.CMD_FLAG_FUA)
+assert a.pread(4096, 8 * MiB) == b"\xab" * 4096
+
+# A RAM export punches holes: trimmed bytes read back as zeros on A.
+b.trim(MiB, MiB)
+assert a.pread(MiB, MiB) == bytes(MiB)
+b.zero(MiB, 2 * MiB, nbd.CMD_FLAG_NO_HOLE)
+assert a.pread(MiB, 2 * MiB) == bytes(MiB)
+b.zero(64 * 1024, 3 * MiB, nbd.CMD_FLAG_FAST_ZERO | nbd.CMD_FLAG_FUA)
+assert a.pread(64 * 1024, 3 * MiB) == bytes(64 * 1024)
+# A zeroes without holes only by writing zeros, so it refuses that under FAST_ZERO; B says so too.
+try:
+    b.zero(4096, 0, nbd.CMD_FLAG_FAST_ZERO | nbd.CMD_FLAG_NO_HOLE)
+    raise AssertionError("a slow fast zero succeeded")
+except nbd.Error as e:
+    assert e.errnum == errno.ENOTSUP, e
+assert b.pread(4 * MiB, 0) == data[:MiB] + bytes(2 * MiB + 64 * 1024) + data[3 * MiB + 64 * 1024:]
+b.cache(MiB, 0)
+
+def extents(h):
+    out = []
+    def cb(ctx, off, entries, err):
+        out.extend(zip(entries[0::2], entries[1::2]))
+        return 0
+    h.block_status(4 * MiB, 0, cb)
+    return out
+
+# The same allocation map, holes where A punched them.
+assert extents(b) == extents(a), (extents(b), extents(a))
+assert any(flags & nbd.STATE_HOLE for _, flags in extents(b))
+b.flush()
+"#,
+        b = b.uri_for("unix"),
+        a = a.uri_for("disk"),
+    ));
+    stop_both(a, b);
+}
+
+#[test]
+fn a_read_only_remote_makes_a_read_only_re_export() {
+    require!("nbdsh");
+    let (a, b) = remote_and_proxy(",ro");
+    nbdsh(&format!(
+        r#"
+b = connect("{b}")
+assert b.is_read_only()
+assert b.pread(4096, 0) == bytes(4096)
+"#,
+        b = b.uri_for("tcp"),
+    ));
+    stop_both(a, b);
+}
+
+#[test]
+fn a_dead_remote_fails_its_requests_while_the_server_serves_other_exports() {
+    require!("nbdsh");
+    let (a, mut b) = remote_and_proxy("");
+    // Killed, and its exit waited for: every connection B had to it is closed.
+    drop(a);
+    nbdsh(&format!(
+        r#"
+def fails_with_eio(what, f, *args):
+    try:
+        f(*args)
+    except nbd.Error as e:
+        assert e.errnum == errno.EIO, "%s: expected EIO, got %s (%s)" % (what, e.errnum, e.string)
+        return
+    raise AssertionError("%s succeeded with the remote gone" % what)
+
+for uri in ["{unix}", "{tcp}"]:
+    h = connect(uri)
+    fails_with_eio("read", h.pread, 4096, 0)
+    fails_with_eio("write", h.pwrite, b"x" * 4096, 0)
+    fails_with_eio("flush", h.flush)
+    # The connection itself stays usable: the next request gets its own answer.
+    fails_with_eio("second read", h.pread, 512, 4096)
+    h.shutdown()
+
+local = connect("{local}")
+local.pwrite(b"still here" * 100, 0)
+assert local.pread(1000, 0) == b"still here" * 100
+"#,
+        unix = b.uri_for("unix"),
+        tcp = b.uri_for("tcp"),
+        local = b.uri_for("local"),
+    ));
+    assert!(b.alive(), "B died with its remote: {}", b.log_text());
+    let (status, log) = b.stop_with_log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn an_unreachable_remote_is_a_usage_error_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nobody.sock");
+    let spec = format!("p=nbd+unix:///disk?socket={}", missing.display());
+    let sock = dir.path().join("nbd.sock");
+    let mut child = Command::new(SLUICE)
+        .args(["serve", "--export", &spec, "--unix", sock.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_timeout(&mut child, Duration::from_secs(30)).expect("sluice exits when its remote is unreachable");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("export \"p\": cannot open nbd+unix:///disk?socket={}", missing.display())), "{err}");
+    assert!(!sock.exists(), "nothing was served");
+}
+
+/// An nbdkit RAM disk that asks for 512-byte blocks and fails every write with ENOSPC;
+/// killed when dropped.
+struct Nbdkit {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+    uri: String,
+}
+
+impl Nbdkit {
+    fn start() -> Nbdkit {
+        let dir = tempfile::tempdir().unwrap();
+        let (sock, pidfile) = (dir.path().join("nbdkit.sock"), dir.path().join("nbdkit.pid"));
+        let child = Command::new("nbdkit")
+            .args(["-f", "-U", sock.to_str().unwrap(), "-P", pidfile.to_str().unwrap()])
+            .args(["--filter=blocksize-policy", "--filter=error", "memory", "4M"])
+            .args(["blocksize-minimum=512", "error=ENOSPC", "error-pwrite-rate=100%"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nbdkit");
+        // nbdkit writes its pid file once it listens.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !pidfile.exists() {
+            assert!(std::time::Instant::now() < deadline, "nbdkit did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let uri = format!("nbd+unix:///?socket={}", sock.display());
+        Nbdkit { child, _dir: dir, uri }
+    }
+}
+
+impl Drop for Nbdkit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn another_servers_block_size_and_errors_come_through() {
+    require!("nbdkit", "nbdsh");
+    let kit = Nbdkit::start();
+    let b = Sluice::start(&["--export", &format!("kit={}", kit.uri)]);
+    nbdsh(&format!(
+        r#"
+b = connect("{b}")
+assert b.get_block_size(nbd.SIZE_MINIMUM) == 512, b.get_block_size(nbd.SIZE_MINIMUM)
+assert b.get_block_size(nbd.SIZE_PREFERRED) >= 512
+assert b.pread(4096, 512) == bytes(4096)
+try:
+    b.pwrite(b"x" * 4096, 0)
+    raise AssertionError("nbdkit's failure was lost")
+except nbd.Error as e:
+    assert e.errnum == errno.ENOSPC, e
+"#,
+        b = b.uri_for("kit"),
+    ));
+    assert_eq!(b.stop().code(), Some(0));
+}
