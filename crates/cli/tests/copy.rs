@@ -4,9 +4,9 @@ mod common;
 use common::*;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
@@ -311,45 +311,6 @@ fn export_to_export_copies_everything() {
     );
     assert_eq!(one.stop().code(), Some(0));
     assert_eq!(two.stop().code(), Some(0));
-}
-
-/// A foreground nbdkit on a private socket, killed on drop.
-struct Nbdkit {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Nbdkit {
-    fn start(dir: &Path, tag: &str, plugin_args: &[&str]) -> Nbdkit {
-        let socket = dir.join(format!("{tag}.sock"));
-        let child = Command::new("nbdkit")
-            .args(["-f", "-U", s(&socket)])
-            .args(plugin_args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nbdkit");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nbdkit {plugin_args:?} did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Nbdkit { child, socket }
-    }
-
-    fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.socket.display())
-    }
-}
-
-impl Drop for Nbdkit {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

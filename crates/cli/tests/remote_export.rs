@@ -197,50 +197,15 @@ fn an_unreachable_remote_is_a_usage_error_at_start() {
     assert!(!sock.exists(), "nothing was served");
 }
 
-/// An nbdkit RAM disk that asks for 512-byte blocks and fails every write with ENOSPC;
-/// killed when dropped.
-struct Nbdkit {
-    child: std::process::Child,
-    _dir: tempfile::TempDir,
-    uri: String,
-}
-
-impl Nbdkit {
-    fn start() -> Nbdkit {
-        let dir = tempfile::tempdir().unwrap();
-        let (sock, pidfile) = (dir.path().join("nbdkit.sock"), dir.path().join("nbdkit.pid"));
-        let child = Command::new("nbdkit")
-            .args(["-f", "-U", sock.to_str().unwrap(), "-P", pidfile.to_str().unwrap()])
-            .args(["--filter=blocksize-policy", "--filter=error", "memory", "4M"])
-            .args(["blocksize-minimum=512", "error=ENOSPC", "error-pwrite-rate=100%"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn nbdkit");
-        // nbdkit writes its pid file once it listens.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !pidfile.exists() {
-            assert!(std::time::Instant::now() < deadline, "nbdkit did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let uri = format!("nbd+unix:///?socket={}", sock.display());
-        Nbdkit { child, _dir: dir, uri }
-    }
-}
-
-impl Drop for Nbdkit {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn another_servers_block_size_and_errors_come_through() {
     require!("nbdkit", "nbdsh");
-    let kit = Nbdkit::start();
-    let b = Sluice::start(&["--export", &format!("kit={}", kit.uri)]);
+    let dir = tempfile::tempdir().unwrap();
+    // A RAM disk that asks for 512-byte blocks and fails every write with ENOSPC.
+    let filters = ["--filter=blocksize-policy", "--filter=error"];
+    let params = ["blocksize-minimum=512", "error=ENOSPC", "error-pwrite-rate=100%"];
+    let kit = Nbdkit::start(dir.path(), "kit", &[&filters[..], &["memory", "4M"], &params[..]].concat());
+    let b = Sluice::start(&["--export", &format!("kit={}", kit.uri())]);
     nbdsh(&format!(
         r#"
 b = connect("{b}")

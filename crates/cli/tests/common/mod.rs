@@ -267,3 +267,42 @@ impl Sluice {
         (status, self.log_text())
     }
 }
+
+/// A foreground nbdkit on a private socket, killed on drop.
+pub struct Nbdkit {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Nbdkit {
+    pub fn start(dir: &Path, tag: &str, plugin_args: &[&str]) -> Nbdkit {
+        let socket = dir.join(format!("{tag}.sock"));
+        let child = Command::new("nbdkit")
+            .args(["-f", "-U", socket.to_str().expect("a UTF-8 path")])
+            .args(plugin_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nbdkit");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nbdkit {plugin_args:?} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Nbdkit { child, socket }
+    }
+
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.socket.display())
+    }
+}
+
+impl Drop for Nbdkit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
