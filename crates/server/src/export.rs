@@ -42,15 +42,9 @@ impl Spec {
     /// `nbd+unix:///NAME?socket=PATH`), `pool:FILE`, or a path (`file:PATH` also works for
     /// odd names).
     pub fn parse(s: &str) -> Result<Spec, SpecError> {
-        if is_nbd_uri(s) {
+        if is_nbd_uri(s) || s.starts_with("pool:") {
             // Checked now, so a typo is a usage error before anything is opened.
             sluice_client::Uri::parse(s).map_err(|e| SpecError(e.to_string()))?;
-            return Ok(Spec::Remote(s.to_owned()));
-        }
-        if let Some(path) = s.strip_prefix("pool:") {
-            if path.is_empty() {
-                return Err(SpecError("pool: needs the path of the pool's file".into()));
-            }
             return Ok(Spec::Remote(s.to_owned()));
         }
         if let Some(size) = s.strip_prefix("memory:") {

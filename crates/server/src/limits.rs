@@ -107,9 +107,11 @@ pub const REMOTE_CONNECTIONS: usize = sluice_client::limits::CONNECTIONS_DEFAULT
 /// buffers and wait; two keep one slow reply parser from holding up every request.
 pub const REMOTE_RUNTIME_THREADS: usize = 2;
 
-/// Time a remote export gives its server to take the disconnect at shutdown; a dead or
-/// stalled server costs no more than this.
-pub const REMOTE_DISCONNECT_TIMEOUT_MS: u64 = 1_000;
+/// Time a remote export gets at shutdown to say goodbye. A server takes NBD_CMD_DISC at
+/// once and a dead one fails it at once; a pool stops cleanly within its member timeout
+/// (5 s by default) plus 2 s, releasing its superblocks (cut short, the next coordinator
+/// waits out the lease and reconciles). Only a stalled remote costs this much.
+pub const REMOTE_DISCONNECT_TIMEOUT_MS: u64 = 10_000;
 
 // ---- the metrics endpoint ------------------------------------------------------------
 

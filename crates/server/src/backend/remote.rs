@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_client::{Client, Error, Options, Uri};
+use sluice_client::{Address, Client, Error, Options, Uri};
 use sluice_proto::reply::Extent;
 use sluice_proto::wire::{STATE_HOLE, STATE_ZERO};
 use tokio::runtime::Runtime;
@@ -83,7 +83,10 @@ impl RemoteBackend {
             block_min: Some(ex.block_min).filter(|&b| b > 1),
             ..Caps::default()
         };
-        let kind = if spec.starts_with("pool:") { "pool" } else { "nbd" };
+        let kind = match uri.address {
+            Address::Pool(_) => "pool",
+            _ => "nbd",
+        };
         log::debug!("{spec}: {} bytes over {} connection(s), flags {:#06x}", ex.size, client.connections(), ex.flags);
         let remote = Arc::new(Remote { client, spec: spec.to_owned(), lost: AtomicBool::new(false) });
         Ok(RemoteBackend { kind, remote, caps, runtime })
@@ -200,9 +203,10 @@ impl Backend for RemoteBackend {
 
 impl Drop for RemoteBackend {
     fn drop(&mut self) {
-        // A clean goodbye, so the remote server logs no broken connection; bounded, as the
-        // remote may be gone. Dropping the runtime then cancels whatever is left, and each
-        // cancelled operation is answered (ECANCELED) to a ring that may no longer exist.
+        // A clean goodbye, so the remote server logs no broken connection and a pool is
+        // released for the next coordinator; bounded, as the remote may be stalled. Dropping
+        // the runtime then cancels whatever is left, and each cancelled operation is
+        // answered (ECANCELED) to a ring that may no longer exist.
         if tokio::runtime::Handle::try_current().is_ok() {
             // Blocking inside another runtime is not allowed; the sockets just close.
             return;
