@@ -18,11 +18,17 @@ fn remote_and_proxy(disk_options: &str) -> (Sluice, Sluice) {
     (a, b)
 }
 
-/// Stops B, which says goodbye to A, then A; both exit cleanly.
-fn stop_both(a: Sluice, b: Sluice) {
-    let (status, log) = b.stop_with_log();
+/// Stops a server with SIGTERM; it exits 0 without a panic.
+fn stop_clean(s: Sluice) {
+    let (status, log) = s.stop_with_log();
     assert_eq!(status.code(), Some(0), "{log}");
-    assert_eq!(a.stop().code(), Some(0));
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Stops B, which says goodbye to A, then A.
+fn stop_both(a: Sluice, b: Sluice) {
+    stop_clean(b);
+    stop_clean(a);
 }
 
 /// Runs a Python script under nbdsh with `connect(uri, meta=False)` defined; panics with its
@@ -171,9 +177,7 @@ assert local.pread(1000, 0) == b"still here" * 100
         local = b.uri_for("local"),
     ));
     assert!(b.alive(), "B died with its remote: {}", b.log_text());
-    let (status, log) = b.stop_with_log();
-    assert_eq!(status.code(), Some(0), "{log}");
-    assert!(!log.contains("panicked"), "{log}");
+    stop_clean(b);
 }
 
 #[test]
@@ -221,4 +225,58 @@ except nbd.Error as e:
         b = b.uri_for("kit"),
     ));
     assert_eq!(b.stop().code(), Some(0));
+}
+
+/// A mirror pool over two RAM members, initialized; returns the members and `pool:FILE`.
+fn mirror_pool(dir: &std::path::Path) -> (Vec<Sluice>, String) {
+    let members: Vec<Sluice> = (0..2).map(|_| Sluice::start(&["memory:16M"])).collect();
+    let uris: Vec<String> = members.iter().map(|m| format!("{:?}", m.uri())).collect();
+    let file = dir.join("pool.toml");
+    std::fs::write(&file, format!("layout = \"mirror\"\nmembers = [{}]\n", uris.join(", "))).unwrap();
+    let spec = format!("pool:{}", file.display());
+    let out = Command::new(SLUICE).args(["pool", "init", &spec]).output().unwrap();
+    assert!(out.status.success(), "pool init: {}", String::from_utf8_lossy(&out.stderr));
+    (members, spec)
+}
+
+/// Copies `data` into `uri` and back out, and checks it came back byte-exact.
+fn round_trip(dir: &std::path::Path, uri: &str, data: &[u8], what: &str) {
+    let (src, back) = (dir.join("src.img"), dir.join("back.img"));
+    write_file(&src, data);
+    nbdcopy(src.to_str().unwrap(), uri);
+    nbdcopy(uri, back.to_str().unwrap());
+    assert_same(data, &std::fs::read(&back).unwrap(), what);
+}
+
+#[test]
+fn a_pool_served_as_an_export_mirrors_writes_is_released_and_outlives_a_member() {
+    require!("nbdcopy", "nbdinfo");
+    let dir = tempfile::tempdir().unwrap();
+    let (mut members, spec) = mirror_pool(dir.path());
+    let b = Sluice::start(&["--export", &format!("vol={spec}")]);
+    let (ok, out, err) = run("nbdinfo", &["--size", &b.uri_for("vol")]);
+    assert!(ok, "nbdinfo --size: {err}");
+    let size: usize = out.trim().parse().unwrap();
+    let first = pattern(size, 21);
+    round_trip(dir.path(), &b.uri_for("vol"), &first, "served");
+    // Each member holds a copy, after its metadata.
+    for (i, m) in members.iter().enumerate() {
+        let copy = dir.path().join(format!("member{i}.img"));
+        nbdcopy(&m.uri(), copy.to_str().unwrap());
+        let bytes = std::fs::read(&copy).unwrap();
+        assert_same(&first, &bytes[bytes.len() - size..], &format!("member {i}"));
+    }
+    stop_clean(b);
+
+    // A clean stop released the pool: the next server takes it without waiting out a lease.
+    let b = Sluice::start(&["--export", &format!("vol={spec}")]);
+    let back = dir.path().join("again.img");
+    nbdcopy(&b.uri_for("vol"), back.to_str().unwrap());
+    assert_same(&first, &std::fs::read(&back).unwrap(), "served again");
+    assert!(!b.log_text().contains("name an owner"), "{}", b.log_text());
+
+    // One mirror copy is enough to go on.
+    drop(members.pop());
+    round_trip(dir.path(), &b.uri_for("vol"), &pattern(size, 22), "one member gone");
+    stop_clean(b);
 }
