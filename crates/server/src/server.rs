@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::export::Exports;
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Listener};
-use crate::metrics::{self, Metrics, MetricsServer};
+use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource};
 use crate::worker;
 
 pub struct Config {
@@ -80,7 +80,17 @@ impl Server {
             return Err(StartError::Config("nothing to listen on".into()));
         }
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
-        let metrics = Metrics::new(&names);
+        let pools = config
+            .exports
+            .iter()
+            .filter(|e| e.backend.pool_status().is_some())
+            .map(|e| {
+                let export = Arc::clone(e);
+                let probe: PoolProbe = Box::new(move || export.backend.pool_status());
+                PoolSource { export: e.name.clone(), probe }
+            })
+            .collect();
+        let metrics = Metrics::with_pools(&names, pools);
         let metrics_server = match config.metrics {
             Some(addr) => Some(
                 metrics::serve_http(addr, Arc::clone(&metrics))

@@ -138,7 +138,10 @@ impl Coordinator {
         self.events += 1;
         self.gen[0] += 1;
         let what = if todo.len() as u64 == self.regions { "everything" } else { "the regions it missed" };
-        let history = format!("its events {:?}, missing since {since:?}, pool at {}", sb.as_ref().map(|s| s.events), self.events);
+        let history = match (&sb, since) {
+            (Some(sb), Some(since)) => format!("its superblock is at event {}, it left at event {since}, the pool is at {}", sb.events, self.events),
+            _ => "it carries no metadata of this pool's history".to_string(),
+        };
         self.log_member(member, &format!("is back ({history}); copying {what} ({} regions) to it", todo.len()));
         self.add_job(JobKind::Rebuild, member, todo);
     }

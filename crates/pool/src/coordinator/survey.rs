@@ -9,6 +9,9 @@ use crate::spec::{Layout, PoolSpec};
 
 /// Each member's superblock (`Ok(None)`: blank), or why the pool cannot be assembled.
 pub(super) fn decode_all(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Vec<Option<Superblock>>, String> {
+    if found.iter().all(Option::is_none) {
+        return Err(format!("none of the pool's {} members answers", found.len()));
+    }
     let mut out = Vec::with_capacity(found.len());
     for (i, f) in found.iter().enumerate() {
         let sb = match f {

@@ -76,4 +76,10 @@ pub trait Backend: Send + Sync {
     /// Starts `op`: either finishes it now and returns the outcome, or submits it to
     /// `ring` under `id`, and the ring's completion for `id` carries the outcome.
     fn start(&self, op: StorageOp, id: StorageId, ring: &mut Ring) -> Option<Outcome>;
+
+    /// The live state of the pool behind this backend, for metrics; `None` for anything
+    /// but a pool.
+    fn pool_status(&self) -> Option<sluice_client::pool::Status> {
+        None
+    }
 }

@@ -136,6 +136,10 @@ impl Backend for RemoteBackend {
         self.kind
     }
 
+    fn pool_status(&self) -> Option<sluice_client::pool::Status> {
+        self.remote.client.pool_status()
+    }
+
     fn size(&self) -> u64 {
         self.remote.client.size()
     }

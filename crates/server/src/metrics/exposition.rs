@@ -120,12 +120,16 @@ impl Collector for Metrics {
     }
 
     /// Leaves out a family without series (no exports), which the encoder would refuse.
+    /// Pools' families follow; they are built from the pools' state at each scrape, so
+    /// `desc` does not list them (no registry is used).
     fn collect(&self) -> Vec<MetricFamily> {
-        FAMILIES
+        let mut out: Vec<MetricFamily> = FAMILIES
             .iter()
             .map(|family| family.collect(&self.exports))
             .filter(|family| !family.get_metric().is_empty())
-            .collect()
+            .collect();
+        out.extend(super::pool::families(&self.pools));
+        out
     }
 }
 

@@ -4,7 +4,9 @@
 
 mod endpoint;
 mod exposition;
+mod pool;
 mod recorder;
 
 pub use endpoint::{serve_http, MetricsServer};
+pub use pool::{PoolProbe, PoolSource};
 pub use recorder::{Metrics, Op, Phases};

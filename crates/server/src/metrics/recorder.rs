@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::pool::PoolSource;
+
 /// Upper bound of the smallest histogram bucket. Finer steps would measure the clock, not
 /// the request.
 pub(super) const PHASE_BUCKET_SMALLEST_NS: u64 = 1_000;
@@ -114,12 +116,19 @@ pub(super) struct ExportMetrics {
 pub struct Metrics {
     pub(super) exports: Vec<ExportMetrics>,
     index: HashMap<String, usize>,
+    /// Pools among the exports, read at scrape time.
+    pub(super) pools: Vec<PoolSource>,
 }
 
 impl Metrics {
     /// Lays out every counter the server will touch. A name given twice gets one set of
     /// counters: two would render duplicate series, which Prometheus rejects.
     pub fn new(export_names: &[String]) -> Arc<Metrics> {
+        Metrics::with_pools(export_names, Vec::new())
+    }
+
+    /// `new`, and the state of the pools served, shown at every scrape.
+    pub fn with_pools(export_names: &[String], pools: Vec<PoolSource>) -> Arc<Metrics> {
         let mut index = HashMap::new();
         let mut exports = Vec::new();
         for name in export_names {
@@ -135,7 +144,7 @@ impl Metrics {
                 connections_total: AtomicU64::new(0),
             });
         }
-        Arc::new(Metrics { exports, index })
+        Arc::new(Metrics { exports, index, pools })
     }
 
     /// Index used by the hot-path calls; None for an unknown name.

@@ -1,0 +1,136 @@
+//! The state of pools that the server serves, as Prometheus families: each member's state
+//! and resync progress, and the pool's event counter, dirty regions and resynced bytes.
+//! Read from the pool's coordinator at scrape time.
+
+use prometheus::proto::{self, MetricFamily, MetricType};
+
+use sluice_client::pool::{MemberState, Status};
+
+/// Asks a pool for its state now (`None` once it is gone).
+pub type PoolProbe = Box<dyn Fn() -> Option<Status> + Send + Sync>;
+
+/// A served pool: the export's name and how to read its state.
+pub struct PoolSource {
+    pub export: String,
+    pub probe: PoolProbe,
+}
+
+const STATES: [&str; 4] = ["in-sync", "missing", "stale", "resyncing"];
+
+/// The families for every pool that answers; none when no pool is served.
+pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
+    let statuses: Vec<(&str, Status)> = pools.iter().filter_map(|p| (p.probe)().map(|s| (p.export.as_str(), s))).collect();
+    if statuses.is_empty() {
+        return Vec::new();
+    }
+    let mut state = Family::new("sluice_pool_member_state", "1 for the state each pool member is in, 0 for the others.", MetricType::GAUGE);
+    let mut done = Family::new("sluice_pool_member_resync_done_bytes", "Bytes copied to a resyncing member so far.", MetricType::GAUGE);
+    let mut total = Family::new("sluice_pool_member_resync_total_bytes", "Bytes a resyncing member needs in all.", MetricType::GAUGE);
+    let mut events = Family::new("sluice_pool_events", "The pool's event counter: it moves when a member leaves or returns.", MetricType::GAUGE);
+    let mut dirty = Family::new("sluice_pool_dirty_regions", "Regions the write-intent bitmap marks dirty.", MetricType::GAUGE);
+    let mut resynced = Family::new("sluice_pool_resynced_bytes_total", "Bytes copied by resync since the server started.", MetricType::COUNTER);
+    for (export, s) in &statuses {
+        for (i, m) in s.members.iter().enumerate() {
+            let index = i.to_string();
+            let member = [("export", *export), ("member", index.as_str()), ("uri", m.uri.as_str())];
+            for name in STATES {
+                let value = (m.state.name() == name) as u64;
+                state.gauge(&[member[0], member[1], member[2], ("state", name)], value);
+            }
+            let (d, t) = match m.state {
+                MemberState::Resyncing { done, total } => (done, total),
+                _ => (0, 0),
+            };
+            done.gauge(&member, d);
+            total.gauge(&member, t);
+        }
+        events.gauge(&[("export", export)], s.events);
+        dirty.gauge(&[("export", export)], s.dirty_regions);
+        resynced.counter(&[("export", export)], s.resynced_bytes);
+    }
+    [state, done, total, events, dirty, resynced].into_iter().map(|f| f.0).collect()
+}
+
+struct Family(MetricFamily);
+
+impl Family {
+    fn new(name: &str, help: &str, kind: MetricType) -> Family {
+        let mut f = MetricFamily::default();
+        f.set_name(name.to_string());
+        f.set_help(help.to_string());
+        f.set_field_type(kind);
+        Family(f)
+    }
+
+    fn labelled(labels: &[(&str, &str)]) -> proto::Metric {
+        let pairs = labels
+            .iter()
+            .map(|(n, v)| {
+                let mut pair = proto::LabelPair::default();
+                pair.set_name(n.to_string());
+                pair.set_value(v.to_string());
+                pair
+            })
+            .collect();
+        proto::Metric::from_label(pairs)
+    }
+
+    fn gauge(&mut self, labels: &[(&str, &str)], value: u64) {
+        let mut g = proto::Gauge::default();
+        g.set_value(value as f64);
+        let mut m = Family::labelled(labels);
+        m.set_gauge(g);
+        self.0.mut_metric().push(m);
+    }
+
+    fn counter(&mut self, labels: &[(&str, &str)], value: u64) {
+        let mut c = proto::Counter::default();
+        c.set_value(value as f64);
+        let mut m = Family::labelled(labels);
+        m.set_counter(c);
+        self.0.mut_metric().push(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_client::pool::{Layout, MemberStatus};
+
+    fn sample() -> Status {
+        Status {
+            pool_id: "00".repeat(16),
+            layout: Layout::Mirror,
+            stripe_unit: u64::MAX,
+            copies: 2,
+            size: 1 << 30,
+            events: 9,
+            region_bytes: 4 << 20,
+            dirty_regions: 3,
+            resynced_bytes: 12345,
+            owner: None,
+            members: vec![
+                MemberStatus { uri: "nbd://a/d".into(), state: MemberState::InSync },
+                MemberStatus { uri: "nbd://b/d".into(), state: MemberState::Resyncing { done: 5, total: 10 } },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_pool_shows_each_members_state_and_progress() {
+        let pools = vec![PoolSource { export: "vol".into(), probe: Box::new(|| Some(sample())) }];
+        let mut out = String::new();
+        prometheus::TextEncoder::new().encode_utf8(&families(&pools), &mut out).unwrap();
+        assert!(out.contains(r#"sluice_pool_member_state{export="vol",member="1",uri="nbd://b/d",state="resyncing"} 1"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_member_state{export="vol",member="1",uri="nbd://b/d",state="in-sync"} 0"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_member_resync_done_bytes{export="vol",member="1",uri="nbd://b/d"} 5"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_events{export="vol"} 9"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_resynced_bytes_total{export="vol"} 12345"#), "{out}");
+    }
+
+    #[test]
+    fn no_pool_no_families() {
+        let gone = vec![PoolSource { export: "vol".into(), probe: Box::new(|| None) }];
+        assert!(families(&gone).is_empty() && families(&[]).is_empty());
+    }
+}
