@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::api::{Action, Data, Found, MemberCmd, OpOutcome};
-use super::state::{JobKind, Op, Purpose, Stopping};
+use super::state::{JobKind, Op, Purpose};
 use super::Coordinator;
 use crate::limits::{HEARTBEAT_MS, META_BLOCK_BYTES};
 use crate::meta::{bitmap_block_bytes, id_text, Owner, Role, Superblock};
@@ -229,10 +229,14 @@ impl Coordinator {
                 self.issue(m, MemberCmd::Read { offset: 0, len: META_BLOCK_BYTES }, Data::Meta, Purpose::FenceCheck);
             }
         }
+        if self.fence_reads_out == 0 {
+            // No member to ask: no one else can have claimed one either.
+            self.heartbeat += 1;
+        }
     }
 
     pub(super) fn heartbeat_wakeup(&self) -> Option<u64> {
-        let possible = self.redundant() && self.fenced.is_none() && self.fence_reads_out == 0 && self.stopping == Stopping::Running;
+        let possible = self.redundant() && self.fenced.is_none() && self.fence_reads_out == 0 && !self.stopping_released();
         (possible && self.durable(0, self.startup_gen)).then_some(self.next_heartbeat)
     }
 

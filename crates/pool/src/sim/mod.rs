@@ -476,3 +476,77 @@ mod tests {
         assert!(totals.faults > seeds / 2 && totals.coordinator_crashes > 0 && totals.resynced_bytes > 0, "{totals:?}");
     }
 }
+
+/// Two coordinators assembling the same mirror at the same moment (both found it released):
+/// whatever the interleaving of their operations at the members, at most one of them ever
+/// sends a data write.
+#[cfg(test)]
+mod takeover {
+    use super::*;
+    use crate::coordinator::MemberCmd;
+
+    #[test]
+    fn two_coordinators_started_together_never_both_write() {
+        for seed in 0..200 {
+            let mut rng = Rng::seeded(seed);
+            let spec = PoolSpec { member_timeout_ms: 10_000, ..spec_for_mirror() };
+            let mut members: Vec<SimMember> = (0..2).map(|_| SimMember::new(8 << 20)).collect();
+            let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
+            for (m, bytes) in members.iter_mut().zip(crate::coordinator::format(&spec, &found, [9; 16], false).unwrap()) {
+                m.meta[..bytes.len()].copy_from_slice(&bytes);
+            }
+            let found = || members_found(&members);
+            let mut coords = [
+                Coordinator::assemble(&spec, found(), session(1), false, 0).unwrap(),
+                Coordinator::assemble(&spec, found(), session(2), false, 0).unwrap(),
+            ];
+            let mut wrote = [false, false];
+            let mut queue: Vec<(usize, Pending)> = Vec::new();
+            for coord in coords.iter_mut() {
+                coord.submit(Command::Write { offset: 0, len: SECTOR, fua: false }, 0);
+            }
+            for now in 0..5_000u64 {
+                for (c, coord) in coords.iter_mut().enumerate() {
+                    coord.tick(now);
+                    while let Some(a) = coord.poll() {
+                        if let Action::Member { op, member, cmd, data } = a {
+                            if let MemberCmd::Write { offset, .. } = cmd {
+                                wrote[c] |= offset >= META_BYTES;
+                            }
+                            let payload = vec![c as u64 + 1];
+                            queue.push((c, Pending { op, cmd, data, payload, conn: member as u64, ready_at: 0 }));
+                        }
+                    }
+                }
+                // The members carry out a random part of what arrived, in a random order.
+                let n = rng.below(queue.len() as u64 + 1) as usize;
+                for _ in 0..n {
+                    let (c, p) = queue.remove(rng.below(queue.len() as u64) as usize);
+                    let outcome = match members[p.conn as usize].apply(&p) {
+                        Done::Meta(bytes) => OpOutcome::Data(bytes),
+                        Done::Failed => OpOutcome::Failed("I/O error".into()),
+                        _ => OpOutcome::Done,
+                    };
+                    coords[c].handle(p.op, outcome, now);
+                }
+            }
+            assert!(!(wrote[0] && wrote[1]), "seed {seed}: both coordinators wrote data");
+            assert!(coords.iter().any(|c| c.fenced().is_some()), "seed {seed}: neither coordinator stood down");
+        }
+    }
+
+    fn spec_for_mirror() -> PoolSpec {
+        PoolSpec {
+            layout: Layout::Mirror,
+            stripe_unit: u64::MAX,
+            copies: 2,
+            members: vec!["sim://a".into(), "sim://b".into()],
+            member_timeout_ms: 300,
+            resync_rate_bytes_per_s: 64 << 20,
+        }
+    }
+
+    fn members_found(members: &[SimMember]) -> Vec<Option<Found>> {
+        members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect()
+    }
+}
