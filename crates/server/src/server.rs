@@ -137,7 +137,8 @@ impl Server {
             let path = if e.caps().instant { String::new() } else { format!(", {} data path", e.data_path) };
             log::info!("export {:?}: {} backend, {} bytes{ro}{path}", e.name, e.backend.kind(), e.backend.size());
         }
-        let acceptor = Arc::new(Acceptor::new(Arc::new(config.exports), handles, config.limits, Arc::clone(&shutdown)));
+        let exports = Arc::new(config.exports);
+        let acceptor = Arc::new(Acceptor::new(Arc::clone(&exports), handles, config.limits, Arc::clone(&shutdown)));
         for l in &listeners {
             log::info!("listening on {}", l.describe());
             let (a, l) = (Arc::clone(&acceptor), Arc::clone(l));
@@ -148,6 +149,11 @@ impl Server {
         }
         for j in joins {
             let _ = j.join();
+        }
+        // Accept and handshake threads may still hold the exports: say goodbye to remotes
+        // and release pools here, before the process exits.
+        for e in exports.iter() {
+            e.backend.close();
         }
         drop(metrics_server);
         Ok(())

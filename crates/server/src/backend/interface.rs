@@ -77,6 +77,12 @@ pub trait Backend: Send + Sync {
     /// `ring` under `id`, and the ring's completion for `id` carries the outcome.
     fn start(&self, op: StorageOp, id: StorageId, ring: &mut Ring) -> Option<Outcome>;
 
+    /// Lets go of what the backend holds outside this process (a remote connection, a
+    /// pool's ownership), once serving has stopped and before the process exits; may block
+    /// for a bounded time. Threads that still hold the export must not keep that from
+    /// happening, so `serve` calls this rather than leaving it to the last drop.
+    fn close(&self) {}
+
     /// The live state of the pool behind this backend, for metrics; `None` for anything
     /// but a pool.
     fn pool_status(&self) -> Option<sluice_client::pool::Status> {

@@ -35,6 +35,8 @@ struct Remote {
     /// The connection to the remote failed and the log said so; its requests now fail
     /// one by one, quietly.
     lost: AtomicBool,
+    /// The goodbye was said (at stop, or on drop).
+    closed: AtomicBool,
 }
 
 impl Remote {
@@ -88,7 +90,7 @@ impl RemoteBackend {
             _ => "nbd",
         };
         log::debug!("{spec}: {} bytes over {} connection(s), flags {:#06x}", ex.size, client.connections(), ex.flags);
-        let remote = Arc::new(Remote { client, spec: spec.to_owned(), lost: AtomicBool::new(false) });
+        let remote = Arc::new(Remote { client, spec: spec.to_owned(), lost: AtomicBool::new(false), closed: AtomicBool::new(false) });
         Ok(RemoteBackend { kind, remote, caps, runtime })
     }
 
@@ -134,6 +136,10 @@ fn descriptors(found: Vec<sluice_client::Extent>, one: bool, len: u32, out: &mut
 impl Backend for RemoteBackend {
     fn kind(&self) -> &'static str {
         self.kind
+    }
+
+    fn close(&self) {
+        self.goodbye();
     }
 
     fn pool_status(&self) -> Option<sluice_client::pool::Status> {
@@ -205,12 +211,13 @@ impl Backend for RemoteBackend {
     }
 }
 
-impl Drop for RemoteBackend {
-    fn drop(&mut self) {
-        // A clean goodbye, so the remote server logs no broken connection and a pool is
-        // released for the next coordinator; bounded, as the remote may be stalled. Dropping
-        // the runtime then cancels whatever is left, and each cancelled operation is
-        // answered (ECANCELED) to a ring that may no longer exist.
+impl RemoteBackend {
+    /// A clean goodbye, so the remote server logs no broken connection and a pool is
+    /// released for the next coordinator; bounded, as the remote may be stalled. Once.
+    fn goodbye(&self) {
+        if self.remote.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
         if tokio::runtime::Handle::try_current().is_ok() {
             // Blocking inside another runtime is not allowed; the sockets just close.
             return;
@@ -218,5 +225,13 @@ impl Drop for RemoteBackend {
         let limit = Duration::from_millis(REMOTE_DISCONNECT_TIMEOUT_MS);
         let remote = Arc::clone(&self.remote);
         let _ = self.runtime.block_on(async move { tokio::time::timeout(limit, remote.client.disconnect()).await });
+    }
+}
+
+impl Drop for RemoteBackend {
+    fn drop(&mut self) {
+        // Dropping the runtime then cancels whatever is left, and each cancelled operation
+        // is answered (ECANCELED) to a ring that may no longer exist.
+        self.goodbye();
     }
 }
