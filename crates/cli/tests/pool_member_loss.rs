@@ -4,69 +4,13 @@
 mod common;
 use common::*;
 
+use common::pool::{Pool, MIB};
 use sluice_client::pool::MemberState;
 use sluice_client::{Client, Options, Uri};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const MIB: u64 = 1 << 20;
 /// Data bytes per member after its 1 MiB of metadata: 8 write-intent regions of 4 MiB.
 const MEMBER_DATA: u64 = 32 * MIB;
-
-/// A `sluice serve FILE` on a socket of its own that survives its process, so that a
-/// restarted member is the same member.
-struct Member {
-    file: PathBuf,
-    socket: PathBuf,
-    child: Option<Child>,
-}
-
-impl Member {
-    fn new(dir: &Path, i: usize) -> Member {
-        let file = dir.join(format!("m{i}.img"));
-        std::fs::File::create(&file).unwrap().set_len(MIB + MEMBER_DATA).unwrap();
-        let mut m = Member { file, socket: dir.join(format!("m{i}.sock")), child: None };
-        m.start();
-        m
-    }
-
-    fn uri(&self) -> String {
-        format!("nbd+unix:///?socket={}", self.socket.display())
-    }
-
-    fn start(&mut self) {
-        let _ = std::fs::remove_file(&self.socket);
-        let log = std::fs::File::create(self.file.with_extension("log")).unwrap();
-        let child = Command::new(SLUICE)
-            .args(["serve", self.file.to_str().unwrap(), "--unix", self.socket.to_str().unwrap()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn sluice serve");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
-            assert!(Instant::now() < deadline, "member {} did not start", self.socket.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        let mut child = self.child.take().expect("running");
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.kill();
-        }
-    }
-}
 
 async fn write_range(pool: &Client, shadow: &mut [u8], from: u64, to: u64, seed: u64) {
     let chunk = 256 * 1024;
@@ -99,16 +43,7 @@ async fn wait_for(pool: &Client, what: &str, ok: impl Fn(&[MemberState]) -> bool
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_member_is_resynced_with_only_what_it_missed() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut members: Vec<Member> = (0..4).map(|i| Member::new(dir.path(), i)).collect();
-    let uris: Vec<String> = members.iter().map(|m| format!("{:?}", m.uri())).collect();
-    let text = format!("layout = \"raid10\"\nstripe-unit = \"64K\"\nmembers = [{}]\n", uris.join(", "));
-    let file = dir.path().join("pool.toml");
-    std::fs::write(&file, text).unwrap();
-    let spec = format!("pool:{}", file.display());
-    let (ok, _, err) = run(SLUICE, &["pool", "init", &spec]);
-    assert!(ok, "pool init: {err}");
-
+    let Pool { dir: _dir, mut members, spec } = Pool::raid10(MEMBER_DATA, "");
     let pool = Client::connect_with(&Uri::parse(&spec).unwrap(), &Options::default()).await.expect("open the pool");
     let size = pool.size();
     assert_eq!(size, 2 * MEMBER_DATA);

@@ -2,6 +2,8 @@
 //! skip loudly when one is missing.
 #![allow(dead_code)]
 
+pub mod pool;
+
 use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
