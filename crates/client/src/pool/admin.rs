@@ -65,16 +65,27 @@ pub async fn init(spec: &PoolSpec, force: bool) -> Result<Status, Error> {
 /// members that do not answer count as missing.
 pub async fn status(spec: &PoolSpec) -> Result<Status, Error> {
     let uris = member_uris(spec)?;
+    // A stopped member accepts connections and then says nothing: give each the time the
+    // pool itself gives a member.
+    let limit = std::time::Duration::from_millis(spec.member_timeout_ms);
+    let looks: Vec<_> = uris
+        .iter()
+        .map(|u| {
+            let u = u.clone();
+            tokio::spawn(async move {
+                let look = async {
+                    let m = connect(&u).await?;
+                    let f = read_found(&m).await;
+                    m.disconnect().await;
+                    f
+                };
+                tokio::time::timeout(limit, look).await.unwrap_or(Err(Error::Timeout))
+            })
+        })
+        .collect();
     let mut found = Vec::with_capacity(uris.len());
-    for (m, u) in connect_all(&uris, connect).await.into_iter().zip(&uris) {
-        let f = match m {
-            Ok(m) => {
-                let f = read_found(&m).await;
-                m.disconnect().await;
-                f
-            }
-            Err(e) => Err(e),
-        };
+    for (look, u) in looks.into_iter().zip(&uris) {
+        let f = look.await.unwrap_or_else(|e| Err(Error::Pool(e.to_string())));
         if let Err(e) = &f {
             log::info!("pool member {u} does not answer: {e}");
         }
