@@ -27,7 +27,9 @@ pub enum Role {
     /// with the same history.
     Missing { since: u64 },
     /// Being copied to: `done` of `total` bytes. It takes writes but serves no reads.
-    Rebuilding { done: u64, total: u64 },
+    /// `full`: it gets every region (it was blank or of unknown history), so an interrupted
+    /// rebuild must start over rather than copy only dirty regions.
+    Rebuilding { done: u64, total: u64, full: bool },
 }
 
 /// Who is coordinating a mirrored pool: one at a time.
@@ -103,7 +105,8 @@ impl Superblock {
             let (kind, x, y) = match *role {
                 Role::Active => (1u8, 0, 0),
                 Role::Missing { since } => (2, since, 0),
-                Role::Rebuilding { done, total } => (3, done, total),
+                Role::Rebuilding { done, total, full: false } => (3, done, total),
+                Role::Rebuilding { done, total, full: true } => (4, done, total),
             };
             b[at] = kind;
             b[at + 1..at + 9].copy_from_slice(&x.to_le_bytes());
@@ -151,7 +154,8 @@ impl Superblock {
             roles.push(match b[at] {
                 1 => Role::Active,
                 2 => Role::Missing { since: x },
-                3 => Role::Rebuilding { done: x, total: y },
+                3 => Role::Rebuilding { done: x, total: y, full: false },
+                4 => Role::Rebuilding { done: x, total: y, full: true },
                 k => return Err(format!("its pool superblock has an unknown role {k}")),
             });
         }
@@ -229,7 +233,7 @@ mod tests {
             region_bytes: 4 << 20,
             events: 42,
             owner: Owner { session: 9, heartbeat: 100, pid: 1234, host: "node-a".into() },
-            roles: vec![Role::Active, Role::Missing { since: 40 }, Role::Rebuilding { done: 5, total: 10 }, Role::Active],
+            roles: vec![Role::Active, Role::Missing { since: 40 }, Role::Rebuilding { done: 5, total: 10, full: true }, Role::Active],
         }
     }
 

@@ -75,6 +75,7 @@ impl Coordinator {
             next_id: 0,
             now,
             startup_gen: 1,
+            fail_gen: 0,
             next_heartbeat: now + HEARTBEAT_MS,
             fence_reads_out: 0,
             fenced: None,
@@ -118,10 +119,11 @@ impl Coordinator {
                 (Role::Active, Some(_)) => None,
                 (Role::Missing { since }, Some(sb)) if since <= sb.events && sb.events < auth.events => Some(self.dirty_regions()),
                 (Role::Missing { .. }, Some(_)) => Some(all.clone()),
+                (Role::Rebuilding { full: true, .. }, Some(_)) => Some(all.clone()),
                 (Role::Rebuilding { .. }, Some(_)) => Some(self.dirty_regions()),
             };
             if let Some(todo) = todo {
-                self.members[m].role = Role::Rebuilding { done: 0, total: 0 };
+                self.members[m].role = Role::Rebuilding { done: 0, total: 0, full: false };
                 self.add_job(JobKind::Rebuild, m, todo);
             }
         }
@@ -149,7 +151,9 @@ impl Coordinator {
     pub(super) fn add_job(&mut self, kind: JobKind, target: usize, todo: BTreeSet<u64>) {
         let total_bytes = todo.iter().map(|&r| self.region_len(r)).sum();
         if let Role::Rebuilding { .. } = self.members[target].role {
-            self.members[target].role = Role::Rebuilding { done: 0, total: total_bytes };
+            // Copying every region, for whatever reason, is remembered as such.
+            let full = todo.len() as u64 == self.regions;
+            self.members[target].role = Role::Rebuilding { done: 0, total: total_bytes, full };
         }
         let job = Job {
             kind,
@@ -162,10 +166,8 @@ impl Coordinator {
             total_bytes,
             flushing: false,
         };
-        match self.jobs.iter().position(Option::is_none) {
-            Some(i) => self.jobs[i] = Some(job),
-            None => self.jobs.push(Some(job)),
-        }
+        // Slots are never reused: a copy still out for an ended job must not find a new one.
+        self.jobs.push(Some(job));
     }
 
     /// Member data bytes in region `r` (the last one may be short).

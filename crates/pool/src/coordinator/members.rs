@@ -62,6 +62,8 @@ impl Coordinator {
         let m = &self.members[member];
         let since = match m.role {
             Role::Missing { since } => since,
+            // No history can make an interrupted full rebuild partial.
+            Role::Rebuilding { full: true, .. } => u64::MAX,
             _ => m.durable_events,
         };
         // The last in-sync copy of a set stays "active" while away: nothing can be written
@@ -77,6 +79,7 @@ impl Coordinator {
         if self.redundant() {
             self.events += 1;
             self.gen[0] += 1;
+            self.fail_gen = self.gen[0];
         }
         self.requests_saw_failure(member);
         let out: Vec<_> = self.ops.iter().filter(|(_, o)| o.member == member).map(|(&id, _)| id).collect();
@@ -92,6 +95,10 @@ impl Coordinator {
     pub(super) fn rejoin(&mut self, member: usize, found: Found) {
         let sb = match Superblock::decode(&found.meta) {
             Ok(sb) => sb,
+            Err(e) if self.redundant() => {
+                self.log_member(member, &format!("{e}: it gets a full resync"));
+                None
+            }
             Err(e) => return self.log_member(member, &format!("stays out: {e}")),
         };
         if let Some(sb) = &sb {
@@ -134,7 +141,7 @@ impl Coordinator {
         m.connected = true;
         m.durable_events = sb.as_ref().map_or(0, |s| s.events);
         m.written.iter_mut().for_each(|w| *w = 0);
-        m.role = Role::Rebuilding { done: 0, total: 0 };
+        m.role = Role::Rebuilding { done: 0, total: 0, full: false };
         self.events += 1;
         self.gen[0] += 1;
         let what = if todo.len() as u64 == self.regions { "everything" } else { "the regions it missed" };
@@ -183,9 +190,9 @@ impl Coordinator {
             .iter()
             .enumerate()
             .map(|(i, m)| match m.role {
-                Role::Rebuilding { .. } => {
+                Role::Rebuilding { full, .. } => {
                     let job = self.jobs.iter().flatten().find(|j| j.target == i);
-                    Role::Rebuilding { done: job.map_or(0, |j| j.done_bytes), total: job.map_or(0, |j| j.total_bytes) }
+                    Role::Rebuilding { done: job.map_or(0, |j| j.done_bytes), total: job.map_or(0, |j| j.total_bytes), full }
                 }
                 r => r,
             })

@@ -61,6 +61,9 @@ pub struct Coordinator {
     now: u64,
     /// The superblock generation that takes the pool over; writes wait for it.
     startup_gen: u64,
+    /// The superblock generation that records the latest member failure: no write is
+    /// answered before it is durable, whether or not it used that member.
+    fail_gen: u64,
     next_heartbeat: u64,
     fence_reads_out: usize,
     fenced: Option<String>,

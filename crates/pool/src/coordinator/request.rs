@@ -135,6 +135,14 @@ impl Coordinator {
             cmd => {
                 for i in 0..req.pieces.len() {
                     let p = &req.pieces[i];
+                    if !self.map.members_of(p.set).any(|m| self.members[m].in_sync()) {
+                        // Only a copy being rebuilt is there: it must not get writes the
+                        // set's in-sync copy lacks when it returns.
+                        let f = Failure::io(format!("set {} has no in-sync member", p.set));
+                        req.failure.get_or_insert(f);
+                        continue;
+                    }
+                    let p = &req.pieces[i];
                     let (offset, len) = (META_BYTES + p.member_offset, p.len);
                     let mcmd = match cmd {
                         Command::Write { fua, .. } => MemberCmd::Write { offset, len, fua },
@@ -226,12 +234,20 @@ impl Coordinator {
         }
     }
 
+    /// The superblock generation that must be durable before `r` is answered.
+    fn needed_sb(&self, r: &Request) -> u64 {
+        match r.cmd.is_write() {
+            true => r.need_sb.max(self.fail_gen),
+            false => r.need_sb,
+        }
+    }
+
     /// Answers running requests whose operations are all back.
     pub(super) fn finish_requests(&mut self) -> bool {
         let ready: Vec<ReqId> = self
             .requests
             .iter()
-            .filter(|(_, r)| r.phase == Phase::Running && r.out == 0 && (r.failure.is_some() || self.durable(0, r.need_sb)))
+            .filter(|(_, r)| r.phase == Phase::Running && r.out == 0 && (r.failure.is_some() || self.durable(0, self.needed_sb(r))))
             .map(|(&id, _)| id)
             .collect();
         for &id in &ready {

@@ -62,6 +62,9 @@ impl Coordinator {
             while self.locks.len() < RESYNC_STEPS_MAX {
                 let Some(job) = self.jobs[j].as_ref() else { break };
                 let Some(start) = job.cursor.filter(|_| !job.flushing) else { break };
+                if !self.has_source(j) {
+                    break;
+                }
                 let end = self.chunk_end(start);
                 if !self.pace_allows(end - start) {
                     return moved;
@@ -75,7 +78,11 @@ impl Coordinator {
                 };
                 let job = self.jobs[j].as_mut().expect("checked above");
                 job.cursor = next;
-                job.chunks.insert(start);
+                if !job.chunks.insert(start) {
+                    // Still being copied from before a rewind: nothing to start again.
+                    self.paced_bytes -= end - start;
+                    continue;
+                }
                 self.locks.push(Lock { set, start, end, job: j, held: false });
                 moved = true;
             }
@@ -93,7 +100,13 @@ impl Coordinator {
             if self.running_write_overlaps(l.set, l.start, l.end) {
                 continue;
             }
-            let Some(source) = self.source_of(l.job) else { continue };
+            let Some(source) = self.source_of(l.job) else {
+                // No copy to read from (the set's last in-sync member is away): let writes
+                // through to fail, and copy this chunk again later.
+                self.drop_lock(job, start);
+                moved = true;
+                continue;
+            };
             // Finding a source may have ended a job, and its locks with it.
             let Some(i) = self.locks.iter().position(|l| l.job == job && l.start == start) else { continue };
             self.locks[i].held = true;
@@ -105,6 +118,21 @@ impl Coordinator {
         moved
     }
 
+    /// Whether job `j`'s set has an in-sync member to copy from.
+    fn has_source(&self, j: usize) -> bool {
+        let Some(job) = self.jobs[j].as_ref() else { return false };
+        self.map.members_of(job.set).any(|m| m != job.target && self.members[m].in_sync())
+    }
+
+    /// Gives up a chunk that has not started copying; the job comes back to it.
+    fn drop_lock(&mut self, j: usize, start: u64) {
+        self.locks.retain(|l| !(l.job == j && l.start == start));
+        if let Some(job) = self.jobs[j].as_mut() {
+            job.chunks.remove(&start);
+            job.cursor = Some(job.cursor.map_or(start, |c| c.min(start)));
+        }
+    }
+
     fn running_write_overlaps(&self, set: usize, start: u64, end: u64) -> bool {
         self.requests.values().filter(|r| r.phase == Phase::Running && r.cmd.is_write()).any(|r| {
             r.pieces.iter().any(|p| p.set == set && p.member_offset < end && start < p.member_offset + p.len)
@@ -114,7 +142,7 @@ impl Coordinator {
     pub(super) fn settle_copy_read(&mut self, job: usize, chunk: u64, copy: CopyId, ok: bool) {
         let target = self.jobs.get(job).and_then(Option::as_ref).map(|j| j.target);
         match target {
-            Some(t) if ok && self.members[t].live() => {
+            Some(t) if ok && self.members[t].live() && self.fenced.is_none() => {
                 let cmd = MemberCmd::Write { offset: META_BYTES + chunk, len: self.chunk_end(chunk) - chunk, fua: false };
                 self.issue(t, cmd, Data::Copy(copy), Purpose::CopyWrite { job, chunk, copy });
             }
@@ -140,7 +168,9 @@ impl Coordinator {
         job.done_bytes += len;
         self.resynced_bytes += len;
         let r = chunk / region_bytes;
-        let cursor_past = job.cursor.is_none_or(|c| c / region_bytes != r);
+        // Only a region the cursor has moved beyond is through: a rewind (a chunk to copy
+        // again) may have put the cursor before it.
+        let cursor_past = job.cursor.is_none_or(|c| c / region_bytes > r);
         if cursor_past && !job.chunks.iter().any(|c| c / region_bytes == r) {
             job.todo.remove(&r);
         }

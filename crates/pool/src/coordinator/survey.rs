@@ -118,14 +118,15 @@ pub(crate) fn format_with(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], f
 
 /// The pool's state as the members' metadata records it, without assembling it (for
 /// `pool status`; `None`: unreachable).
-/// The union of the bitmaps of every member as current as `auth`: a clean may have reached
-/// some of them and not others.
+/// The union of the bitmaps of every member of the pool: a clean may have reached some of
+/// them and not others, and a member's new superblock may have landed before its bitmap.
+/// Counting a region dirty that is not only costs a copy.
 pub(super) fn dirty_union(sbs: &[Option<Superblock>], found: &[Option<Found>], auth: &Superblock) -> Vec<u64> {
     let regions = auth.regions();
     let mut bits = vec![0u64; regions.div_ceil(64) as usize];
     for (sb, f) in sbs.iter().zip(found) {
         if let (Some(sb), Some(f)) = (sb, f) {
-            if sb.events == auth.events && f.meta.len() > META_BLOCK_BYTES as usize {
+            if sb.pool_id == auth.pool_id && f.meta.len() > META_BLOCK_BYTES as usize {
                 for (w, x) in bits.iter_mut().zip(bitmap_words(&f.meta[META_BLOCK_BYTES as usize..], regions)) {
                     *w |= x;
                 }
@@ -146,7 +147,7 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
                 (Some(_), None, _) => MemberState::Stale,
                 (Some(_), Some(_), Role::Active) => MemberState::InSync,
                 (Some(_), Some(_), Role::Missing { .. }) => MemberState::Stale,
-                (Some(_), Some(_), Role::Rebuilding { done, total }) => MemberState::Resyncing { done, total },
+                (Some(_), Some(_), Role::Rebuilding { done, total, .. }) => MemberState::Resyncing { done, total },
             };
             MemberStatus { uri: spec.members[i].clone(), state }
         })
