@@ -66,10 +66,14 @@ impl Coordinator {
             let use_ = self.uses.entry(r).or_default();
             use_.writes += 1;
             use_.last = self.now;
-            // Waiting for the current generation also covers a set still being written.
             if !req.marks.iter().any(|&(b, _)| b == block) {
-                req.marks.push((block, self.gen[block]));
+                req.marks.push((block, 0));
             }
+        }
+        // Each block's generation once every bit is set: waiting for it also covers a set
+        // still being written by an earlier request.
+        for mark in &mut req.marks {
+            mark.1 = self.gen[mark.0];
         }
     }
 

@@ -81,7 +81,7 @@ pub fn run(rng: Rng) -> Result<Report, String> {
     let spec = spec_for(&mut rng);
     let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(MEMBER_DATA_BYTES)).collect();
     let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
-    let region = 64 << (10 + rng.below(4));
+    let region = 64 << (10 + rng.below(7));
     let formatted = crate::coordinator::format_with(&spec, &found, [rng.below(255) as u8 + 1; 16], false, Some(region))?;
     for (m, bytes) in members.iter_mut().zip(formatted) {
         m.meta[..bytes.len()].copy_from_slice(&bytes);
