@@ -7,6 +7,9 @@ use crate::client::Client;
 use crate::error::Error;
 use tokio::task::JoinHandle;
 
+/// A fetch in flight: its offset and the task reading there.
+type Fetch = (u64, JoinHandle<Result<Vec<u8>, Error>>);
+
 pub struct Readahead {
     client: Client,
     window: usize,
@@ -15,7 +18,7 @@ pub struct Readahead {
     /// Data already fetched ahead: it starts at the offset.
     ready: Option<(u64, Vec<u8>)>,
     /// The fetch in flight: offset and the task reading `window` bytes there.
-    fetching: Option<(u64, JoinHandle<Result<Vec<u8>, Error>>)>,
+    fetching: Option<Fetch>,
 }
 
 impl Readahead {
