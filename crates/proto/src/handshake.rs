@@ -47,6 +47,25 @@ pub enum Next {
     Transmission(Box<Negotiated>),
     /// Flush the output and close the connection; `reason` is for the log.
     Close { reason: String },
+    /// Flush the output (the STARTTLS acknowledgement), then run the TLS handshake as the
+    /// server over the same socket; once it succeeds, call `tls_started` and read what it
+    /// asks for over TLS. If it fails, close the connection: the client was told TLS is
+    /// coming, so there is no going back to plaintext.
+    StartTls,
+}
+
+/// Whether the server offers TLS (doc/proto.md, "TLS support").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// NOTLS: STARTTLS is refused with ERR_POLICY.
+    #[default]
+    Off,
+    /// TLS at the client's choice: every option works in plaintext, and STARTTLS upgrades
+    /// (SELECTIVETLS with no TLS-only export).
+    On,
+    /// FORCEDTLS: every option but STARTTLS and ABORT is refused with ERR_TLS_REQD until
+    /// TLS is running, and EXPORT_NAME before it ends the connection.
+    Require,
 }
 
 /// Context id of base:allocation: the only context, so any fixed number serves.
@@ -63,6 +82,9 @@ enum State {
 #[derive(Debug)]
 pub struct Handshake {
     state: State,
+    tls: TlsMode,
+    /// TLS is running: a second STARTTLS is refused, nothing is refused for want of TLS.
+    tls_active: bool,
     no_zeroes: bool,
     structured: bool,
     /// Export named by the last SET_META_CONTEXT and whether it selected base:allocation.
@@ -78,7 +100,35 @@ impl Default for Handshake {
 
 impl Handshake {
     pub fn new() -> Handshake {
-        Handshake { state: State::ClientFlags, no_zeroes: false, structured: false, meta: None, options_seen: 0 }
+        Handshake::with_tls(TlsMode::Off)
+    }
+
+    pub fn with_tls(tls: TlsMode) -> Handshake {
+        Handshake {
+            state: State::ClientFlags,
+            tls,
+            tls_active: false,
+            no_zeroes: false,
+            structured: false,
+            meta: None,
+            options_seen: 0,
+        }
+    }
+
+    /// The TLS handshake that `Next::StartTls` asked for succeeded. Whatever the client
+    /// negotiated in plaintext is forgotten (an attacker could have injected it: the
+    /// structured-reply injection of CVE-2021-3716), and the next option is read over TLS.
+    pub fn tls_started(&mut self) -> Next {
+        self.tls_active = true;
+        self.structured = false;
+        self.meta = None;
+        self.state = State::OptionHeader;
+        Next::Read(OPTION_HEADER_BYTES)
+    }
+
+    /// Whether TLS is running on this connection.
+    pub fn is_tls(&self) -> bool {
+        self.tls_active
     }
 
     /// The server's opening bytes, sent before anything is read.
@@ -148,6 +198,21 @@ impl Handshake {
     fn option(&mut self, option: u32, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
         self.state = State::OptionHeader;
         let again = Next::Read(OPTION_HEADER_BYTES);
+        if self.tls == TlsMode::Require && !self.tls_active {
+            match option {
+                OPT_STARTTLS | OPT_ABORT => {}
+                OPT_EXPORT_NAME => {
+                    // No error reply exists for EXPORT_NAME: the spec says to hang up.
+                    self.state = State::Finished;
+                    return close("EXPORT_NAME before STARTTLS on a server that requires TLS");
+                }
+                _ => {
+                    // The payload was read in full by now, so the stream stays in step.
+                    option_reply(out, option, REP_ERR_TLS_REQD, b"this server requires TLS: send STARTTLS first");
+                    return again;
+                }
+            }
+        }
         match option {
             OPT_EXPORT_NAME => return self.export_name(data, catalog, out),
             OPT_ABORT => {
@@ -171,14 +236,7 @@ impl Handshake {
                 }
                 option_reply(out, option, REP_ACK, &[]);
             }
-            OPT_STARTTLS => {
-                let (kind, msg): (u32, &[u8]) = if data.is_empty() {
-                    (REP_ERR_POLICY, b"TLS is not supported by this server")
-                } else {
-                    (REP_ERR_INVALID, b"STARTTLS takes no data")
-                };
-                option_reply(out, option, kind, msg);
-            }
+            OPT_STARTTLS => return self.starttls(data, out),
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
                     option_reply(out, option, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data");
@@ -194,6 +252,24 @@ impl Handshake {
             _ => option_reply(out, option, REP_ERR_UNSUP, b"option not supported"),
         }
         again
+    }
+
+    fn starttls(&mut self, data: &[u8], out: &mut Vec<u8>) -> Next {
+        let (kind, msg): (u32, &[u8]) = if !data.is_empty() {
+            (REP_ERR_INVALID, b"STARTTLS takes no data")
+        } else if self.tls_active {
+            (REP_ERR_INVALID, b"TLS is already running")
+        } else if self.tls == TlsMode::Off {
+            (REP_ERR_POLICY, b"TLS is not enabled on this server")
+        } else {
+            option_reply(out, OPT_STARTTLS, REP_ACK, &[]);
+            // Nothing is read until the TLS handshake has run: any byte the client sent
+            // after STARTTLS belongs to TLS, never to the option parser.
+            self.state = State::Finished;
+            return Next::StartTls;
+        };
+        option_reply(out, OPT_STARTTLS, kind, msg);
+        Next::Read(OPTION_HEADER_BYTES)
     }
 
     fn export_name(&mut self, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {

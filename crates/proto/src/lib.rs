@@ -13,5 +13,5 @@ pub mod size;
 pub mod wire;
 
 pub use errno::Errno;
-pub use handshake::{Catalog, ExportSummary, Handshake, Negotiated, Next};
+pub use handshake::{Catalog, ExportSummary, Handshake, Negotiated, Next, TlsMode};
 pub use request::{validate, BadMagic, Command, Range, RawRequest, Rejection, Request, Session};

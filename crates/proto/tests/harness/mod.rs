@@ -148,6 +148,7 @@ fn check_option_outcome(option: u32, data: &[u8], out: &[u8], next: &Next, no_ze
             OPT_EXPORT_NAME => assert!(out.is_empty(), "EXPORT_NAME failure wrote {} bytes", out.len()),
             _ => panic!("option {option} closed the connection"),
         },
+        Next::StartTls => panic!("STARTTLS accepted by a server with TLS off"),
         Next::Transmission(negotiated) => {
             check_negotiated(negotiated, *structured);
             let summary = FuzzCatalog.lookup(&negotiated.export).expect("transmission on an export that exists");
