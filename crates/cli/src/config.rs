@@ -10,7 +10,7 @@ use sluice_server::export::DataPath;
 use sluice_server::Limits;
 
 use crate::serve_export::ExportEntry;
-use crate::serve_settings::{parsed_some, ChunkSize, ListenAddr, LogLevel};
+use crate::serve_settings::{parsed_some, ChunkSize, ListenAddr, LogLevel, TlsChoice};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -29,6 +29,11 @@ pub struct FileConfig {
     pub chunk: Option<ChunkSize>,
     /// Address of the Prometheus metrics endpoint, as for --metrics.
     pub metrics: Option<ListenAddr>,
+    /// TLS, as for --tls, --tls-certificates, --tls-psk and --tls-verify-peer.
+    pub tls: Option<TlsChoice>,
+    pub tls_certificates: Option<PathBuf>,
+    pub tls_psk: Option<PathBuf>,
+    pub tls_verify_peer: Option<bool>,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default, rename = "export")]
@@ -70,6 +75,10 @@ mod tests {
             data-path = "copy"
             chunk = "512K"
             metrics = "127.0.0.1:9109"
+            tls = "require"
+            tls-certificates = "/etc/sluice/pki"
+            tls-psk = "/etc/sluice/keys.psk"
+            tls-verify-peer = true
             [limits]
             inflight-requests-per-connection = 16
             [[export]]
@@ -91,6 +100,9 @@ mod tests {
         assert_eq!((c.exports[1].name.as_str(), &c.exports[1].spec), ("", &Spec::Memory(1 << 30)));
         assert_eq!(c.limits.inflight_requests_per_connection, 16);
         assert_eq!(c.limits.connections, Limits::default().connections);
+        assert_eq!(c.tls, Some(TlsChoice(sluice_proto::TlsMode::Require)));
+        assert_eq!(c.tls_certificates, Some(PathBuf::from("/etc/sluice/pki")));
+        assert_eq!((c.tls_psk, c.tls_verify_peer), (Some(PathBuf::from("/etc/sluice/keys.psk")), Some(true)));
     }
 
     #[test]
@@ -108,6 +120,7 @@ mod tests {
             ("metrics = \"nowhere\"", "metrics: address \"nowhere\" is not ADDR:PORT"),
             ("listen = [\"127.0.0.1:1\", \"x\"]", "listen[1]: address \"x\" is not ADDR:PORT"),
             ("threads = 0", "threads: "),
+            ("tls = \"maybe\"", "tls: unknown TLS mode \"maybe\""),
             ("[[export]]\nspec = \"memory:1G\"\n[[export]]\nspec = \"null:lots\"", "export[1].spec: size \"lots\""),
             ("[[export]]\nspec = \"m\"\ndata-path = \"zero-copy\"", "export[0].data-path: unknown data path \"zero-copy\""),
         ] {

@@ -8,13 +8,13 @@ use std::process::ExitCode;
 
 use clap::Args;
 use sluice_server::export::{DataPath, Options};
-use sluice_server::{Config, Export, Exports, Server, Spec};
+use sluice_server::{Config, Export, Exports, Server, Spec, TlsServer, TlsSettings};
 
 use crate::config::{self, FileConfig};
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::logger;
 use crate::serve_export::ExportEntry;
-use crate::serve_settings::{parse_threads, ChunkSize, ListenAddr, LogLevel};
+use crate::serve_settings::{parse_threads, ChunkSize, ListenAddr, LogLevel, TlsChoice};
 
 /// Default NBD port (IANA).
 const NBD_PORT: u16 = 10809;
@@ -30,6 +30,8 @@ const DEFAULT_MEMORY_EXPORT_BYTES: u64 = 1 << 30;
   sluice serve --unix /run/sluice.sock disk.img
   sluice serve --data-path direct --chunk 512K disk.img
   sluice serve --export cold=/dev/vdc,data-path=splice-direct --metrics 127.0.0.1:9109
+  sluice serve --tls=require --tls-certificates=/etc/sluice/pki disk.img
+  sluice serve --tls=require --tls-psk=keys.psk --listen 0.0.0.0:10809 disk.img
 
 Exit status: 0 after a clean shutdown (SIGINT/SIGTERM); 1 when the server cannot start
 (address in use, io_uring unavailable); 2 for a bad command line or config file, including
@@ -76,6 +78,24 @@ pub struct ServeArgs {
     /// Make every export read-only.
     #[arg(long)]
     read_only: bool,
+
+    /// TLS: off, on (offered; plaintext clients are still served) or require (nothing is
+    /// served before STARTTLS). Needs --tls-certificates or --tls-psk. Default: off.
+    #[arg(long, value_name = "MODE")]
+    tls: Option<TlsChoice>,
+
+    /// Directory with ca-cert.pem, server-cert.pem, server-key.pem and optionally
+    /// ca-crl.pem (the layout nbdkit and qemu-nbd read). See docs/tls.md for making them.
+    #[arg(long, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+
+    /// Pre-shared keys: a psktool file, one `identity:hexkey` line per client.
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
+
+    /// Require a client certificate signed by ca-cert.pem of --tls-certificates.
+    #[arg(long)]
+    tls_verify_peer: bool,
 
     /// TOML configuration file (listeners, exports, limits). Listeners and exports given
     /// here are added to the file's; --threads, --log-level and --read-only override it.
@@ -157,7 +177,14 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
     let threads = args.threads.or(file.threads).or_else(cpus).map_or(1, NonZeroUsize::get);
     file.limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
     let metrics = args.metrics.as_ref().or(file.metrics.as_ref()).map(ListenAddr::first);
-    Ok(Config { tcp, tcp_ipv6_optional, unix, threads, limits: file.limits, exports, metrics })
+    let tls = TlsSettings {
+        mode: args.tls.or(file.tls).unwrap_or_default().0,
+        certificates: args.tls_certificates.clone().or(file.tls_certificates),
+        psk: args.tls_psk.clone().or(file.tls_psk),
+        verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
+    };
+    let tls = TlsServer::load(&tls).map_err(Usage)?;
+    Ok(Config { tcp, tcp_ipv6_optional, unix, threads, limits: file.limits, exports, metrics, tls })
 }
 
 /// The file's exports first, then PATH, then each --export; a RAM disk when there are none.

@@ -11,6 +11,7 @@ use std::str::FromStr;
 use log::LevelFilter;
 use serde::{de, Deserialize, Deserializer};
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
+use sluice_proto::TlsMode;
 use sluice_server::export::parse_size;
 
 /// Read chunk used when neither `--chunk` nor `chunk` is given; see bench/README.md for
@@ -127,6 +128,26 @@ impl FromStr for LogLevel {
 
 deserialize_from_str!(LogLevel);
 
+/// Whether the server offers TLS (`--tls`, `tls`): off, on (offered, plaintext still
+/// served) or require.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsChoice(pub TlsMode);
+
+impl FromStr for TlsChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<TlsChoice, String> {
+        match s {
+            "off" => Ok(TlsChoice(TlsMode::Off)),
+            "on" => Ok(TlsChoice(TlsMode::On)),
+            "require" => Ok(TlsChoice(TlsMode::Require)),
+            _ => Err(format!("unknown TLS mode {s:?} (use off, on or require)")),
+        }
+    }
+}
+
+deserialize_from_str!(TlsChoice);
+
 /// `--threads N`: at least one worker, as the `threads` key's `NonZeroUsize` requires.
 pub fn parse_threads(s: &str) -> Result<NonZeroUsize, String> {
     match s.parse::<usize>() {
@@ -162,5 +183,13 @@ mod tests {
         assert_eq!(parse_threads("3"), Ok(NonZeroUsize::new(3).unwrap()));
         assert!(parse_threads("0").is_err());
         assert!(parse_threads("many").unwrap_err().contains("\"many\""));
+    }
+
+    #[test]
+    fn tls_modes_are_off_on_and_require() {
+        assert_eq!("require".parse::<TlsChoice>(), Ok(TlsChoice(TlsMode::Require)));
+        assert_eq!("on".parse::<TlsChoice>(), Ok(TlsChoice(TlsMode::On)));
+        assert_eq!("off".parse::<TlsChoice>(), Ok(TlsChoice(TlsMode::Off)));
+        assert!("yes".parse::<TlsChoice>().unwrap_err().contains("\"yes\""));
     }
 }

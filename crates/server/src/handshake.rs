@@ -1,15 +1,18 @@
 //! The handshake of one connection, under a deadline: the proto crate's state machine
 //! driven over a blocking socket until transmission starts (yielding the session and its
-//! export) or the client leaves.
+//! export) or the client leaves. After STARTTLS the same loop runs over TLS; the TLS
+//! handshake itself runs under the same deadline.
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
-use sluice_proto::{Handshake, Next, Session};
+use sluice_proto::{Handshake, Next, Session, TlsMode};
 
 use crate::export::{Export, Exports};
+use crate::tls::{self, TlsServer, TlsSession};
 
 /// A socket whose blocking reads and writes can be given a time limit.
 pub trait Timeouts {
@@ -17,13 +20,24 @@ pub trait Timeouts {
     fn set_write_timeout(&self, t: Duration) -> io::Result<()>;
 }
 
+/// What a finished handshake hands to transmission.
+pub struct Negotiation {
+    pub session: Session,
+    pub export: Arc<Export>,
+    /// The TLS session, when the client started TLS; plaintext the client sent after its
+    /// last option may already wait inside it.
+    pub tls: Option<TlsSession>,
+}
+
 /// Runs the handshake over `stream` until transmission (Some) or a clean close (None);
-/// every read and write must finish within `timeout_ms` of the start.
-pub fn negotiate<S: Read + Write + Timeouts>(
+/// every read and write, the TLS handshake's included, must finish within `timeout_ms` of
+/// the start.
+pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
     stream: &mut S,
     exports: &Exports,
+    tls: Option<&TlsServer>,
     timeout_ms: u64,
-) -> io::Result<Option<(Session, Arc<Export>)>> {
+) -> io::Result<Option<Negotiation>> {
     let deadline = Instant::now() + Duration::from_millis(timeout_ms);
     let remaining = || {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -35,8 +49,9 @@ pub fn negotiate<S: Read + Write + Timeouts>(
     };
     stream.set_write_timeout(remaining()?)?;
     stream.write_all(&Handshake::greeting())?;
-    let mut hs = Handshake::new();
+    let mut hs = Handshake::with_tls(tls.map_or(TlsMode::Off, |t| t.mode));
     let mut next = Handshake::start();
+    let mut session: Option<TlsSession> = None;
     let mut input = Vec::new();
     let mut out = Vec::new();
     loop {
@@ -44,11 +59,27 @@ pub fn negotiate<S: Read + Write + Timeouts>(
             Next::Read(n) => {
                 input.resize(n, 0);
                 stream.set_read_timeout(remaining()?)?;
-                stream.read_exact(&mut input)?;
+                match &mut session {
+                    Some(s) => s.read_exact(&mut input)?,
+                    None => stream.read_exact(&mut input)?,
+                }
                 out.clear();
                 next = hs.input(&input, exports, &mut out);
                 stream.set_write_timeout(remaining()?)?;
-                stream.write_all(&out)?;
+                match &mut session {
+                    Some(s) => s.write_all(&out)?,
+                    None => stream.write_all(&out)?,
+                }
+            }
+            Next::StartTls => {
+                let server = tls.expect("the handshake offers STARTTLS only when TLS is configured");
+                // The acknowledgement went out in plaintext above; every byte from here on
+                // is read by OpenSSL, none by the option parser.
+                let socket = stream.as_fd().try_clone_to_owned()?;
+                stream.set_read_timeout(remaining()?)?;
+                stream.set_write_timeout(remaining()?)?;
+                session = Some(tls::accept(server, socket)?);
+                next = hs.tls_started();
             }
             Next::Close { reason } => {
                 log::debug!("handshake closed: {reason}");
@@ -56,14 +87,14 @@ pub fn negotiate<S: Read + Write + Timeouts>(
             }
             Next::Transmission(neg) => {
                 let export = Arc::clone(exports.get(&neg.export).expect("the handshake negotiates only exports that exist"));
-                let session = Session {
+                let session_state = Session {
                     size: neg.summary.size,
                     flags: neg.flags,
                     structured: neg.structured,
                     base_allocation: neg.base_allocation,
                     payload_max_bytes: REQUEST_PAYLOAD_MAX_BYTES,
                 };
-                return Ok(Some((session, export)));
+                return Ok(Some(Negotiation { session: session_state, export, tls: session }));
             }
         }
     }

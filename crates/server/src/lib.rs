@@ -15,8 +15,10 @@ pub mod metrics;
 pub mod server;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
+pub mod tls;
 mod worker;
 
 pub use export::{Export, Exports, Spec};
 pub use limits::Limits;
 pub use server::{Config, Server, StartError, Stopper};
+pub use tls::{TlsServer, TlsSettings};

@@ -54,6 +54,14 @@ pub const RECV_BUFFER_BYTES: usize = 64 * 1024;
 /// one system call, few enough that the iovec array stays small.
 pub const SEND_PARTS_MAX: usize = 32;
 
+/// Ciphertext a TLS connection receives at once: several full records (16 KiB each), so a
+/// large write's payload arrives in few receives.
+pub const TLS_CIPHER_IN_BYTES: usize = 128 * 1024;
+
+/// Plaintext a TLS connection encrypts before sending it: large enough that a 1 MiB reply
+/// leaves in four sends, small enough that the ciphertext buffer stays modest.
+pub const TLS_SEND_ROUND_BYTES: usize = 256 * 1024;
+
 /// Largest write issued when emulating WRITE_ZEROES by writing zeros.
 pub const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;
 

@@ -4,7 +4,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use crate::admission::Permit;
 use crate::export::Exports;
-use crate::handshake::{negotiate, Timeouts};
+use crate::handshake::{negotiate, Negotiation, Timeouts};
 use crate::limits::{Limits, ACCEPT_RETRY_DELAY_MS};
+use crate::tls::TlsServer;
 use crate::worker::{NewConnection, WorkerHandle};
 
 pub enum Listener {
@@ -102,6 +103,15 @@ impl Timeouts for Stream {
     }
 }
 
+impl AsFd for Stream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
 impl Stream {
     fn into_fd(self) -> io::Result<OwnedFd> {
         // The worker's ring expects blocking sockets; clear the handshake timeouts.
@@ -145,6 +155,7 @@ impl Write for Stream {
 /// Shared by every accept loop.
 pub struct Acceptor {
     pub exports: Arc<Exports>,
+    pub tls: Option<Arc<TlsServer>>,
     pub workers: Vec<WorkerHandle>,
     pub limits: Limits,
     pub shutdown: Arc<AtomicBool>,
@@ -153,9 +164,16 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
-    pub fn new(exports: Arc<Exports>, workers: Vec<WorkerHandle>, limits: Limits, shutdown: Arc<AtomicBool>) -> Acceptor {
+    pub fn new(
+        exports: Arc<Exports>,
+        tls: Option<Arc<TlsServer>>,
+        workers: Vec<WorkerHandle>,
+        limits: Limits,
+        shutdown: Arc<AtomicBool>,
+    ) -> Acceptor {
         Acceptor {
             exports,
+            tls,
             workers,
             limits,
             shutdown,
@@ -194,15 +212,14 @@ impl Acceptor {
     }
 
     fn handshake(&self, mut stream: Stream, peer: String, permit: Permit) {
-        match negotiate(&mut stream, &self.exports, self.limits.handshake_timeout_ms) {
-            Ok(Some(session_and_export)) => {
-                let (session, export) = session_and_export;
+        match negotiate(&mut stream, &self.exports, self.tls.as_deref(), self.limits.handshake_timeout_ms) {
+            Ok(Some(Negotiation { session, export, tls })) => {
                 let fd = match stream.into_fd() {
                     Ok(fd) => fd,
                     Err(e) => return log::warn!("{peer}: {e}"),
                 };
                 let n = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-                self.workers[n].hand_over(NewConnection { fd, peer, export, session, permit });
+                self.workers[n].hand_over(NewConnection { fd, peer, export, session, tls, permit });
             }
             Ok(None) => {}
             Err(e) => log::info!("{peer}: handshake ended: {e}"),

@@ -10,6 +10,7 @@ use crate::export::Exports;
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Listener};
 use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource};
+use crate::tls::TlsServer;
 use crate::worker;
 
 pub struct Config {
@@ -22,6 +23,8 @@ pub struct Config {
     pub exports: Exports,
     /// Where to serve Prometheus metrics over HTTP, if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// TLS, loaded and checked (`TlsServer::load`); None serves plaintext only.
+    pub tls: Option<Arc<TlsServer>>,
 }
 
 #[derive(Debug)]
@@ -138,7 +141,10 @@ impl Server {
             log::info!("export {:?}: {} backend, {} bytes{ro}{path}", e.name, e.backend.kind(), e.backend.size());
         }
         let exports = Arc::new(config.exports);
-        let acceptor = Arc::new(Acceptor::new(Arc::clone(&exports), handles, config.limits, Arc::clone(&shutdown)));
+        if let Some(t) = &config.tls {
+            log::info!("TLS {}: {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }, crate::tls::probe_ktls().describe());
+        }
+        let acceptor = Arc::new(Acceptor::new(Arc::clone(&exports), config.tls.clone(), handles, config.limits, Arc::clone(&shutdown)));
         for l in &listeners {
             log::info!("listening on {}", l.describe());
             let (a, l) = (Arc::clone(&acceptor), Arc::clone(l));

@@ -18,6 +18,7 @@ use crate::engine::{Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token
 use crate::export::Export;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::Metrics;
+use crate::tls::{self, Answer, TlsLink, TlsSession, Wire};
 
 /// A connection that finished its handshake, on its way to a worker.
 pub struct NewConnection {
@@ -25,6 +26,8 @@ pub struct NewConnection {
     pub peer: String,
     pub export: Arc<Export>,
     pub session: Session,
+    /// The TLS session when the client started TLS.
+    pub tls: Option<TlsSession>,
     /// Released when the connection closes; counts against the connection limit.
     pub permit: Permit,
 }
@@ -82,6 +85,8 @@ pub fn spawn(
 struct Entry {
     conn: Conn,
     fd: OwnedFd,
+    /// Records are encrypted and decrypted here when the client started TLS.
+    tls: Option<TlsLink>,
     export: Arc<Export>,
     _permit: Permit,
 }
@@ -184,7 +189,14 @@ impl Worker {
                 self.ring.recv_wake(self.wake.as_raw_fd(), buf);
             }
             Token::Recv { conn, buf } => self.on(conn, |c, env| c.handle_recv(env, result, buf)),
-            Token::Send { conn, batch } => self.on(conn, |c, env| c.handle_send(env, result, batch)),
+            Token::RecvBytes { conn, bytes } => self.on_entry(conn, |e, s, id| {
+                let link = e.tls.as_mut().expect("only TLS links receive bytes");
+                link.on_recv(&mut Wire { ring: s.ring, fd: e.fd.as_raw_fd(), id }, result, bytes);
+            }),
+            Token::Send { conn, batch } => self.on_entry(conn, |e, s, id| match &mut e.tls {
+                Some(link) => link.on_send(&mut Wire { ring: s.ring, fd: e.fd.as_raw_fd(), id }, result, batch),
+                None => e.conn.handle_send(&mut s.env(), result, batch),
+            }),
             Token::SpliceOut { conn, pipe } => self.on(conn, |c, env| c.handle_splice_out(env, result, pipe)),
             Token::Storage { id: StorageId { conn, tag }, held } => {
                 self.on(conn, |c, env| c.handle_storage(env, tag, result, held))
@@ -195,14 +207,19 @@ impl Worker {
     /// Runs `event` on a connection's core, carries out what it asks for, and closes the
     /// connection when it is done.
     fn on(&mut self, id: ConnId, event: impl FnOnce(&mut Conn, &mut Env)) {
+        self.on_entry(id, |e, s, _| event(&mut e.conn, &mut s.env()));
+    }
+
+    /// `on` for events that need more of the connection than its core (its TLS link).
+    fn on_entry(&mut self, id: ConnId, event: impl FnOnce(&mut Entry, &mut Shared, ConnId)) {
         let Some(entry) = self.entries.get_mut(id.0 as usize).and_then(Option::as_mut) else {
             debug_assert!(false, "a completion for connection {id:?}, which is closed");
             return;
         };
         let mut shared = Shared { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget };
-        event(&mut entry.conn, &mut shared.env());
+        event(entry, &mut shared, id);
         drive(entry, id, &mut shared);
-        if entry.conn.is_done() {
+        if entry.conn.is_done() && entry.tls.as_ref().is_none_or(TlsLink::is_idle) {
             self.close(id);
         }
     }
@@ -216,10 +233,17 @@ impl Worker {
                 self.entries.push(None);
                 (self.entries.len() - 1) as u32
             });
-            log::info!("{}: serving export {:?}", new.peer, new.export.name);
+            log::info!("{}: serving export {:?}{}", new.peer, new.export.name, if new.tls.is_some() { " over TLS" } else { "" });
             let metrics = Arc::clone(&self.metrics);
-            let conn = Conn::new(new.peer, Arc::clone(&new.export), new.session, self.limits, metrics);
-            self.entries[index as usize] = Some(Entry { conn, fd: new.fd, export: new.export, _permit: new.permit });
+            let mut conn = Conn::new(new.peer, Arc::clone(&new.export), new.session, self.limits, metrics);
+            let tls = new.tls.map(|session| {
+                let link = TlsLink::new(session);
+                log::debug!("{}: {}, {}", conn.peer(), link.describe(), tls::probe_ktls().describe());
+                // Records are encrypted in user space: data must pass through a buffer.
+                conn.copy_only();
+                link
+            });
+            self.entries[index as usize] = Some(Entry { conn, fd: new.fd, tls, export: new.export, _permit: new.permit });
             self.live += 1;
             self.on(ConnId(index), |c, env| c.resume(env));
         }
@@ -243,7 +267,10 @@ impl Worker {
     }
 
     fn close(&mut self, id: ConnId) {
-        if let Some(entry) = self.entries[id.0 as usize].take() {
+        if let Some(mut entry) = self.entries[id.0 as usize].take() {
+            if let Some(link) = &mut entry.tls {
+                link.close_notify(entry.fd.as_fd());
+            }
             log::info!("{}: connection closed", entry.conn.peer());
             self.budget.forget(id);
             self.free.push(id.0);
@@ -254,9 +281,20 @@ impl Worker {
 
 /// Carries out every operation a connection's core has asked for. Storage operations that
 /// a backend finishes at once are answered here, and their replies flushed together once
-/// the burst is through, which may ask for more.
+/// the burst is through, which may ask for more; so are the TLS link's answers.
 fn drive(entry: &mut Entry, id: ConnId, shared: &mut Shared) {
-    while carry_out(entry, id, shared) {
+    loop {
+        let mut again = carry_out(entry, id, shared);
+        while let Some(answer) = entry.tls.as_mut().and_then(TlsLink::answer) {
+            match answer {
+                Answer::Recv { result, buf } => entry.conn.handle_recv(&mut shared.env(), result, buf),
+                Answer::Send { result, batch } => entry.conn.handle_send(&mut shared.env(), result, batch),
+            }
+            again = true;
+        }
+        if !again {
+            return;
+        }
         entry.conn.flush(&mut shared.env());
     }
 }
@@ -267,8 +305,14 @@ fn carry_out(entry: &mut Entry, id: ConnId, shared: &mut Shared) -> bool {
     let mut answered_now = false;
     while let Some(io) = entry.conn.poll_io() {
         match io {
-            Io::Recv { buf, at } => shared.ring.recv(fd, buf, at, id),
-            Io::Send { batch } => shared.ring.send(fd, batch, id),
+            Io::Recv { buf, at } => match &mut entry.tls {
+                Some(link) => link.recv(&mut Wire { ring: shared.ring, fd, id }, buf, at),
+                None => shared.ring.recv(fd, buf, at, id),
+            },
+            Io::Send { batch } => match &mut entry.tls {
+                Some(link) => link.send(&mut Wire { ring: shared.ring, fd, id }, batch),
+                None => shared.ring.send(fd, batch, id),
+            },
             Io::SpliceOut { pipe, len } => shared.ring.splice_out(pipe, fd, len, id),
             Io::Storage { tag, op } => {
                 if let Some(done) = entry.export.backend.start(op, StorageId { conn: id, tag }, shared.ring) {

@@ -183,6 +183,12 @@ impl Conn {
         &self.peer
     }
 
+    /// Sends every read's data from a buffer, never by splice: for a socket whose bytes
+    /// are encrypted in user space.
+    pub fn copy_only(&mut self) {
+        self.caps.splice = false;
+    }
+
     /// Starts reading requests, or resumes after waiting for the worker's byte budget.
     pub fn resume(&mut self, env: &mut Env) {
         if self.life == Life::Open {

@@ -45,6 +45,8 @@ pub enum Token {
     /// The worker's wake-up eventfd read.
     Wake { buf: Buf },
     Recv { conn: ConnId, buf: Buf },
+    /// A TLS connection's ciphertext arriving.
+    RecvBytes { conn: ConnId, bytes: Vec<u8> },
     Send { conn: ConnId, batch: Box<SendBatch> },
     /// Reply data moving from a pipe to the socket.
     SpliceOut { conn: ConnId, pipe: Pipe },

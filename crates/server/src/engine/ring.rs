@@ -93,6 +93,16 @@ impl Ring {
         self.push(sqe, Token::Recv { conn, buf });
     }
 
+    /// Receives into `bytes[at..]`: for bytes that may cross threads (a TLS session's
+    /// ciphertext), which a `Buf` cannot.
+    pub fn recv_bytes(&mut self, fd: RawFd, mut bytes: Vec<u8>, at: usize, conn: ConnId) {
+        assert!(at < bytes.len());
+        let ptr = bytes[at..].as_mut_ptr();
+        let len = (bytes.len() - at) as u32;
+        let sqe = opcode::Recv::new(types::Fd(fd), ptr, len).build();
+        self.push(sqe, Token::RecvBytes { conn, bytes });
+    }
+
     /// Reads the worker's wake-up eventfd into the whole buffer.
     pub fn recv_wake(&mut self, fd: RawFd, buf: Buf) {
         let sqe = opcode::Read::new(types::Fd(fd), buf.ptr(), buf.len() as u32).offset(u64::MAX).build();
@@ -217,7 +227,7 @@ impl Ring {
         let sqe = sqe.user_data(id as u64);
         loop {
             // SAFETY: every pointer in the entry refers to memory owned by the token in
-            // `self.ops[id]` (a Buf or a boxed SendBatch), which is kept until the completion
+            // `self.ops[id]` (a Buf, a Vec's heap block or a boxed SendBatch), which is kept until the completion
             // for `id` arrives; descriptors the entry names are kept open by the token (a
             // Pipe) or by the caller (sockets and files outlive the ring's operations).
             if unsafe { self.uring.submission().push(&sqe) }.is_ok() {

@@ -156,25 +156,32 @@ impl SendBatch {
         &self.msg
     }
 
-    /// Appends to `out` the bytes a send would transmit now, up to `max` of them: what is
-    /// left of each part's header, data and extra bytes, in order (spliced data excluded).
-    /// For callers that move the bytes themselves rather than through sendmsg.
-    pub fn copy_out(&self, max: usize, out: &mut Vec<u8>) {
-        let mut left = max;
+    /// Calls `f` with each run of bytes a send would transmit now, in order: what is left of
+    /// each part's header, data and extra bytes (spliced data excluded), until `f` returns
+    /// false. For callers that move the bytes themselves rather than through sendmsg.
+    pub fn for_each_pending(&self, mut f: impl FnMut(&[u8]) -> bool) {
         for p in &self.parts {
             let data = p.data.as_ref().map_or(&[][..], |b| &b.as_slice()[p.data_start..p.data_start + p.data_len]);
             let mut skip = p.sent;
             for piece in [&p.head[..p.head_len as usize], data, &p.extra[..]] {
                 let from = skip.min(piece.len());
                 skip -= from;
-                let take = (piece.len() - from).min(left);
-                out.extend_from_slice(&piece[from..from + take]);
-                left -= take;
-                if left == 0 {
+                if from < piece.len() && !f(&piece[from..]) {
                     return;
                 }
             }
         }
+    }
+
+    /// Appends to `out` the bytes a send would transmit now, up to `max` of them.
+    pub fn copy_out(&self, max: usize, out: &mut Vec<u8>) {
+        let mut left = max;
+        self.for_each_pending(|piece| {
+            let take = piece.len().min(left);
+            out.extend_from_slice(&piece[..take]);
+            left -= take;
+            left > 0
+        });
     }
 
     /// Bytes a send would transmit now (spliced data excluded).

@@ -1,0 +1,88 @@
+//! What OpenSSL reads ciphertext from and writes it to. During the handshake (on the
+//! handshake thread) that is the socket itself, blocking under the handshake's deadline.
+//! Once the connection moves to a worker it is two buffers: ciphertext the worker's ring
+//! received, and ciphertext waiting for the ring to send it. OpenSSL never touches the
+//! socket there, so every socket operation stays on the ring.
+
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+
+pub struct Channel {
+    /// A duplicate of the connection's socket while the handshake thread owns it.
+    socket: Option<OwnedFd>,
+    /// Received ciphertext: `input[read..filled]` is what OpenSSL has not taken yet. None
+    /// while the ring receives into it.
+    pub(super) input: Option<Vec<u8>>,
+    pub(super) read: usize,
+    pub(super) filled: usize,
+    /// The peer closed its side (or the receive failed) once `input` is used up.
+    pub(super) input_ended: bool,
+    /// Ciphertext OpenSSL wrote that no send has taken yet.
+    pub(super) output: Vec<u8>,
+}
+
+impl Channel {
+    pub fn over_socket(socket: OwnedFd) -> Channel {
+        Channel { socket: Some(socket), input: None, read: 0, filled: 0, input_ended: false, output: Vec::new() }
+    }
+
+    /// From now on OpenSSL reads and writes the buffers; the socket belongs to the ring.
+    pub fn detach(&mut self) {
+        self.socket = None;
+    }
+
+    pub fn is_detached(&self) -> bool {
+        self.socket.is_none()
+    }
+
+    /// Ciphertext received and not yet taken by OpenSSL.
+    pub(super) fn unread(&self) -> usize {
+        self.filled - self.read
+    }
+}
+
+/// The socket's receive timeout reads as EAGAIN; OpenSSL would take that for "try again"
+/// and the handshake thread would spin, so it is reported as the timeout it is.
+fn timed_out(e: rustix::io::Errno) -> io::Error {
+    if e == rustix::io::Errno::AGAIN {
+        io::Error::new(io::ErrorKind::TimedOut, "TLS handshake took too long")
+    } else {
+        e.into()
+    }
+}
+
+impl Read for Channel {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(s) = &self.socket {
+            return rustix::io::read(s, buf).map_err(timed_out);
+        }
+        let n = self.unread().min(buf.len());
+        let Some(input) = self.input.as_ref().filter(|_| n > 0) else {
+            if self.input_ended {
+                return Ok(0);
+            }
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        buf[..n].copy_from_slice(&input[self.read..self.read + n]);
+        self.read += n;
+        if self.read == self.filled {
+            self.read = 0;
+            self.filled = 0;
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Channel {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(s) = &self.socket {
+            return rustix::net::send(s, buf, rustix::net::SendFlags::NOSIGNAL).map_err(timed_out);
+        }
+        self.output.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,174 @@
+//! Loading what TLS needs at start: the certificate directory and the PSK file, checked
+//! then so that a mistake is an error at start, never at the first client; and the OpenSSL
+//! context every connection's session is made from.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openssl::ssl::{SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslVerifyMode, SslVersion};
+use openssl::x509::store::X509Lookup;
+use openssl::x509::verify::X509VerifyFlags;
+use sluice_proto::TlsMode;
+
+/// TLS as the user configured it (`--tls`, `--tls-certificates`, `--tls-psk`,
+/// `--tls-verify-peer`, and the same keys in the configuration file).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub mode: TlsMode,
+    /// A directory with ca-cert.pem, server-cert.pem, server-key.pem and optionally
+    /// ca-crl.pem, as nbdkit and qemu-nbd read it.
+    pub certificates: Option<PathBuf>,
+    /// A psktool file: one `identity:hexkey` line per client.
+    pub psk: Option<PathBuf>,
+    /// Require a client certificate signed by the CA in `certificates`.
+    pub verify_peer: bool,
+}
+
+/// TLS 1.2 suites: forward-secret AEAD suites for certificates, then the PSK suites GnuTLS
+/// clients offer (nbd-client, qemu and libnbd ask for "+ECDHE-PSK:+DHE-PSK:+PSK").
+const TLS12_CIPHERS: &str = "ECDHE+AESGCM:ECDHE+CHACHA20:\
+    ECDHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384:PSK-CHACHA20-POLY1305:\
+    ECDHE-PSK-AES128-CBC-SHA256:ECDHE-PSK-AES256-CBC-SHA384";
+
+/// TLS 1.3 suites in the server's order of preference: AES-128-GCM is the cheapest per
+/// byte where the CPU has AES instructions, ChaCha20 where it has not. The SHA-256 suites
+/// are the ones an external PSK can use.
+fn tls13_suites() -> &'static str {
+    let aes = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.lines().any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "aes")));
+    if aes {
+        "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+    } else {
+        "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384"
+    }
+}
+
+/// The loaded configuration every connection's TLS session is made from.
+pub struct TlsServer {
+    pub mode: TlsMode,
+    pub(super) context: SslContext,
+}
+
+impl TlsServer {
+    /// Checks the settings and loads every file they name. None when TLS is off.
+    pub fn load(settings: &TlsSettings) -> Result<Option<Arc<TlsServer>>, String> {
+        let TlsSettings { mode, certificates, psk, verify_peer } = settings;
+        if *mode == TlsMode::Off {
+            return match (certificates, psk, verify_peer) {
+                (None, None, false) => Ok(None),
+                _ => Err("TLS options given but --tls is off; add --tls=on or --tls=require".into()),
+            };
+        }
+        if certificates.is_none() && psk.is_none() {
+            return Err("--tls needs --tls-certificates=DIR or --tls-psk=FILE".into());
+        }
+        if *verify_peer && certificates.is_none() {
+            return Err("--tls-verify-peer needs --tls-certificates=DIR (its ca-cert.pem signs the clients' certificates)".into());
+        }
+        let mut b = SslContextBuilder::new(SslMethod::tls_server()).map_err(|e| format!("OpenSSL: {e}"))?;
+        let fail = |e: openssl::error::ErrorStack| format!("OpenSSL: {e}");
+        b.set_min_proto_version(Some(SslVersion::TLS1_2)).map_err(fail)?;
+        // No renegotiation (a client could make the server redo handshakes at will), no
+        // session tickets (NBD connections are long-lived; resumption buys nothing).
+        b.set_options(SslOptions::NO_RENEGOTIATION | SslOptions::NO_TICKET | SslOptions::CIPHER_SERVER_PREFERENCE);
+        b.set_num_tickets(0).map_err(fail)?;
+        b.set_cipher_list(TLS12_CIPHERS).map_err(fail)?;
+        b.set_ciphersuites(tls13_suites()).map_err(fail)?;
+        if let Some(dir) = certificates {
+            load_certificates(&mut b, dir, *verify_peer)?;
+        }
+        if let Some(file) = psk {
+            let keys = read_psk_file(file)?;
+            // OpenSSL calls this for TLS 1.2 PSK suites and for TLS 1.3 external PSKs, which
+            // it pairs with SHA-256 suites as GnuTLS does.
+            b.set_psk_server_callback(move |_, identity, out| {
+                let id = identity.map(String::from_utf8_lossy).unwrap_or_default();
+                match keys.get(id.as_ref()) {
+                    Some(key) if key.len() <= out.len() => {
+                        out[..key.len()].copy_from_slice(key);
+                        Ok(key.len())
+                    }
+                    _ => {
+                        log::info!("TLS: unknown PSK identity {id:?}");
+                        Ok(0)
+                    }
+                }
+            });
+        }
+        Ok(Some(Arc::new(TlsServer { mode: *mode, context: b.build() })))
+    }
+}
+
+fn load_certificates(b: &mut SslContextBuilder, dir: &Path, verify_peer: bool) -> Result<(), String> {
+    let file = |name: &str| -> Result<PathBuf, String> {
+        let path = dir.join(name);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(path),
+            Ok(_) => Err(format!("{} is not a file", path.display())),
+            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        }
+    };
+    let in_dir = |name: &str| format!("{}", dir.join(name).display());
+    if !dir.is_dir() {
+        return Err(format!("--tls-certificates: {} is not a directory", dir.display()));
+    }
+    b.set_certificate_chain_file(file("server-cert.pem")?)
+        .map_err(|e| format!("{}: not a PEM certificate: {e}", in_dir("server-cert.pem")))?;
+    b.set_private_key_file(file("server-key.pem")?, SslFiletype::PEM)
+        .map_err(|e| format!("{}: not a PEM private key: {e}", in_dir("server-key.pem")))?;
+    b.check_private_key()
+        .map_err(|_| format!("{} does not belong to {}", in_dir("server-key.pem"), in_dir("server-cert.pem")))?;
+    let ca = dir.join("ca-cert.pem");
+    if ca.exists() || verify_peer {
+        let ca = file("ca-cert.pem")?;
+        b.set_ca_file(&ca).map_err(|e| format!("{}: not a PEM certificate: {e}", ca.display()))?;
+    }
+    let crl = dir.join("ca-crl.pem");
+    if crl.exists() {
+        let text = crl.to_str().ok_or_else(|| format!("{}: the path is not UTF-8", crl.display()))?;
+        let store = b.cert_store_mut();
+        let lookup = store.add_lookup(X509Lookup::file()).map_err(|e| format!("OpenSSL: {e}"))?;
+        lookup.load_crl_file(text, SslFiletype::PEM).map_err(|e| format!("{text}: not a PEM CRL: {e}"))?;
+        store.set_flags(X509VerifyFlags::CRL_CHECK).map_err(|e| format!("OpenSSL: {e}"))?;
+    }
+    if verify_peer {
+        b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+    }
+    Ok(())
+}
+
+/// Reads a psktool file: `identity:hexkey` per line. Errors name the file and the line.
+pub fn read_psk_file(path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read PSK file {}: {e}", path.display()))?;
+    let mut keys = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let at = || format!("{}, line {}", path.display(), i + 1);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((identity, hex)) = line.split_once(':') else {
+            return Err(format!("{}: expected identity:hexkey", at()));
+        };
+        if identity.is_empty() {
+            return Err(format!("{}: empty identity", at()));
+        }
+        let key = decode_hex(hex.trim()).ok_or_else(|| format!("{}: the key is not an even number of hex digits", at()))?;
+        // OpenSSL's PSK limit is 256 bytes; psktool writes 32.
+        if key.is_empty() || key.len() > 256 {
+            return Err(format!("{}: a key must be 1 to 256 bytes, not {}", at(), key.len()));
+        }
+        keys.insert(identity.to_owned(), key);
+    }
+    if keys.is_empty() {
+        return Err(format!("PSK file {} holds no keys", path.display()));
+    }
+    Ok(keys)
+}
+
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
