@@ -112,6 +112,10 @@ pub const PAYLOAD_MAX: u32 = 32 << 20;
 pub enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
+    /// After STARTTLS (`Client::start_tls`).
+    Tls(Box<openssl::ssl::SslStream<TcpStream>>),
+    /// Between STARTTLS and the TLS handshake.
+    Upgrading,
 }
 
 impl Read for Stream {
@@ -119,6 +123,8 @@ impl Read for Stream {
         match self {
             Stream::Unix(s) => s.read(buf),
             Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+            Stream::Upgrading => unreachable!(),
         }
     }
 }
@@ -128,6 +134,8 @@ impl Write for Stream {
         match self {
             Stream::Unix(s) => s.write(buf),
             Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+            Stream::Upgrading => unreachable!(),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -146,6 +154,8 @@ impl Stream {
                 s.set_read_timeout(Some(t)).unwrap();
                 s.set_write_timeout(Some(t)).unwrap();
             }
+            Stream::Tls(s) => Stream::Tcp(s.get_ref().try_clone().unwrap()).set_timeouts(t),
+            Stream::Upgrading => unreachable!(),
         }
     }
 
@@ -153,6 +163,7 @@ impl Stream {
         match self {
             Stream::Unix(s) => Stream::Unix(s.try_clone().unwrap()),
             Stream::Tcp(s) => Stream::Tcp(s.try_clone().unwrap()),
+            Stream::Tls(_) | Stream::Upgrading => panic!("a TLS stream has one owner"),
         }
     }
 }
@@ -429,6 +440,31 @@ impl Client {
         match &self.stream {
             Stream::Unix(s) => s.set_read_timeout(Some(t)).unwrap(),
             Stream::Tcp(s) => s.set_read_timeout(Some(t)).unwrap(),
+            Stream::Tls(s) => s.get_ref().set_read_timeout(Some(t)).unwrap(),
+            Stream::Upgrading => unreachable!(),
+        }
+    }
+
+    /// Runs the client's side of the TLS handshake (after STARTTLS was acknowledged),
+    /// trusting the CA in `ca_dir`/ca-cert.pem and checking the name `localhost`.
+    pub fn start_tls(&mut self, ca_dir: &Path) -> Result<(), String> {
+        use openssl::ssl::{SslConnector, SslMethod};
+        let Stream::Tcp(tcp) = std::mem::replace(&mut self.stream, Stream::Upgrading) else {
+            panic!("TLS over TCP only");
+        };
+        let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+        b.set_ca_file(ca_dir.join("ca-cert.pem")).unwrap();
+        let connector = b.build();
+        let tls = connector.connect("localhost", tcp).map_err(|e| e.to_string())?;
+        self.stream = Stream::Tls(Box::new(tls));
+        Ok(())
+    }
+
+    /// The TCP socket under the TLS session, for writing bytes outside any record.
+    pub fn tcp_under_tls(&self) -> TcpStream {
+        match &self.stream {
+            Stream::Tls(s) => s.get_ref().try_clone().unwrap(),
+            _ => panic!("not a TLS stream"),
         }
     }
 
