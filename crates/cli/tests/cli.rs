@@ -120,6 +120,10 @@ fn serve_help_mentions_every_option_and_the_exit_codes() {
         "--data-path",
         "--chunk",
         "--metrics",
+        "--tls",
+        "--tls-certificates",
+        "--tls-psk",
+        "--tls-verify-peer",
         "--help",
     ] {
         assert!(help.contains(option), "serve --help does not mention {option}:\n{help}");
@@ -296,4 +300,60 @@ fn out_of_range_limits_in_the_config_file_exit_2() {
         assert!(!err.trim().is_empty(), "{text:?}: no message");
         assert_eq!(code, Some(2), "{text:?}: {err}");
     }
+}
+
+#[test]
+fn bad_tls_settings_exit_2_at_start_naming_the_problem() {
+    require!("certtool");
+    let keys = tls::Keys::generate();
+    let d = keys.dir.path();
+    let server = keys.server_dir();
+    let server = server.to_str().unwrap();
+    // A key that does not belong to the certificate.
+    let mismatched = d.join("mismatched");
+    std::fs::create_dir(&mismatched).unwrap();
+    std::fs::copy(keys.server_dir().join("server-cert.pem"), mismatched.join("server-cert.pem")).unwrap();
+    std::fs::copy(keys.other_ca_server_dir().join("server-key.pem"), mismatched.join("server-key.pem")).unwrap();
+    let no_key = d.join("no-key");
+    std::fs::create_dir(&no_key).unwrap();
+    std::fs::copy(keys.server_dir().join("server-cert.pem"), no_key.join("server-cert.pem")).unwrap();
+    let bad_psk = d.join("bad.psk");
+    std::fs::write(&bad_psk, "alice:00112233\nbob:xyz\n").unwrap();
+    let empty_psk = d.join("empty.psk");
+    std::fs::write(&empty_psk, "\n").unwrap();
+    let cases: Vec<(Vec<String>, String)> = vec![
+        (vec!["--tls=require".into()], "--tls needs --tls-certificates=DIR or --tls-psk=FILE".into()),
+        (vec!["--tls=maybe".into()], "unknown TLS mode".into()),
+        (vec!["--tls-certificates".into(), server.into()], "--tls is off".into()),
+        (vec!["--tls=on".into(), "--tls-certificates=/nonexistent".into()], "/nonexistent is not a directory".into()),
+        (vec!["--tls=on".into(), format!("--tls-certificates={}", no_key.display())], format!("cannot read {}", no_key.join("server-key.pem").display())),
+        (vec!["--tls=on".into(), format!("--tls-certificates={}", mismatched.display())], "does not belong to".into()),
+        (vec!["--tls=on".into(), format!("--tls-psk={}", bad_psk.display())], format!("{}, line 2", bad_psk.display())),
+        (vec!["--tls=on".into(), format!("--tls-psk={}", empty_psk.display())], "holds no keys".into()),
+        (vec!["--tls=on".into(), "--tls-psk=/nonexistent.psk".into()], "cannot read PSK file /nonexistent.psk".into()),
+        (vec!["--tls=on".into(), format!("--tls-psk={}", keys.psk_file().display()), "--tls-verify-peer".into()], "--tls-verify-peer needs --tls-certificates".into()),
+    ];
+    for (args, message) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, stderr) = serve_refuses(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(&message), "{args:?}: expected {message:?} in {stderr}");
+    }
+}
+
+#[test]
+fn tls_keys_in_the_config_file_are_obeyed() {
+    require!("certtool", "nbdinfo");
+    let keys = tls::Keys::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let text = format!("tls = \"require\"\ntls-psk = \"{}\"\n[[export]]\nname = \"disk\"\nspec = \"memory:1M\"\n", keys.psk_file().display());
+    std::fs::write(&config, text).unwrap();
+    let s = Sluice::start(&["--config", config.to_str().unwrap()]);
+    let (ok, out, err) = run("nbdinfo", &[&format!("nbd://localhost:{}/disk", s.port)]);
+    assert!(!ok, "plaintext served under tls = \"require\": {out}");
+    let uri = format!("nbds://alice@localhost:{}/disk?tls-psk-file={}", s.port, keys.psk_file().display());
+    let (ok, out, _) = run("nbdinfo", &[&uri]);
+    assert!(ok && out.contains("with TLS"), "{out}{err}");
+    assert_eq!(s.stop().code(), Some(0));
 }

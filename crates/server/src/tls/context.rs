@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use openssl::pkey::PKey;
 use openssl::ssl::{SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslVerifyMode, SslVersion};
 use openssl::x509::store::X509Lookup;
 use openssl::x509::verify::X509VerifyFlags;
@@ -115,9 +116,14 @@ fn load_certificates(b: &mut SslContextBuilder, dir: &Path, verify_peer: bool) -
     }
     b.set_certificate_chain_file(file("server-cert.pem")?)
         .map_err(|e| format!("{}: not a PEM certificate: {e}", in_dir("server-cert.pem")))?;
-    b.set_private_key_file(file("server-key.pem")?, SslFiletype::PEM)
-        .map_err(|e| format!("{}: not a PEM private key: {e}", in_dir("server-key.pem")))?;
-    b.check_private_key()
+    let key_file = file("server-key.pem")?;
+    let pem = std::fs::read(&key_file).map_err(|e| format!("cannot read {}: {e}", key_file.display()))?;
+    // No passphrase prompt on the terminal: an encrypted key is an error (nbdkit and
+    // qemu-nbd want it unencrypted too).
+    let key = PKey::private_key_from_pem_callback(&pem, |_| Ok(0))
+        .map_err(|e| format!("{}: not an unencrypted PEM private key: {e}", key_file.display()))?;
+    b.set_private_key(&key)
+        .and_then(|()| b.check_private_key())
         .map_err(|_| format!("{} does not belong to {}", in_dir("server-key.pem"), in_dir("server-cert.pem")))?;
     let ca = dir.join("ca-cert.pem");
     if ca.exists() || verify_peer {
