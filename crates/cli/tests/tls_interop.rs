@@ -252,3 +252,35 @@ fn tls_on_serves_plaintext_and_tls_clients_alike() {
     assert!(ok && out.contains("with TLS"), "TLS: {out}{err}");
     assert_eq!(s.stop().code(), Some(0));
 }
+
+#[test]
+fn tls_1_2_clients_are_served_with_certificates_and_with_psk() {
+    // nbd-client speaks TLS 1.2 only; GnuTLS's system configuration makes libnbd do the same.
+    require!("nbdcopy", "certtool", "psktool");
+    let keys = Keys::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gnutls.conf");
+    std::fs::write(&config, "[overrides]\ndisabled-version = tls1.3\n").unwrap();
+    let (src, back) = (dir.path().join("src"), dir.path().join("back"));
+    let data = pattern(8 << 20, 15);
+    write_file(&src, &data);
+    let certs = keys.server_dir();
+    let psk = keys.psk_file();
+    let s = tls_server(&["--tls-certificates", certs.to_str().unwrap(), "--tls-psk", psk.to_str().unwrap(), "--log-level", "debug"]);
+    for uri in [cert_uri(&s, &keys.ca_only_dir()), psk_uri(&s, "alice", &keys.psk_file())] {
+        for (from, to) in [(src.to_str().unwrap(), uri.as_str()), (uri.as_str(), back.to_str().unwrap())] {
+            let out = std::process::Command::new("nbdcopy")
+                .args([from, to])
+                .env("GNUTLS_SYSTEM_PRIORITY_FILE", &config)
+                .env("PATH", format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default()))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "nbdcopy {from} {to}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        assert!(std::fs::read(&back).unwrap() == data, "{uri}: bytes differ over TLS 1.2");
+    }
+    let log = s.log_text();
+    assert!(log.matches("TLSv1.2").count() >= 4, "every connection should be TLS 1.2:\n{log}");
+    assert!(!log.contains("TLSv1.3"), "{log}");
+    assert_eq!(s.stop().code(), Some(0));
+}
