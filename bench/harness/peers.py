@@ -5,6 +5,7 @@ cold (page cache dropped before each job; servers use their O_DIRECT or no-cache
 import cache
 import fio
 import servers
+import tlskeys
 from build import UNCACHED_DATA_PATHS
 from measure import Context, repeat_note, run_point
 from units import fmt, fmt_sig, parse_size, percent, ratio
@@ -19,6 +20,14 @@ JOBS = [
     ("4K randwrite QD32", "randwrite", "4K", 32),
 ]
 QUICK_JOBS = ("1M seq read QD4", "4K randread QD32", "4K randwrite QD32")
+# Warm reads over TLS (TLS 1.3, AES-GCM as negotiated), sluice against nbdkit --tls=require.
+TLS_JOBS = [
+    ("1M seq read QD1", "read", "1M", 1),
+    ("1M seq read QD8", "read", "1M", 8),
+    ("4K randread QD32", "randread", "4K", 32),
+]
+TLS_HEADERS = ["job", "server", "MB/s", "IOPS", "CPU s/GiB", "CPU µs/IO", "sluice ÷ nbdkit MB/s",
+               "sluice ÷ nbdkit CPU/GiB"]
 PEER_KINDS = ("nbdkit", "qemu-nbd", "nbd-server")
 # The sluice row the overview compares with the peers: what a user gets without tuning.
 # Warm: sluice's default data path (splice; read from `sluice serve --help` when it says).
@@ -98,8 +107,61 @@ def run(ctx: Context) -> None:
                 r.progress(f"peers {variant} | {label} | {server.name}: {point.summary()}")
                 measured.append((server, point))
             _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview)
+    _tls(ctx, csv_rows)
     r.csv("peers.csv", CSV_HEADERS, csv_rows)
     _overview(ctx, overview)
+
+
+def _tls(ctx: Context, csv_rows: list) -> None:
+    """The TLS rows: the same client and image, both servers requiring TLS."""
+    r = ctx.report
+    if not ctx.have("nbdkit"):
+        r.say("note: no TLS rows (nbdkit is missing)")
+        return
+    keys = tlskeys.make(ctx.workdir)
+    if keys is None:
+        r.say("note: no TLS rows (certtool from gnutls-bin is missing)")
+        return
+    certs, home = keys
+    r.say("TLS rows: warm reads, both servers with --tls=require and the same X.509 certificate; "
+          "fio's nbd engine (libnbd, GnuTLS) negotiates TLS 1.3 with AES-GCM. sluice encrypts in "
+          "user space (no kTLS on this kernel unless the log says otherwise); the CPU columns "
+          "are the server's.")
+    rows = []
+    jobs = [j for j in TLS_JOBS if not ctx.quick or j[0] != "1M seq read QD1"]
+    for label, rw, bs, qd in jobs:
+        cache.warm(ctx.image)
+        job = fio.Job(rw=rw, bs=parse_size(bs), iodepth=qd, runtime=ctx.runtime, time_based=True)
+        measured = {}
+        for server in (servers.sluice(ctx.binary, tls=certs),
+                       servers.nbdkit_file(False, ctx.nbdkit_cache_none, tls=certs)):
+            running = ctx.start(server, ctx.image)
+            if running is None:
+                continue
+            try:
+                command = ["env", f"HOME={home}"] + fio.nbd_command(running.uri, job)
+                point = run_point(ctx, running, command, job, name=f"peers-tls-{label}-{server.name}",
+                                  drop_cache=False)
+            finally:
+                running.stop()
+            r.progress(f"peers tls | {label} | {server.name}: {point.summary()}")
+            measured[server.kind] = (server, point)
+        s, n = measured.get("sluice"), measured.get("nbdkit")
+        mb = ratio(s[1].mb_per_s, n[1].mb_per_s) if s and n and s[1].ok and n[1].ok else "-"
+        cpu = ratio(s[1].cpu_s_per_gib, n[1].cpu_s_per_gib) if s and n and s[1].ok and n[1].ok else "-"
+        for kind, (server, p) in measured.items():
+            first = kind == "sluice"
+            rows.append([label if first else "", server.name, fmt(p.mb_per_s), fmt(p.iops),
+                         fmt_sig(p.cpu_s_per_gib), fmt_sig(p.cpu_us_per_io),
+                         mb if first else "", cpu if first else ""])
+            csv_rows.append(["tls", label, rw, bs, qd, server.name, server.cache,
+                             _r(p.mb_per_s, 2), p.mb_spread, len(p.good), _r(p.iops, 1),
+                             _r(p.lat_us, 2), _r(p.cpu_seconds, 3), _r(p.cpu_s_per_gib, 4),
+                             _r(p.cpu_us_per_io, 3), None, None, _int(p.bytes), _int(p.ios),
+                             _r(p.seconds, 3), p.error])
+            if p.error:
+                r.say(f"  {server.name} {'partly failed' if p.ok else 'failed'}: {p.error}")
+    r.table("[tls] sluice and nbdkit, both --tls=require (X.509), warm", TLS_HEADERS, rows, left=2)
 
 
 def _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview) -> None:

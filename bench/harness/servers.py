@@ -48,6 +48,7 @@ class Server:
     metrics: bool = False           # serves Prometheus text on a second port
     extra_files: Callable[[Launch], None] = field(default=lambda launch: None)
     data_path: Optional[str] = None  # sluice's --data-path; None: its default (or not sluice)
+    tls: bool = False               # TLS required: clients connect with nbds://localhost
 
     @property
     def is_sluice(self) -> bool:
@@ -61,7 +62,8 @@ class Running:
         self._popen = popen
         self.launch = launch
         self.log_path = log_path
-        self.uri = f"nbd://127.0.0.1:{launch.port}/{server.export}"
+        self.uri = (f"nbds://localhost:{launch.port}/{server.export}" if server.tls
+                    else f"nbd://127.0.0.1:{launch.port}/{server.export}")
         self.metrics_url = (f"http://127.0.0.1:{launch.metrics_port}/metrics"
                             if launch.metrics_port else None)
 
@@ -215,10 +217,12 @@ def _unlink(path: str) -> None:
 # --- the servers ------------------------------------------------------------------------
 
 def sluice(binary: str, data_path: Optional[str] = None, chunk: Optional[str] = None,
-           metrics: bool = False) -> Server:
+           metrics: bool = False, tls: Optional[str] = None) -> Server:
     """data_path None: the binary's default path (also when it has no --data-path yet).
-    chunk None: the default (pipelined) chunking; '0' turns pipelining off."""
-    name = "sluice" + (f" {data_path}" if data_path else "") + (f" chunk={chunk}" if chunk else "")
+    chunk None: the default (pipelined) chunking; '0' turns pipelining off. tls: a
+    certificate directory; TLS is then required."""
+    name = ("sluice" + (f" {data_path}" if data_path else "") + (f" chunk={chunk}" if chunk else "")
+            + (" TLS" if tls else ""))
     cache = {"direct": "O_DIRECT", "splice-direct": "O_DIRECT", "copy": "page cache",
              "splice": "page cache", None: "default path"}.get(data_path, "?")
 
@@ -231,23 +235,28 @@ def sluice(binary: str, data_path: Optional[str] = None, chunk: Optional[str] = 
             args += ["--chunk", chunk]
         if launch.metrics_port:
             args += ["--metrics", f"127.0.0.1:{launch.metrics_port}"]
+        if tls:
+            args += ["--tls=require", f"--tls-certificates={tls}"]
         return args
 
     return Server(name=name, kind="sluice", cache=cache, argv=argv, metrics=metrics,
-                  data_path=data_path)
+                  data_path=data_path, tls=tls is not None)
 
 
-def nbdkit_file(cold: bool, has_cache_none: bool) -> Server:
+def nbdkit_file(cold: bool, has_cache_none: bool, tls: Optional[str] = None) -> Server:
     use_none = cold and has_cache_none
 
     def argv(launch: Launch) -> list:
-        args = ["nbdkit", "-f", "--exit-with-parent", "-p", str(launch.port), "-i", "127.0.0.1",
-                "file", f"file={launch.image}"]
+        args = ["nbdkit", "-f", "--exit-with-parent", "-p", str(launch.port), "-i", "127.0.0.1"]
+        if tls:
+            args += ["--tls=require", f"--tls-certificates={tls}"]
+        args += ["file", f"file={launch.image}"]
         return args + (["cache=none"] if use_none else [])
 
     # cache=none opens the file without O_DIRECT and evicts pages after each request.
     cache = "cache=none (evicts pages)" if use_none else "page cache"
-    return Server(name="nbdkit file", kind="nbdkit", cache=cache, argv=argv)
+    return Server(name="nbdkit file" + (" TLS" if tls else ""), kind="nbdkit", cache=cache,
+                  argv=argv, tls=tls is not None)
 
 
 def qemu_nbd(cold: bool, aio: str) -> Server:
