@@ -332,6 +332,10 @@ fn bad_tls_settings_exit_2_at_start_naming_the_problem() {
         (vec!["--tls=on".into(), format!("--tls-psk={}", empty_psk.display())], "holds no keys".into()),
         (vec!["--tls=on".into(), "--tls-psk=/nonexistent.psk".into()], "cannot read PSK file /nonexistent.psk".into()),
         (vec!["--tls=on".into(), format!("--tls-psk={}", keys.psk_file().display()), "--tls-verify-peer".into()], "--tls-verify-peer needs --tls-certificates".into()),
+        (
+            vec!["--tls=on".into(), format!("--tls-psk={}", keys.psk_file().display()), format!("--tls-certificates={server}"), "--tls-verify-peer".into()],
+            "cannot be combined with --tls-psk".into(),
+        ),
     ];
     for (args, message) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -155,6 +155,44 @@ fn a_stalled_tls_handshake_is_freed_by_the_handshake_deadline() {
 }
 
 #[test]
+fn a_client_trickling_its_handshake_gets_no_more_than_the_deadline() {
+    // One byte now and then must not earn a fresh timeout each time: the deadline covers
+    // the whole handshake, plaintext options and the TLS handshake alike.
+    require!("certtool");
+    let keys = Keys::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(&config, "[limits]\nhandshake-timeout-ms = 1000\n").unwrap();
+    let s = server(&keys, "on", &["--config", config.to_str().unwrap()]);
+    let mut tls_trickle = Client::tcp(s.port);
+    tls_trickle.start();
+    assert_eq!(tls_trickle.ask(OPT_STARTTLS, &[])[0].kind, REP_ACK);
+    tls_trickle.send(&[0x16, 0x03, 0x01, 0x02, 0x00]);
+    let mut plain_trickle = Client::tcp(s.port);
+    plain_trickle.start();
+    let mut list = IHAVEOPT.to_vec();
+    list.extend_from_slice(&OPT_LIST.to_be_bytes());
+    list.extend_from_slice(&600u32.to_be_bytes());
+    plain_trickle.send(&list);
+    for c in [&mut tls_trickle, &mut plain_trickle] {
+        let mut w = c.writer();
+        // Keeps trickling until the server has closed (the write fails) or 20 s passed.
+        std::thread::spawn(move || {
+            for _ in 0..100 {
+                std::thread::sleep(Duration::from_millis(200));
+                if w.write_all(&[0x01]).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    for c in [&mut tls_trickle, &mut plain_trickle] {
+        c.close_within(Duration::from_secs(10)).expect("a trickling client outlived the handshake deadline by 9 s");
+    }
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+#[test]
 fn a_client_that_drops_mid_record_is_closed_and_others_keep_going() {
     require!("certtool");
     let keys = Keys::generate();

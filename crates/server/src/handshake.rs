@@ -39,18 +39,12 @@ pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
     timeout_ms: u64,
 ) -> io::Result<Option<Negotiation>> {
     let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-    let remaining = || {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(io::Error::new(io::ErrorKind::TimedOut, "handshake took too long"))
-        } else {
-            Ok(left)
-        }
-    };
-    stream.set_write_timeout(remaining()?)?;
-    stream.write_all(&Handshake::greeting())?;
+    let mut plain = Bounded { stream, deadline };
+    plain.write_all(&Handshake::greeting())?;
     let mut hs = Handshake::with_tls(tls.map_or(TlsMode::Off, |t| t.mode));
     let mut next = Handshake::start();
+    // After STARTTLS every byte goes through the session, whose socket reads and writes
+    // meet the same deadline.
     let mut session: Option<TlsSession> = None;
     let mut input = Vec::new();
     let mut out = Vec::new();
@@ -58,27 +52,23 @@ pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
         match next {
             Next::Read(n) => {
                 input.resize(n, 0);
-                stream.set_read_timeout(remaining()?)?;
                 match &mut session {
                     Some(s) => s.read_exact(&mut input)?,
-                    None => stream.read_exact(&mut input)?,
+                    None => plain.read_exact(&mut input)?,
                 }
                 out.clear();
                 next = hs.input(&input, exports, &mut out);
-                stream.set_write_timeout(remaining()?)?;
                 match &mut session {
                     Some(s) => s.write_all(&out)?,
-                    None => stream.write_all(&out)?,
+                    None => plain.write_all(&out)?,
                 }
             }
             Next::StartTls => {
                 let server = tls.expect("the handshake offers STARTTLS only when TLS is configured");
                 // The acknowledgement went out in plaintext above; every byte from here on
                 // is read by OpenSSL, none by the option parser.
-                let socket = stream.as_fd().try_clone_to_owned()?;
-                stream.set_read_timeout(remaining()?)?;
-                stream.set_write_timeout(remaining()?)?;
-                session = Some(tls::accept(server, socket)?);
+                let socket = plain.stream.as_fd().try_clone_to_owned()?;
+                session = Some(tls::accept(server, socket, deadline)?);
                 next = hs.tls_started();
             }
             Next::Close { reason } => {
@@ -97,5 +87,41 @@ pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
                 return Ok(Some(Negotiation { session: session_state, export, tls: session }));
             }
         }
+    }
+}
+
+/// The plaintext socket, each read and write bounded by what is left until the deadline,
+/// so a client that trickles bytes cannot stretch the handshake.
+struct Bounded<'a, S> {
+    stream: &'a mut S,
+    deadline: Instant,
+}
+
+impl<S: Timeouts> Bounded<'_, S> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(io::Error::new(io::ErrorKind::TimedOut, "handshake took too long"))
+        } else {
+            Ok(left)
+        }
+    }
+}
+
+impl<S: Read + Timeouts> Read for Bounded<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(self.left()?)?;
+        self.stream.read(buf)
+    }
+}
+
+impl<S: Write + Timeouts> Write for Bounded<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(self.left()?)?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
     }
 }

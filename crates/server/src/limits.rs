@@ -62,6 +62,11 @@ pub const TLS_CIPHER_IN_BYTES: usize = 128 * 1024;
 /// leaves in four sends, small enough that the ciphertext buffer stays modest.
 pub const TLS_SEND_ROUND_BYTES: usize = 256 * 1024;
 
+/// Ciphertext a TLS connection may hold waiting to be sent before it stops receiving: one
+/// round of replies plus what OpenSSL answers while reading (key updates, alerts), so a
+/// client that never reads cannot make the server buffer without end.
+pub const TLS_OUTPUT_MAX_BYTES: usize = TLS_SEND_ROUND_BYTES + 64 * 1024;
+
 /// Largest write issued when emulating WRITE_ZEROES by writing zeros.
 pub const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;
 

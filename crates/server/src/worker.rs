@@ -321,6 +321,9 @@ fn carry_out(entry: &mut Entry, id: ConnId, shared: &mut Shared) -> bool {
                 }
             }
             Io::Shutdown(how) => {
+                if let Some(link) = &mut entry.tls {
+                    link.shut_read();
+                }
                 let how = match how {
                     Shutdown::Read => rustix::net::Shutdown::Read,
                     Shutdown::Both => rustix::net::Shutdown::Both,

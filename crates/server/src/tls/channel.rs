@@ -6,10 +6,14 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
+use std::time::Instant;
+
+use rustix::net::sockopt::{set_socket_timeout, Timeout};
 
 pub struct Channel {
-    /// A duplicate of the connection's socket while the handshake thread owns it.
-    socket: Option<OwnedFd>,
+    /// A duplicate of the connection's socket while the handshake thread owns it, and the
+    /// handshake's deadline, which every read and write on it must meet.
+    socket: Option<(OwnedFd, Instant)>,
     /// Received ciphertext: `input[read..filled]` is what OpenSSL has not taken yet. None
     /// while the ring receives into it.
     pub(super) input: Option<Vec<u8>>,
@@ -22,8 +26,8 @@ pub struct Channel {
 }
 
 impl Channel {
-    pub fn over_socket(socket: OwnedFd) -> Channel {
-        Channel { socket: Some(socket), input: None, read: 0, filled: 0, input_ended: false, output: Vec::new() }
+    pub fn over_socket(socket: OwnedFd, deadline: Instant) -> Channel {
+        Channel { socket: Some((socket, deadline)), input: None, read: 0, filled: 0, input_ended: false, output: Vec::new() }
     }
 
     /// From now on OpenSSL reads and writes the buffers; the socket belongs to the ring.
@@ -41,19 +45,34 @@ impl Channel {
     }
 }
 
-/// The socket's receive timeout reads as EAGAIN; OpenSSL would take that for "try again"
-/// and the handshake thread would spin, so it is reported as the timeout it is.
+fn too_long() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "TLS handshake took too long")
+}
+
+/// The socket's timeout reads as EAGAIN; OpenSSL would take that for "try again" and the
+/// handshake thread would spin, so it is reported as the timeout it is.
 fn timed_out(e: rustix::io::Errno) -> io::Error {
     if e == rustix::io::Errno::AGAIN {
-        io::Error::new(io::ErrorKind::TimedOut, "TLS handshake took too long")
+        too_long()
     } else {
         e.into()
     }
 }
 
+/// Bounds the next blocking call on `fd` by what is left until `deadline`: a client that
+/// trickles bytes must not earn a fresh timeout with each one.
+fn bound(fd: &OwnedFd, deadline: Instant, which: Timeout) -> io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(too_long());
+    }
+    set_socket_timeout(fd, which, Some(left)).map_err(io::Error::from)
+}
+
 impl Read for Channel {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if let Some(s) = &self.socket {
+        if let Some((s, deadline)) = &self.socket {
+            bound(s, *deadline, Timeout::Recv)?;
             return rustix::io::read(s, buf).map_err(timed_out);
         }
         let n = self.unread().min(buf.len());
@@ -75,7 +94,8 @@ impl Read for Channel {
 
 impl Write for Channel {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if let Some(s) = &self.socket {
+        if let Some((s, deadline)) = &self.socket {
+            bound(s, *deadline, Timeout::Send)?;
             return rustix::net::send(s, buf, rustix::net::SendFlags::NOSIGNAL).map_err(timed_out);
         }
         self.output.extend_from_slice(buf);

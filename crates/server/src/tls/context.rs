@@ -29,7 +29,7 @@ pub struct TlsSettings {
 /// TLS 1.2 suites: forward-secret AEAD suites for certificates (AES-128 first: as strong
 /// as needed, cheapest per byte), then the PSK suites GnuTLS clients offer (nbd-client,
 /// qemu and libnbd ask for "+ECDHE-PSK:+DHE-PSK:+PSK"), forward-secret ones first.
-const TLS12_CIPHERS: &str = "ECDHE+AES128GCM:ECDHE+AES256GCM:ECDHE+CHACHA20:\
+const TLS12_CIPHERS: &str = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE+AESGCM:ECDHE+CHACHA20:\
     ECDHE-PSK-CHACHA20-POLY1305:PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384:PSK-CHACHA20-POLY1305:\
     ECDHE-PSK-AES128-CBC-SHA256:ECDHE-PSK-AES256-CBC-SHA384";
 
@@ -67,6 +67,10 @@ impl TlsServer {
         }
         if *verify_peer && certificates.is_none() {
             return Err("--tls-verify-peer needs --tls-certificates=DIR (its ca-cert.pem signs the clients' certificates)".into());
+        }
+        if *verify_peer && psk.is_some() {
+            // A PSK client presents no certificate, so the two cannot both hold.
+            return Err("--tls-verify-peer cannot be combined with --tls-psk: PSK clients present no certificate".into());
         }
         let mut b = SslContextBuilder::new(SslMethod::tls_server()).map_err(|e| format!("OpenSSL: {e}"))?;
         let fail = |e: openssl::error::ErrorStack| format!("OpenSSL: {e}");

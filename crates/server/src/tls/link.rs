@@ -12,7 +12,7 @@ use openssl::ssl::{ErrorCode, SslStream};
 
 use super::channel::Channel;
 use crate::engine::{Buf, ConnId, Part, Ring, SendBatch};
-use crate::limits::{TLS_CIPHER_IN_BYTES, TLS_SEND_ROUND_BYTES};
+use crate::limits::{TLS_CIPHER_IN_BYTES, TLS_OUTPUT_MAX_BYTES, TLS_SEND_ROUND_BYTES};
 
 /// Plaintext of a full TLS record: smaller writes are gathered up to this before
 /// encrypting, so that small replies share records.
@@ -51,6 +51,10 @@ pub struct TlsLink {
     /// Small pieces of plaintext gathered into one record.
     stage: Vec<u8>,
     answers: VecDeque<Answer>,
+    /// The core shut the read side: a parked receive ends instead of waiting for more.
+    read_shut: bool,
+    /// A send failed: the socket is gone, and every later send gets this error.
+    send_failed: Option<i32>,
 }
 
 impl TlsLink {
@@ -69,6 +73,8 @@ impl TlsLink {
             spare_out: Vec::new(),
             stage: Vec::with_capacity(RECORD_PLAIN_BYTES),
             answers: VecDeque::with_capacity(2),
+            read_shut: false,
+            send_failed: None,
         }
     }
 
@@ -90,8 +96,20 @@ impl TlsLink {
         format!("{} {cipher}", ssl.version_str())
     }
 
+    /// The core shut the socket's read side (to wake a parked receive): no more ciphertext
+    /// is waited for.
+    pub fn shut_read(&mut self) {
+        self.read_shut = true;
+        // A receive held back for the output to drain ends now; one in flight ends when
+        // the shut socket answers it.
+        if let Some((buf, _)) = self.parked.take_if(|_| !self.recv_in_flight) {
+            self.answers.push_back(Answer::Recv { result: 0, buf });
+        }
+    }
+
     /// The core asks to receive into `buf[at..]`.
     pub fn recv(&mut self, wire: &mut Wire, buf: Buf, at: usize) {
+        assert!(at < buf.len(), "a receive into a full buffer");
         debug_assert!(self.parked.is_none() && !self.recv_in_flight);
         self.parked = Some((buf, at));
         self.decrypt(wire);
@@ -152,26 +170,43 @@ impl TlsLink {
         if let Some(result) = end {
             return self.answers.push_back(Answer::Recv { result, buf });
         }
+        let in_flight = self.in_flight();
         let ch = self.ssl.get_mut();
-        if ch.input_ended {
+        if ch.input_ended || self.read_shut {
             return self.answers.push_back(Answer::Recv { result: 0, buf });
         }
         debug_assert_eq!(ch.unread(), 0, "OpenSSL wants more while ciphertext is buffered");
+        if ch.output.len() + in_flight > TLS_OUTPUT_MAX_BYTES {
+            // The client does not read what we send (OpenSSL's answers to its key updates
+            // pile up): receive again once the output has drained.
+            self.parked = Some((buf, at));
+            return;
+        }
         let input = ch.input.take().unwrap_or_else(|| vec![0; TLS_CIPHER_IN_BYTES]);
         self.parked = Some((buf, at));
         self.recv_in_flight = true;
         wire.ring.recv_bytes(wire.fd, input, 0, wire.id);
     }
 
+    /// Ciphertext handed to the ring and not yet acknowledged.
+    fn in_flight(&self) -> usize {
+        (self.queued - self.acked) as usize
+    }
+
     /// The core asks to send its batch: encrypt a round of it and send the ciphertext.
     pub fn send(&mut self, wire: &mut Wire, batch: Box<SendBatch>) {
         debug_assert!(self.plain.is_none());
+        if let Some(result) = self.send_failed {
+            return self.answers.push_back(Answer::Send { result, batch });
+        }
         let mut taken = 0;
         let mut failed = None;
         let (ssl, stage) = (&mut self.ssl, &mut self.stage);
         let mut write = |bytes: &[u8]| -> bool {
-            if let Err(e) = ssl.ssl_write(bytes) {
-                failed = Some(e);
+            // Without partial writes (not enabled) OpenSSL writes all or fails.
+            match ssl.ssl_write(bytes) {
+                Ok(n) => debug_assert_eq!(n, bytes.len()),
+                Err(e) => failed = Some(e),
             }
             failed.is_none()
         };
@@ -219,12 +254,18 @@ impl TlsLink {
     /// Ciphertext left (or the send failed).
     pub fn on_send(&mut self, wire: &mut Wire, result: i32, mut batch: Box<SendBatch>) {
         self.send_in_flight = false;
-        if result < 0 {
+        if result <= 0 {
+            let result = if result == 0 { -libc::EPIPE } else { result };
+            self.send_failed = Some(result);
             batch.drain(drop);
             self.spare_batch = Some(batch);
             if let Some((plain, _)) = self.plain.take() {
                 self.done_at = None;
                 self.answers.push_back(Answer::Send { result, batch: plain });
+            }
+            // A receive held back for the output to drain will not see it drain.
+            if let Some((buf, _)) = self.parked.take_if(|_| !self.recv_in_flight) {
+                self.answers.push_back(Answer::Recv { result, buf });
             }
             return;
         }
@@ -241,6 +282,15 @@ impl TlsLink {
         self.spare_batch = Some(batch);
         self.flush(wire);
         self.answer_send();
+        if !self.send_in_flight && self.plain.is_none() && self.spare_out.capacity() > RECORD_PLAIN_BYTES {
+            // Idle: give back the ciphertext buffer of the last round; a busy connection
+            // keeps reusing it.
+            self.spare_out = Vec::new();
+        }
+        if self.parked.is_some() && !self.recv_in_flight {
+            // A receive held back while the output was full.
+            self.decrypt(wire);
+        }
     }
 
     /// Sends what OpenSSL has written, unless a send is already in flight (its completion

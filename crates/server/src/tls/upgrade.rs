@@ -5,6 +5,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::time::Instant;
 
 use openssl::ssl::{Ssl, SslStream};
 use openssl::x509::X509VerifyResult;
@@ -15,10 +16,11 @@ use super::context::TlsServer;
 pub type TlsSession = SslStream<Channel>;
 
 /// Runs the TLS handshake as the server. `socket` is a duplicate of the connection's
-/// socket; it is let go when the session moves to a worker.
-pub fn accept(server: &TlsServer, socket: OwnedFd) -> io::Result<TlsSession> {
+/// socket, used until `deadline` at the latest; it is let go when the session moves to a
+/// worker.
+pub fn accept(server: &TlsServer, socket: OwnedFd, deadline: Instant) -> io::Result<TlsSession> {
     let ssl = Ssl::new(&server.context).map_err(io::Error::other)?;
-    let mut stream = SslStream::new(ssl, Channel::over_socket(socket)).map_err(io::Error::other)?;
+    let mut stream = SslStream::new(ssl, Channel::over_socket(socket, deadline)).map_err(io::Error::other)?;
     if let Err(e) = stream.accept() {
         let verify = stream.ssl().verify_result();
         let why = match e.io_error() {
