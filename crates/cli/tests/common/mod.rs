@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod pool;
+pub mod tls;
 
 use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
