@@ -298,8 +298,58 @@ mod tests {
     }
 
     #[test]
+    fn tls_forms() {
+        let u = Uri::parse("nbds://alice@h:99/disk?tls-certificates=/etc/pki/c&tls-verify-peer=no&tls-hostname=srv.example").unwrap();
+        assert_eq!((u.address, u.export.as_str()), (Address::Tcp { host: "h".into(), port: 99 }, "disk"));
+        let want = Tls {
+            certificates: Some("/etc/pki/c".into()),
+            username: Some("alice".into()),
+            verify_peer: false,
+            hostname: Some("srv.example".into()),
+            ..Tls::default()
+        };
+        assert_eq!(u.tls, Some(want));
+        let u = Uri::parse("NBDS+UNIX://b%40b@/e?socket=/s&tls-psk-file=/k%20s.psk&tls-type=psk").unwrap();
+        assert_eq!(u.address, Address::Unix("/s".into()));
+        let t = u.tls.unwrap();
+        assert_eq!((t.username.as_deref(), t.psk_file), (Some("b@b"), Some("/k s.psk".into())));
+        assert_eq!(Uri::parse("nbds://h").unwrap().tls, Some(Tls::default()));
+        // Without TLS the keys and the user mean nothing.
+        assert_eq!(Uri::parse("nbd://u@h/?tls-psk-file=/k").unwrap().tls, None);
+        for v in ["1", "true", "YES", "on"] {
+            assert!(Uri::parse(&format!("nbds://h/?tls-verify-peer={v}")).unwrap().tls.unwrap().verify_peer, "{v}");
+        }
+    }
+
+    #[test]
+    fn tls_refusals_name_the_key() {
+        for (bad, key) in [
+            ("nbds://h/?tls-verify-peer=maybe", "tls-verify-peer"),
+            ("nbds://h/?tls-certificates=", "tls-certificates"),
+            ("nbds://h/?tls-psk-file", "tls-psk-file"),
+            ("nbds://h/?tls-hostname=", "tls-hostname"),
+            ("nbds://h/?tls-priority=NORMAL", "tls-priority"),
+            ("nbds://h/?tls-type=anon", "anon"),
+            ("nbds://h/?tls-type=psk", "tls-psk-file"),
+            ("nbds://h/?tls-type=x509&tls-psk-file=/k", "x509"),
+            ("nbds://%zz@h/", "user"),
+            ("nbds+vsock://2/", "vsock"),
+        ] {
+            let e = Uri::parse(bad).unwrap_err();
+            assert!(matches!(e, Error::Uri(_)) && e.to_string().contains(key), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn display_round_trips() {
-        for s in ["nbd://h:1/e%3Fx", "nbd://[::1]:10809/", "nbd+unix:///?socket=/run/x.sock"] {
+        for s in [
+            "nbd://h:1/e%3Fx",
+            "nbd://[::1]:10809/",
+            "nbd+unix:///?socket=/run/x.sock",
+            "nbds://a%2Fb%40c@h:1/e?tls-certificates=/c%26d&tls-hostname=n",
+            "nbds://[::1]:10809/?tls-verify-peer=false",
+            "nbds+unix://bob@/x?socket=/s&tls-psk-file=/k.psk",
+        ] {
             let u = Uri::parse(s).unwrap();
             assert_eq!(Uri::parse(&u.to_string()).unwrap(), u, "{s}");
         }
