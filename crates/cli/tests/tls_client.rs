@@ -296,3 +296,46 @@ fn options_and_files_that_cannot_be_used_are_usage_errors() {
     fails(&["info", &format!("{unix}&tls-verify-peer=maybe")], 2, &["tls-verify-peer"]);
     fails(&["info", &format!("{unix}&tls-bogus=1")], 2, &["tls-bogus"]);
 }
+
+#[test]
+fn a_pool_reaches_its_members_over_tls() {
+    require!("nbdkit", "certtool", "psktool");
+    let keys = Keys::generate();
+    let (one, two) = (psk_server(&keys, Listen::Unix, false), psk_server(&keys, Listen::Tcp, true));
+    let psk = keys.psk_file();
+    let members = [format!("{}&tls-psk-file={}", one.unix("alice"), psk.display()), format!("nbds://bob@127.0.0.1:{}/?tls-psk-file={}", two.port, psk.display())];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pool.toml");
+    std::fs::write(&file, format!("layout = \"mirror\"\nmembers = [\"{}\", \"{}\"]\n", members[0], members[1])).unwrap();
+    let pool = format!("pool:{}", file.display());
+    ok(&["pool", "init", &pool]);
+    let (src, back) = (dir.path().join("src.img"), dir.path().join("back.img"));
+    let data = pattern(1 << 20, 6);
+    write_file(&src, &data);
+    ok(&["copy", s(&src), &pool]);
+    ok(&["copy", &pool, s(&back)]);
+    assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..], "the pool's copy back differs");
+    // Each member holds the data too, read over its own TLS.
+    for member in &members {
+        let got = ok(&["copy", member, "-"]);
+        assert!(got.stdout.len() > data.len(), "{member}");
+    }
+}
+
+#[test]
+fn bench_and_mount_take_the_options_too_and_bench_runs_over_tls() {
+    require!("certtool", "psktool");
+    let keys = Keys::generate();
+    let psk = keys.psk_file();
+    let dir = tempfile::tempdir().unwrap();
+    fails(&["bench", "--quick", "--tls-psk-file", s(&psk), "nbd://localhost/"], 2, &["nbds://"]);
+    // A short sweep over TLS, with several connections.
+    require!("nbdkit");
+    let server = psk_server(&keys, Listen::Tcp, false);
+    let out = dir.path().join("bench");
+    let sweep = ["--sizes", "4K,1M", "--depths", "1,8", "--patterns", "seq", "--runtime", "0.1", "--warmup", "0.05", "--connections", "2"];
+    let uri = format!("nbds://alice@127.0.0.1:{}/", server.port);
+    ok(&[&["bench", "--tls-psk-file", s(&psk), "--out", s(&out)][..], &sweep, &[&uri]].concat());
+    assert!(std::fs::read_to_string(out.join("bench.csv")).unwrap().lines().count() >= 5, "four points and a header");
+    fails(&["mount", "--tls-psk-file", s(&psk), "nbd://localhost/", s(&dir.path().join("m"))], 2, &["nbds://"]);
+}
