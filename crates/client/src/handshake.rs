@@ -11,7 +11,7 @@ use crate::limits::*;
 use crate::options::Options;
 use crate::socket::{Reader, Socket, Writer};
 use crate::tls;
-use crate::uri::Uri;
+use crate::uri::{Address, Uri};
 use sluice_proto::client as wire_c;
 use sluice_proto::client::{Info, OptionReply, OPTION_REPLY_BYTES};
 use sluice_proto::wire::*;
@@ -76,7 +76,11 @@ impl Server {
 /// rest of the handshake goes over. Until TLS is up the socket is read unbuffered, so no
 /// byte meant for TLS is taken as plaintext or the other way round.
 async fn begin(uri: &Uri) -> Result<(Reader, Writer, Server), Error> {
-    let prepared = uri.tls.as_ref().map(|t| tls::prepare(t, &uri.address)).transpose()?;
+    let host = match &uri.address {
+        Address::Tcp { host, .. } => Some(host.as_str()),
+        _ => None,
+    };
+    let prepared = uri.tls.as_ref().map(|t| tls::prepare(t, host)).transpose()?;
     let mut socket = Socket::open(&uri.address).await?;
     let flags = greet(socket.stream()).await?;
     let mut server = Server { flags, tls: None, dropped_after_tls: None };

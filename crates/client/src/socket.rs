@@ -4,17 +4,13 @@
 
 use crate::error::Error;
 use crate::limits::READ_BUFFER_BYTES;
-use crate::tls::TlsStream;
+use crate::tls::{Duplex, TlsStream};
 use crate::uri::Address;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpStream, UnixStream};
 
 pub(crate) type Reader = BufReader<Box<dyn AsyncRead + Send + Unpin>>;
 pub(crate) type Writer = Box<dyn AsyncWrite + Send + Unpin>;
-
-/// A byte stream both ways.
-pub(crate) trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
 
 /// A connected socket, whole: nothing has been read from it beyond what the handshake
 /// asked for, so TLS can still start on it.

@@ -3,10 +3,8 @@
 //! the NBD handshake began on, and errors that name the file, key or host name at fault.
 
 use super::psk::{self, Psk};
-use super::Tls;
+use super::settings::Tls;
 use crate::error::Error;
-use crate::socket::Duplex;
-use crate::uri::Address;
 use openssl::error::ErrorStack;
 use openssl::pkey::PKey;
 use openssl::ssl::{Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslRef, SslVerifyMode, SslVersion};
@@ -16,7 +14,12 @@ use openssl::x509::X509;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_openssl::SslStream;
+
+/// A byte stream both ways: the socket TLS runs over.
+pub(crate) trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
 
 /// The TLS stream the rest of the connection runs on.
 pub(crate) type TlsStream = SslStream<Box<dyn Duplex>>;
@@ -54,17 +57,14 @@ pub(crate) struct Prepared {
     auth: Auth,
 }
 
-/// Sets up a session from `tls`; `address` gives the host name the server's certificate
-/// must carry.
-pub(crate) fn prepare(tls: &Tls, address: &Address) -> Result<Prepared, Error> {
+/// Sets up a session from `tls` for a server at `host` (none for a Unix socket), the name
+/// its certificate must carry unless `tls.hostname` names another.
+pub(crate) fn prepare(tls: &Tls, host: Option<&str>) -> Result<Prepared, Error> {
     let psk = match &tls.psk_file {
         Some(file) => Some(psk::load(file, tls.username.as_deref())?),
         None => None,
     };
-    let name = tls.hostname.as_deref().or(match address {
-        Address::Tcp { host, .. } => Some(host.as_str()),
-        _ => None,
-    });
+    let name = tls.hostname.as_deref().or(host);
     let auth = match (&psk, &tls.psk_file) {
         (Some(p), Some(file)) => Auth::Psk { file: file.clone(), identity: p.identity.clone() },
         _ if !tls.verify_peer => Auth::Unverified,
