@@ -69,8 +69,9 @@ bandwidth.svg, latency.svg, latency-vs-depth.svg, and PNG copies when a system f
 
 Exit status: 0 when the sweep finished; 1 when the server cannot be reached, the export is
 read-only and writes were asked for, a request fails, the results cannot be written, or
-the run was interrupted; 2 for a bad command line or URI, writes without --write, or a
-sweep that does not fit the export.")]
+the run was interrupted, or TLS fails; 2 for a bad command line or URI, TLS options or
+files that cannot be used, writes without --write, or a sweep that does not fit the
+export.")]
 pub struct BenchArgs {
     /// NBD URI of the export to measure: nbd://HOST[:PORT]/EXPORT or
     /// nbd+unix:///EXPORT?socket=PATH, nbds:// or nbds+unix:// for TLS, or pool:PATH for a

@@ -61,7 +61,7 @@ const _: () = assert!(ZERO_ITEM_MAX_BYTES >= REQUEST_SIZE_MAX_BYTES);
 
 Exit status: 0 when everything was copied and flushed; 1 when anything failed (connecting,
 an unknown or read-only export, a destination too small, a read, write, flush or fsync
-error); 2 for a bad command line or URI.")]
+error, TLS); 2 for a bad command line or URI, or TLS options or files that cannot be used.")]
 pub struct CopyArgs {
     /// What to copy: an NBD URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH,
     /// nbds:// or nbds+unix:// for TLS), a pool (pool:PATH), a file or block device, or -

@@ -16,8 +16,9 @@ use std::process::ExitCode;
   sluice info --tls-certificates /etc/pki/sluice nbds://server/disk
   sluice info 'nbds://alice@server/disk?tls-psk-file=/etc/sluice/keys.psk'
 
-Exit status: 0 on success; 1 when the server cannot be reached, has no such export or
-fails a request; 2 for a bad command line or URI.")]
+Exit status: 0 on success; 1 when the server cannot be reached, has no such export, fails a
+request or TLS fails; 2 for a bad command line or URI, or TLS options or files that cannot
+be used.")]
 pub struct InfoArgs {
     /// NBD URI of the export: nbd://HOST[:PORT]/[EXPORT] or nbd+unix:///[EXPORT]?socket=PATH,
     /// nbds:// or nbds+unix:// for TLS, or pool:PATH for a pool (see sluice pool).

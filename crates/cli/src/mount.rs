@@ -44,8 +44,9 @@ user lets go. Mounting needs root or the fusermount3 helper (Debian package fuse
   umount /mnt && losetup -d /dev/loopN && fusermount3 -u /tmp/disk
 
 Exit status: 0 once FILE is unmounted; 1 when the server cannot be reached or has no such \
-export, /dev/fuse is missing, mounting fails, or the final flush fails; 2 for a bad command \
-line or URI, or a FILE that is a directory."
+export, TLS fails, /dev/fuse is missing, mounting fails, or the final flush fails; 2 for a \
+bad command line or URI, TLS options or files that cannot be used, or a FILE that is a \
+directory."
 )]
 pub struct MountArgs {
     /// The export: nbd://HOST[:PORT]/NAME or nbd+unix:///NAME?socket=PATH, nbds:// or
