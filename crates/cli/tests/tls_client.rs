@@ -106,18 +106,16 @@ struct Out {
     stderr: String,
 }
 
-/// Runs `sluice ARGS...`, killed after 60 s.
+/// Runs `sluice ARGS...`, killed after 60 s. Its output goes to files, so that a large
+/// one cannot block it while it is waited for.
 fn sluice(args: &[&str]) -> Out {
-    let child = Command::new(SLUICE).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let pid = child.id();
-    let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(60));
-        signal(pid, libc::SIGKILL);
-    });
-    let out = child.wait_with_output().unwrap();
-    drop(watchdog);
-    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
-    Out { code: out.status.code().unwrap_or(-1), stdout: text(out.stdout), stderr: text(out.stderr) }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let file = |p: &Path| std::fs::File::create(p).unwrap();
+    let mut child = Command::new(SLUICE).args(args).stdin(Stdio::null()).stdout(file(&out)).stderr(file(&err)).spawn().unwrap();
+    let status = wait_timeout(&mut child, Duration::from_secs(60)).unwrap_or_else(|| panic!("sluice {args:?} hangs"));
+    let text = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
+    Out { code: status.code().unwrap_or(-1), stdout: text(&out), stderr: text(&err) }
 }
 
 fn ok(args: &[&str]) -> Out {
