@@ -138,8 +138,8 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// Copies a pattern into `uri` and back out with `tls` options, byte-exact, and returns
-/// what `sluice info` says of the connection's TLS.
+/// Copies a pattern into `uri` and back out with `tls` options, byte-exact, lists the
+/// server's exports, and returns what `sluice info` says of the connection's TLS.
 fn round_trip(uri: &str, tls: &[&str], seed: u64) -> String {
     let dir = tempfile::tempdir().unwrap();
     let (src, back) = (dir.path().join("src.img"), dir.path().join("back.img"));
@@ -148,6 +148,8 @@ fn round_trip(uri: &str, tls: &[&str], seed: u64) -> String {
     ok(&[&["copy", s(&src), uri], tls].concat());
     ok(&[&["copy", uri, s(&back)], tls].concat());
     assert!(std::fs::read(&back).unwrap() == data, "{uri}: the copy back differs");
+    let list = ok(&[&["info", "--list", uri], tls].concat());
+    assert!(list.stdout.contains(&SIZE.to_string()), "{uri}: {}", list.stdout);
     let info = ok(&[&["info", "--json", uri], tls].concat());
     let json: serde_json::Value = serde_json::from_str(&info.stdout).unwrap();
     assert_eq!(json["size"], SIZE as u64);
