@@ -49,6 +49,11 @@ impl Keys {
         self.dir.path().join(name)
     }
 
+    /// The CA: `ca-cert.pem` and its private key `ca-key.pem`, for a test that signs more.
+    pub fn ca_dir(&self) -> PathBuf {
+        self.path("ca")
+    }
+
     /// For `nbdkit --tls-certificates` (and `--tls-verify-peer`: it checks client
     /// certificates against the same CA).
     pub fn server_dir(&self) -> PathBuf {
