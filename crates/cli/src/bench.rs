@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_client::{Client, Options};
 
-use crate::client_cli;
+use crate::client_cli::{self, TlsArgs};
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 
 // The measuring, the drawing and the words they share live beside this file; main.rs
@@ -69,11 +69,13 @@ bandwidth.svg, latency.svg, latency-vs-depth.svg, and PNG copies when a system f
 
 Exit status: 0 when the sweep finished; 1 when the server cannot be reached, the export is
 read-only and writes were asked for, a request fails, the results cannot be written, or
-the run was interrupted; 2 for a bad command line or URI, writes without --write, or a
-sweep that does not fit the export.")]
+the run was interrupted, or TLS fails; 2 for a bad command line or URI, TLS options or
+files that cannot be used, writes without --write, or a sweep that does not fit the
+export.")]
 pub struct BenchArgs {
     /// NBD URI of the export to measure: nbd://HOST[:PORT]/EXPORT or
-    /// nbd+unix:///EXPORT?socket=PATH, or pool:PATH for a pool.
+    /// nbd+unix:///EXPORT?socket=PATH, nbds:// or nbds+unix:// for TLS, or pool:PATH for a
+    /// pool.
     #[arg(value_name = "URI")]
     uri: String,
 
@@ -138,6 +140,9 @@ pub struct BenchArgs {
     /// 0.4 s per point. Options given explicitly still apply.
     #[arg(long)]
     quick: bool,
+
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 /// The sweep, resolved from the arguments; valid before anything is sent.
@@ -268,7 +273,11 @@ fn region(args: &BenchArgs, plan: &mut Plan, client: &Client) -> Result<(u64, u6
 
 async fn run_async(args: BenchArgs, plan: Plan) -> ExitCode {
     let options = Options { connections: args.connections as usize, block_status: false, ..Options::default() };
-    let client = match client_cli::connect(&args.uri, &options).await {
+    let uri = match args.tls.uri(&args.uri) {
+        Ok(u) => u,
+        Err(e) => return client_cli::fail("bench", &e),
+    };
+    let client = match client_cli::connect(&uri, &options).await {
         Ok(c) => c,
         Err(e) => return client_cli::fail("bench", &e),
     };

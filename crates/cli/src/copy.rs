@@ -15,7 +15,7 @@ mod os;
 #[path = "copy_progress.rs"]
 mod progress;
 
-use crate::client_cli::{self, exit_code};
+use crate::client_cli::{self, exit_code, TlsArgs};
 use copy_dest::{Dest, FileZeros, Target};
 use copy_source::{Planner, Source, SourceKind, What};
 use failure::Failure;
@@ -57,13 +57,15 @@ const _: () = assert!(ZERO_ITEM_MAX_BYTES >= REQUEST_SIZE_MAX_BYTES);
   sluice copy nbd://a/disk 'nbd+unix:///disk?socket=/run/b.sock'
   xz -dc disk.img.xz | sluice copy - nbd://server/disk
   sluice copy --progress nbd://server/disk - | gzip > disk.img.gz
+  sluice copy --tls-certificates /etc/pki/sluice disk.img nbds://server/disk
 
 Exit status: 0 when everything was copied and flushed; 1 when anything failed (connecting,
 an unknown or read-only export, a destination too small, a read, write, flush or fsync
-error); 2 for a bad command line or URI.")]
+error, TLS); 2 for a bad command line or URI, or TLS options or files that cannot be used.")]
 pub struct CopyArgs {
-    /// What to copy: an NBD URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH),
-    /// a pool (pool:PATH), a file or block device, or - for standard input.
+    /// What to copy: an NBD URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH,
+    /// nbds:// or nbds+unix:// for TLS), a pool (pool:PATH), a file or block device, or -
+    /// for standard input.
     #[arg(value_name = "SRC")]
     src: String,
 
@@ -97,6 +99,10 @@ pub struct CopyArgs {
     /// exports.
     #[arg(long)]
     no_sparse: bool,
+
+    /// Apply to SRC and DST alike, whichever are nbds:// or nbds+unix:// URIs.
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 fn parse_request_size(s: &str) -> Result<u64, String> {
@@ -111,8 +117,7 @@ fn parse_request_size(s: &str) -> Result<u64, String> {
 
 /// SRC or DST as given on the command line.
 enum Endpoint {
-    /// A URI that parsed; connecting parses it again.
-    Nbd,
+    Nbd(Uri),
     Path(PathBuf),
     Std,
 }
@@ -122,9 +127,16 @@ impl Endpoint {
         if arg == "-" {
             Ok(Endpoint::Std)
         } else if arg.contains("://") || arg.starts_with("pool:") {
-            Uri::parse(arg).map(|_| Endpoint::Nbd)
+            Uri::parse(arg).map(Endpoint::Nbd)
         } else {
             Ok(Endpoint::Path(PathBuf::from(arg)))
+        }
+    }
+
+    fn uri(&mut self) -> Option<&mut Uri> {
+        match self {
+            Endpoint::Nbd(uri) => Some(uri),
+            _ => None,
         }
     }
 }
@@ -132,6 +144,11 @@ impl Endpoint {
 pub fn run(args: CopyArgs) -> ExitCode {
     // Both arguments are checked before anything is opened, so a typo costs nothing.
     let parsed = Endpoint::parse(&args.src).and_then(|s| Ok((s, Endpoint::parse(&args.dst)?)));
+    let parsed = parsed.and_then(|(mut src, mut dst)| {
+        let mut uris: Vec<&mut Uri> = [&mut src, &mut dst].into_iter().filter_map(Endpoint::uri).collect();
+        args.tls.apply(&mut uris)?;
+        Ok((src, dst))
+    });
     let (src, dst) = match parsed {
         Ok(pair) => pair,
         Err(e) => return client_cli::fail("copy", &e),
@@ -149,8 +166,8 @@ pub fn run(args: CopyArgs) -> ExitCode {
     }
 }
 
-async fn connect(arg: &str, options: &Options) -> Result<Client, Failure> {
-    client_cli::connect(arg, options)
+async fn connect(arg: &str, uri: &Uri, options: &Options) -> Result<Client, Failure> {
+    client_cli::connect(uri, options)
         .await
         .map_err(|e| match e {
             // These already name the URI.
@@ -176,8 +193,8 @@ fn block_device_size(mut f: &File, name: &str) -> Result<u64, Failure> {
 
 async fn open_source(arg: &str, ep: Endpoint, options: &Options) -> Result<Source, Failure> {
     match ep {
-        Endpoint::Nbd => {
-            let client = connect(arg, options).await?;
+        Endpoint::Nbd(uri) => {
+            let client = connect(arg, &uri, options).await?;
             let size = client.size();
             Ok(Source {
                 kind: SourceKind::Nbd(client),
@@ -256,8 +273,8 @@ async fn open_dest(
 ) -> Result<Opened, Failure> {
     let name = arg.to_string();
     let opened = match ep {
-        Endpoint::Nbd => {
-            let client = connect(arg, options).await?;
+        Endpoint::Nbd(uri) => {
+            let client = connect(arg, &uri, options).await?;
             if client.export().read_only() {
                 return Err(Failure::new(format!(
                     "{arg}: the export is read-only; nothing was copied"

@@ -1,7 +1,7 @@
 //! `sluice info`: what a server says about an export (size, flags, block sizes, what was
 //! negotiated), the list of its exports, or an export's allocation map from base:allocation.
 
-use crate::client_cli::{self, fail};
+use crate::client_cli::{self, fail, TlsArgs};
 use indicatif::HumanBytes;
 use serde_json::{json, Value};
 use sluice_client::{Client, Error, Export, Options, Uri};
@@ -13,12 +13,15 @@ use std::process::ExitCode;
   sluice info --list nbd://localhost
   sluice info --map 'nbd+unix:///disk?socket=/run/sluice.sock'
   sluice info --json nbd://localhost/disk | jq .size
+  sluice info --tls-certificates /etc/pki/sluice nbds://server/disk
+  sluice info 'nbds://alice@server/disk?tls-psk-file=/etc/sluice/keys.psk'
 
-Exit status: 0 on success; 1 when the server cannot be reached, has no such export or
-fails a request; 2 for a bad command line or URI.")]
+Exit status: 0 on success; 1 when the server cannot be reached, has no such export, fails a
+request or TLS fails; 2 for a bad command line or URI, or TLS options or files that cannot
+be used.")]
 pub struct InfoArgs {
     /// NBD URI of the export: nbd://HOST[:PORT]/[EXPORT] or nbd+unix:///[EXPORT]?socket=PATH,
-    /// or pool:PATH for a pool (see sluice pool).
+    /// nbds:// or nbds+unix:// for TLS, or pool:PATH for a pool (see sluice pool).
     #[arg(value_name = "URI")]
     uri: String,
 
@@ -36,10 +39,13 @@ pub struct InfoArgs {
     /// Print JSON instead of text (the schema is in docs/info.md).
     #[arg(long)]
     json: bool,
+
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 pub fn run(args: InfoArgs) -> ExitCode {
-    let uri = match Uri::parse(&args.uri) {
+    let uri = match args.tls.uri(&args.uri) {
         Ok(u) => u,
         Err(e) => return fail("info", &e),
     };
@@ -48,9 +54,9 @@ pub fn run(args: InfoArgs) -> ExitCode {
         if args.list {
             list(&uri, args.json).await
         } else if args.map {
-            map(&args.uri, args.json).await
+            map(&uri, args.json).await
         } else {
-            show(&args.uri, args.json).await
+            show(&uri, args.json).await
         }
     });
     match result {
@@ -124,7 +130,7 @@ fn print_json(v: &Value) {
     );
 }
 
-async fn show(uri: &str, as_json: bool) -> Result<(), Error> {
+async fn show(uri: &Uri, as_json: bool) -> Result<(), Error> {
     let client = client_cli::connect(uri, &Options::default()).await?;
     let e = client.export().clone();
     client.disconnect().await;
@@ -132,6 +138,7 @@ async fn show(uri: &str, as_json: bool) -> Result<(), Error> {
         let mut m = export_json(&e);
         m.insert("structured_replies".into(), json!(e.structured));
         m.insert("base_allocation".into(), json!(e.base_allocation));
+        m.insert("tls".into(), json!(e.tls));
         print_json(&Value::Object(m));
         return Ok(());
     }
@@ -147,6 +154,7 @@ async fn show(uri: &str, as_json: bool) -> Result<(), Error> {
     );
     println!("structured replies: {}", yes_no(e.structured));
     println!("base:allocation:    {}", yes_no(e.base_allocation));
+    println!("TLS:                {}", e.tls.as_deref().unwrap_or("no"));
     Ok(())
 }
 
@@ -257,7 +265,7 @@ async fn allocation_map(client: &Client) -> Result<Vec<Run>, Error> {
     Ok(runs)
 }
 
-async fn map(uri: &str, as_json: bool) -> Result<(), Error> {
+async fn map(uri: &Uri, as_json: bool) -> Result<(), Error> {
     let client = client_cli::connect(uri, &Options::default()).await?;
     let runs = allocation_map(&client).await?;
     client.disconnect().await;

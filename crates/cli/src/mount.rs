@@ -3,12 +3,12 @@
 //! over FILE (as libnbd's nbdfuse does). Runs in the foreground until FILE is unmounted
 //! (`fusermount3 -u FILE`, `umount FILE`) or a SIGINT/SIGTERM/SIGHUP unmounts it.
 
-use crate::client_cli::{self, fail};
+use crate::client_cli::{self, fail, TlsArgs};
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::logger;
 use crate::mount_fs::{ExportFile, Settings};
 use fuser::{Config, MountOption, Session, SessionUnmounter};
-use sluice_client::{Client, Options, Uri};
+use sluice_client::{Client, Options};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -44,12 +44,13 @@ user lets go. Mounting needs root or the fusermount3 helper (Debian package fuse
   umount /mnt && losetup -d /dev/loopN && fusermount3 -u /tmp/disk
 
 Exit status: 0 once FILE is unmounted; 1 when the server cannot be reached or has no such \
-export, /dev/fuse is missing, mounting fails, or the final flush fails; 2 for a bad command \
-line or URI, or a FILE that is a directory."
+export, TLS fails, /dev/fuse is missing, mounting fails, or the final flush fails; 2 for a \
+bad command line or URI, TLS options or files that cannot be used, or a FILE that is a \
+directory."
 )]
 pub struct MountArgs {
-    /// The export: nbd://HOST[:PORT]/NAME or nbd+unix:///NAME?socket=PATH, or pool:PATH
-    /// for a pool.
+    /// The export: nbd://HOST[:PORT]/NAME or nbd+unix:///NAME?socket=PATH, nbds:// or
+    /// nbds+unix:// for TLS, or pool:PATH for a pool.
     #[arg(value_name = "URI")]
     uri: String,
 
@@ -74,13 +75,17 @@ pub struct MountArgs {
     /// Log every FUSE request to stderr.
     #[arg(long, short)]
     verbose: bool,
+
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 pub fn run(args: MountArgs) -> ExitCode {
     logger::init(if args.verbose { log::LevelFilter::Debug } else { log::LevelFilter::Off });
-    if let Err(e) = Uri::parse(&args.uri) {
-        return fail(CMD, &e);
-    }
+    let uri = match args.tls.uri(&args.uri) {
+        Ok(u) => u,
+        Err(e) => return fail(CMD, &e),
+    };
     let existed = match check_mount_point(&args.file) {
         Ok(existed) => existed,
         Err(message) => {
@@ -95,7 +100,7 @@ pub fn run(args: MountArgs) -> ExitCode {
     let runtime = client_cli::runtime();
     // base:allocation answers SEEK_DATA and SEEK_HOLE on the file.
     let options = Options { connections: args.connections as usize, ..Options::default() };
-    let client = match runtime.block_on(client_cli::connect(&args.uri, &options)) {
+    let client = match runtime.block_on(client_cli::connect(&uri, &options)) {
         Ok(c) => c,
         Err(e) => return fail(CMD, &e),
     };

@@ -395,7 +395,7 @@ fn bad_uri_exits_2() {
     for (src, dst) in [
         ("nbd://127.0.0.1:99999/x", "/dev/null"),
         ("-", "nbd+unix:///x"),
-        ("-", "nbds://host/x"),
+        ("-", "nbds://host/x?tls-verify-peer=maybe"),
         ("ftp://x/", "-"),
     ] {
         let out = copy(&[src, dst]);

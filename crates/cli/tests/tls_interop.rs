@@ -3,7 +3,7 @@
 //! and with pre-shared keys, data verified byte-exact; and the refusals each client must
 //! meet (plaintext, wrong key, another CA, another host name, no client certificate).
 mod common;
-use common::tls::{Keys, OTHER_NAME};
+use common::tls::{Keys, OTHER_HOST};
 use common::*;
 
 fn tls_server(extra: &[&str]) -> Sluice {
@@ -55,7 +55,7 @@ fn nbdinfo_and_nbdcopy_with_certificates() {
     require!("nbdinfo", "nbdcopy", "certtool");
     let keys = Keys::generate();
     let s = cert_server(&keys);
-    let uri = cert_uri(&s, &keys.ca_only_dir());
+    let uri = cert_uri(&s, &keys.ca_only_client_dir());
     let (ok, out, err) = run("nbdinfo", &[&uri]);
     assert!(ok && out.contains("with TLS") && out.contains("8388608"), "nbdinfo: {out}{err}");
     nbdcopy_round_trip(&uri, 11);
@@ -103,7 +103,7 @@ assert seen
 h.shutdown()
 print("SCRIPT-COMPLETED")
 "#,
-        uri = cert_uri(&s, &keys.ca_only_dir())
+        uri = cert_uri(&s, &keys.ca_only_client_dir())
     );
     let (ok, out, err) = run("nbdsh", &["-c", &script]);
     assert!(ok && out.contains("SCRIPT-COMPLETED"), "nbdsh failed\n{out}\n{err}");
@@ -123,7 +123,7 @@ fn qemu_img_and_qemu_io_with_x509_and_psk_credentials() {
     let psk_dir = dir.path().join("psk");
     std::fs::create_dir(&psk_dir).unwrap();
     std::fs::copy(keys.psk_file(), psk_dir.join("keys.psk")).unwrap();
-    let x509 = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", keys.ca_only_dir().display());
+    let x509 = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", keys.ca_only_client_dir().display());
     let psk = format!("tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice", psk_dir.display());
     for (server, object, extra) in [(cert_server(&keys), x509, ",tls-hostname=localhost"), (psk_server(&keys), psk, "")] {
         let image = format!("driver=nbd,host=127.0.0.1,port={},export=disk,tls-creds=tls0{extra}", server.port);
@@ -150,7 +150,7 @@ fn nbdkits_nbd_plugin_connects_as_a_tls_client() {
     require!("nbdkit", "nbdcopy", "certtool", "psktool");
     let keys = Keys::generate();
     for (server, auth) in [
-        (cert_server(&keys), format!("tls-certificates={}", keys.ca_only_dir().display())),
+        (cert_server(&keys), format!("tls-certificates={}", keys.ca_only_client_dir().display())),
         (psk_server(&keys), format!("tls-psk={} tls-username=bob", keys.psk_file().display())),
     ] {
         // nbdkit re-exports sluice's TLS export in plaintext on a private socket.
@@ -205,15 +205,15 @@ fn a_certificate_from_another_ca_or_for_another_host_is_refused() {
     require!("nbdinfo", "qemu-img", "certtool");
     let keys = Keys::generate();
     let stranger = tls_server(&["--tls-certificates", keys.other_ca_server_dir().to_str().unwrap()]);
-    nbdinfo_fails(&cert_uri(&stranger, &keys.ca_only_dir()));
+    nbdinfo_fails(&cert_uri(&stranger, &keys.ca_only_client_dir()));
     assert_eq!(stranger.stop().code(), Some(0));
 
-    let elsewhere = tls_server(&["--tls-certificates", keys.other_host_server_dir().to_str().unwrap()]);
-    nbdinfo_fails(&cert_uri(&elsewhere, &keys.ca_only_dir()));
+    let elsewhere = tls_server(&["--tls-certificates", keys.wrong_name_server_dir().to_str().unwrap()]);
+    nbdinfo_fails(&cert_uri(&elsewhere, &keys.ca_only_client_dir()));
     // The same certificate is accepted under the name it carries, so the refusal was the
     // name (libnbd 1.14 has no tls-hostname; qemu has).
-    let object = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", keys.ca_only_dir().display());
-    for (name, accepted) in [(OTHER_NAME, true), ("localhost", false)] {
+    let object = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", keys.ca_only_client_dir().display());
+    for (name, accepted) in [(OTHER_HOST, true), ("localhost", false)] {
         let image = format!("driver=nbd,host=127.0.0.1,port={},export=disk,tls-creds=tls0,tls-hostname={name}", elsewhere.port);
         let (ok, out, err) = run("qemu-img", &["info", "--object", &object, "--image-opts", &image]);
         assert_eq!(ok, accepted, "qemu-img info with tls-hostname={name}: {out}{err}");
@@ -226,15 +226,9 @@ fn verify_peer_wants_a_client_certificate_from_the_ca() {
     require!("nbdinfo", "certtool");
     let keys = Keys::generate();
     let s = tls_server(&["--tls-certificates", keys.server_dir().to_str().unwrap(), "--tls-verify-peer"]);
-    nbdinfo_fails(&cert_uri(&s, &keys.ca_only_dir()));
+    nbdinfo_fails(&cert_uri(&s, &keys.ca_only_client_dir()));
     // A client certificate from another CA (with our CA to check the server).
-    let mixed = keys.dir.path().join("mixed");
-    std::fs::create_dir(&mixed).unwrap();
-    std::fs::copy(keys.ca_only_dir().join("ca-cert.pem"), mixed.join("ca-cert.pem")).unwrap();
-    for f in ["client-cert.pem", "client-key.pem"] {
-        std::fs::copy(keys.other_ca_client_dir().join(f), mixed.join(f)).unwrap();
-    }
-    nbdinfo_fails(&cert_uri(&s, &mixed));
+    nbdinfo_fails(&cert_uri(&s, &keys.untrusted_client_dir()));
     let (ok, out, err) = run("nbdinfo", &[&cert_uri(&s, &keys.client_dir())]);
     assert!(ok, "nbdinfo with a client certificate: {out}{err}");
     assert!(s.log_text().contains("TLS handshake failed"), "{}", s.log_text());
@@ -248,7 +242,7 @@ fn tls_on_serves_plaintext_and_tls_clients_alike() {
     let s = Sluice::start(&["--tls=on", "--tls-certificates", keys.server_dir().to_str().unwrap(), "--export", "disk=memory:1M"]);
     let (ok, out, err) = run("nbdinfo", &[&format!("nbd://localhost:{}/disk", s.port)]);
     assert!(ok && out.contains("without TLS"), "plaintext: {out}{err}");
-    let (ok, out, err) = run("nbdinfo", &[&cert_uri(&s, &keys.ca_only_dir())]);
+    let (ok, out, err) = run("nbdinfo", &[&cert_uri(&s, &keys.ca_only_client_dir())]);
     assert!(ok && out.contains("with TLS"), "TLS: {out}{err}");
     assert_eq!(s.stop().code(), Some(0));
 }
@@ -267,7 +261,7 @@ fn tls_1_2_clients_are_served_with_certificates_and_with_psk() {
     let certs = keys.server_dir();
     let psk = keys.psk_file();
     let s = tls_server(&["--tls-certificates", certs.to_str().unwrap(), "--tls-psk", psk.to_str().unwrap(), "--log-level", "debug"]);
-    for uri in [cert_uri(&s, &keys.ca_only_dir()), psk_uri(&s, "alice", &keys.psk_file())] {
+    for uri in [cert_uri(&s, &keys.ca_only_client_dir()), psk_uri(&s, "alice", &keys.psk_file())] {
         for (from, to) in [(src.to_str().unwrap(), uri.as_str()), (uri.as_str(), back.to_str().unwrap())] {
             let out = std::process::Command::new("nbdcopy")
                 .args([from, to])

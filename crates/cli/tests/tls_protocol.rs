@@ -26,7 +26,7 @@ fn tls_client(s: &Sluice, keys: &Keys) -> Client {
     let mut c = Client::tcp(s.port);
     c.start();
     assert_eq!(c.ask(OPT_STARTTLS, &[]), vec![OptReply { option: OPT_STARTTLS, kind: REP_ACK, data: vec![] }]);
-    c.start_tls(&keys.ca_only_dir()).expect("TLS handshake");
+    c.start_tls(&keys.ca_only_client_dir()).expect("TLS handshake");
     c
 }
 
@@ -62,7 +62,7 @@ fn starttls_with_a_payload_or_a_second_starttls_is_invalid() {
     c.start();
     single(c.ask(OPT_STARTTLS, b"junk"), OPT_STARTTLS, REP_ERR_INVALID);
     assert_eq!(c.ask(OPT_STARTTLS, &[])[0].kind, REP_ACK);
-    c.start_tls(&keys.ca_only_dir()).expect("TLS handshake");
+    c.start_tls(&keys.ca_only_client_dir()).expect("TLS handshake");
     single(c.ask(OPT_STARTTLS, &[]), OPT_STARTTLS, REP_ERR_INVALID);
     // Still in step, and over TLS nothing is refused for want of TLS.
     let e = c.go("disk", true, false);
@@ -85,7 +85,7 @@ fn structured_replies_injected_before_starttls_do_not_stay_in_effect() {
     assert_eq!(c.ask(OPT_STRUCTURED_REPLY, &[])[0].kind, REP_ACK);
     assert_eq!(c.ask(OPT_SET_META_CONTEXT, &meta_data("disk", &["base:allocation"])).last().unwrap().kind, REP_ACK);
     assert_eq!(c.ask(OPT_STARTTLS, &[])[0].kind, REP_ACK);
-    c.start_tls(&keys.ca_only_dir()).expect("TLS handshake");
+    c.start_tls(&keys.ca_only_client_dir()).expect("TLS handshake");
     let e = c.go("disk", false, false);
     assert_eq!(e.flags & SEND_DF, 0, "DF advertised: structured replies survived STARTTLS");
     let h = c.req(0, CMD_READ, 0, 4096);

@@ -38,6 +38,14 @@ pub enum Error {
     /// with them in its cache. The caller should write them again and flush. Said once per
     /// loss; the next flush is an ordinary one.
     DurabilityLost,
+    /// TLS was asked for (`nbds://`) and could not be had: the server does not offer it,
+    /// or the TLS handshake failed (a certificate from an unknown CA or for another host,
+    /// a wrong key). Also a plaintext connection to a server that requires TLS. Never
+    /// followed by a plaintext attempt.
+    Tls(String),
+    /// The local TLS setup is unusable: a certificates directory or PSK file that is
+    /// missing, unreadable or malformed, or no PSK identity. The text names the file.
+    TlsConfig(String),
     /// A pool (`pool:PATH`) cannot be opened: its file is bad, or a member cannot be
     /// reached or read. The text names the file or the member.
     Pool(String),
@@ -82,6 +90,8 @@ impl std::fmt::Display for Error {
                 f,
                 "the connection to the server was lost before a flush: writes acknowledged before it may not be durable (write them again, then flush)"
             ),
+            Error::Tls(m) => write!(f, "TLS: {m}"),
+            Error::TlsConfig(m) => write!(f, "TLS setup: {m}"),
             Error::Pool(m) => write!(f, "{m}"),
         }
     }

@@ -34,6 +34,9 @@ pub struct Export {
     pub structured: bool,
     /// base:allocation was negotiated: block status reports holes and zeros.
     pub base_allocation: bool,
+    /// The connection is TLS: its version and cipher suite, as OpenSSL names them
+    /// ("TLSv1.3, TLS_AES_128_GCM_SHA256").
+    pub tls: Option<String>,
 }
 
 impl Export {
@@ -111,7 +114,7 @@ mod tests {
     fn export() -> Export {
         let flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_TRIM;
         let (block_min, block_preferred, block_max) = (512, 4096, 1 << 20);
-        Export { name: "d".into(), description: None, size: 1 << 20, flags, block_min, block_preferred, block_max, structured: true, base_allocation: true }
+        Export { name: "d".into(), description: None, size: 1 << 20, flags, block_min, block_preferred, block_max, structured: true, base_allocation: true, tls: None }
     }
 
     #[test]

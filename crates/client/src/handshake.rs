@@ -1,20 +1,22 @@
-//! The client side of the fixed-newstyle handshake: greeting, structured replies,
-//! base:allocation, then NBD_OPT_GO (or NBD_OPT_EXPORT_NAME on servers without GO); and
-//! NBD_OPT_LIST / NBD_OPT_INFO for listing exports. `open` does it all under a deadline
-//! and starts transmission on the connection it yields.
+//! The client side of the fixed-newstyle handshake: greeting, NBD_OPT_STARTTLS first when
+//! the URI asks for TLS, structured replies, base:allocation, then NBD_OPT_GO (or
+//! NBD_OPT_EXPORT_NAME on servers without GO); and NBD_OPT_LIST / NBD_OPT_INFO for listing
+//! exports. `open` does it all under a deadline and starts transmission on the connection
+//! it yields.
 
 use crate::connection::Connection;
 use crate::error::Error;
 use crate::export::Export;
 use crate::limits::*;
 use crate::options::Options;
-use crate::socket::{self, Reader, Writer};
-use crate::uri::Uri;
+use crate::socket::{Reader, Socket, Writer};
+use crate::tls;
+use crate::uri::{Address, Uri};
 use sluice_proto::client as wire_c;
 use sluice_proto::client::{Info, OptionReply, OPTION_REPLY_BYTES};
 use sluice_proto::wire::*;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// One export as NBD_OPT_LIST names it, with its details when NBD_OPT_INFO gave them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,36 +36,114 @@ pub(crate) struct Negotiated {
 /// within `timeout`.
 pub(crate) async fn open(uri: &Uri, options: &Options, timeout: Duration) -> Result<(Export, Connection), Error> {
     let work = async {
-        let (mut r, mut w) = socket::open(&uri.address).await?;
-        let n = negotiate(&mut r, &mut w, &uri.export, options.structured, options.block_status).await?;
+        let (mut r, mut w, server) = begin(uri).await?;
+        let n = negotiate(&mut r, &mut w, &server, &uri.export, options.structured, options.block_status).await;
+        let n = n.map_err(|e| server.dropped(e))?;
         let conn = Connection::start(r, w, n.export.structured, n.base_allocation_id);
         Ok((n.export, conn))
     };
     tokio::time::timeout(timeout, work).await.unwrap_or(Err(Error::Timeout))
 }
 
-async fn read_exact(r: &mut Reader, buf: &mut [u8], what: &str) -> Result<(), Error> {
+/// What the handshake has settled before option haggling proper: the server's handshake
+/// flags, and whether the connection is TLS (version and cipher).
+struct Server {
+    flags: u16,
+    tls: Option<String>,
+    /// What a server that closes the connection just after the TLS handshake most likely
+    /// means by it.
+    dropped_after_tls: Option<&'static str>,
+}
+
+impl Server {
+    /// A TLS 1.3 server checks the client's certificate after the handshake is over on
+    /// the client's side, and refuses by closing the connection: the first option then
+    /// finds it gone. Say so, rather than give a bare I/O error.
+    fn dropped(&self, e: Error) -> Error {
+        let closed = match &e {
+            Error::Io(_) => true,
+            Error::Protocol(m) => m.starts_with(CLOSED_DURING),
+            _ => false,
+        };
+        match self.dropped_after_tls {
+            Some(hint) if closed => Error::Tls(format!("the server closed the connection after the TLS handshake ({e}): {hint}")),
+            _ => e,
+        }
+    }
+}
+
+/// Connects, reads the greeting and, when the URI asks for TLS, starts it: the streams the
+/// rest of the handshake goes over. Until TLS is up the socket is read unbuffered, so no
+/// byte meant for TLS is taken as plaintext or the other way round.
+async fn begin(uri: &Uri) -> Result<(Reader, Writer, Server), Error> {
+    let host = match &uri.address {
+        Address::Tcp { host, .. } => Some(host.as_str()),
+        _ => None,
+    };
+    let prepared = uri.tls.as_ref().map(|t| tls::prepare(t, host)).transpose()?;
+    let mut socket = Socket::open(&uri.address).await?;
+    let flags = greet(socket.stream()).await?;
+    let mut server = Server { flags, tls: None, dropped_after_tls: None };
+    if let Some(prepared) = prepared {
+        let psk = prepared.psk();
+        let stream = starttls(socket, prepared).await?;
+        let ssl = stream.ssl();
+        server.tls = Some(format!("{}, {}", ssl.version_str(), ssl.current_cipher().map_or("?", |c| c.name())));
+        server.dropped_after_tls = match (psk, ssl.certificate().is_some()) {
+            (true, _) => None,
+            (false, true) => Some("it may have refused our client certificate (client-cert.pem)"),
+            (false, false) => Some("it may want a client certificate (client-cert.pem and client-key.pem in the tls-certificates directory)"),
+        };
+        socket = Socket::Tls(Box::new(stream));
+    }
+    let (r, w) = socket.split();
+    Ok((r, w, server))
+}
+
+/// NBD_OPT_STARTTLS, the first option, then the TLS handshake. A server that refuses is
+/// left politely, and never spoken to in plaintext again.
+async fn starttls(mut socket: Socket, prepared: tls::Prepared) -> Result<tls::TlsStream, Error> {
+    let mut out = Vec::new();
+    wire_c::option(&mut out, OPT_STARTTLS, &[]);
+    send(socket.stream(), &mut out).await?;
+    let (rep, p) = reply(socket.stream(), OPT_STARTTLS).await?;
+    match rep.kind {
+        REP_ACK => prepared.connect(socket.into_stream()).await,
+        _ if rep.is_error() => {
+            let e = Error::Tls(format!("the server does not offer TLS: {}", refused("NBD_OPT_STARTTLS", &rep, &p)));
+            let (mut r, mut w) = socket.split();
+            abort(&mut r, &mut w).await;
+            Err(e)
+        }
+        k => Err(Error::Protocol(format!("unexpected reply type {k:#x} to STARTTLS"))),
+    }
+}
+
+/// How `read_exact` says the server closed the connection.
+const CLOSED_DURING: &str = "the server closed the connection during";
+
+async fn read_exact<R: AsyncRead + Unpin + ?Sized>(r: &mut R, buf: &mut [u8], what: &str) -> Result<(), Error> {
     match r.read_exact(buf).await {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Protocol(format!("the server closed the connection during {what}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Protocol(format!("{CLOSED_DURING} {what}"))),
         Err(e) => Err(Error::io(e)),
     }
 }
 
 /// Reads the greeting and answers with our flags. Returns the server's handshake flags.
-async fn greet(r: &mut Reader, w: &mut Writer) -> Result<u16, Error> {
+async fn greet<S: AsyncRead + AsyncWrite + Unpin + ?Sized>(s: &mut S) -> Result<u16, Error> {
     let mut g = [0u8; GREETING_BYTES];
-    read_exact(r, &mut g, "the greeting").await?;
+    read_exact(s, &mut g, "the greeting").await?;
     let flags = wire_c::decode_greeting(&g)?;
     if flags & FLAG_FIXED_NEWSTYLE == 0 {
         return Err(Error::Refused("the server does not speak fixed newstyle NBD".into()));
     }
     let ours = FLAG_C_FIXED_NEWSTYLE | if flags & FLAG_NO_ZEROES != 0 { FLAG_C_NO_ZEROES } else { 0 };
-    w.write_all(&ours.to_be_bytes()).await?;
+    s.write_all(&ours.to_be_bytes()).await?;
     Ok(flags)
 }
 
-async fn send(w: &mut Writer, out: &mut Vec<u8>) -> Result<(), Error> {
+async fn send<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, out: &mut Vec<u8>) -> Result<(), Error> {
     w.write_all(out).await?;
     w.flush().await?;
     out.clear();
@@ -71,7 +151,7 @@ async fn send(w: &mut Writer, out: &mut Vec<u8>) -> Result<(), Error> {
 }
 
 /// Reads one option reply to `option`, with its payload (bounded).
-async fn reply(r: &mut Reader, option: u32) -> Result<(OptionReply, Vec<u8>), Error> {
+async fn reply<R: AsyncRead + Unpin + ?Sized>(r: &mut R, option: u32) -> Result<(OptionReply, Vec<u8>), Error> {
     let mut h = [0u8; OPTION_REPLY_BYTES];
     read_exact(r, &mut h, "option negotiation").await?;
     let rep = OptionReply::decode(&h)?;
@@ -94,19 +174,26 @@ fn refused(what: &str, rep: &OptionReply, payload: &[u8]) -> Error {
     }
 }
 
-/// A server shutting down wants the client to leave politely (a soft disconnect).
-async fn shutting_down(r: &mut Reader, w: &mut Writer, rep: &OptionReply, payload: &[u8]) -> Result<(), Error> {
-    if rep.kind != REP_ERR_SHUTDOWN {
-        return Ok(());
-    }
-    let e = refused("negotiation", rep, payload);
+/// A plaintext client of a server that requires TLS: every option but STARTTLS is refused.
+fn tls_required() -> Error {
+    Error::Tls("the server requires TLS: connect with nbds:// (and tls-certificates=DIR or tls-psk-file=FILE as the server needs)".into())
+}
+
+/// Replies that end the handshake whatever the option was: a server shutting down wants
+/// the client to leave politely (a soft disconnect), and one that requires TLS refuses
+/// everything until it has it.
+async fn fatal(r: &mut Reader, w: &mut Writer, rep: &OptionReply, payload: &[u8]) -> Result<(), Error> {
+    let e = match rep.kind {
+        REP_ERR_SHUTDOWN => refused("negotiation", rep, payload),
+        REP_ERR_TLS_REQD => tls_required(),
+        _ => return Ok(()),
+    };
     abort(r, w).await;
     Err(e)
 }
 
 /// Negotiates transmission of `export` on a fresh connection.
-async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured: bool, want_block_status: bool) -> Result<Negotiated, Error> {
-    let server_flags = greet(r, w).await?;
+async fn negotiate(r: &mut Reader, w: &mut Writer, server: &Server, export: &str, want_structured: bool, want_block_status: bool) -> Result<Negotiated, Error> {
     let mut out = Vec::new();
 
     let mut structured = false;
@@ -114,7 +201,7 @@ async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured
         wire_c::option(&mut out, OPT_STRUCTURED_REPLY, &[]);
         send(w, &mut out).await?;
         let (rep, p) = reply(r, OPT_STRUCTURED_REPLY).await?;
-        shutting_down(r, w, &rep, &p).await?;
+        fatal(r, w, &rep, &p).await?;
         structured = rep.kind == REP_ACK;
         if !structured && !rep.is_error() {
             return Err(Error::Protocol(format!("unexpected reply type {:#x} to STRUCTURED_REPLY", rep.kind)));
@@ -128,7 +215,7 @@ async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured
         let mut finished = false;
         for _ in 0..OPTION_REPLIES_MAX {
             let (rep, p) = reply(r, OPT_SET_META_CONTEXT).await?;
-            shutting_down(r, w, &rep, &p).await?;
+            fatal(r, w, &rep, &p).await?;
             match rep.kind {
                 REP_META_CONTEXT => {
                     let (id, name) = wire_c::decode_meta_context(&p)?;
@@ -159,11 +246,11 @@ async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured
     let infos = [INFO_BLOCK_SIZE, INFO_DESCRIPTION];
     wire_c::info_request(&mut out, OPT_GO, export, &infos);
     send(w, &mut out).await?;
-    let mut ex = blank_export(export, structured);
+    let mut ex = blank_export(export, structured, server.tls.clone());
     match collect_info(r, OPT_GO, &mut ex).await {
         Ok(InfoOutcome::Ok) => {}
-        Ok(InfoOutcome::Unsupported) => export_name(r, w, server_flags, &mut ex).await?,
-        Err(e @ (Error::UnknownExport(_) | Error::Refused(_))) => {
+        Ok(InfoOutcome::Unsupported) => export_name(r, w, server.flags, &mut ex).await?,
+        Err(e @ (Error::UnknownExport(_) | Error::Refused(_) | Error::Tls(_))) => {
             // The server is still in option haggling; leave it the polite way.
             abort(r, w).await;
             return Err(e);
@@ -174,7 +261,7 @@ async fn negotiate(r: &mut Reader, w: &mut Writer, export: &str, want_structured
     Ok(Negotiated { export: ex, base_allocation_id })
 }
 
-fn blank_export(name: &str, structured: bool) -> Export {
+fn blank_export(name: &str, structured: bool, tls: Option<String>) -> Export {
     Export {
         name: name.to_string(),
         description: None,
@@ -185,6 +272,7 @@ fn blank_export(name: &str, structured: bool) -> Export {
         block_max: REQUEST_DEFAULT_MAX_BYTES,
         structured,
         base_allocation: false,
+        tls,
     }
 }
 
@@ -219,6 +307,7 @@ async fn collect_info(r: &mut Reader, opt: u32, ex: &mut Export) -> Result<InfoO
             REP_ACK => return Err(Error::Protocol("the server finished GO without sending the export's size".into())),
             REP_ERR_UNSUP if opt == OPT_GO => return Ok(InfoOutcome::Unsupported),
             REP_ERR_UNKNOWN => return Err(Error::UnknownExport(ex.name.clone())),
+            REP_ERR_TLS_REQD => return Err(tls_required()),
             _ if rep.is_error() => return Err(refused(&format!("export {:?}", ex.name), &rep, &p)),
             k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to option {opt}"))),
         }
@@ -251,49 +340,11 @@ async fn export_name(r: &mut Reader, w: &mut Writer, server_flags: u16, ex: &mut
 pub async fn list_exports(uri: &Uri, details: bool) -> Result<Vec<ExportEntry>, Error> {
     let deadline = Duration::from_millis(CONNECT_TIMEOUT_MS);
     tokio::time::timeout(deadline, async {
-        let (mut r, mut w) = socket::open(&uri.address).await?;
-        greet(&mut r, &mut w).await?;
-        let mut out = Vec::new();
-        wire_c::option(&mut out, OPT_LIST, &[]);
-        send(&mut w, &mut out).await?;
-        let mut entries = Vec::new();
-        let mut bytes = 0usize;
-        loop {
-            if entries.len() >= LIST_ENTRIES_MAX || bytes > LIST_BYTES_MAX {
-                return Err(Error::Protocol(format!("the server lists more than {LIST_ENTRIES_MAX} exports or {LIST_BYTES_MAX} bytes of names")));
-            }
-            let (rep, p) = reply(&mut r, OPT_LIST).await?;
-            match rep.kind {
-                REP_SERVER => {
-                    let (name, description) = wire_c::decode_server_entry(&p)?;
-                    bytes += p.len();
-                    entries.push(ExportEntry { name, description, details: None });
-                }
-                REP_ACK => break,
-                _ if rep.is_error() => {
-                    let e = refused("listing exports", &rep, &p);
-                    abort(&mut r, &mut w).await;
-                    return Err(e);
-                }
-                k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to LIST"))),
-            }
-        }
+        let (mut r, mut w, server) = begin(uri).await?;
+        let mut entries = list(&mut r, &mut w).await.map_err(|e| server.dropped(e))?;
         if details {
             for e in &mut entries {
-                wire_c::info_request(&mut out, OPT_INFO, &e.name, &[INFO_BLOCK_SIZE, INFO_DESCRIPTION]);
-                send(&mut w, &mut out).await?;
-                let mut ex = blank_export(&e.name, false);
-                match collect_info(&mut r, OPT_INFO, &mut ex).await {
-                    Ok(InfoOutcome::Ok) => {
-                        if e.description.is_none() {
-                            e.description = ex.description.clone();
-                        }
-                        e.details = Some(ex);
-                    }
-                    // One export we may not look at should not hide the others.
-                    Ok(InfoOutcome::Unsupported) | Err(Error::Refused(_) | Error::UnknownExport(_)) => {}
-                    Err(other) => return Err(other),
-                }
+                describe(&mut r, &mut w, &server, e).await?;
             }
         }
         abort(&mut r, &mut w).await;
@@ -301,6 +352,55 @@ pub async fn list_exports(uri: &Uri, details: bool) -> Result<Vec<ExportEntry>, 
     })
     .await
     .unwrap_or(Err(Error::Timeout))
+}
+
+/// NBD_OPT_LIST: the exports' names and descriptions.
+async fn list(r: &mut Reader, w: &mut Writer) -> Result<Vec<ExportEntry>, Error> {
+    let mut out = Vec::new();
+    wire_c::option(&mut out, OPT_LIST, &[]);
+    send(w, &mut out).await?;
+    let mut entries = Vec::new();
+    let mut bytes = 0usize;
+    loop {
+        if entries.len() >= LIST_ENTRIES_MAX || bytes > LIST_BYTES_MAX {
+            return Err(Error::Protocol(format!("the server lists more than {LIST_ENTRIES_MAX} exports or {LIST_BYTES_MAX} bytes of names")));
+        }
+        let (rep, p) = reply(r, OPT_LIST).await?;
+        match rep.kind {
+            REP_SERVER => {
+                let (name, description) = wire_c::decode_server_entry(&p)?;
+                bytes += p.len();
+                entries.push(ExportEntry { name, description, details: None });
+            }
+            REP_ACK => return Ok(entries),
+            _ if rep.is_error() => {
+                let e = if rep.kind == REP_ERR_TLS_REQD { tls_required() } else { refused("listing exports", &rep, &p) };
+                abort(r, w).await;
+                return Err(e);
+            }
+            k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to LIST"))),
+        }
+    }
+}
+
+/// NBD_OPT_INFO about one listed export, into its `details`.
+async fn describe(r: &mut Reader, w: &mut Writer, server: &Server, e: &mut ExportEntry) -> Result<(), Error> {
+    let mut out = Vec::new();
+    wire_c::info_request(&mut out, OPT_INFO, &e.name, &[INFO_BLOCK_SIZE, INFO_DESCRIPTION]);
+    send(w, &mut out).await?;
+    let mut ex = blank_export(&e.name, false, server.tls.clone());
+    match collect_info(r, OPT_INFO, &mut ex).await {
+        Ok(InfoOutcome::Ok) => {
+            if e.description.is_none() {
+                e.description = ex.description.clone();
+            }
+            e.details = Some(ex);
+            Ok(())
+        }
+        // One export we may not look at should not hide the others.
+        Ok(InfoOutcome::Unsupported) | Err(Error::Refused(_) | Error::UnknownExport(_)) => Ok(()),
+        Err(other) => Err(other),
+    }
 }
 
 /// Ends option haggling politely: NBD_OPT_ABORT, then a short wait for the ACK.

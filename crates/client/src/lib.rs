@@ -17,6 +17,10 @@
 //! (inside its range, no overlap, the whole range covered, sane sizes), and a server that
 //! breaks the protocol ends the connection with `Error::Protocol`, never a panic.
 //!
+//! `nbds://` and `nbds+unix://` connect over TLS (X.509 certificates or pre-shared keys,
+//! with libnbd's `tls-*` URI keys; see `Tls`): NBD_OPT_STARTTLS first, and never a
+//! plaintext fallback.
+//!
 //! `pool:PATH` opens a pool (see `pool`): one volume striped and mirrored over the NBD
 //! servers a pool file lists, used through the same `Client`.
 #![forbid(unsafe_code)]
@@ -33,6 +37,7 @@ pub mod pool;
 mod readahead;
 mod reconnect;
 mod socket;
+mod tls;
 mod uri;
 
 pub use client::{Client, Extent};
@@ -41,4 +46,5 @@ pub use export::Export;
 pub use handshake::{list_exports, ExportEntry};
 pub use options::{Options, Reconnect};
 pub use readahead::Readahead;
+pub use tls::{parse_bool, Tls};
 pub use uri::{Address, Uri};

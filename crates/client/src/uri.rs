@@ -1,9 +1,10 @@
 //! NBD URIs as doc/uri.md of NetworkBlockDevice/nbd defines them:
-//! `nbd://host[:port][/export]` and `nbd+unix:///[export]?socket=PATH`. The TLS schemes
-//! (`nbds`, `nbds+unix`) parse but are refused until sluice speaks TLS. `pool:PATH` names a
-//! pool file instead of a server (see `crate::pool`).
+//! `nbd://host[:port][/export]` and `nbd+unix:///[export]?socket=PATH`, and their TLS forms
+//! `nbds://[user@]host...` and `nbds+unix://[user@]/...` with libnbd's `tls-*` query keys.
+//! `pool:PATH` names a pool file instead of a server (see `crate::pool`).
 
 use crate::error::Error;
+use crate::tls::{parse_bool, Tls};
 use std::path::PathBuf;
 
 /// The IANA port for NBD.
@@ -23,6 +24,8 @@ pub struct Uri {
     pub address: Address,
     /// Export name, percent-decoded; empty means the server's default export.
     pub export: String,
+    /// Set for `nbds://` and `nbds+unix://`: the connection must be TLS, set up so.
+    pub tls: Option<Tls>,
 }
 
 impl Uri {
@@ -32,7 +35,7 @@ impl Uri {
             if path.is_empty() {
                 return bad("pool: needs the path of a pool file");
             }
-            return Ok(Uri { address: Address::Pool(PathBuf::from(path)), export: String::new() });
+            return Ok(Uri { address: Address::Pool(PathBuf::from(path)), export: String::new(), tls: None });
         }
         let Some((scheme, rest)) = s.split_once("://") else {
             return bad("no scheme (expected nbd:// or nbd+unix://)");
@@ -45,12 +48,9 @@ impl Uri {
             "nbd+vsock" | "nbds+vsock" => return bad("vsock is not supported"),
             _ => return bad("unknown scheme (expected nbd:// or nbd+unix://)"),
         };
-        if tls {
-            return Err(Error::Uri(format!("TLS (nbds://) is not supported yet: {s:?}")));
-        }
         // The fragment goes first: a '?' inside it is not a query.
         let rest = rest.split_once('#').map_or(rest, |(r, _)| r);
-        let (rest, query) = match rest.split_once('?') {
+        let (rest, q) = match rest.split_once('?') {
             Some((r, q)) => (r, q),
             None => (rest, ""),
         };
@@ -62,19 +62,18 @@ impl Uri {
         if export.contains('\0') || export.len() > sluice_proto::limits::STRING_MAX_BYTES {
             return bad("the export name contains NUL or is longer than 4096 bytes");
         }
-        let mut socket = None;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_decode(v).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the query of {s:?}")))?;
-            match k {
-                "socket" => socket = Some(PathBuf::from(v)),
-                // TLS parameters mean nothing without TLS; others are reported, as uri.md asks.
-                k if k.starts_with("tls-") => {}
-                k => log::warn!("ignoring unknown NBD URI parameter {k:?}"),
-            }
+        let (socket, mut settings) = query(q, s)?;
+        if !tls && settings != Tls::default() {
+            log::warn!("the tls-* parameters of {s:?} are ignored without TLS (use nbds://)");
         }
-        // A user name only matters for TLS (PSK identity); without TLS it is ignored.
-        let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+        // The user is the PSK identity; without TLS it means nothing.
+        let (user, authority) = match authority.rsplit_once('@') {
+            Some((user, host)) => (Some(user), host),
+            None => (None, authority),
+        };
+        if let Some(user) = user.filter(|u| !u.is_empty()) {
+            settings.username = Some(percent_decode(user).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the user of {s:?}")))?);
+        }
         let address = if unix {
             if !authority.is_empty() {
                 return bad("nbd+unix:// takes no host");
@@ -90,19 +89,96 @@ impl Uri {
             let (host, port) = split_host_port(authority).ok_or_else(|| Error::Uri(format!("bad host or port in {s:?}")))?;
             Address::Tcp { host, port }
         };
-        Ok(Uri { address, export })
+        Ok(Uri { address, export, tls: tls.then_some(settings) })
     }
+}
+
+/// The query of URI `s`: the socket, and the TLS settings its `tls-*` keys make.
+fn query(q: &str, s: &str) -> Result<(Option<PathBuf>, Tls), Error> {
+    let mut socket = None;
+    let mut settings = Tls::default();
+    let mut kind = None;
+    for pair in q.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v).ok_or_else(|| Error::Uri(format!("bad percent-encoding in the query of {s:?}")))?;
+        let tls_key = match k {
+            "socket" => {
+                socket = Some(PathBuf::from(v));
+                continue;
+            }
+            "tls-type" => tls_type(&v).map(|psk| kind = Some(psk)),
+            k if k.starts_with("tls-") => tls_key(&mut settings, k, &v),
+            // Reported, as uri.md asks.
+            k => {
+                log::warn!("ignoring unknown NBD URI parameter {k:?}");
+                continue;
+            }
+        };
+        tls_key.map_err(|m| Error::Uri(format!("{m} in {s:?}")))?;
+    }
+    match kind {
+        Some(true) if settings.psk_file.is_none() => Err(Error::Uri(format!("tls-type=psk needs tls-psk-file=FILE in {s:?}"))),
+        Some(false) if settings.psk_file.is_some() => Err(Error::Uri(format!("tls-type=x509 does not go with tls-psk-file in {s:?}"))),
+        _ => Ok((socket, settings)),
+    }
+}
+
+/// uri.md's `tls-type`: whether the URI means pre-shared keys (true) or certificates.
+fn tls_type(value: &str) -> Result<bool, String> {
+    match value {
+        "psk" => Ok(true),
+        "x509" => Ok(false),
+        "anon" => Err("tls-type=anon (TLS without authentication) is not supported".into()),
+        v => Err(format!("tls-type={v:?} is not x509 or psk")),
+    }
+}
+
+/// One `tls-*` query key, as libnbd reads it.
+fn tls_key(t: &mut Tls, key: &str, value: &str) -> Result<(), String> {
+    let path = || if value.is_empty() { Err(format!("{key} needs a path")) } else { Ok(Some(PathBuf::from(value))) };
+    match key {
+        "tls-certificates" => t.certificates = path()?,
+        "tls-psk-file" => t.psk_file = path()?,
+        "tls-verify-peer" => t.verify_peer = parse_bool(value).ok_or_else(|| format!("tls-verify-peer={value:?} is not true or false"))?,
+        "tls-hostname" if value.is_empty() => return Err("tls-hostname needs a name".into()),
+        "tls-hostname" => t.hostname = Some(value.to_string()),
+        // A key of a later libnbd may loosen or tighten security: better refused than ignored.
+        k => return Err(format!("unknown TLS parameter {k:?}")),
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for Uri {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let export = percent_encode(&self.export);
+        let export = percent_encode(&self.export, PATH_SAFE);
+        let s = if self.tls.is_some() { "s" } else { "" };
+        let user = match self.tls.as_ref().and_then(|t| t.username.as_deref()) {
+            Some(u) => format!("{}@", percent_encode(u, USER_SAFE)),
+            None => String::new(),
+        };
+        let mut sep = '?';
         match &self.address {
-            Address::Tcp { host, port } if host.contains(':') => write!(f, "nbd://[{host}]:{port}/{export}"),
-            Address::Tcp { host, port } => write!(f, "nbd://{host}:{port}/{export}"),
-            Address::Unix(p) => write!(f, "nbd+unix:///{export}?socket={}", percent_encode(&p.to_string_lossy())),
-            Address::Pool(p) => write!(f, "pool:{}", p.display()),
+            Address::Tcp { host, port } if host.contains(':') => write!(f, "nbd{s}://{user}[{host}]:{port}/{export}")?,
+            Address::Tcp { host, port } => write!(f, "nbd{s}://{user}{host}:{port}/{export}")?,
+            Address::Unix(p) => {
+                write!(f, "nbd{s}+unix://{user}/{export}?socket={}", percent_encode(&p.to_string_lossy(), PATH_SAFE))?;
+                sep = '&';
+            }
+            Address::Pool(p) => return write!(f, "pool:{}", p.display()),
         }
+        let Some(t) = &self.tls else { return Ok(()) };
+        let path = |p: &PathBuf| percent_encode(&p.to_string_lossy(), PATH_SAFE);
+        let keys = [
+            t.certificates.as_ref().map(|d| format!("tls-certificates={}", path(d))),
+            t.psk_file.as_ref().map(|p| format!("tls-psk-file={}", path(p))),
+            (!t.verify_peer).then(|| "tls-verify-peer=false".to_string()),
+            t.hostname.as_ref().map(|h| format!("tls-hostname={}", percent_encode(h, USER_SAFE))),
+        ];
+        for key in keys.into_iter().flatten() {
+            write!(f, "{sep}{key}")?;
+            sep = '&';
+        }
+        Ok(())
     }
 }
 
@@ -158,10 +234,15 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn percent_encode(s: &str) -> String {
+/// What `percent_encode` leaves as it is besides letters and digits: in a path (the export,
+/// a socket or file name), and in a user or host name.
+const PATH_SAFE: &[u8] = b"-._~/";
+const USER_SAFE: &[u8] = b"-._~";
+
+fn percent_encode(s: &str, safe: &[u8]) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.bytes() {
-        if c.is_ascii_alphanumeric() || b"-._~/".contains(&c) {
+        if c.is_ascii_alphanumeric() || safe.contains(&c) {
             out.push(c as char);
         } else {
             out.push_str(&format!("%{c:02X}"));
@@ -175,7 +256,7 @@ mod tests {
     use super::*;
 
     fn tcp(host: &str, port: u16, export: &str) -> Uri {
-        Uri { address: Address::Tcp { host: host.into(), port }, export: export.into() }
+        Uri { address: Address::Tcp { host: host.into(), port }, export: export.into(), tls: None }
     }
 
     #[test]
@@ -194,7 +275,7 @@ mod tests {
     #[test]
     fn unix_forms() {
         let u = Uri::parse("nbd+unix:///disk?socket=/tmp/s%20k").unwrap();
-        assert_eq!(u, Uri { address: Address::Unix("/tmp/s k".into()), export: "disk".into() });
+        assert_eq!(u, Uri { address: Address::Unix("/tmp/s k".into()), export: "disk".into(), tls: None });
         assert_eq!(Uri::parse(&u.to_string()).unwrap(), u);
         assert!(Uri::parse("nbd+unix:///disk").is_err());
         assert!(Uri::parse("nbd+unix://host/disk?socket=/s").is_err());
@@ -203,7 +284,7 @@ mod tests {
     #[test]
     fn pool_files() {
         let u = Uri::parse("pool:/etc/sluice/vol.toml").unwrap();
-        assert_eq!(u, Uri { address: Address::Pool("/etc/sluice/vol.toml".into()), export: String::new() });
+        assert_eq!(u, Uri { address: Address::Pool("/etc/sluice/vol.toml".into()), export: String::new(), tls: None });
         assert_eq!(Uri::parse(&u.to_string()).unwrap(), u);
         assert_eq!(Uri::parse("pool:rel/p.toml").unwrap().address, Address::Pool("rel/p.toml".into()));
         assert!(Uri::parse("pool:").is_err());
@@ -214,13 +295,61 @@ mod tests {
         for bad in ["", "disk", "http://x/", "nbd://h:0/", "nbd://h:99999/", "nbd://h:x/", "nbd://h/%zz", "nbd://h/%+f", "nbd://h:+80/", "nbd://::1/", "nbd://h/a%00b", "nbd://h/?socket=/s"] {
             assert!(Uri::parse(bad).is_err(), "{bad}");
         }
-        let e = Uri::parse("nbds://h/").unwrap_err().to_string();
-        assert!(e.contains("TLS"), "{e}");
+    }
+
+    #[test]
+    fn tls_forms() {
+        let u = Uri::parse("nbds://alice@h:99/disk?tls-certificates=/etc/pki/c&tls-verify-peer=no&tls-hostname=srv.example").unwrap();
+        assert_eq!((u.address, u.export.as_str()), (Address::Tcp { host: "h".into(), port: 99 }, "disk"));
+        let want = Tls {
+            certificates: Some("/etc/pki/c".into()),
+            username: Some("alice".into()),
+            verify_peer: false,
+            hostname: Some("srv.example".into()),
+            ..Tls::default()
+        };
+        assert_eq!(u.tls, Some(want));
+        let u = Uri::parse("NBDS+UNIX://b%40b@/e?socket=/s&tls-psk-file=/k%20s.psk&tls-type=psk").unwrap();
+        assert_eq!(u.address, Address::Unix("/s".into()));
+        let t = u.tls.unwrap();
+        assert_eq!((t.username.as_deref(), t.psk_file), (Some("b@b"), Some("/k s.psk".into())));
+        assert_eq!(Uri::parse("nbds://h").unwrap().tls, Some(Tls::default()));
+        // Without TLS the keys and the user mean nothing.
+        assert_eq!(Uri::parse("nbd://u@h/?tls-psk-file=/k").unwrap().tls, None);
+        for v in ["1", "true", "YES", "on"] {
+            assert!(Uri::parse(&format!("nbds://h/?tls-verify-peer={v}")).unwrap().tls.unwrap().verify_peer, "{v}");
+        }
+    }
+
+    #[test]
+    fn tls_refusals_name_the_key() {
+        for (bad, key) in [
+            ("nbds://h/?tls-verify-peer=maybe", "tls-verify-peer"),
+            ("nbds://h/?tls-certificates=", "tls-certificates"),
+            ("nbds://h/?tls-psk-file", "tls-psk-file"),
+            ("nbds://h/?tls-hostname=", "tls-hostname"),
+            ("nbds://h/?tls-priority=NORMAL", "tls-priority"),
+            ("nbds://h/?tls-type=anon", "anon"),
+            ("nbds://h/?tls-type=psk", "tls-psk-file"),
+            ("nbds://h/?tls-type=x509&tls-psk-file=/k", "x509"),
+            ("nbds://%zz@h/", "user"),
+            ("nbds+vsock://2/", "vsock"),
+        ] {
+            let e = Uri::parse(bad).unwrap_err();
+            assert!(matches!(e, Error::Uri(_)) && e.to_string().contains(key), "{bad}: {e}");
+        }
     }
 
     #[test]
     fn display_round_trips() {
-        for s in ["nbd://h:1/e%3Fx", "nbd://[::1]:10809/", "nbd+unix:///?socket=/run/x.sock"] {
+        for s in [
+            "nbd://h:1/e%3Fx",
+            "nbd://[::1]:10809/",
+            "nbd+unix:///?socket=/run/x.sock",
+            "nbds://a%2Fb%40c@h:1/e?tls-certificates=/c%26d&tls-hostname=n",
+            "nbds://[::1]:10809/?tls-verify-peer=false",
+            "nbds+unix://bob@/x?socket=/s&tls-psk-file=/k.psk",
+        ] {
             let u = Uri::parse(s).unwrap();
             assert_eq!(Uri::parse(&u.to_string()).unwrap(), u, "{s}");
         }

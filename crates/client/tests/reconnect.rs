@@ -120,7 +120,8 @@ async fn handshake(s: &mut TcpStream, size: u64) -> Option<bool> {
                 out.clear();
             }
             Next::Transmission(n) => return Some(n.structured),
-            Next::Close { .. } => return None,
+            // A machine made without TLS never asks for it.
+            Next::Close { .. } | Next::StartTls => return None,
         }
     }
 }

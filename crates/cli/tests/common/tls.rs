@@ -1,129 +1,153 @@
-//! Keys and certificates for the TLS tests, made at test time with GnuTLS's certtool and
-//! psktool (Debian's gnutls-bin), in the directory layouts the NBD tools read:
-//! a server directory (ca-cert.pem, server-cert.pem, server-key.pem) and a client
-//! directory (ca-cert.pem, client-cert.pem, client-key.pem).
+//! TLS keys made at test time with GnuTLS's certtool and psktool (Debian's gnutls-bin), in
+//! the layouts nbdkit and libnbd read: a server directory holds `ca-cert.pem`,
+//! `server-cert.pem` and `server-key.pem`; a client directory holds `ca-cert.pem`,
+//! `client-cert.pem` and `client-key.pem`. Tests call `require!("certtool", "psktool")`
+//! first, then `Keys::generate()`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// One test's keys, in a temporary directory that goes with it:
+/// - a CA, with a server certificate for `localhost` (DNS localhost, IP 127.0.0.1 and ::1)
+///   and a client certificate (CN alice);
+/// - a second, unrelated CA with its own server certificate for `localhost`, and a client
+///   certificate no server here trusts;
+/// - a server certificate from the first CA for another host name (`elsewhere.example`);
+/// - a PSK file with users alice and bob, and a second one with another key for alice.
 pub struct Keys {
     pub dir: tempfile::TempDir,
 }
 
-/// The host name and addresses the test server certificate is made out to.
-pub const SERVER_NAME: &str = "localhost";
-/// The name of the certificate made out to another host.
-pub const OTHER_NAME: &str = "elsewhere.example";
+/// The host name `wrong_name_server_dir`'s certificate is made out to.
+pub const OTHER_HOST: &str = "elsewhere.example";
 
-fn certtool(dir: &Path, args: &[&str]) {
-    let out = Command::new("certtool").args(args).current_dir(dir).output().expect("run certtool");
-    assert!(out.status.success(), "certtool {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn template(dir: &Path, name: &str, text: &str) -> String {
-    std::fs::write(dir.join(name), text).unwrap();
-    name.to_owned()
-}
-
-/// A CA in `dir` (ca-key.pem, ca-cert.pem).
-fn make_ca(dir: &Path, cn: &str) {
-    std::fs::create_dir_all(dir).unwrap();
-    certtool(dir, &["--generate-privkey", "--key-type=ecdsa", "--outfile", "ca-key.pem"]);
-    let t = template(dir, "ca.info", &format!("cn = {cn}\nca\ncert_signing_key\nexpiration_days = 30\n"));
-    certtool(dir, &["--generate-self-signed", "--load-privkey", "ca-key.pem", "--template", &t, "--outfile", "ca-cert.pem"]);
-}
-
-/// A certificate signed by the CA in `ca`, written to `dir` as `{role}-cert.pem` and
-/// `{role}-key.pem`, with the CA's certificate beside it.
-fn make_cert(ca: &Path, dir: &Path, role: &str, names: &str) {
-    std::fs::create_dir_all(dir).unwrap();
-    let key = format!("{role}-key.pem");
-    let cert = format!("{role}-cert.pem");
-    certtool(dir, &["--generate-privkey", "--key-type=ecdsa", "--outfile", &key]);
-    let usage = if role == "server" { "tls_www_server" } else { "tls_www_client" };
-    let t = template(dir, &format!("{role}.info"), &format!("organization = sluice tests\n{names}{usage}\nsigning_key\nencryption_key\nexpiration_days = 30\n"));
-    let ca_cert = ca.join("ca-cert.pem");
-    let ca_key = ca.join("ca-key.pem");
-    certtool(
-        dir,
-        &[
-            "--generate-certificate",
-            "--load-privkey",
-            &key,
-            "--load-ca-certificate",
-            ca_cert.to_str().unwrap(),
-            "--load-ca-privkey",
-            ca_key.to_str().unwrap(),
-            "--template",
-            &t,
-            "--outfile",
-            &cert,
-        ],
-    );
-    std::fs::copy(ca_cert, dir.join("ca-cert.pem")).unwrap();
-}
-
-fn psktool(file: &Path, user: &str) {
-    let out = Command::new("psktool").args(["-u", user, "-p"]).arg(file).output().expect("run psktool");
-    assert!(out.status.success(), "psktool: {}", String::from_utf8_lossy(&out.stderr));
-}
+const CA_TEMPLATE: &str = "cn = \"sluice test CA\"\nca\ncert_signing_key\ncrl_signing_key\nexpiration_days = 3650\n";
 
 impl Keys {
-    /// Makes everything (a second or two: ECDSA keys).
     pub fn generate() -> Keys {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let d = dir.path();
-        let local = format!("cn = {SERVER_NAME}\ndns_name = {SERVER_NAME}\nip_address = 127.0.0.1\nip_address = ::1\n");
-        make_ca(&d.join("ca"), "sluice test CA");
-        make_cert(&d.join("ca"), &d.join("server"), "server", &local);
-        make_cert(&d.join("ca"), &d.join("client"), "client", "cn = test client\n");
-        make_cert(&d.join("ca"), &d.join("other-host"), "server", &format!("cn = {OTHER_NAME}\ndns_name = {OTHER_NAME}\n"));
-        make_ca(&d.join("other-ca"), "another CA");
-        make_cert(&d.join("other-ca"), &d.join("other-ca-server"), "server", &local);
-        make_cert(&d.join("other-ca"), &d.join("other-ca-client"), "client", "cn = stranger\n");
-        // A client directory without a client certificate: only the CA to check the server.
-        std::fs::create_dir_all(d.join("ca-only")).unwrap();
-        std::fs::copy(d.join("ca/ca-cert.pem"), d.join("ca-only/ca-cert.pem")).unwrap();
-        psktool(&d.join("keys.psk"), "alice");
-        psktool(&d.join("keys.psk"), "bob");
-        psktool(&d.join("wrong.psk"), "alice");
-        Keys { dir }
+        let keys = Keys { dir: tempfile::tempdir().expect("tempdir") };
+        let (ca, other) = (keys.path("ca"), keys.path("other-ca"));
+        make_ca(&ca, "sluice test CA");
+        make_ca(&other, "unrelated test CA");
+        let localhost = "cn = \"localhost\"\ndns_name = \"localhost\"\nip_address = \"127.0.0.1\"\nip_address = \"::1\"\n";
+        server_dir(&keys.server_dir(), &ca, localhost);
+        server_dir(&keys.other_ca_server_dir(), &other, localhost);
+        server_dir(&keys.wrong_name_server_dir(), &ca, &format!("cn = \"{OTHER_HOST}\"\ndns_name = \"{OTHER_HOST}\"\n"));
+        client_dir(&keys.client_dir(), &ca, &ca);
+        client_dir(&keys.untrusted_client_dir(), &ca, &other);
+        let ca_only = keys.ca_only_client_dir();
+        std::fs::create_dir(&ca_only).unwrap();
+        std::fs::copy(ca.join("ca-cert.pem"), ca_only.join("ca-cert.pem")).unwrap();
+        for user in ["alice", "bob"] {
+            tool("psktool", &["-u", user, "-p", path_str(&keys.psk_file())]);
+        }
+        tool("psktool", &["-u", "alice", "-p", path_str(&keys.wrong_psk_file())]);
+        keys
     }
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    /// For `--tls-certificates`: the server's certificate for localhost, 127.0.0.1, ::1.
+    /// The CA: `ca-cert.pem` and its private key `ca-key.pem`, for a test that signs more.
+    pub fn ca_dir(&self) -> PathBuf {
+        self.path("ca")
+    }
+
+    /// For `nbdkit --tls-certificates` (and `--tls-verify-peer`: it checks client
+    /// certificates against the same CA).
     pub fn server_dir(&self) -> PathBuf {
         self.path("server")
     }
-    /// For a client's tls-certificates: the CA and a client certificate it signed.
+
+    /// For libnbd's and sluice's `tls-certificates`: the CA, and a client certificate.
     pub fn client_dir(&self) -> PathBuf {
         self.path("client")
     }
-    /// A client directory with the CA and no client certificate.
-    pub fn ca_only_dir(&self) -> PathBuf {
-        self.path("ca-only")
+
+    /// Only the CA: a client that checks the server but has no certificate to show.
+    pub fn ca_only_client_dir(&self) -> PathBuf {
+        self.path("client-ca-only")
     }
-    /// A server directory whose certificate (for localhost) another CA signed.
+
+    /// Trusts the right CA but shows a certificate from the unrelated one, which a server
+    /// with verify-peer refuses.
+    pub fn untrusted_client_dir(&self) -> PathBuf {
+        self.path("client-untrusted")
+    }
+
+    /// A server directory whose certificate (and CA) no client here trusts.
     pub fn other_ca_server_dir(&self) -> PathBuf {
-        self.path("other-ca-server")
+        self.path("server-other-ca")
     }
-    /// A client directory whose certificate another CA signed.
-    pub fn other_ca_client_dir(&self) -> PathBuf {
-        self.path("other-ca-client")
+
+    /// A server directory whose certificate, from the right CA, is for `OTHER_HOST`.
+    pub fn wrong_name_server_dir(&self) -> PathBuf {
+        self.path("server-wrong-name")
     }
-    /// A server directory, same CA, whose certificate names OTHER_NAME only.
-    pub fn other_host_server_dir(&self) -> PathBuf {
-        self.path("other-host")
-    }
-    /// psktool file with users alice and bob.
+
+    /// psktool's format, users alice and bob.
     pub fn psk_file(&self) -> PathBuf {
         self.path("keys.psk")
     }
-    /// psktool file with a different key for alice.
+
+    /// alice with another key than `psk_file`'s.
     pub fn wrong_psk_file(&self) -> PathBuf {
         self.path("wrong.psk")
     }
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+fn tool(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A private key (ECDSA: quick to make) at `key`.
+fn private_key(key: &Path) {
+    tool("certtool", &["--generate-privkey", "--key-type=ecdsa", "--outfile", path_str(key)]);
+}
+
+/// Writes `template` beside `out`, then has certtool sign a certificate for `key` with it.
+fn certificate(out: &Path, key: &Path, ca: Option<&Path>, template: &str) {
+    let info = out.with_extension("info");
+    std::fs::write(&info, template).unwrap();
+    let mut args = vec!["--load-privkey", path_str(key), "--template", path_str(&info), "--outfile", path_str(out)];
+    let (ca_cert, ca_key) = ca.map(|d| (d.join("ca-cert.pem"), d.join("ca-key.pem"))).unzip();
+    match (&ca_cert, &ca_key) {
+        (Some(cert), Some(key)) => {
+            args.extend(["--generate-certificate", "--load-ca-certificate", path_str(cert), "--load-ca-privkey", path_str(key)]);
+        }
+        _ => args.push("--generate-self-signed"),
+    }
+    tool("certtool", &args);
+}
+
+fn make_ca(dir: &Path, name: &str) {
+    std::fs::create_dir(dir).unwrap();
+    private_key(&dir.join("ca-key.pem"));
+    certificate(&dir.join("ca-cert.pem"), &dir.join("ca-key.pem"), None, &CA_TEMPLATE.replace("sluice test CA", name));
+}
+
+/// A directory as nbdkit reads it: a server certificate from the CA in `signer`, with the
+/// names in `names`, and that CA's certificate (which nbdkit checks clients against).
+fn server_dir(dir: &Path, signer: &Path, names: &str) {
+    std::fs::create_dir(dir).unwrap();
+    std::fs::copy(signer.join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
+    private_key(&dir.join("server-key.pem"));
+    let template = format!("organization = \"sluice tests\"\n{names}tls_www_server\nsigning_key\nencryption_key\nexpiration_days = 3650\n");
+    certificate(&dir.join("server-cert.pem"), &dir.join("server-key.pem"), Some(signer), &template);
+}
+
+/// A directory as libnbd reads it: the CA `trusted` (for the server's certificate), and
+/// a client certificate from `signer`.
+fn client_dir(dir: &Path, trusted: &Path, signer: &Path) {
+    std::fs::create_dir(dir).unwrap();
+    std::fs::copy(trusted.join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
+    private_key(&dir.join("client-key.pem"));
+    let template = "cn = \"alice\"\ntls_www_client\nsigning_key\nencryption_key\nexpiration_days = 3650\n";
+    certificate(&dir.join("client-cert.pem"), &dir.join("client-key.pem"), Some(signer), template);
 }

@@ -49,6 +49,7 @@ impl Fake {
             block_max: 32 << 20,
             structured: true,
             base_allocation: false,
+            tls: None,
         };
         let state = State { data: vec![0; size as usize], ..State::default() };
         Fake { export, state: Arc::new(Mutex::new(state)) }

@@ -56,6 +56,7 @@ fn export<M: Member>(path: &Path, spec: &PoolSpec, size: u64, members: &[M]) -> 
         block_max: POOL_BLOCK_MAX_BYTES,
         structured: true,
         base_allocation: false,
+        tls: None,
     }
 }
 
