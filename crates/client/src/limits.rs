@@ -55,11 +55,6 @@ pub const REQUEST_ATTEMPTS_MAX: u32 = 8;
 /// Buffered bytes between the socket and the reply parser; larger payloads bypass it.
 pub const READ_BUFFER_BYTES: usize = 256 * 1024;
 
-/// A PSK identity and key, at most: what OpenSSL's PSK callback has room for
-/// (PSK_MAX_IDENTITY_LEN less the NUL, PSK_MAX_PSK_LEN); psktool makes 32-byte keys.
-pub const PSK_IDENTITY_MAX_BYTES: usize = 255;
-pub const PSK_KEY_MAX_BYTES: usize = 512;
-
 /// Connections a pool opens to each member that allows multi-conn, at least: the pool's
 /// requests to one member come from every caller at once.
 pub const POOL_MEMBER_CONNECTIONS: usize = CONNECTIONS_DEFAULT;

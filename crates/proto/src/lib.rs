@@ -5,6 +5,7 @@
 pub mod client;
 pub mod errno;
 pub mod handshake;
+pub mod psk;
 pub mod limits;
 pub mod reply;
 pub mod request;

@@ -152,34 +152,9 @@ fn load_certificates(b: &mut SslContextBuilder, dir: &Path, verify_peer: bool) -
 /// Reads a psktool file: `identity:hexkey` per line. Errors name the file and the line.
 pub fn read_psk_file(path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read PSK file {}: {e}", path.display()))?;
-    let mut keys = HashMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let at = || format!("{}, line {}", path.display(), i + 1);
-        if line.trim().is_empty() {
-            continue;
-        }
-        let Some((identity, hex)) = line.split_once(':') else {
-            return Err(format!("{}: expected identity:hexkey", at()));
-        };
-        if identity.is_empty() {
-            return Err(format!("{}: empty identity", at()));
-        }
-        let key = decode_hex(hex.trim()).ok_or_else(|| format!("{}: the key is not an even number of hex digits", at()))?;
-        // OpenSSL's PSK limit is 256 bytes; psktool writes 32.
-        if key.is_empty() || key.len() > 256 {
-            return Err(format!("{}: a key must be 1 to 256 bytes, not {}", at(), key.len()));
-        }
-        keys.insert(identity.to_owned(), key);
-    }
+    let keys = sluice_proto::psk::parse(&text).map_err(|e| format!("PSK file {}, {e}", path.display()))?;
     if keys.is_empty() {
         return Err(format!("PSK file {} holds no keys", path.display()));
     }
-    Ok(keys)
-}
-
-fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+    Ok(keys.into_iter().collect())
 }
