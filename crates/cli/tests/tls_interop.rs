@@ -280,3 +280,25 @@ fn tls_1_2_clients_are_served_with_certificates_and_with_psk() {
     assert!(log.contains("TLSv1.2 ECDHE-ECDSA-AES128-GCM-SHA256"), "{log}");
     assert_eq!(s.stop().code(), Some(0));
 }
+
+#[test]
+fn an_export_re_exports_a_tls_server_over_nbds() {
+    // The remote backend connects with sluice's client, so a TLS member works as any other.
+    require!("nbdcopy", "psktool");
+    let keys = Keys::generate();
+    let far = psk_server(&keys);
+    let remote = format!("near={}", psk_uri(&far, "bob", &keys.psk_file()));
+    let near = Sluice::start(&["--export", &remote]);
+    let dir = tempfile::tempdir().unwrap();
+    let (src, back) = (dir.path().join("src"), dir.path().join("back"));
+    let data = pattern(8 << 20, 16);
+    write_file(&src, &data);
+    let (ok, out, err) = run("nbdcopy", &[src.to_str().unwrap(), &format!("nbd://localhost:{}/near", near.port)]);
+    assert!(ok, "nbdcopy into the re-export: {out}{err}");
+    // Read back straight from the TLS server: the bytes went through.
+    let (ok, out, err) = run("nbdcopy", &[&psk_uri(&far, "alice", &keys.psk_file()), back.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(std::fs::read(&back).unwrap() == data, "the re-export did not carry the bytes over TLS");
+    assert_eq!(near.stop().code(), Some(0));
+    assert_eq!(far.stop().code(), Some(0));
+}
