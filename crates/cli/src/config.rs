@@ -20,6 +20,10 @@ pub struct FileConfig {
     #[serde(default)]
     pub unix: Vec<PathBuf>,
     pub threads: Option<NonZeroUsize>,
+    /// As for --pin-threads.
+    pub pin_threads: Option<bool>,
+    /// Microseconds, as for --busy-poll.
+    pub busy_poll: Option<u64>,
     pub log_level: Option<LogLevel>,
     pub read_only: Option<bool>,
     /// Default data path of exports, as for --data-path.

@@ -8,13 +8,14 @@ use std::process::ExitCode;
 
 use clap::Args;
 use sluice_server::export::{DataPath, Options};
+use sluice_server::limits::BUSY_POLL_DEFAULT_US;
 use sluice_server::{Config, Export, Exports, Server, Spec, TlsServer, TlsSettings};
 
 use crate::config::{self, FileConfig};
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::logger;
 use crate::serve_export::ExportEntry;
-use crate::serve_settings::{parse_threads, ChunkSize, ListenAddr, LogLevel, TlsChoice};
+use crate::serve_settings::{check_busy_poll, parse_busy_poll, parse_threads, ChunkSize, ListenAddr, LogLevel, TlsChoice};
 
 /// Default NBD port (IANA).
 const NBD_PORT: u16 = 10809;
@@ -106,6 +107,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", value_parser = parse_threads)]
     threads: Option<NonZeroUsize>,
 
+    /// Pin worker N to the Nth CPU the server may run on (see taskset), wrapping around.
+    #[arg(long)]
+    pin_threads: bool,
+
+    /// Microseconds a worker spins for more work before it sleeps; it adapts down to 0
+    /// when traffic stops, so an idle server does not spin. 0 never spins. [default: 0]
+    #[arg(long, value_name = "USEC", value_parser = parse_busy_poll)]
+    busy_poll: Option<u64>,
+
     /// error, warn, info, debug or trace. Default: info.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<LogLevel>,
@@ -176,6 +186,11 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
     let cpus = || std::thread::available_parallelism().ok();
     let threads = args.threads.or(file.threads).or_else(cpus).map_or(1, NonZeroUsize::get);
     file.limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
+    let busy_poll_us = match args.busy_poll.or(file.busy_poll) {
+        Some(us) => check_busy_poll(us).map_err(Usage)?,
+        None => BUSY_POLL_DEFAULT_US,
+    };
+    let pin_threads = args.pin_threads || file.pin_threads.unwrap_or(false);
     let metrics = args.metrics.as_ref().or(file.metrics.as_ref()).map(ListenAddr::first);
     let tls = TlsSettings {
         mode: args.tls.or(file.tls).unwrap_or_default().0,
@@ -184,7 +199,7 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
         verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
     };
     let tls = TlsServer::load(&tls).map_err(Usage)?;
-    Ok(Config { tcp, tcp_ipv6_optional, unix, threads, limits: file.limits, exports, metrics, tls })
+    Ok(Config { tcp, tcp_ipv6_optional, unix, threads, pin_threads, busy_poll_us, limits: file.limits, exports, metrics, tls })
 }
 
 /// The file's exports first, then PATH, then each --export; a RAM disk when there are none.

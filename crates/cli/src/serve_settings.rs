@@ -13,6 +13,7 @@ use serde::{de, Deserialize, Deserializer};
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::TlsMode;
 use sluice_server::export::parse_size;
+use sluice_server::limits::BUSY_POLL_MAX_US;
 
 /// Read chunk used when neither `--chunk` nor `chunk` is given; see bench/README.md for
 /// the measurement behind it.
@@ -156,6 +157,20 @@ pub fn parse_threads(s: &str) -> Result<NonZeroUsize, String> {
     }
 }
 
+/// `--busy-poll USEC` and the `busy-poll` key: microseconds a worker spins before it
+/// sleeps, from 0 (never) to the server's maximum.
+pub fn parse_busy_poll(s: &str) -> Result<u64, String> {
+    let us = s.parse::<u64>().map_err(|_| format!("{s:?} is not a number of microseconds"))?;
+    check_busy_poll(us)
+}
+
+pub fn check_busy_poll(us: u64) -> Result<u64, String> {
+    if us > BUSY_POLL_MAX_US {
+        return Err(format!("busy-poll of {us} µs is more than the {BUSY_POLL_MAX_US} µs allowed"));
+    }
+    Ok(us)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +198,10 @@ mod tests {
         assert_eq!(parse_threads("3"), Ok(NonZeroUsize::new(3).unwrap()));
         assert!(parse_threads("0").is_err());
         assert!(parse_threads("many").unwrap_err().contains("\"many\""));
+        assert_eq!(parse_busy_poll("0"), Ok(0));
+        assert_eq!(parse_busy_poll("1000"), Ok(1000));
+        assert!(parse_busy_poll("1001").unwrap_err().contains("1001"));
+        assert!(parse_busy_poll("-1").unwrap_err().contains("\"-1\""));
     }
 
     #[test]

@@ -74,6 +74,8 @@ fn other_bad_command_lines_exit_2_with_a_message() {
         &["--chunk", "lots"],
         &["--chunk", "64M"],
         &["--metrics", "nowhere"],
+        &["--busy-poll", "1001"],
+        &["--busy-poll", "soon"],
     ];
     for args in cases {
         let (code, err) = serve_refuses(args);
@@ -116,6 +118,8 @@ fn serve_help_mentions_every_option_and_the_exit_codes() {
         "--read-only",
         "--config",
         "--threads",
+        "--pin-threads",
+        "--busy-poll",
         "--log-level",
         "--data-path",
         "--chunk",

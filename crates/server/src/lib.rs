@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 mod admission;
+pub mod busy_poll;
 pub mod backend;
 mod conn;
 mod engine;

@@ -36,6 +36,25 @@ pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// queue depths never touch the heap fallback. Registration pins this much RAM per thread.
 pub const BUFFER_POOL_BYTES_PER_WORKER_DEFAULT: usize = 2 * REQUEST_MAX_BYTES;
 
+// ---- how workers wait ----------------------------------------------------------------------
+
+/// Longest a worker spins on its ring for more work before it sleeps, by default
+/// (`--busy-poll`): off. Measured on the 2-core machine (docs/serve.md, "Threads, pinning
+/// and polling"), spinning saved a sixth of the 4K QD1 latency only when client and server
+/// sat on different CPUs, cost a tenth of the IOPS when they shared one, and changed nothing
+/// unpinned; and a spinning worker takes CPU from the node's own jobs.
+pub const BUSY_POLL_DEFAULT_US: u64 = 0;
+
+/// Largest `--busy-poll`: a spin longer than a millisecond saves nothing a sleep would cost.
+pub const BUSY_POLL_MAX_US: u64 = 1000;
+
+/// A spin budget halved below this is not worth a clock read: the worker sleeps at once.
+pub const BUSY_POLL_MIN_NS: u64 = 1000;
+
+/// Times the spin loop looks at the ring between clock reads: a look is a few loads, a
+/// clock read in a VM can cost as much as a hundred of them.
+pub const BUSY_POLL_CHECKS_PER_CLOCK_READ: u32 = 64;
+
 // ---- what the server advertises ---------------------------------------------------------
 
 /// Block size clients are told to prefer: a page, so O_DIRECT and the page cache both see
@@ -148,6 +167,8 @@ const _: () = assert!(INFLIGHT_BYTES_PER_WORKER_DEFAULT >= INFLIGHT_BYTES_PER_CO
 const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER_DEFAULT >= REQUEST_MAX_BYTES);
 const _: () = assert!(INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT <= u16::MAX as usize);
 const _: () = assert!(RECV_BUFFER_BYTES >= 2 * sluice_proto::wire::REQUEST_BYTES);
+#[allow(clippy::absurd_extreme_comparisons)]
+const _: () = assert!(BUSY_POLL_DEFAULT_US <= BUSY_POLL_MAX_US && BUSY_POLL_MIN_NS < 1000 * BUSY_POLL_MAX_US);
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES <= REQUEST_MAX_BYTES);
 const _: () = assert!(CHUNKS_PER_READ_MAX <= u16::MAX as usize + 1);
 const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES.is_multiple_of(BLOCK_PREFERRED_BYTES));

@@ -19,6 +19,10 @@ pub struct Config {
     pub tcp_ipv6_optional: bool,
     pub unix: Vec<PathBuf>,
     pub threads: usize,
+    /// Pin worker N to the Nth CPU the process may use (wrapping around).
+    pub pin_threads: bool,
+    /// Longest a worker spins for more work before sleeping, in microseconds; 0 never spins.
+    pub busy_poll_us: u64,
     pub limits: Limits,
     pub exports: Exports,
     /// Where to serve Prometheus metrics over HTTP, if anywhere.
@@ -126,8 +130,14 @@ impl Server {
         }
         let mut handles = Vec::new();
         let mut joins = Vec::new();
+        let cpus = if config.pin_threads { worker::allowed_cpus() } else { Vec::new() };
         for id in 0..config.threads.max(1) {
-            let (h, j) = worker::spawn(id, config.limits, Arc::clone(&shutdown), Arc::clone(&metrics)).map_err(StartError::Engine)?;
+            let placement = worker::Placement {
+                cpu: (!cpus.is_empty()).then(|| cpus[id % cpus.len()]),
+                busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
+            };
+            let (h, j) = worker::spawn(id, config.limits, placement, Arc::clone(&shutdown), Arc::clone(&metrics))
+                .map_err(StartError::Engine)?;
             handles.push(h);
             joins.push(j);
         }

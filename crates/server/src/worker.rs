@@ -13,6 +13,7 @@ use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::Session;
 
 use crate::admission::{Budget, Permit};
+use crate::busy_poll::BusyPoll;
 use crate::conn::{Conn, Env, Io, Shutdown};
 use crate::engine::{Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
@@ -51,9 +52,19 @@ impl WorkerHandle {
     }
 }
 
+/// How a worker thread runs: where, and how it waits.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement {
+    /// The CPU the thread is pinned to, if any.
+    pub cpu: Option<usize>,
+    /// Longest spin on the ring before sleeping (`BusyPoll`); zero sleeps at once.
+    pub busy_poll: Duration,
+}
+
 pub fn spawn(
     id: usize,
     limits: Limits,
+    placement: Placement,
     shutdown: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
@@ -63,6 +74,9 @@ pub fn spawn(
     // The ring belongs to its thread; setup errors come back before serving starts.
     let (ready_tx, ready_rx) = channel();
     let join = std::thread::Builder::new().name(format!("sluice-worker-{id}")).spawn(move || {
+        if let Some(cpu) = placement.cpu {
+            pin_to(cpu);
+        }
         let ring = match Ring::new(RING_ENTRIES) {
             Ok(r) => r,
             Err(e) => return drop(ready_tx.send(Err(e))),
@@ -72,6 +86,7 @@ pub fn spawn(
             Err(e) => return drop(ready_tx.send(Err(e))),
         };
         let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics);
+        worker.busy_poll = BusyPoll::new(placement.busy_poll);
         let _ = ready_tx.send(Ok(()));
         if let Err(e) = worker.run() {
             log::error!("worker {id} stopped: {e}");
@@ -79,6 +94,24 @@ pub fn spawn(
     })?;
     ready_rx.recv().map_err(|_| std::io::Error::other("worker thread died during setup"))??;
     Ok((handle, join))
+}
+
+/// Pins the calling thread to `cpu`; a CPU the system refuses is logged and left alone.
+fn pin_to(cpu: usize) {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+        log::warn!("could not pin a worker to CPU {cpu}: {e}");
+    }
+}
+
+/// The CPUs this process may run on, in order: what `--pin-threads` spreads workers over,
+/// so that a server started under `taskset` pins inside its set.
+pub fn allowed_cpus() -> Vec<usize> {
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// A connection of this worker: its core and what the core must not own.
@@ -119,6 +152,7 @@ struct Worker {
     free: Vec<u32>,
     live: usize,
     metrics: Arc<Metrics>,
+    busy_poll: BusyPoll,
 }
 
 impl Worker {
@@ -150,6 +184,7 @@ impl Worker {
             free: Vec::new(),
             live: 0,
             metrics,
+            busy_poll: BusyPoll::new(Duration::ZERO),
         }
     }
 
@@ -173,12 +208,26 @@ impl Worker {
                 }
             }
             let timeout = draining_since.map(|_| Duration::from_millis(SHUTDOWN_POLL_MS));
-            self.ring.wait(&mut completions, timeout)?;
+            self.wait(&mut completions, timeout)?;
             for c in completions.drain(..) {
                 self.route(c);
             }
             self.resume_waiters();
         }
+    }
+
+    /// Spins for the busy-poll budget, then sleeps until something completes, and adapts
+    /// the budget to what happened.
+    fn wait(&mut self, completions: &mut Vec<Completion>, timeout: Option<Duration>) -> std::io::Result<()> {
+        let budget = self.busy_poll.budget();
+        if !budget.is_zero() && timeout.is_none() && self.ring.spin(budget)? {
+            self.busy_poll.caught();
+            return self.ring.wait(completions, None);
+        }
+        let asleep = Instant::now();
+        self.ring.wait(completions, timeout)?;
+        self.busy_poll.slept(asleep.elapsed());
+        Ok(())
     }
 
     /// Hands a completion to the connection it belongs to.
