@@ -112,7 +112,7 @@ pub struct ServeArgs {
     pin_threads: bool,
 
     /// Microseconds a worker spins for more work before it sleeps; it adapts down to 0
-    /// when traffic stops, so an idle server does not spin. 0 never spins. [default: 0]
+    /// when traffic stops, so an idle server does not spin. 0 never spins. [default: 50]
     #[arg(long, value_name = "USEC", value_parser = parse_busy_poll)]
     busy_poll: Option<u64>,
 
