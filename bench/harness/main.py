@@ -32,9 +32,9 @@ from units import parse_size, size_label
 
 EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run,
                "client": clientside.run, "scale": scale.run}
-# The full run: 432 points (84 peers, 330 sweep, 18 clients) x 3 runs of 1 s; a run takes
-# about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s with 256 fio threads),
-# so about 33 minutes on a 2-core machine (bench/README.md, Time).
+# The full run: 574 points (126 peers, 330 sweep, 18 clients, 100 scale on 2 cores) x 3 runs
+# of 1 s; a run takes about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s
+# with 256 fio threads), so about 44 minutes on a 2-core machine (bench/README.md, Time).
 RUNTIME_SECONDS = 1
 REPEAT = 3
 QUICK_RUNTIME_SECONDS = 1

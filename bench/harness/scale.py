@@ -169,7 +169,7 @@ def _describe(ctx: Context, place: Placement, counts: list, conns: list) -> None
           "server starts). Each server at each thread count starts once and serves every point.")
     r.say(f"sluice --threads T: T workers in all. nbdkit -t T: T workers per connection "
           f"(nbdkit's default, {NBDKIT_DEFAULT_THREADS}, is its own row), so nbdkit at C "
-          "connections runs C x T workers; both are held to the same cores. The ceilings "
+          "connections runs C x T workers; both run on the same cores. The ceilings "
           "(`sluice serve null:SIZE`, nbdkit's null plugin) vary threads the same way. "
           "CPU µs/IO: the server's user + system time over the requests.")
 
