@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass
+from typing import Optional
 
 # fio gets this long beyond its own runtime (connection setup, 256 threads starting,
 # a server that stops answering) before it is killed and the point counts as failed.
@@ -18,6 +19,11 @@ class Job:
     runtime: int            # seconds
     time_based: bool = True  # False: stop after one pass over the image or at runtime, whichever first
     numjobs: int = 1        # connections (fio threads), each with iodepth outstanding requests
+    # With numjobs > 1: each connection keeps to its own slice of this many bytes (connection
+    # i starts at i x slice), so no block is read twice in a cold pass and sequential readers
+    # do not walk in step over the same blocks. None: every connection ranges over the image.
+    slice_bytes: Optional[int] = None
+    cpus: Optional[str] = None  # --cpus_allowed: the cores fio may run on; None: any
 
 
 @dataclass
@@ -57,7 +63,19 @@ def _common(job: Job) -> list:
     ]
     if job.time_based:
         args.append("--time_based")
+    if job.slice_bytes:
+        args += [f"--size={job.slice_bytes}", f"--offset_increment={job.slice_bytes}"]
+    if job.cpus:
+        args.append(f"--cpus_allowed={job.cpus}")
     return args
+
+
+def slice_for(image_bytes: int, connections: int, bs: int):
+    """Job.slice_bytes for `connections` connections over an image: an equal share, whole
+    requests; None for one connection."""
+    if connections <= 1:
+        return None
+    return image_bytes // connections // bs * bs
 
 
 def run(command: list, job: Job, json_path: str) -> Result:

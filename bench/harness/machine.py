@@ -3,11 +3,13 @@
 import datetime
 import os
 import platform
+import shutil
 import socket
 
 import build
 import fio
 import image as image_mod
+import servers
 import tools
 from units import size_label
 
@@ -21,12 +23,13 @@ def describe(repo: str, binary: str, features: set, image: str, scratch: str, ar
         f"cpu: {_cpu_model()}",
         f"cores: {os.cpu_count()} online, {len(os.sched_getaffinity(0))} usable by this run",
         f"memory: {_mem_total()}",
-        f"fio: {fio.version()}",
-        f"nbdkit: {tools.version('nbdkit')}",
-        f"qemu-nbd: {tools.version('qemu-nbd')}",
-        f"nbd-server: {tools.version('nbd-server')}",
-        f"libnbd: {tools.version('nbdinfo')}",
-        f"sluice: {binary} at commit {build.git_description(repo)}",
+        f"fio: {fio.version()}{_where('fio')}",
+        f"nbdkit: {tools.version('nbdkit')}{_where('nbdkit')}, plugins from "
+        f"{servers.nbdkit_plugin_dir() or 'its own plugin directory'}",
+        f"qemu-nbd: {tools.version('qemu-nbd')}{_where('qemu-nbd')}",
+        f"nbd-server: {tools.version('nbd-server')}{_where('nbd-server')}",
+        f"libnbd: {tools.version('nbdinfo')}{_where('nbdinfo')}",
+        f"sluice: {binary} at commit {_commit(repo)}",
         f"sluice serve options present: "
         f"{', '.join(sorted(features)) or 'none of ' + ', '.join(build.OPTIONAL_FLAGS)}",
         f"sluice data paths measured: {', '.join(build.data_paths(binary)) or 'default only'}",
@@ -38,6 +41,24 @@ def describe(repo: str, binary: str, features: set, image: str, scratch: str, ar
         f"command: {' '.join(argv)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _where(program: str) -> str:
+    """' (/path/of/program)', so a run with carried tools (bench/pack) says which it used."""
+    path = shutil.which(program)
+    return f" ({path})" if path else ""
+
+
+def _commit(repo: str) -> str:
+    """In a tree unpacked from bench/pack, the commit it was packed at; else the work tree's."""
+    try:
+        with open(os.path.join(repo, "carry", "MANIFEST.txt")) as f:
+            for line in f:
+                if line.startswith("commit:"):
+                    return line.split(":", 1)[1].strip() + " (packed by bench/pack)"
+    except OSError:
+        pass
+    return build.git_description(repo)
 
 
 def _cpu_model() -> str:

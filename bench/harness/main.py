@@ -22,6 +22,7 @@ import fio
 import image
 import machine
 import peers
+import scale
 import servers
 import sweep
 import tools
@@ -29,15 +30,18 @@ from measure import Context
 from report import Report
 from units import parse_size, size_label
 
-EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run, "client": clientside.run}
-# The full run: 432 points (84 peers, 330 sweep, 18 clients) x 3 runs of 1 s; a run takes
-# about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s with 256 fio threads),
-# so about 33 minutes on a 2-core machine (bench/README.md, Time).
+EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run,
+               "client": clientside.run, "scale": scale.run}
+# The full run: 574 points (126 peers, 330 sweep, 18 clients, 100 scale on 2 cores) x 3 runs
+# of 1 s; a run takes about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s
+# with 256 fio threads), so about 44 minutes on a 2-core machine (bench/README.md, Time).
 RUNTIME_SECONDS = 1
 REPEAT = 3
 QUICK_RUNTIME_SECONDS = 1
 QUICK_REPEAT = 1
 DEFAULT_IMAGE_BYTES = 2 << 30
+# Set by bench/unpack-run: the plugin directory of a carried nbdkit.
+NBDKIT_PLUGINS_ENV = "SLUICE_BENCH_NBDKIT_PLUGINS"
 
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(BENCH_DIR)
@@ -57,7 +61,7 @@ def parse_args(argv):
                    help=f"fio runs per measured point; tables show the median of each figure "
                         f"(default {REPEAT}, {QUICK_REPEAT} with --quick)")
     p.add_argument("--only", metavar="EXPERIMENT",
-                   help="run only these, comma-separated: peers, sweep, clients, client")
+                   help="run only these, comma-separated: peers, sweep, clients, client, scale")
     p.add_argument("--image", metavar="PATH",
                    help="image to serve (default: /var/tmp/sluice-bench-SIZE.img, created once); "
                         "it is only read; writes go to a scratch copy in /var/tmp")
@@ -71,6 +75,9 @@ def parse_args(argv):
                    help="measure this sluice binary instead of building target/release/sluice")
     p.add_argument("--no-install", action="store_true",
                    help="do not apt-get install missing tools; skip what needs them")
+    p.add_argument("--nbdkit-plugins", metavar="DIR", default=os.environ.get(NBDKIT_PLUGINS_ENV),
+                   help="give nbdkit its plugins by path from DIR (a carried nbdkit, bench/pack) "
+                        f"instead of by name; default ${NBDKIT_PLUGINS_ENV} if set")
     args = p.parse_args(argv)
     args.only = [e.strip() for e in (args.only or ",".join(EXPERIMENTS)).split(",") if e.strip()]
     for e in args.only:
@@ -147,6 +154,8 @@ def main(argv) -> int:
 
 def prepare(args, report, out_dir, workdir, argv):
     report.say(f"sluice benchmarks -> {out_dir}")
+    if args.nbdkit_plugins:
+        servers.set_nbdkit_plugin_dir(os.path.abspath(args.nbdkit_plugins))
     missing = tools.ensure(report, allow_install=not args.no_install)
     if "fio" in missing or not fio.has_nbd_engine():
         report.say("error: fio with the nbd engine is required (apt-get install fio)")

@@ -10,16 +10,21 @@ from build import UNCACHED_DATA_PATHS
 from measure import Context, repeat_note, run_point
 from units import fmt, fmt_sig, parse_size, percent, ratio
 
-# (label, fio rw, request size, outstanding requests)
+# (label, fio rw, request size, outstanding requests per connection, connections). With
+# several connections, each is its own fio job (--numjobs) over its own slice of the image.
 JOBS = [
-    ("1M seq read QD1", "read", "1M", 1),
-    ("1M seq read QD4", "read", "1M", 4),
-    ("4K randread QD1", "randread", "4K", 1),
-    ("4K randread QD32", "randread", "4K", 32),
-    ("1M seq write QD4", "write", "1M", 4),
-    ("4K randwrite QD32", "randwrite", "4K", 32),
+    ("1M seq read QD1", "read", "1M", 1, 1),
+    ("1M seq read QD4", "read", "1M", 4, 1),
+    ("4K randread QD1", "randread", "4K", 1, 1),
+    ("4K randread QD32", "randread", "4K", 32, 1),
+    ("1M seq write QD4", "write", "1M", 4, 1),
+    ("4K randwrite QD32", "randwrite", "4K", 32, 1),
+    ("4K randread QD32 x 8 conns", "randread", "4K", 32, 8),
+    ("1M seq read QD8 x 4 conns", "read", "1M", 8, 4),
+    ("4K randwrite QD32 x 4 conns", "randwrite", "4K", 32, 4),
 ]
-QUICK_JOBS = ("1M seq read QD4", "4K randread QD32", "4K randwrite QD32")
+QUICK_JOBS = ("1M seq read QD4", "4K randread QD32", "4K randwrite QD32",
+              "4K randread QD32 x 8 conns")
 # Warm reads over TLS (TLS 1.3, AES-GCM as negotiated), sluice against nbdkit --tls=require.
 TLS_JOBS = [
     ("1M seq read QD1", "read", "1M", 1),
@@ -38,7 +43,7 @@ COLD_DATA_PATH = "direct"
 
 HEADERS = ["server", "cache", "MB/s", "IOPS", "lat µs", "CPU s/GiB", "CPU µs/IO", "% null",
            "best sluice ÷"]
-CSV_HEADERS = ["variant", "job", "rw", "bs", "iodepth", "server", "cache", "mb_per_s",
+CSV_HEADERS = ["variant", "job", "rw", "bs", "iodepth", "connections", "server", "cache", "mb_per_s",
                "mb_per_s_min_max", "runs", "iops", "lat_us", "cpu_seconds", "cpu_s_per_gib",
                "cpu_us_per_io", "pct_of_null", "best_sluice_ratio", "bytes", "ios", "seconds",
                "error"]
@@ -75,7 +80,9 @@ def run(ctx: Context) -> None:
     if not ctx.data_paths:
         r.say("note: this sluice binary has no --data-path; sluice runs its default path only "
               "(the per-path rows are skipped)")
-    r.say(repeat_note(ctx) + f" fio nbd engine, one connection; {ctx.runtime} s per run. "
+    r.say(repeat_note(ctx) + f" fio nbd engine, one connection unless the job says 'x N conns' "
+          f"(then N fio jobs, each its own connection over its own 1/N of the image); "
+          f"{ctx.runtime} s per run. "
           "Warm: the image is read once before each job. Cold: page cache dropped before each "
           "run, and the run stops after one pass over the image (or at the runtime) so no block "
           "is read twice.")
@@ -86,13 +93,14 @@ def run(ctx: Context) -> None:
     csv_rows, overview = [], []
     for variant in variants:
         cold = variant == "cold"
-        for label, rw, bs, qd in jobs:
+        for label, rw, bs, qd, conns in jobs:
             write = "write" in rw
             img = ctx.scratch if write else ctx.image
             if not cold:
                 cache.warm(img)
             job = fio.Job(rw=rw, bs=parse_size(bs), iodepth=qd, runtime=ctx.runtime,
-                          time_based=not cold)
+                          time_based=not cold, numjobs=conns,
+                          slice_bytes=fio.slice_for(ctx.image_size, conns, parse_size(bs)))
             measured = []
             for server in server_list(ctx, cold):
                 running = ctx.start(server, img)
@@ -106,7 +114,7 @@ def run(ctx: Context) -> None:
                     running.stop()
                 r.progress(f"peers {variant} | {label} | {server.name}: {point.summary()}")
                 measured.append((server, point))
-            _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview)
+            _job_table(ctx, variant, (label, rw, bs, qd, conns), measured, csv_rows, overview)
     _tls(ctx, csv_rows)
     r.csv("peers.csv", CSV_HEADERS, csv_rows)
     _overview(ctx, overview)
@@ -154,7 +162,7 @@ def _tls(ctx: Context, csv_rows: list) -> None:
             rows.append([label if first else "", server.name, fmt(p.mb_per_s), fmt(p.iops),
                          fmt_sig(p.cpu_s_per_gib), fmt_sig(p.cpu_us_per_io),
                          mb if first else "", cpu if first else ""])
-            csv_rows.append(["tls", label, rw, bs, qd, server.name, server.cache,
+            csv_rows.append(["tls", label, rw, bs, qd, 1, server.name, server.cache,
                              _r(p.mb_per_s, 2), p.mb_spread, len(p.good), _r(p.iops, 1),
                              _r(p.lat_us, 2), _r(p.cpu_seconds, 3), _r(p.cpu_s_per_gib, 4),
                              _r(p.cpu_us_per_io, 3), None, None, _int(p.bytes), _int(p.ios),
@@ -164,7 +172,8 @@ def _tls(ctx: Context, csv_rows: list) -> None:
     r.table("[tls] sluice and nbdkit, both --tls=require (X.509), warm", TLS_HEADERS, rows, left=2)
 
 
-def _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview) -> None:
+def _job_table(ctx, variant, spec, measured, csv_rows, overview) -> None:
+    label = spec[0]
     sluice_rows = [(s, p) for s, p in measured if s.is_sluice and p.ok]
     best = max(sluice_rows, key=lambda sp: sp[1].mb_per_s, default=(None, None))
     best_mb = best[1].mb_per_s if best[1] else None
@@ -175,7 +184,7 @@ def _job_table(ctx, variant, label, rw, bs, qd, measured, csv_rows, overview) ->
         rows.append([server.name, server.cache, fmt(p.mb_per_s), fmt(p.iops), fmt(p.lat_us),
                      fmt_sig(p.cpu_s_per_gib), fmt_sig(p.cpu_us_per_io),
                      percent(p.mb_per_s, null_mb), vs if p.ok else "failed (below)"])
-        csv_rows.append([variant, label, rw, bs, qd, server.name, server.cache,
+        csv_rows.append([variant, *spec, server.name, server.cache,
                          _r(p.mb_per_s, 2), p.mb_spread, len(p.good), _r(p.iops, 1),
                          _r(p.lat_us, 2), _r(p.cpu_seconds, 3),
                          _r(p.cpu_s_per_gib, 4), _r(p.cpu_us_per_io, 3),

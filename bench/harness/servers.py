@@ -49,6 +49,7 @@ class Server:
     extra_files: Callable[[Launch], None] = field(default=lambda launch: None)
     data_path: Optional[str] = None  # sluice's --data-path; None: its default (or not sluice)
     tls: bool = False               # TLS required: clients connect with nbds://localhost
+    cpus: Optional[str] = None      # taskset -c list the server is pinned to; None: not pinned
 
     @property
     def is_sluice(self) -> bool:
@@ -111,6 +112,9 @@ def start(server: Server, image: str, workdir: str, logdir: str) -> Running:
         _unlink(launch.pidfile)
     server.extra_files(launch)
     argv = server.argv(launch)
+    if server.cpus:
+        # taskset execs the server in its own place, so the pid we watch stays the server's.
+        argv = ["taskset", "-c", server.cpus] + argv
     log_path = os.path.join(logdir, f"{_slug(server.name)}.log")
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(argv)}\n")
@@ -216,13 +220,35 @@ def _unlink(path: str) -> None:
 
 # --- the servers ------------------------------------------------------------------------
 
+# Where nbdkit's plugins are, when not in the directory nbdkit was built with (a carried
+# nbdkit, bench/pack): nbdkit then gets each plugin by its path. None: by name.
+_nbdkit_plugin_dir: Optional[str] = None
+
+
+def set_nbdkit_plugin_dir(path: Optional[str]) -> None:
+    global _nbdkit_plugin_dir
+    _nbdkit_plugin_dir = path
+
+
+def nbdkit_plugin_dir() -> Optional[str]:
+    return _nbdkit_plugin_dir
+
+
+def nbdkit_plugin(name: str) -> str:
+    """The PLUGIN argument of nbdkit's command line: 'file', or /DIR/nbdkit-file-plugin.so."""
+    if _nbdkit_plugin_dir is None:
+        return name
+    return os.path.join(_nbdkit_plugin_dir, f"nbdkit-{name}-plugin.so")
+
+
 def sluice(binary: str, data_path: Optional[str] = None, chunk: Optional[str] = None,
-           metrics: bool = False, tls: Optional[str] = None) -> Server:
+           metrics: bool = False, tls: Optional[str] = None,
+           threads: Optional[int] = None) -> Server:
     """data_path None: the binary's default path (also when it has no --data-path yet).
     chunk None: the default (pipelined) chunking; '0' turns pipelining off. tls: a
-    certificate directory; TLS is then required."""
+    certificate directory; TLS is then required. threads None: one worker per CPU."""
     name = ("sluice" + (f" {data_path}" if data_path else "") + (f" chunk={chunk}" if chunk else "")
-            + (" TLS" if tls else ""))
+            + (" TLS" if tls else "") + (f" threads={threads}" if threads else ""))
     cache = {"direct": "O_DIRECT", "splice-direct": "O_DIRECT", "copy": "page cache",
              "splice": "page cache", None: "default path"}.get(data_path, "?")
 
@@ -237,26 +263,35 @@ def sluice(binary: str, data_path: Optional[str] = None, chunk: Optional[str] = 
             args += ["--metrics", f"127.0.0.1:{launch.metrics_port}"]
         if tls:
             args += ["--tls=require", f"--tls-certificates={tls}"]
+        if threads:
+            args += ["--threads", str(threads)]
         return args
 
     return Server(name=name, kind="sluice", cache=cache, argv=argv, metrics=metrics,
                   data_path=data_path, tls=tls is not None)
 
 
-def nbdkit_file(cold: bool, has_cache_none: bool, tls: Optional[str] = None) -> Server:
+def nbdkit_file(cold: bool, has_cache_none: bool, tls: Optional[str] = None,
+                threads: Optional[int] = None) -> Server:
+    """threads: nbdkit's -t, worker threads per connection (None: its default, 16)."""
     use_none = cold and has_cache_none
 
     def argv(launch: Launch) -> list:
-        args = ["nbdkit", "-f", "--exit-with-parent", "-p", str(launch.port), "-i", "127.0.0.1"]
+        args = _nbdkit_common(launch, threads)
         if tls:
             args += ["--tls=require", f"--tls-certificates={tls}"]
-        args += ["file", f"file={launch.image}"]
+        args += [nbdkit_plugin("file"), f"file={launch.image}"]
         return args + (["cache=none"] if use_none else [])
 
     # cache=none opens the file without O_DIRECT and evicts pages after each request.
     cache = "cache=none (evicts pages)" if use_none else "page cache"
-    return Server(name="nbdkit file" + (" TLS" if tls else ""), kind="nbdkit", cache=cache,
-                  argv=argv, tls=tls is not None)
+    name = "nbdkit file" + (" TLS" if tls else "") + (f" -t {threads}" if threads else "")
+    return Server(name=name, kind="nbdkit", cache=cache, argv=argv, tls=tls is not None)
+
+
+def _nbdkit_common(launch: Launch, threads: Optional[int]) -> list:
+    args = ["nbdkit", "-f", "--exit-with-parent", "-p", str(launch.port), "-i", "127.0.0.1"]
+    return args + (["-t", str(threads)] if threads else [])
 
 
 def qemu_nbd(cold: bool, aio: str) -> Server:
@@ -291,9 +326,21 @@ def nbd_server() -> Server:
                   argv=argv, export="bench", daemon=True, extra_files=write_config)
 
 
-def nbdkit_null(size: int) -> Server:
+def nbdkit_null(size: int, threads: Optional[int] = None) -> Server:
     def argv(launch: Launch) -> list:
-        return ["nbdkit", "-f", "--exit-with-parent", "-p", str(launch.port), "-i", "127.0.0.1",
-                "null", f"size={size}"]
+        return _nbdkit_common(launch, threads) + [nbdkit_plugin("null"), f"size={size}"]
 
-    return Server(name="null (nbdkit)", kind="null", cache="no storage", argv=argv)
+    name = "null (nbdkit)" + (f" -t {threads}" if threads else "")
+    return Server(name=name, kind="null", cache="no storage", argv=argv)
+
+
+def sluice_null(binary: str, size: int, threads: Optional[int] = None) -> Server:
+    """sluice's own ceiling: `sluice serve null:SIZE` reads zeros, drops writes (sluice-null(7))."""
+
+    def argv(launch: Launch) -> list:
+        args = [binary, "serve", f"null:{size}", "--listen", f"127.0.0.1:{launch.port}",
+                "--log-level", "warn"]
+        return args + (["--threads", str(threads)] if threads else [])
+
+    name = "null (sluice)" + (f" threads={threads}" if threads else "")
+    return Server(name=name, kind="null", cache="no storage", argv=argv)

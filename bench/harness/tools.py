@@ -4,6 +4,8 @@ import os
 import shutil
 import subprocess
 
+import servers
+
 # program -> Debian package that ships it
 PACKAGES = {
     "fio": "fio",
@@ -67,7 +69,7 @@ def help_text(argv: list) -> str:
 
 
 def nbdkit_has_cache_none() -> bool:
-    return "cache=" in help_text(["nbdkit", "file", "--help"])
+    return "cache=" in help_text(["nbdkit", servers.nbdkit_plugin("file"), "--help"])
 
 
 def qemu_nbd_aio() -> str:
