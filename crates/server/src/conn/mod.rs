@@ -241,6 +241,12 @@ impl Conn {
         self.pump_output(env);
     }
 
+    /// What the socket held that its peer had not taken, when the send or splice about to
+    /// be handled completed; the driver says it where the kernel can tell.
+    pub fn socket_backlog(&mut self, unacked: Option<usize>) {
+        self.pace.socket_backlog(unacked);
+    }
+
     pub fn handle_splice_out(&mut self, env: &mut Env, result: i32, pipe: Pipe) {
         self.answered();
         self.splice_out_done(env, result, pipe);

@@ -2,6 +2,11 @@
 //! connection's storage reads and its socket takes reply bytes, and the rule that turns
 //! them into a chunk size and a window (chunk reads of one request at the storage at once).
 //!
+//! The network rate is not how fast sends complete: a send completes once the socket
+//! buffer has the bytes, and a buffer of a few MiB swallows a whole reply at memory speed.
+//! While the socket holds bytes its peer has not taken (the driver reports this backlog at
+//! each send completion), the rate is what the peer took between completions.
+//!
 //! A read cut into chunks of `c` bytes runs as a two-stage pipeline, storage then network.
 //! It takes about `S / slow + c / fast + (S / c) * cost`: the whole read at the slower
 //! stage's rate, plus the first chunk through the faster stage (the pipeline's fill, or
@@ -64,6 +69,14 @@ pub(super) struct Pace {
     /// The last chunk read completion: reads served back to back are timed from the one
     /// before, not from their own submission, so a window's reads are not counted twice.
     storage_last: Option<Instant>,
+    /// Bytes the socket held that the peer had not taken, as the driver saw them when the
+    /// send being handled completed (None: it cannot tell, as over TLS).
+    backlog: Option<usize>,
+    /// Bytes handed to the socket so far.
+    written: u64,
+    /// While the socket stays backlogged: when, and how many of `written` the peer had
+    /// taken, at the start of the interval being measured.
+    taken_mark: Option<(Instant, u64)>,
 }
 
 impl Pace {
@@ -74,10 +87,35 @@ impl Pace {
         self.storage_last = Some(now);
     }
 
+    /// The socket's backlog at the completion `network_done` is about to be told of.
+    pub(super) fn socket_backlog(&mut self, unacked: Option<usize>) {
+        self.backlog = unacked;
+    }
+
     /// A send (or splice to the socket) handed out at `started` moved `bytes` by `now`.
-    /// Sends go one at a time, so each is timed from its own start.
+    /// A send completes once the socket has the bytes, which is the link's rate only if
+    /// the socket is full. So while a backlog remains, the rate is what the peer took
+    /// (acknowledged, or read) between completions; when the socket has drained, the send's
+    /// own time is all there is (the peer keeps up). Sends go one at a time.
     pub(super) fn network_done(&mut self, started: Instant, now: Instant, bytes: usize) {
-        self.network.add(bytes, now.saturating_duration_since(started));
+        self.written += bytes as u64;
+        match self.backlog.take() {
+            Some(unacked) if unacked > 0 => {
+                let taken = self.written.saturating_sub(unacked as u64);
+                match self.taken_mark {
+                    Some((since, from)) if taken.saturating_sub(from) >= RATE_SAMPLE_MIN_BYTES as u64 => {
+                        self.network.add((taken - from) as usize, now.saturating_duration_since(since));
+                        self.taken_mark = Some((now, taken));
+                    }
+                    Some(_) => {}
+                    None => self.taken_mark = Some((now, taken)),
+                }
+            }
+            _ => {
+                self.taken_mark = None;
+                self.network.add(bytes, now.saturating_duration_since(started));
+            }
+        }
     }
 
     pub(super) fn storage_rate(&self) -> Option<f64> {
@@ -144,6 +182,32 @@ mod tests {
         p.storage_done(t, done, MIB);
         let r = p.storage_rate().unwrap();
         assert!((r / (2.0 * MIB as f64 / 2e-3) - 1.0).abs() < 0.1, "{r}");
+    }
+
+    #[test]
+    fn a_backlogged_socket_is_measured_by_what_its_peer_takes() {
+        // Sends complete at once into a large socket buffer while a 300 MB/s link drains
+        // it: the rate is the link's, not the copy's.
+        let mut p = Pace::default();
+        let (t0, chunk) = (Instant::now(), 512 * 1024);
+        let mut written = 0.0;
+        for k in 1..=32u32 {
+            let now = t0 + Duration::from_micros(1750) * k;
+            written += chunk as f64;
+            let taken = (now - t0).as_secs_f64() * 300e6;
+            p.socket_backlog(Some((written - taken).max(1.0) as usize));
+            p.network_done(now - Duration::from_micros(20), now, chunk);
+        }
+        let r = p.network_rate().unwrap();
+        assert!((r / 300e6 - 1.0).abs() < 0.05, "{r}");
+        // Once the socket drains at each completion, sends are timed by themselves again.
+        for k in 0..64u32 {
+            let now = t0 + Duration::from_secs(1) + Duration::from_millis(1) * k;
+            p.socket_backlog(Some(0));
+            p.network_done(now - Duration::from_micros(500), now, 1 << 20);
+        }
+        let r = p.network_rate().unwrap();
+        assert!(r > 1.5e9, "{r}");
     }
 
     #[test]
