@@ -107,6 +107,13 @@ mod tests {
     }
 
     #[test]
+    fn chunk_is_auto_zero_or_a_size() {
+        assert_eq!(parse("chunk = \"auto\"").unwrap().chunk, Some(ChunkChoice(Chunking::Auto)));
+        assert_eq!(parse("chunk = \"0\"").unwrap().chunk, Some(ChunkChoice(Chunking::Off)));
+        assert_eq!(parse("").unwrap().chunk, None, "absent: the default (auto) applies");
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         assert!(parse("listne = []").unwrap_err().contains("listne"));
     }
