@@ -153,14 +153,16 @@ _members = []  # started and not yet stopped, for teardown
 
 
 class Member:
-    """`sluice serve` in member i's namespace, serving `path` as export "disk"."""
+    """`sluice serve` in member i's namespace, serving `path` as export "disk", with `extra`
+    options (bench/trapeze: a data path and a chunk)."""
 
-    def __init__(self, binary: str, i: int, path: str, log_path: str):
+    def __init__(self, binary: str, i: int, path: str, log_path: str, extra: list = (),
+                 log_level: str = "warn"):
         self.i = i
         self.uri = member_uri(i)
         argv = ["ip", "netns", "exec", namespace(i), binary, "serve",
                 "--listen", f"{member_addr(i)}:{PORT}", "--export", f"{EXPORT}={path}",
-                "--log-level", "warn"]
+                "--log-level", log_level] + list(extra)
         self._log = open(log_path, "a")
         self._log.write(f"\n$ {' '.join(argv)}\n")
         self._log.flush()

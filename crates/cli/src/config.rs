@@ -10,7 +10,7 @@ use sluice_server::export::DataPath;
 use sluice_server::Limits;
 
 use crate::serve_export::ExportEntry;
-use crate::serve_settings::{parsed_some, ChunkSize, ListenAddr, LogLevel, TlsChoice};
+use crate::serve_settings::{parsed_some, ChunkChoice, ListenAddr, LogLevel, TlsChoice};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -29,8 +29,8 @@ pub struct FileConfig {
     /// Default data path of exports, as for --data-path.
     #[serde(default, deserialize_with = "parsed_some")]
     pub data_path: Option<DataPath>,
-    /// Read chunk size, as for --chunk.
-    pub chunk: Option<ChunkSize>,
+    /// How reads are split into chunks, as for --chunk.
+    pub chunk: Option<ChunkChoice>,
     /// Address of the Prometheus metrics endpoint, as for --metrics.
     pub metrics: Option<ListenAddr>,
     /// TLS, as for --tls, --tls-certificates, --tls-psk and --tls-verify-peer.
@@ -66,6 +66,7 @@ fn parse(text: &str) -> Result<FileConfig, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_server::export::Chunking;
     use sluice_server::Spec;
 
     #[test]
@@ -97,7 +98,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.listen, vec!["127.0.0.1:10809".parse().unwrap()]);
-        assert_eq!((c.data_path, c.chunk, c.log_level), (Some(DataPath::Copy), Some(ChunkSize(512 << 10)), "debug".parse().ok()));
+        assert_eq!((c.data_path, c.chunk, c.log_level), (Some(DataPath::Copy), Some(ChunkChoice(Chunking::Fixed(512 << 10))), "debug".parse().ok()));
         assert_eq!(c.metrics.map(|m| m.first()), Some("127.0.0.1:9109".parse().unwrap()));
         assert_eq!(c.exports.len(), 2);
         assert_eq!((c.exports[0].data_path, &c.exports[0].spec), (Some(DataPath::Direct), &Spec::Path("/dev/vdb".into())));
@@ -110,6 +111,13 @@ mod tests {
     }
 
     #[test]
+    fn chunk_is_auto_zero_or_a_size() {
+        assert_eq!(parse("chunk = \"auto\"").unwrap().chunk, Some(ChunkChoice(Chunking::Auto)));
+        assert_eq!(parse("chunk = \"0\"").unwrap().chunk, Some(ChunkChoice(Chunking::Off)));
+        assert_eq!(parse("").unwrap().chunk, None, "absent: the default (auto) applies");
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         assert!(parse("listne = []").unwrap_err().contains("listne"));
     }
@@ -117,7 +125,7 @@ mod tests {
     #[test]
     fn bad_values_name_the_key_and_the_value() {
         for (text, error) in [
-            ("chunk = \"12Q\"", "chunk: size \"12Q\" is not a number with an optional K/M/G/T/P suffix"),
+            ("chunk = \"12Q\"", "chunk: size \"12Q\" is not a number with an optional K/M/G/T/P suffix (or auto)"),
             ("chunk = \"64M\"", "chunk: chunk size \"64M\" is more than"),
             ("data-path = \"fast\"", "data-path: unknown data path \"fast\""),
             ("log-level = \"loud\"", "log-level: unknown log level \"loud\""),

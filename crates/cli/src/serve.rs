@@ -15,7 +15,7 @@ use crate::config::{self, FileConfig};
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::logger;
 use crate::serve_export::ExportEntry;
-use crate::serve_settings::{check_busy_poll, parse_busy_poll, parse_threads, ChunkSize, ListenAddr, LogLevel, TlsChoice};
+use crate::serve_settings::{check_busy_poll, parse_busy_poll, parse_threads, ChunkChoice, ListenAddr, LogLevel, TlsChoice};
 
 /// Default NBD port (IANA).
 const NBD_PORT: u16 = 10809;
@@ -66,10 +66,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     data_path: Option<DataPath>,
 
-    /// Split reads larger than SIZE into chunks sent as soon as each is read (out of order
-    /// with structured replies); 0 sends a read only when all of it is read. Default: 1M.
-    #[arg(long, value_name = "SIZE")]
-    chunk: Option<ChunkSize>,
+    /// Split reads into chunks sent as soon as each is read (out of order with structured
+    /// replies). auto: the chunk size, and how many chunks of a read are read at once,
+    /// follow the measured storage and network rates (cold data gets small chunks read a
+    /// few at a time, warm data few or none); SIZE: reads larger than SIZE are split into
+    /// chunks of SIZE, all read at once; 0: a read is sent only when all of it is read.
+    /// Default: auto.
+    #[arg(long, value_name = "auto|SIZE")]
+    chunk: Option<ChunkChoice>,
 
     /// Serve Prometheus metrics (per-export request counts, bytes, errors, and per-phase
     /// latency histograms) at http://ADDR:PORT/metrics. Off by default.
@@ -179,7 +183,7 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
         read_only: args.read_only || file.read_only.unwrap_or(false),
         description: None,
         data_path: args.data_path.or(file.data_path).unwrap_or_default(),
-        chunk_bytes: args.chunk.or(file.chunk).unwrap_or_default().0,
+        chunking: args.chunk.or(file.chunk).unwrap_or_default().0,
     };
     let exports = open_exports(export_entries(&args, &file), &defaults)?;
     let (tcp, unix, tcp_ipv6_optional) = listeners(&args, &file);

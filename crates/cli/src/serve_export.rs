@@ -39,7 +39,7 @@ impl ExportEntry {
             read_only: defaults.read_only || self.read_only,
             description: self.description.clone(),
             data_path: self.data_path.unwrap_or(defaults.data_path),
-            chunk_bytes: defaults.chunk_bytes,
+            chunking: defaults.chunking,
         }
     }
 }
@@ -82,6 +82,7 @@ impl FromStr for ExportEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_server::export::Chunking;
 
     #[test]
     fn export_options_parse() {
@@ -97,10 +98,10 @@ mod tests {
 
     #[test]
     fn an_exports_own_choices_win_over_the_defaults() {
-        let defaults = Options { read_only: false, description: None, data_path: DataPath::Splice, chunk_bytes: 4096 };
+        let defaults = Options { read_only: false, description: None, data_path: DataPath::Splice, chunking: Chunking::Fixed(4096) };
         let own: ExportEntry = "a=memory:1M,ro,data-path=copy".parse().unwrap();
         let o = own.options(&defaults);
-        assert_eq!((o.read_only, o.data_path, o.chunk_bytes), (true, DataPath::Copy, 4096));
+        assert_eq!((o.read_only, o.data_path, o.chunking), (true, DataPath::Copy, Chunking::Fixed(4096)));
         let o = ExportEntry::plain("b", Spec::Memory(1 << 20)).options(&Options { read_only: true, ..defaults });
         assert_eq!((o.read_only, o.data_path), (true, DataPath::Splice));
     }

@@ -12,14 +12,8 @@ use log::LevelFilter;
 use serde::{de, Deserialize, Deserializer};
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::TlsMode;
-use sluice_server::export::parse_size;
+use sluice_server::export::{parse_size, Chunking};
 use sluice_server::limits::BUSY_POLL_MAX_US;
-
-/// Read chunk used when neither `--chunk` nor `chunk` is given; see bench/README.md for
-/// the measurement behind it.
-const CHUNK_DEFAULT_BYTES: u32 = 1024 * 1024;
-
-const _: () = assert!(CHUNK_DEFAULT_BYTES <= REQUEST_PAYLOAD_MAX_BYTES);
 
 /// Deserializes a string through `T::from_str`, so that a key and the option that mirrors
 /// it accept the same text and say the same thing about bad text.
@@ -54,31 +48,30 @@ macro_rules! deserialize_from_str {
     };
 }
 
-/// Reads longer than this are split and each piece sent as soon as it is read
-/// (`--chunk`, `chunk`); 0 sends a read only once all of it is read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChunkSize(pub u32);
+/// How reads are split into chunks sent as each is read (`--chunk`, `chunk`): `auto` (the
+/// default: chunk size and window from the measured storage and network rates), a SIZE
+/// (reads longer than SIZE are split into SIZE chunks, all read at once), or 0 (a read is
+/// sent only once all of it is read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkChoice(pub Chunking);
 
-impl Default for ChunkSize {
-    fn default() -> ChunkSize {
-        ChunkSize(CHUNK_DEFAULT_BYTES)
-    }
-}
-
-impl FromStr for ChunkSize {
+impl FromStr for ChunkChoice {
     type Err = String;
 
-    fn from_str(s: &str) -> Result<ChunkSize, String> {
-        let bytes = parse_size(s).map_err(|e| e.to_string())?;
+    fn from_str(s: &str) -> Result<ChunkChoice, String> {
+        if s == "auto" {
+            return Ok(ChunkChoice(Chunking::Auto));
+        }
+        let bytes = parse_size(s).map_err(|e| format!("{e} (or auto)"))?;
         // Each chunk is one piece of one reply, so it can be no larger than a request.
         if bytes > REQUEST_PAYLOAD_MAX_BYTES as u64 {
             return Err(format!("chunk size {s:?} is more than {REQUEST_PAYLOAD_MAX_BYTES} bytes (the largest request)"));
         }
-        Ok(ChunkSize(bytes as u32))
+        Ok(ChunkChoice(if bytes == 0 { Chunking::Off } else { Chunking::Fixed(bytes as u32) }))
     }
 }
 
-deserialize_from_str!(ChunkSize);
+deserialize_from_str!(ChunkChoice);
 
 /// A TCP address to listen on (`--listen`, `listen`, `--metrics`, `metrics`): ADDR:PORT,
 /// or HOST:PORT standing for every address the host name resolves to.
@@ -176,12 +169,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chunk_sizes_parse_up_to_the_largest_request() {
-        assert_eq!("512K".parse::<ChunkSize>(), Ok(ChunkSize(512 << 10)));
-        assert_eq!("0".parse::<ChunkSize>(), Ok(ChunkSize(0)));
-        assert_eq!("32M".parse::<ChunkSize>(), Ok(ChunkSize(REQUEST_PAYLOAD_MAX_BYTES)));
-        assert!("64M".parse::<ChunkSize>().unwrap_err().contains("the largest request"));
-        assert!("12Q".parse::<ChunkSize>().unwrap_err().contains("\"12Q\""));
+    fn chunks_are_auto_off_or_a_size_up_to_the_largest_request() {
+        assert_eq!("auto".parse::<ChunkChoice>(), Ok(ChunkChoice(Chunking::Auto)));
+        assert_eq!(ChunkChoice::default(), ChunkChoice(Chunking::Auto));
+        assert_eq!("512K".parse::<ChunkChoice>(), Ok(ChunkChoice(Chunking::Fixed(512 << 10))));
+        assert_eq!("0".parse::<ChunkChoice>(), Ok(ChunkChoice(Chunking::Off)));
+        assert_eq!("32M".parse::<ChunkChoice>(), Ok(ChunkChoice(Chunking::Fixed(REQUEST_PAYLOAD_MAX_BYTES))));
+        assert!("64M".parse::<ChunkChoice>().unwrap_err().contains("the largest request"));
+        let e = "12Q".parse::<ChunkChoice>().unwrap_err();
+        assert!(e.contains("\"12Q\"") && e.contains("auto"), "{e}");
+        assert!("Auto".parse::<ChunkChoice>().is_err(), "names are lower case, as the other settings'");
     }
 
     #[test]

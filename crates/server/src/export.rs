@@ -137,15 +137,26 @@ impl std::str::FromStr for DataPath {
     }
 }
 
+/// How reads are split into chunks that are each sent as soon as they are read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Chunking {
+    /// A read is sent only once all of it is read.
+    Off,
+    /// Reads larger than this many bytes are split into chunks of it, all read at once.
+    Fixed(u32),
+    /// The chunk size, and how many chunks of a read are read at once, follow the
+    /// connection's measured storage and network rates (conn/pace.rs).
+    #[default]
+    Auto,
+}
+
 /// Everything about an export besides where its data lives.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     pub read_only: bool,
     pub description: Option<String>,
     pub data_path: DataPath,
-    /// Reads larger than this are split and each piece sent as soon as it is read; 0 sends
-    /// a read only once all of it is read.
-    pub chunk_bytes: u32,
+    pub chunking: Chunking,
 }
 
 pub struct Export {
@@ -154,13 +165,13 @@ pub struct Export {
     pub read_only: bool,
     /// The path actually used: a requested direct path falls back when O_DIRECT is refused.
     pub data_path: DataPath,
-    pub chunk_bytes: u32,
+    pub chunking: Chunking,
     pub backend: Box<dyn Backend>,
 }
 
 impl Export {
     pub fn open(name: &str, spec: &Spec, options: Options) -> std::io::Result<Export> {
-        let Options { mut read_only, description, mut data_path, chunk_bytes } = options;
+        let Options { mut read_only, description, mut data_path, chunking } = options;
         let backend: Box<dyn Backend> = match spec {
             Spec::Path(p) => {
                 let mut b = FileBackend::open(p, read_only)?;
@@ -193,7 +204,7 @@ impl Export {
                 Box::new(b)
             }
         };
-        Ok(Export { name: name.to_owned(), description, read_only, data_path, chunk_bytes, backend })
+        Ok(Export { name: name.to_owned(), description, read_only, data_path, chunking, backend })
     }
 
     pub fn caps(&self) -> Caps {

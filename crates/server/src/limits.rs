@@ -93,6 +93,41 @@ pub const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;
 /// The chunk number of a storage operation is a u16.
 pub const CHUNKS_PER_READ_MAX: usize = 256;
 
+// ---- pipelined reads, `--chunk auto` (conn/pace.rs) ---------------------------------
+
+/// Smallest chunk an automatic plan cuts. Below it each chunk's fixed cost (a storage
+/// request, a completion, a reply header, a send) is paid too often, and the O_DIRECT
+/// requests get too small for a disk's bandwidth; 128 KiB is still a whole number of
+/// O_DIRECT blocks and buffer-pool blocks.
+pub const CHUNK_AUTO_MIN_BYTES: usize = 128 * 1024;
+
+/// What one more chunk adds to a pipelined read's time: the storage request's own latency
+/// beyond its transfer, a completion and a send. From the 2-core VM's virtio disk, where
+/// four 1 MiB O_DIRECT reads one after another took about 25 µs more than one of 4 MiB
+/// (1,601 against 1,657 MB/s); the chunk rule weighs the pipeline's fill against it.
+pub const CHUNK_COST_NS: u64 = 30_000;
+
+/// Chunk reads of one request the storage works on at once under `--chunk auto`: two, so
+/// the next chunk is already being read while the worker takes a completion and submits
+/// the one after (a wake-up alone costs ~70 µs on the 2-core VM). More only queue inside
+/// the device, where they finish together and delay the first chunk.
+pub const CHUNK_WINDOW_COUNT: usize = 2;
+
+/// Rate assumed for both stages before a connection has measured anything: about a local
+/// NVMe disk's or the loopback network's, so a connection's first large reads are split as
+/// for a cold disk (4 MiB reads get 512 KiB chunks), and warm data is found out at once.
+pub const RATE_ASSUMED_BYTES_PER_SEC: f64 = 2e9;
+
+/// Smallest transfer that counts towards a rate: the time of a smaller one (a reply
+/// header, a 4 KiB read) is mostly the operation's latency, which says little about how
+/// fast a large read will stream.
+pub const RATE_SAMPLE_MIN_BYTES: usize = 64 * 1024;
+
+/// Bytes after which a rate sample counts half: four 4 MiB reads, so the estimates follow a
+/// change (data becoming cached, a link getting busy) within a few reads, and one odd read
+/// does not swing them.
+pub const RATE_HALF_LIFE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Buffered writes up to this size are copied into the page cache by the worker itself:
 /// cheaper than a round trip through io_uring's worker threads, where buffered writes run.
 pub const INLINE_WRITE_MAX_BYTES: usize = 64 * 1024;
@@ -170,6 +205,12 @@ const _: () = assert!(RECV_BUFFER_BYTES >= 2 * sluice_proto::wire::REQUEST_BYTES
 const _: () = assert!(BUSY_POLL_DEFAULT_US <= BUSY_POLL_MAX_US && BUSY_POLL_MIN_NS < 1000 * BUSY_POLL_MAX_US);
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES <= REQUEST_MAX_BYTES);
 const _: () = assert!(CHUNKS_PER_READ_MAX <= u16::MAX as usize + 1);
+const _: () = assert!(CHUNK_AUTO_MIN_BYTES.is_power_of_two() && CHUNK_AUTO_MIN_BYTES >= PAGE_BYTES);
+// The largest request in chunks of the smallest automatic size fits the chunk count.
+const _: () = assert!(REQUEST_MAX_BYTES / CHUNK_AUTO_MIN_BYTES <= CHUNKS_PER_READ_MAX);
+// Every automatic chunk read is large enough to be a rate sample.
+const _: () = assert!(RATE_SAMPLE_MIN_BYTES <= CHUNK_AUTO_MIN_BYTES);
+const _: () = assert!(CHUNK_WINDOW_COUNT >= 1 && CHUNK_WINDOW_COUNT <= CHUNKS_PER_READ_MAX);
 const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES.is_multiple_of(BLOCK_PREFERRED_BYTES));
 const _: () = assert!(PIPE_BYTES.is_multiple_of(PAGE_BYTES) && PIPE_BYTES >= SPLICE_MIN_BYTES);
 // A spliced read of the largest size fits the chunk count with pipe-sized chunks.

@@ -15,7 +15,7 @@ use sluice_proto::Session;
 use crate::admission::{Budget, Permit};
 use crate::busy_poll::BusyPoll;
 use crate::conn::{Conn, Env, Io, Shutdown};
-use crate::engine::{Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
+use crate::engine::{unacked_bytes, Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::Metrics;
@@ -244,9 +244,16 @@ impl Worker {
             }),
             Token::Send { conn, batch } => self.on_entry(conn, |e, s, id| match &mut e.tls {
                 Some(link) => link.on_send(&mut Wire { ring: s.ring, fd: e.fd.as_raw_fd(), id }, result, batch),
-                None => e.conn.handle_send(&mut s.env(), result, batch),
+                None => {
+                    // What the peer has yet to take shows the link's own rate (conn/pace.rs).
+                    e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
+                    e.conn.handle_send(&mut s.env(), result, batch)
+                }
             }),
-            Token::SpliceOut { conn, pipe } => self.on(conn, |c, env| c.handle_splice_out(env, result, pipe)),
+            Token::SpliceOut { conn, pipe } => self.on_entry(conn, |e, s, _| {
+                e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
+                e.conn.handle_splice_out(&mut s.env(), result, pipe)
+            }),
             Token::Storage { id: StorageId { conn, tag }, held } => {
                 self.on(conn, |c, env| c.handle_storage(env, tag, result, held))
             }

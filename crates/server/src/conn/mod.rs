@@ -8,7 +8,8 @@
 //! Requests run concurrently and are answered as they complete. Concerns, one file each:
 //! `intake` (framing, validation, slots), `execute` (commands other than READ, through the
 //! backend's emulation layer), `read` (reads split into chunks, each sent as soon as it is
-//! read), `reply` (the ordering rules for simple and structured replies), `send` (batches
+//! read), `pace` (storage and network rates, and the chunk size and window they call for),
+//! `reply` (the ordering rules for simple and structured replies), `send` (batches
 //! and splicing out), `slot` (taking, accounting and releasing a request's slot), `state`
 //! (the per-request data they share).
 
@@ -28,6 +29,7 @@ use crate::metrics::Metrics;
 
 mod execute;
 mod intake;
+mod pace;
 mod read;
 mod reply;
 mod send;
@@ -133,6 +135,10 @@ pub struct Conn {
     spare_vecs: Vec<Vec<u8>>,
     /// Scratch space reused across sends so the hot path does not allocate.
     finished_parts: Vec<Part>,
+    /// When the send or splice to the socket in flight was handed out, to time it.
+    sending_since: Option<Instant>,
+    /// Storage and network rates, which size automatic read chunks (pace.rs).
+    pace: pace::Pace,
 
     metrics: Arc<Metrics>,
     metrics_export: usize,
@@ -174,6 +180,8 @@ impl Conn {
             stream_waiters: VecDeque::new(),
             spare_vecs: Vec::new(),
             finished_parts: Vec::with_capacity(SEND_PARTS_MAX),
+            sending_since: None,
+            pace: pace::Pace::default(),
             metrics,
             metrics_export,
         }
@@ -231,6 +239,12 @@ impl Conn {
         self.answered();
         self.send_done(env, result, batch);
         self.pump_output(env);
+    }
+
+    /// What the socket held that its peer had not taken, when the send or splice about to
+    /// be handled completed; the driver says it where the kernel can tell.
+    pub fn socket_backlog(&mut self, unacked: Option<usize>) {
+        self.pace.socket_backlog(unacked);
     }
 
     pub fn handle_splice_out(&mut self, env: &mut Env, result: i32, pipe: Pipe) {

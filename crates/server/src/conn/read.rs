@@ -1,4 +1,5 @@
-//! The read pipeline: a read is split into chunks that are all submitted at once. With
+//! The read pipeline: a read is split into chunks, handed to the storage all at once (a
+//! fixed `--chunk`) or a window at a time (`--chunk auto`, sized by `pace`). With
 //! structured replies each chunk goes out as its own OFFSET_DATA chunk as soon as it is
 //! read, in whatever order the storage finishes; with simple replies (and DF reads) chunks
 //! go out in order, each as soon as it and all before it are read. Chunk data reaches the
@@ -13,6 +14,7 @@ use super::{Conn, Env};
 use crate::backend::StorageOp;
 use crate::engine::{Held, Part, BUFFER_ALIGN_BYTES};
 use crate::errors::errno_from_os;
+use crate::export::Chunking;
 use crate::limits::{CHUNKS_PER_READ_MAX, PAGE_BYTES, SPLICE_MIN_BYTES};
 
 /// Says once per process that pipes ran out, the one case where splice falls back to copy.
@@ -29,6 +31,8 @@ struct Plan {
     lo: u64,
     hi: u64,
     chunk: usize,
+    /// Chunk reads at the storage at once.
+    window: usize,
     splice: bool,
     /// Chunks read through the O_DIRECT descriptor.
     direct: bool,
@@ -66,15 +70,48 @@ impl Conn {
                 want: (c1.min(end) - first) as usize,
                 done: 0,
                 direct: plan.direct,
+                splice: plan.splice,
+                started: env.now,
                 buf: None,
                 pipe: None,
-                state: ChunkState::Reading,
+                state: ChunkState::Waiting,
             });
             at = c1;
         }
         assert!(chunks.len() <= CHUNKS_PER_READ_MAX, "chunk numbers are part of the operation id");
-        for c in chunks.iter_mut() {
-            if plan.splice {
+        let s = self.slot_mut(slot);
+        s.chunks_left = chunks.len() as u16;
+        s.submitted = 0;
+        s.window = plan.window.clamp(1, chunks.len()) as u16;
+        self.chunks[slot as usize] = chunks;
+        self.refill(env, slot);
+    }
+
+    /// Hands the storage a read's next chunks while fewer than its window are there. After
+    /// an error, or once the socket is gone, the chunks not yet handed out are given up.
+    fn refill(&mut self, env: &mut Env, slot: u16) {
+        let n = self.chunks[slot as usize].len() as u16;
+        if self.slot(slot).error.is_some() || self.is_broken() {
+            let s = self.slot_mut(slot);
+            let from = s.submitted as usize;
+            s.chunks_left -= n - s.submitted;
+            s.submitted = n;
+            for c in &mut self.chunks[slot as usize][from..] {
+                c.state = ChunkState::Gone;
+            }
+            return;
+        }
+        loop {
+            let s = self.slot_mut(slot);
+            let reading = s.submitted - (n - s.chunks_left);
+            if s.submitted == n || reading >= s.window {
+                return;
+            }
+            let i = s.submitted as usize;
+            s.submitted += 1;
+            let c = &mut self.chunks[slot as usize][i];
+            c.state = ChunkState::Reading;
+            if c.splice {
                 c.pipe = env.pipes.get();
                 if c.pipe.is_none() {
                     log_once_pipes_exhausted();
@@ -83,10 +120,6 @@ impl Conn {
             if c.pipe.is_none() {
                 c.buf = Some(env.pool.get(c.read_len));
             }
-        }
-        self.slot_mut(slot).chunks_left = chunks.len() as u16;
-        self.chunks[slot as usize] = chunks;
-        for i in 0..self.chunks[slot as usize].len() {
             self.submit_chunk(env, slot, i);
         }
     }
@@ -116,15 +149,27 @@ impl Conn {
             _ => (offset, end),
         };
         let span = (hi - lo) as usize;
-        let mut chunk = match self.export.chunk_bytes as usize {
-            _ if caps.instant => span,
-            0 => span,
-            c => c.max(span.div_ceil(CHUNKS_PER_READ_MAX)).next_multiple_of(BUFFER_ALIGN_BYTES),
+        // Fixed chunks are all read at once; automatic ones through the pace's window.
+        let (chunk, window) = match self.export.chunking {
+            _ if caps.instant => (span, 1),
+            Chunking::Off => (span, 1),
+            Chunking::Fixed(c) => (c as usize, CHUNKS_PER_READ_MAX),
+            Chunking::Auto => {
+                let cut = self.pace.cut(span);
+                (cut.chunk, cut.window)
+            }
         };
+        let mut chunk = chunk.max(span.div_ceil(CHUNKS_PER_READ_MAX)).next_multiple_of(BUFFER_ALIGN_BYTES);
         if splice {
             chunk = chunk.min(pipe_bytes);
         }
-        Plan { lo, hi, chunk, splice, direct: bounce || (splice && aligned) }
+        log::trace!(
+            "{}: read of {span} bytes in chunks of {chunk}, {window} at once (storage {:?} B/s, network {:?} B/s)",
+            self.peer,
+            self.pace.storage_rate().map(|r| r as u64),
+            self.pace.network_rate().map(|r| r as u64)
+        );
+        Plan { lo, hi, chunk, window, splice, direct: bounce || (splice && aligned) }
     }
 
     /// Submits (the rest of) one chunk's storage read.
@@ -137,6 +182,7 @@ impl Conn {
             (None, Some(buf)) => Held::Buf(buf),
             (None, None) => unreachable!("a chunk being read has a pipe or a buffer"),
         };
+        c.started = env.now;
         let op = StorageOp::Read { offset, len, into, at: c.done, direct: c.direct };
         self.submit(env, slot, i, op);
     }
@@ -154,6 +200,7 @@ impl Conn {
             0 if c.done < c.need() => Some(libc::EIO),
             n => {
                 c.done += n as usize;
+                self.pace.storage_done(c.started, env.now, n as usize);
                 None
             }
         };
@@ -184,6 +231,7 @@ impl Conn {
         } else if c.state == ChunkState::Reading {
             c.state = ChunkState::Ready;
         }
+        self.refill(env, slot);
         if self.is_broken() {
             return self.release_if_idle(env, slot);
         }
@@ -199,7 +247,7 @@ impl Conn {
         if let Some((code, offset)) = s.error {
             return self.read_failed(env, slot, code, offset, last);
         }
-        if self.export.chunk_bytes == 0 && !last {
+        if self.export.chunking == Chunking::Off && !last {
             // Unpipelined: the reply waits for the whole read.
             return;
         }

@@ -21,7 +21,7 @@ impl Conn {
             self.batch = Some(batch);
             let part = self.queue.pop_front().expect("checked above");
             self.mark_sending(env, &part);
-            return self.start_splice_out(part);
+            return self.start_splice_out(env, part);
         }
         while !batch.is_full() && !batch.ends_with_splice() {
             let Some(part) = self.queue.pop_front() else { break };
@@ -32,6 +32,7 @@ impl Conn {
             self.batch = Some(batch);
             return;
         }
+        self.sending_since = Some(env.now);
         self.emit(Io::Send { batch });
     }
 
@@ -42,11 +43,15 @@ impl Conn {
     }
 
     pub(super) fn send_done(&mut self, env: &mut Env, result: i32, mut batch: Box<SendBatch>) {
+        let since = self.sending_since.take();
         if result < 0 {
             let e = std::io::Error::from_raw_os_error(-result);
             batch.drain(|part| self.sent(env, part));
             self.batch = Some(batch);
             return self.fail(env, &format!("send failed: {e}"));
+        }
+        if let Some(since) = since {
+            self.pace.network_done(since, env.now, result as usize);
         }
         let mut finished = std::mem::take(&mut self.finished_parts);
         batch.consume(result as usize, |part| finished.push(part));
@@ -54,7 +59,7 @@ impl Conn {
             if part.pipe.is_some() && !self.is_broken() {
                 // The header is out; its data follows straight from the pipe.
                 debug_assert!(batch.is_empty(), "a spliced part ends its batch");
-                self.start_splice_out(part);
+                self.start_splice_out(env, part);
                 continue;
             }
             self.sent(env, part);
@@ -62,6 +67,7 @@ impl Conn {
         self.finished_parts = finished;
         if !batch.is_empty() {
             // A short send: the rest goes first, before anything newer.
+            self.sending_since = Some(env.now);
             return self.emit(Io::Send { batch });
         }
         self.batch = Some(batch);
@@ -75,15 +81,17 @@ impl Conn {
         }
     }
 
-    fn start_splice_out(&mut self, mut part: Part) {
+    fn start_splice_out(&mut self, env: &Env, mut part: Part) {
         let pipe = part.pipe.take().expect("a spliced part has its pipe");
         let len = part.pipe_left;
         self.splicing = Some(part);
+        self.sending_since = Some(env.now);
         self.emit(Io::SpliceOut { pipe, len });
     }
 
     pub(super) fn splice_out_done(&mut self, env: &mut Env, result: i32, pipe: Pipe) {
         let mut part = self.splicing.take().expect("a splice completion has its part");
+        let since = self.sending_since.take();
         if self.is_broken() {
             drop(pipe);
             return self.sent(env, part);
@@ -97,10 +105,13 @@ impl Conn {
             self.sent(env, part);
             return self.fail(env, &format!("splice to the socket failed: {why}"));
         }
+        if let Some(since) = since {
+            self.pace.network_done(since, env.now, result as usize);
+        }
         part.pipe_left -= result as usize;
         if part.pipe_left > 0 {
             part.pipe = Some(pipe);
-            return self.start_splice_out(part);
+            return self.start_splice_out(env, part);
         }
         // Drained: the pipe can carry another chunk.
         env.pipes.put(pipe);

@@ -27,9 +27,12 @@ pub(super) struct Slot {
     pub(super) ops: u16,
     pub(super) parts: u16,
     pub(super) final_queued: bool,
-    /// Reads: chunks still being read, the next chunk to send in order (contiguous
-    /// replies), and the first storage error (OS errno, file offset).
+    /// Reads: chunks not yet read, chunks handed to the storage so far, how many may be
+    /// at the storage at once, the next chunk to send in order (contiguous replies), and
+    /// the first storage error (OS errno, file offset).
     pub(super) chunks_left: u16,
+    pub(super) submitted: u16,
+    pub(super) window: u16,
     pub(super) next_in_order: u16,
     pub(super) error: Option<(i32, u64)>,
     /// A read that went to storage and counts in `reads_in_flight`.
@@ -53,6 +56,8 @@ impl Slot {
             parts: 0,
             final_queued: false,
             chunks_left: 0,
+            submitted: 0,
+            window: 0,
             next_in_order: 0,
             error: None,
             storage_read: false,
@@ -103,6 +108,8 @@ impl Times {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum ChunkState {
+    /// Not yet handed to the storage: the read's window is full.
+    Waiting,
     Reading,
     Ready,
     /// Queued for sending, or dropped after an error.
@@ -120,6 +127,10 @@ pub(super) struct Chunk {
     pub(super) want: usize,
     pub(super) done: usize,
     pub(super) direct: bool,
+    /// Read into a pipe, if one is free when the chunk is handed to the storage.
+    pub(super) splice: bool,
+    /// When its storage read (or the rest of it, after a short read) was handed out.
+    pub(super) started: Instant,
     pub(super) buf: Option<Buf>,
     pub(super) pipe: Option<Pipe>,
     pub(super) state: ChunkState,

@@ -1,9 +1,10 @@
 //! Unit tests of the core's concerns, each driven by hand without a socket: framing
 //! (intake), refused requests (intake, reply), out-of-order chunks (read, reply), the
-//! contiguous order of simple replies (reply), and DISC (lifecycle).
+//! contiguous order of simple replies (reply), DISC (lifecycle), and automatic chunks read
+//! through a window and sized by the rates the core measured (read, pace).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_proto::wire::*;
 use sluice_proto::{RawRequest, Session};
@@ -12,18 +13,20 @@ use super::{Conn, Env, Io};
 use crate::admission::Budget;
 use crate::backend::{Backend, Caps, Outcome, StorageOp};
 use crate::engine::{Buf, Held, Pipes, Pool, Ring, StorageId, Tag};
-use crate::export::{DataPath, Export};
-use crate::limits::Limits;
+use crate::export::{Chunking, DataPath, Export};
+use crate::limits::{Limits, CHUNK_AUTO_MIN_BYTES, CHUNK_WINDOW_COUNT};
 use crate::metrics::Metrics;
 
 struct Later;
+
+const SIZE: u64 = 16 << 20;
 
 impl Backend for Later {
     fn kind(&self) -> &'static str {
         "later"
     }
     fn size(&self) -> u64 {
-        1 << 20
+        SIZE
     }
     fn caps(&self) -> Caps {
         Caps { trim: true, zero: true, fua: true, ..Caps::default() }
@@ -42,31 +45,41 @@ struct Rig {
     storage: Vec<(Tag, StorageOp)>,
     wire: Vec<u8>,
     shut_read: bool,
+    /// The core's clock: tests move it to stand for time spent in storage and on the wire.
+    now: Instant,
+    /// Sends take their bytes at this rate (bytes per second); None: at once.
+    network: Option<f64>,
 }
 
 impl Rig {
     fn new(structured: bool) -> Rig {
+        Rig::chunked(structured, Chunking::Fixed(4096))
+    }
+
+    fn chunked(structured: bool, chunking: Chunking) -> Rig {
         let export = Export {
             name: String::new(),
             description: None,
             read_only: false,
             data_path: DataPath::Copy,
-            chunk_bytes: 4096,
+            chunking,
             backend: Box::new(Later),
         };
         let flags = export.flags() | FLAG_SEND_DF;
-        let session = Session { size: 1 << 20, flags, structured, base_allocation: None, payload_max_bytes: 1 << 20 };
+        let session = Session { size: SIZE, flags, structured, base_allocation: None, payload_max_bytes: 32 << 20 };
         let metrics = Metrics::new(&[String::new()]);
         let conn = Conn::new("test".into(), Arc::new(export), session, Limits::default(), metrics);
         let mut rig = Rig {
             conn,
-            pool: Pool::new(4 << 20, 1 << 20).unwrap(),
+            pool: Pool::new(8 << 20, 4 << 20).unwrap(),
             pipes: Pipes::new(0, 0),
             budget: Budget::new(64 << 20),
             recv: None,
             storage: Vec::new(),
             wire: Vec::new(),
             shut_read: false,
+            now: Instant::now(),
+            network: None,
         };
         rig.with(|c, env| c.resume(env));
         rig
@@ -74,7 +87,7 @@ impl Rig {
 
     /// Runs an event, then carries out sends at once (whole) and keeps the rest pending.
     fn with(&mut self, event: impl FnOnce(&mut Conn, &mut Env)) {
-        let mut env = Env { now: Instant::now(), pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget };
+        let mut env = Env { now: self.now, pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget };
         event(&mut self.conn, &mut env);
         while let Some(io) = self.conn.poll_io() {
             match io {
@@ -82,6 +95,9 @@ impl Rig {
                 Io::Send { batch } => {
                     let n = batch.pending_bytes();
                     batch.copy_out(n, &mut self.wire);
+                    if let Some(rate) = self.network {
+                        env.now += Duration::from_secs_f64(n as f64 / rate);
+                    }
                     self.conn.handle_send(&mut env, n as i32, batch);
                 }
                 Io::Storage { tag, op } => self.storage.push((tag, op)),
@@ -89,6 +105,7 @@ impl Rig {
                 Io::Shutdown(_) | Io::SpliceOut { .. } | Io::AwaitBudget => panic!("not expected here"),
             }
         }
+        self.now = env.now;
     }
 
     fn deliver(&mut self, bytes: &[u8]) {
@@ -137,7 +154,7 @@ fn a_header_split_across_receives_is_one_request() {
 #[test]
 fn a_refused_write_is_answered_only_after_its_payload_is_dropped() {
     let mut rig = Rig::new(false);
-    let mut bytes = request(CMD_WRITE, 0, 1, (1 << 20) - 512, 4096).to_vec();
+    let mut bytes = request(CMD_WRITE, 0, 1, SIZE - 512, 4096).to_vec();
     bytes.extend_from_slice(&[9; 4096]);
     bytes.extend_from_slice(&request(CMD_FLUSH, 0, 2, 0, 0));
     rig.deliver(&bytes[..1000]);
@@ -235,4 +252,127 @@ fn replies_finished_at_once_leave_in_one_send() {
     }
     assert_eq!(sends.len(), 1, "one send for the three replies");
     assert_eq!(sends[0].pending_bytes(), 3 * SIMPLE_REPLY_BYTES);
+}
+
+/// The byte every offset of the rig's storage holds, in the tests that read it back.
+fn pattern(offset: u64) -> u8 {
+    (offset % 251) as u8 + 1
+}
+
+impl Rig {
+    /// Completes a pending read with the pattern bytes, after `took` of storage time.
+    fn read_done(&mut self, tag: Tag, took: Duration) {
+        let i = self.storage.iter().position(|(t, _)| *t == tag).expect("such an operation is pending");
+        let (_, op) = self.storage.remove(i);
+        let StorageOp::Read { offset, len, into: Held::Buf(mut buf), at, .. } = op else { panic!("not a read into a buffer") };
+        for (k, b) in buf.as_mut_slice()[at..at + len].iter_mut().enumerate() {
+            *b = pattern(offset + k as u64);
+        }
+        self.now += took;
+        self.with(|c, env| c.handle_storage(env, tag, len as i32, Held::Buf(buf)));
+    }
+
+    /// Chunk reads of a slot at the storage now.
+    fn reads_of(&self, slot: u16) -> usize {
+        self.storage.iter().filter(|(t, op)| t.slot == slot && matches!(op, StorageOp::Read { .. })).count()
+    }
+
+    /// Reads `len` bytes at 0, completing chunk reads oldest first, each taking its length
+    /// at `storage` bytes per second (None: at once); returns the chunk reads' lengths.
+    fn read_through(&mut self, handle: u64, len: u32, storage: Option<f64>) -> Vec<usize> {
+        self.wire.clear();
+        self.deliver(&request(CMD_READ, 0, handle, 0, len));
+        let mut lens = Vec::new();
+        while let Some((tag, StorageOp::Read { len, .. })) = self.storage.first() {
+            let (tag, len) = (*tag, *len);
+            lens.push(len);
+            self.read_done(tag, storage.map_or(Duration::ZERO, |r| Duration::from_secs_f64(len as f64 / r)));
+        }
+        let (data, _, error) = reassemble(&self.wire, true, 0, len as usize);
+        assert!(!error && data.iter().enumerate().all(|(i, &b)| b == pattern(i as u64)), "read {handle} differs");
+        lens
+    }
+}
+
+/// One read's reply on the wire: its data placed by offset, the number of data pieces, and
+/// whether it ended in an error.
+fn reassemble(wire: &[u8], structured: bool, offset: u64, len: usize) -> (Vec<u8>, usize, bool) {
+    if !structured {
+        let (error, _) = sluice_proto::client::decode_simple(wire[4..SIMPLE_REPLY_BYTES].try_into().unwrap());
+        return (wire[SIMPLE_REPLY_BYTES..SIMPLE_REPLY_BYTES + len].to_vec(), 1, error != 0);
+    }
+    let (mut data, mut pieces, mut error, mut at) = (vec![0u8; len], 0, false, 0);
+    while at < wire.len() {
+        let h = sluice_proto::client::ChunkHeader::decode(wire[at + 4..at + CHUNK_HEADER_BYTES].try_into().unwrap());
+        let payload = &wire[at + CHUNK_HEADER_BYTES..at + CHUNK_HEADER_BYTES + h.len as usize];
+        if h.kind == REPLY_TYPE_OFFSET_DATA {
+            let from = (u64::from_be_bytes(payload[..8].try_into().unwrap()) - offset) as usize;
+            data[from..from + payload.len() - 8].copy_from_slice(&payload[8..]);
+            pieces += 1;
+        }
+        error |= h.is_error();
+        at += CHUNK_HEADER_BYTES + h.len as usize;
+        assert_eq!(h.done(), at == wire.len(), "DONE on the last chunk, and only there");
+    }
+    (data, pieces, error)
+}
+
+#[test]
+fn auto_reads_keep_at_most_a_window_of_chunks_at_the_storage() {
+    for (structured, flags) in [(false, 0), (true, 0), (true, CMD_FLAG_DF)] {
+        let mut rig = Rig::chunked(structured, Chunking::Auto);
+        let (offset, len) = (12345, 4 << 20);
+        rig.deliver(&request(CMD_READ, flags, 9, offset, len as u32));
+        let slot = rig.storage[0].0.slot;
+        let (mut reads, mut most) = (0, 0);
+        while !rig.storage.is_empty() {
+            most = most.max(rig.reads_of(slot));
+            // The newest, then the oldest: chunks come back out of order.
+            let t = rig.storage[if reads % 2 == 0 { rig.storage.len() - 1 } else { 0 }].0;
+            rig.read_done(t, Duration::from_micros(200));
+            reads += 1;
+        }
+        let mode = format!("structured {structured}, flags {flags}");
+        assert_eq!(most, CHUNK_WINDOW_COUNT, "{mode}: chunk reads at the storage at once");
+        assert!(reads > CHUNK_WINDOW_COUNT, "{mode}: the read was cut into only {reads} chunks");
+        let (data, pieces, error) = reassemble(&rig.wire, structured, offset, len);
+        assert!(!error, "{mode}");
+        assert!(data.iter().enumerate().all(|(i, &b)| b == pattern(offset + i as u64)), "{mode}: the data differs");
+        assert_eq!(pieces, if structured && flags == 0 { reads } else { 1 }, "{mode}");
+    }
+}
+
+#[test]
+fn a_failed_chunk_gives_up_the_chunks_not_yet_read() {
+    let mut rig = Rig::chunked(true, Chunking::Auto);
+    rig.deliver(&request(CMD_READ, 0, 4, 0, 4 << 20));
+    let slot = rig.storage[0].0.slot;
+    assert_eq!(rig.reads_of(slot), CHUNK_WINDOW_COUNT);
+    let (first, op) = rig.storage.remove(0);
+    let StorageOp::Read { into, .. } = op else { panic!("not a read") };
+    rig.with(|c, env| c.handle_storage(env, first, -libc::EIO, into));
+    assert_eq!(rig.reads_of(slot), CHUNK_WINDOW_COUNT - 1, "nothing more is read after the error");
+    while let Some(&(t, _)) = rig.storage.first() {
+        rig.read_done(t, Duration::ZERO);
+    }
+    let (_, pieces, error) = reassemble(&rig.wire, true, 0, 4 << 20);
+    assert!(error && pieces == 0, "the reply is the error alone");
+    rig.deliver(&request(CMD_DISC, 0, 5, 0, 0));
+    assert!(rig.conn.is_done(), "every chunk is accounted for, so the read's slot was freed");
+}
+
+#[test]
+fn auto_chunks_follow_the_measured_rates() {
+    // Reads and sends that complete at once.
+    let mut rig = Rig::chunked(true, Chunking::Auto);
+    let first = rig.read_through(1, 4 << 20, None);
+    assert!(first.len() > 1, "before anything is measured, 4 MiB reads are split: {first:?}");
+    assert_eq!(rig.read_through(2, 4 << 20, None), [4 << 20], "what completes at once is read whole");
+    // Cold: a disk and a network of 200 MB/s; smaller chunks than the first read's.
+    let mut rig = Rig::chunked(true, Chunking::Auto);
+    rig.network = Some(200e6);
+    rig.read_through(1, 4 << 20, Some(200e6));
+    let cold = rig.read_through(2, 4 << 20, Some(200e6));
+    assert!(cold.len() > first.len(), "{} chunks cold, {} at first", cold.len(), first.len());
+    assert!(cold.iter().all(|&c| c == CHUNK_AUTO_MIN_BYTES), "{cold:?}");
 }

@@ -11,6 +11,7 @@ mod op;
 mod pipe;
 mod ring;
 mod send;
+mod socket;
 
 pub use buffer::{Buf, Pool, BUFFER_ALIGN_BYTES};
 pub use mailbox::{Completer, Payload};
@@ -18,3 +19,4 @@ pub use op::{Completion, ConnId, Held, StorageId, Tag, Token};
 pub use pipe::{fully_cached, splice_now, Pipe, Pipes};
 pub use ring::Ring;
 pub use send::{Part, SendBatch};
+pub use socket::unacked_bytes;

@@ -22,8 +22,8 @@ use crate::admission::Budget;
 use crate::backend::{Backend, Caps, Outcome, StorageOp};
 use crate::conn::{Conn, Env, Io, Shutdown};
 use crate::engine::{Buf, Pipe, Pipes, Pool, Ring, SendBatch, StorageId, Tag};
-use crate::export::{DataPath, Export};
-use crate::limits::{Limits, PIPE_BYTES};
+use crate::export::{Chunking, DataPath, Export};
+use crate::limits::{Limits, CHUNK_WINDOW_COUNT, PIPE_BYTES};
 use crate::metrics::Metrics;
 use client::{Checker, Sent};
 pub use sluice_proto::rng::Rng;
@@ -67,6 +67,8 @@ struct World {
     budget: Budget,
     size: u64,
     direct_align: Option<usize>,
+    /// Chunk reads of one request the storage may hold at once (automatic chunking).
+    window: Option<usize>,
     input: Vec<u8>,
     delivered: usize,
     sent: HashMap<u64, Sent>,
@@ -116,6 +118,7 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
         budget: Budget::new(limits.inflight_bytes_per_worker),
         size: SIZE_BYTES,
         direct_align: export.direct_align(),
+        window: (export.chunking == Chunking::Auto).then_some(CHUNK_WINDOW_COUNT),
         input,
         delivered: 0,
         sent,
@@ -146,6 +149,16 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
     world.finish(steps)
 }
 
+/// Every way of cutting reads; `Auto` twice, as the default.
+const CHUNKINGS: [Chunking; 6] = [
+    Chunking::Off,
+    Chunking::Fixed(4096),
+    Chunking::Fixed(64 << 10),
+    Chunking::Fixed(1 << 20),
+    Chunking::Auto,
+    Chunking::Auto,
+];
+
 fn random_export(rng: &mut Rng) -> Export {
     let data_path = [DataPath::Copy, DataPath::Splice, DataPath::Direct, DataPath::SpliceDirect][rng.below(4) as usize];
     let caps = Caps {
@@ -165,7 +178,7 @@ fn random_export(rng: &mut Rng) -> Export {
         description: None,
         read_only: false,
         data_path,
-        chunk_bytes: [0, 4096, 64 << 10, 1 << 20][rng.below(4) as usize],
+        chunking: CHUNKINGS[rng.below(CHUNKINGS.len() as u64) as usize],
         backend: Box::new(Simulated { size: SIZE_BYTES, caps }),
     }
 }
@@ -186,6 +199,7 @@ impl World {
                 Io::SpliceOut { pipe, len } if self.send.is_none() && self.splice.is_none() => self.splice = Some((pipe, len)),
                 Io::Storage { tag, op } => {
                     storage::check_op(&op, self.size, self.direct_align)?;
+                    self.check_window(tag, &op)?;
                     if self.rng.below(3) == 0 {
                         // Finished at once, as a backend may: the reply waits for the flush.
                         let (outcome, read_failed) = storage::carry_out(op, &mut self.rng)?;
@@ -211,6 +225,17 @@ impl World {
             self.awaiting_budget = false;
             conn.resume(&mut self.env());
             return self.collect(conn);
+        }
+        Ok(())
+    }
+
+    /// With automatic chunking, a read's chunks reach the storage a window at a time.
+    fn check_window(&self, tag: Tag, op: &StorageOp) -> Result<(), String> {
+        let Some(window) = self.window.filter(|_| matches!(op, StorageOp::Read { .. })) else { return Ok(()) };
+        let same = |(t, op): &&(Tag, StorageOp)| t.slot == tag.slot && matches!(op, StorageOp::Read { .. });
+        let reading = self.storage.iter().filter(same).count();
+        if reading >= window {
+            return Err(format!("slot {}: a chunk read beyond the window of {window}", tag.slot));
         }
         Ok(())
     }
