@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 # serve options the benchmarks vary; a binary without one gets the variants that need it skipped
-OPTIONAL_FLAGS = ("--data-path", "--chunk", "--metrics")
+OPTIONAL_FLAGS = ("--data-path", "--chunk", "--metrics", "--busy-poll")
 # --data-path values, in table order; splice-direct only where the help text names it
 DATA_PATHS = ("copy", "direct", "splice")
 LATER_DATA_PATHS = ("splice-direct",)

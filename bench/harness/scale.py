@@ -29,7 +29,7 @@ PIN_MIN_CORES = 4
 NBDKIT_DEFAULT_THREADS = 16
 
 # One color per server family; the shade darkens as threads grow; ceilings are dashed.
-FAMILY_COLORS = {"sluice": "#2ca02c", "nbdkit": "#1f77b4",
+FAMILY_COLORS = {"sluice": "#2ca02c", "sluice --busy-poll 0": "#d62728", "nbdkit": "#1f77b4",
                  "null (sluice)": "#bcbd22", "null (nbdkit)": "#7f7f7f"}
 CEILING_DASH = "7 4"
 
@@ -51,7 +51,7 @@ class Placement:
 @dataclass
 class Series:
     """One server at one thread count: a line in the charts, a row in the tables."""
-    family: str                 # sluice, nbdkit, null (sluice), null (nbdkit)
+    family: str                 # sluice, sluice --busy-poll 0, nbdkit, null (sluice), null (nbdkit)
     threads: Optional[int]      # None: the server's default
     server: servers.Server
     reads_image: bool           # serves the image (warm the page cache first)
@@ -100,6 +100,10 @@ def thread_counts(cores: int, quick: bool) -> list:
 def lineup(ctx: Context, counts: list, place: Placement) -> list:
     size = ctx.image_size
     out = [Series("sluice", t, servers.sluice(ctx.binary, threads=t), True) for t in counts]
+    if "--busy-poll" in ctx.features:
+        # The default spins before sleeping; this row shows what that buys, at each count.
+        out += [Series("sluice --busy-poll 0", t, servers.sluice(ctx.binary, threads=t, busy_poll=0), True)
+                for t in counts]
     nbdkit_counts = counts + ([] if NBDKIT_DEFAULT_THREADS in counts else [None])
     if ctx.have("nbdkit"):
         out += [Series("nbdkit", t, servers.nbdkit_file(False, ctx.nbdkit_cache_none, threads=t),
