@@ -3,9 +3,11 @@
 //! halted vCPU): at one request in flight that is most of the request's time. Spinning a
 //! little catches the next request without it; spinning when nothing comes burns a CPU the
 //! node's own jobs could use. So the budget adapts: it stays at its maximum while spins
-//! catch work or sleeps turn out short (traffic is dense), halves after each spin that
-//! caught nothing before a long sleep, and reaches zero when traffic stops, so a server at
-//! rest spins once, for at most the maximum, and then sleeps until something arrives.
+//! catch work or idle gaps (spin and sleep together) are no longer than the maximum, so
+//! traffic is dense; it halves after each longer gap, which a spin could not have caught
+//! (a disk read that takes longer than the spin, a client that pauses), and reaches zero
+//! when traffic stops, so a server at rest spins once, for at most the maximum, and then
+//! sleeps until something arrives.
 
 use std::time::Duration;
 
@@ -32,11 +34,11 @@ impl BusyPoll {
         self.budget = self.max;
     }
 
-    /// The worker slept for `slept` after spinning (or not) for the budget. A sleep no
-    /// longer than the maximum spin means requests come close together: spin in full. A
-    /// longer one means the spin was wasted: halve it.
-    pub fn slept(&mut self, slept: Duration) {
-        if slept <= self.max {
+    /// The spin caught nothing, and the worker was idle for `gap` in all, spinning and
+    /// sleeping. A gap no longer than the maximum spin means work comes close together:
+    /// spin in full. A longer one could not have been caught: halve the spin.
+    pub fn slept(&mut self, gap: Duration) {
+        if gap <= self.max {
             self.budget = self.max;
         } else {
             self.budget /= 2;
@@ -83,6 +85,18 @@ mod tests {
         assert!(spun < 2 * 64 * US, "the spins wasted on the way down add up to under twice the maximum: {spun:?}");
         p.slept(10 * US);
         assert_eq!(p.budget(), 64 * US, "dense traffic again: spin in full");
+    }
+
+    #[test]
+    fn gaps_a_little_longer_than_the_spin_wind_it_down() {
+        // One cold disk read at a time, 80 µs each: a 50 µs spin never catches it.
+        let mut p = BusyPoll::new(50 * US);
+        for _ in 0..8 {
+            p.slept(80 * US);
+        }
+        assert_eq!(p.budget(), Duration::ZERO);
+        p.slept(80 * US);
+        assert_eq!(p.budget(), Duration::ZERO, "and it stays off while the gaps stay long");
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub fn spawn(
             Err(e) => return drop(ready_tx.send(Err(e))),
         };
         let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics);
-        worker.busy_poll = BusyPoll::new(placement.busy_poll);
+        worker.busy_poll = [BusyPoll::new(placement.busy_poll), BusyPoll::new(placement.busy_poll)];
         let _ = ready_tx.send(Ok(()));
         if let Err(e) = worker.run() {
             log::error!("worker {id} stopped: {e}");
@@ -152,7 +152,10 @@ struct Worker {
     free: Vec<u32>,
     live: usize,
     metrics: Arc<Metrics>,
-    busy_poll: BusyPoll,
+    /// How long to spin, apart for waits on the worker's clients and on its storage: the
+    /// two take different times (a cold disk read outlasts any useful spin; a client's next
+    /// request often does not), and one budget would swing between them.
+    busy_poll: [BusyPoll; 2],
 }
 
 impl Worker {
@@ -184,7 +187,7 @@ impl Worker {
             free: Vec::new(),
             live: 0,
             metrics,
-            busy_poll: BusyPoll::new(Duration::ZERO),
+            busy_poll: [BusyPoll::new(Duration::ZERO), BusyPoll::new(Duration::ZERO)],
         }
     }
 
@@ -219,14 +222,15 @@ impl Worker {
     /// Spins for the busy-poll budget, then sleeps until something completes, and adapts
     /// the budget to what happened.
     fn wait(&mut self, completions: &mut Vec<Completion>, timeout: Option<Duration>) -> std::io::Result<()> {
-        let budget = self.busy_poll.budget();
+        let poll = &mut self.busy_poll[usize::from(self.ring.storage_in_flight() > 0)];
+        let budget = poll.budget();
+        let idle = Instant::now();
         if !budget.is_zero() && timeout.is_none() && self.ring.spin(budget)? {
-            self.busy_poll.caught();
+            poll.caught();
             return self.ring.wait(completions, None);
         }
-        let asleep = Instant::now();
         self.ring.wait(completions, timeout)?;
-        self.busy_poll.slept(asleep.elapsed());
+        poll.slept(idle.elapsed());
         Ok(())
     }
 

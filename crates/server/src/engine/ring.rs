@@ -24,6 +24,8 @@ pub struct Ring {
     uring: IoUring,
     ops: Vec<Option<Token>>,
     free_ops: Vec<u32>,
+    /// Storage operations the kernel holds (a subset of `ops`).
+    storage: usize,
     /// The pool region registered as fixed buffer 0, when registration succeeded.
     registered: bool,
     cqes: Vec<cqueue::Entry>,
@@ -48,7 +50,7 @@ impl Ring {
             Ok(u) => u,
             Err(_) => IoUring::builder().setup_clamp().build(entries)?,
         };
-        Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), registered: false, cqes: Vec::new(), mailbox: Mailbox::new() })
+        Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), storage: 0, registered: false, cqes: Vec::new(), mailbox: Mailbox::new() })
     }
 
     /// Registers the pool's region as fixed buffer 0. Failure (for example a small
@@ -66,6 +68,12 @@ impl Ring {
     /// Operations the kernel holds.
     pub fn in_flight(&self) -> usize {
         self.ops.len() - self.free_ops.len()
+    }
+
+    /// Storage operations in flight, on the ring or parked: what a worker waits for when
+    /// there are any, rather than its clients.
+    pub fn storage_in_flight(&self) -> usize {
+        self.storage + self.mailbox.parked()
     }
 
     /// Operations parked by `defer` and not yet completed.
@@ -239,10 +247,16 @@ impl Ring {
         let id = cqe.user_data() as u32;
         let token = self.ops[id as usize].take().expect("the kernel completes each submitted operation once");
         self.free_ops.push(id);
+        if matches!(token, Token::Storage { .. }) {
+            self.storage -= 1;
+        }
         Completion { token, result: cqe.result() }
     }
 
     fn push(&mut self, sqe: squeue::Entry, op: Token) {
+        if matches!(op, Token::Storage { .. }) {
+            self.storage += 1;
+        }
         let id = match self.free_ops.pop() {
             Some(id) => {
                 self.ops[id as usize] = Some(op);
