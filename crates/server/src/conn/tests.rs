@@ -17,7 +17,10 @@ use crate::export::{Chunking, DataPath, Export};
 use crate::limits::{Limits, CHUNK_AUTO_MIN_BYTES, CHUNK_WINDOW_COUNT};
 use crate::metrics::Metrics;
 
-struct Later;
+/// Storage whose operations the tests complete by hand; `splice` says it can fill pipes.
+struct Later {
+    splice: bool,
+}
 
 const SIZE: u64 = 16 << 20;
 
@@ -29,7 +32,7 @@ impl Backend for Later {
         SIZE
     }
     fn caps(&self) -> Caps {
-        Caps { trim: true, zero: true, fua: true, ..Caps::default() }
+        Caps { trim: true, zero: true, fua: true, splice: self.splice, ..Caps::default() }
     }
     fn start(&self, _: StorageOp, _: StorageId, _: &mut Ring) -> Option<Outcome> {
         unreachable!("these tests complete operations by hand")
@@ -57,13 +60,17 @@ impl Rig {
     }
 
     fn chunked(structured: bool, chunking: Chunking) -> Rig {
+        Rig::build(structured, chunking, DataPath::Copy, Pipes::new(0, 0))
+    }
+
+    fn build(structured: bool, chunking: Chunking, data_path: DataPath, pipes: Pipes) -> Rig {
         let export = Export {
             name: String::new(),
             description: None,
             read_only: false,
-            data_path: DataPath::Copy,
+            data_path,
             chunking,
-            backend: Box::new(Later),
+            backend: Box::new(Later { splice: data_path.uses_splice() }),
         };
         let flags = export.flags() | FLAG_SEND_DF;
         let session = Session { size: SIZE, flags, structured, base_allocation: None, payload_max_bytes: 32 << 20 };
@@ -72,7 +79,7 @@ impl Rig {
         let mut rig = Rig {
             conn,
             pool: Pool::new(8 << 20, 4 << 20).unwrap(),
-            pipes: Pipes::new(0, 0),
+            pipes,
             budget: Budget::new(64 << 20),
             recv: None,
             storage: Vec::new(),
@@ -375,4 +382,22 @@ fn auto_chunks_follow_the_measured_rates() {
     let cold = rig.read_through(2, 4 << 20, Some(200e6));
     assert!(cold.len() > first.len(), "{} chunks cold, {} at first", cold.len(), first.len());
     assert!(cold.iter().all(|&c| c == CHUNK_AUTO_MIN_BYTES), "{cold:?}");
+}
+
+#[test]
+fn small_reads_on_a_splice_export_are_copied_without_a_pipe() {
+    let mut rig = Rig::build(true, Chunking::Fixed(1 << 20), DataPath::Splice, Pipes::new(4, 1 << 20));
+    if rig.pipes.bytes() < 1 << 20 {
+        eprintln!("SKIP: this system grants no 1 MiB pipes");
+        return;
+    }
+    rig.deliver(&request(CMD_READ, 0, 1, 0, 4096));
+    assert!(matches!(rig.storage[..], [(_, StorageOp::Read { into: Held::Buf(_), .. })]), "a 4 KiB read goes to a buffer");
+    assert_eq!(rig.pipes.in_use(), 0, "and takes no pipe");
+    let t = rig.storage[0].0;
+    rig.complete(t, 7);
+    assert_eq!(rig.pipes.in_use(), 0);
+    // The control: a lone large read on the same export is spliced.
+    rig.deliver(&request(CMD_READ, 0, 2, 0, 1 << 20));
+    assert!(matches!(rig.storage[..], [(_, StorageOp::Read { into: Held::Pipe(_), .. })]), "a lone 1 MiB read fills a pipe");
 }
