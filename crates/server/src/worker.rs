@@ -250,12 +250,16 @@ impl Worker {
                 Some(link) => link.on_send(&mut Wire { ring: s.ring, fd: e.fd.as_raw_fd(), id }, result, batch),
                 None => {
                     // What the peer has yet to take shows the link's own rate (conn/pace.rs).
-                    e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
+                    if e.conn.wants_socket_backlog(result) {
+                        e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
+                    }
                     e.conn.handle_send(&mut s.env(), result, batch)
                 }
             }),
             Token::SpliceOut { conn, pipe } => self.on_entry(conn, |e, s, _| {
-                e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
+                if e.conn.wants_socket_backlog(result) {
+                    e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
+                }
                 e.conn.handle_splice_out(&mut s.env(), result, pipe)
             }),
             Token::Storage { id: StorageId { conn, tag }, held } => {

@@ -23,7 +23,7 @@ use sluice_proto::Session;
 use crate::admission::Budget;
 use crate::backend::{Caps, StorageOp};
 use crate::engine::{Buf, Held, Part, Pipe, Pipes, Pool, SendBatch, Tag};
-use crate::export::Export;
+use crate::export::{Chunking, Export};
 use crate::limits::{Limits, RECV_BUFFER_BYTES, SEND_PARTS_MAX};
 use crate::metrics::Metrics;
 
@@ -239,6 +239,13 @@ impl Conn {
         self.answered();
         self.send_done(env, result, batch);
         self.pump_output(env);
+    }
+
+    /// Whether the driver should tell `socket_backlog` before handing over a send or
+    /// splice completion that moved `sent` bytes: only automatic chunking uses the network
+    /// rate, and only sends large enough to measure it.
+    pub fn wants_socket_backlog(&self, sent: i32) -> bool {
+        self.export.chunking == Chunking::Auto && self.pace.wants_backlog(sent)
     }
 
     /// What the socket held that its peer had not taken, when the send or splice about to

@@ -87,6 +87,13 @@ impl Pace {
         self.storage_last = Some(now);
     }
 
+    /// Whether the socket's backlog matters to the completion of a send that moved `sent`
+    /// bytes: it does for a sample big enough to count, and while a backlogged interval is
+    /// being measured. Asking costs the driver a system call, so small replies do not.
+    pub(super) fn wants_backlog(&self, sent: i32) -> bool {
+        sent >= RATE_SAMPLE_MIN_BYTES as i32 || self.taken_mark.is_some()
+    }
+
     /// The socket's backlog at the completion `network_done` is about to be told of.
     pub(super) fn socket_backlog(&mut self, unacked: Option<usize>) {
         self.backlog = unacked;
@@ -208,6 +215,18 @@ mod tests {
         }
         let r = p.network_rate().unwrap();
         assert!(r > 1.5e9, "{r}");
+    }
+
+    #[test]
+    fn the_backlog_is_asked_for_only_where_it_is_used() {
+        let mut p = Pace::default();
+        let t = Instant::now();
+        assert!(!p.wants_backlog(4096), "a small reply costs no system call");
+        assert!(p.wants_backlog(RATE_SAMPLE_MIN_BYTES as i32));
+        // A backlogged interval has started: every completion counts toward it.
+        p.socket_backlog(Some(1 << 20));
+        p.network_done(t, t + Duration::from_micros(100), 1 << 20);
+        assert!(p.wants_backlog(16));
     }
 
     #[test]
