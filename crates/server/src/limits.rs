@@ -32,9 +32,15 @@ pub const CONNECTIONS_DEFAULT: usize = 1024;
 /// Time a client has to finish the handshake before it is dropped.
 pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 
-/// Registered memory per worker: two maximal requests, or 64 requests of 1 MiB, so common
-/// queue depths never touch the heap fallback. Registration pins this much RAM per thread.
+/// Most registered memory per worker: two maximal requests, or 64 requests of 1 MiB, so
+/// common queue depths never touch the heap fallback. A ceiling, not an allocation: the
+/// pool maps and pins only what load asks for (`BUFFER_POOL_GROW_STEP_BYTES`).
 pub const BUFFER_POOL_BYTES_PER_WORKER_DEFAULT: usize = 2 * REQUEST_MAX_BYTES;
+
+/// Time a buffer slab must go unused before the worker gives it back: long enough that
+/// traffic in bursts a few seconds apart keeps its buffers (mapping and registering a slab
+/// costs about a millisecond), short enough that a server at rest soon holds nothing.
+pub const BUFFER_POOL_QUIET_MS_DEFAULT: u64 = 5_000;
 
 // ---- how workers wait ----------------------------------------------------------------------
 
@@ -142,6 +148,18 @@ pub const DIRECT_ALIGN_DEFAULT_BYTES: usize = PAGE_BYTES;
 
 // ---- workers and the engine -------------------------------------------------------------
 
+/// Smallest slab a worker's buffer pool maps and registers at once; later slabs double the
+/// pool. 4 MiB holds a thousand 4 KiB buffers or four 1 MiB ones, so steady traffic grows
+/// the pool a few times and then never, and mapping stays off the per-request path.
+pub const BUFFER_POOL_GROW_STEP_BYTES: usize = 4 * 1024 * 1024;
+
+/// Largest slab: io_uring registers at most 1 GiB as one fixed buffer.
+pub const BUFFER_POOL_SLAB_MAX_BYTES: usize = 1 << 30;
+
+/// Fixed-buffer slots a worker's ring sets aside for its pool's slabs; with the doubling
+/// rule a pool has a few dozen slabs at most, whatever its budget.
+pub const BUFFER_POOL_SLABS_MAX: usize = 1024;
+
 /// Capacity asked for each splice pipe, which bounds the chunk of a spliced read. 1 MiB is
 /// the default pipe-max-size, so unprivileged servers get it too.
 pub const PIPE_BYTES: usize = 1024 * 1024;
@@ -200,6 +218,9 @@ pub const METRICS_ACCEPT_RETRY_DELAY_MS: u64 = 1_000;
 const _: () = assert!(INFLIGHT_BYTES_PER_CONNECTION_DEFAULT >= REQUEST_MAX_BYTES);
 const _: () = assert!(INFLIGHT_BYTES_PER_WORKER_DEFAULT >= INFLIGHT_BYTES_PER_CONNECTION_DEFAULT);
 const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER_DEFAULT >= REQUEST_MAX_BYTES);
+const _: () = assert!(BUFFER_POOL_GROW_STEP_BYTES.is_power_of_two() && BUFFER_POOL_GROW_STEP_BYTES >= PAGE_BYTES);
+const _: () = assert!(BUFFER_POOL_SLAB_MAX_BYTES.is_power_of_two() && BUFFER_POOL_SLAB_MAX_BYTES >= REQUEST_MAX_BYTES);
+const _: () = assert!(BUFFER_POOL_SLABS_MAX <= u16::MAX as usize);
 const _: () = assert!(INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT <= u16::MAX as usize);
 const _: () = assert!(RECV_BUFFER_BYTES >= 2 * sluice_proto::wire::REQUEST_BYTES);
 const _: () = assert!(BUSY_POLL_DEFAULT_US <= BUSY_POLL_MAX_US && BUSY_POLL_MIN_NS < 1000 * BUSY_POLL_MAX_US);
@@ -226,8 +247,10 @@ pub struct Limits {
     pub inflight_bytes_per_worker: usize,
     pub connections: usize,
     pub handshake_timeout_ms: u64,
-    /// Registered buffer region per worker thread.
+    /// Most registered buffer memory per worker thread.
     pub buffer_pool_bytes_per_worker: usize,
+    /// Time an unused part of a buffer pool is kept before it is given back.
+    pub buffer_pool_quiet_ms: u64,
 }
 
 impl Default for Limits {
@@ -239,6 +262,7 @@ impl Default for Limits {
             connections: CONNECTIONS_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             buffer_pool_bytes_per_worker: BUFFER_POOL_BYTES_PER_WORKER_DEFAULT,
+            buffer_pool_quiet_ms: BUFFER_POOL_QUIET_MS_DEFAULT,
         }
     }
 }
@@ -259,9 +283,6 @@ impl Limits {
         }
         if self.connections == 0 {
             return Err("connections must be at least 1".into());
-        }
-        if self.buffer_pool_bytes_per_worker < REQUEST_MAX_BYTES {
-            return Err(format!("buffer-pool-bytes-per-worker must be at least {REQUEST_MAX_BYTES}"));
         }
         Ok(())
     }

@@ -9,7 +9,6 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::Session;
 
 use crate::admission::{Budget, Permit};
@@ -81,10 +80,8 @@ pub fn spawn(
             Ok(r) => r,
             Err(e) => return drop(ready_tx.send(Err(e))),
         };
-        let pool = match Pool::new(limits.buffer_pool_bytes_per_worker, REQUEST_PAYLOAD_MAX_BYTES as usize) {
-            Ok(p) => p,
-            Err(e) => return drop(ready_tx.send(Err(e))),
-        };
+        let quiet = Duration::from_millis(limits.buffer_pool_quiet_ms);
+        let pool = Pool::new(limits.buffer_pool_bytes_per_worker, quiet, Arc::clone(&metrics.buffers));
         let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics);
         worker.busy_poll = [BusyPoll::new(placement.busy_poll), BusyPoll::new(placement.busy_poll)];
         let _ = ready_tx.send(Ok(()));
@@ -168,8 +165,8 @@ impl Worker {
         shutdown: Arc<AtomicBool>,
         metrics: Arc<Metrics>,
     ) -> Worker {
-        if let Err(e) = ring.register(&pool) {
-            log::warn!("could not register I/O buffers ({e}); using unregistered buffers (raise RLIMIT_MEMLOCK to fix)");
+        if let Err(e) = ring.reserve_fixed(pool.slots()) {
+            log::warn!("could not set up registered I/O buffers ({e}); using unregistered buffers");
         }
         // Operations other threads complete wake the worker as new connections do; the
         // wake-up read is always in flight (`run`, `route`).
@@ -202,7 +199,6 @@ impl Worker {
             }
             if let Some(t) = draining_since {
                 if self.live == 0 {
-                    log::debug!("worker done; {} buffers came from the heap", self.pool.heap_fallbacks());
                     return Ok(());
                 }
                 if t.elapsed() > Duration::from_millis(SHUTDOWN_DRAIN_TIMEOUT_MS) {
@@ -210,8 +206,17 @@ impl Worker {
                     return Ok(());
                 }
             }
-            let timeout = draining_since.map(|_| Duration::from_millis(SHUTDOWN_POLL_MS));
-            self.wait(&mut completions, timeout)?;
+            // Slabs of the buffer pool that went quiet are given back; a wait ends when the
+            // next one is due, and with nothing left to give back it has no deadline.
+            let now = Instant::now();
+            let ring = &mut self.ring;
+            let release = self.pool.tick(now, |slab| ring.unfix(slab)).map(|due| due.saturating_duration_since(now));
+            let drain = draining_since.map(|_| Duration::from_millis(SHUTDOWN_POLL_MS));
+            let timeout = match (release, drain) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            self.wait(&mut completions, timeout, draining_since.is_none())?;
             for c in completions.drain(..) {
                 self.route(c);
             }
@@ -219,13 +224,13 @@ impl Worker {
         }
     }
 
-    /// Spins for the busy-poll budget, then sleeps until something completes, and adapts
-    /// the budget to what happened.
-    fn wait(&mut self, completions: &mut Vec<Completion>, timeout: Option<Duration>) -> std::io::Result<()> {
+    /// Spins for the busy-poll budget (when `spin`), then sleeps until something completes
+    /// or `timeout` passes, and adapts the budget to what happened.
+    fn wait(&mut self, completions: &mut Vec<Completion>, timeout: Option<Duration>, spin: bool) -> std::io::Result<()> {
         let poll = &mut self.busy_poll[usize::from(self.ring.storage_in_flight() > 0)];
         let budget = poll.budget();
         let idle = Instant::now();
-        if !budget.is_zero() && timeout.is_none() && self.ring.spin(budget)? {
+        if spin && !budget.is_zero() && self.ring.spin(budget)? {
             poll.caught();
             return self.ring.wait(completions, None);
         }

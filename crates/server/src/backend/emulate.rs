@@ -203,7 +203,7 @@ mod tests {
     use sluice_proto::Range;
 
     fn pool() -> Pool {
-        Pool::new(4 << 20, 1 << 20).unwrap()
+        Pool::new(4 << 20, std::time::Duration::from_secs(5), Default::default())
     }
 
     fn caps(zero: bool, trim: bool, fua: bool) -> Caps {

@@ -78,7 +78,7 @@ impl Rig {
         let conn = Conn::new("test".into(), Arc::new(export), session, Limits::default(), metrics);
         let mut rig = Rig {
             conn,
-            pool: Pool::new(8 << 20, 4 << 20).unwrap(),
+            pool: Pool::new(8 << 20, std::time::Duration::from_secs(5), Default::default()),
             pipes,
             budget: Budget::new(64 << 20),
             recv: None,

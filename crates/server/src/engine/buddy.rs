@@ -36,7 +36,6 @@ impl Buddy {
         b
     }
 
-    #[cfg(any(test, feature = "sim"))]
     pub fn free_blocks(&self) -> usize {
         self.free_blocks
     }

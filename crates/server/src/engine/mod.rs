@@ -13,7 +13,7 @@ mod ring;
 mod send;
 mod socket;
 
-pub use buffer::{Buf, Pool, BUFFER_ALIGN_BYTES};
+pub use buffer::{Buf, BufferStats, Pool, BUFFER_ALIGN_BYTES};
 pub use mailbox::{Completer, Payload};
 pub use op::{Completion, ConnId, Held, StorageId, Tag, Token};
 pub use pipe::{fully_cached, splice_now, Pipe, Pipes};

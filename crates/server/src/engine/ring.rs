@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
-use super::buffer::{Buf, Pool};
+use super::buffer::{Buf, Region};
 use super::mailbox::{Completer, Mailbox};
 use super::op::{Completion, ConnId, Held, StorageId, Token};
 use super::pipe::Pipe;
@@ -20,14 +20,22 @@ use crate::limits::BUSY_POLL_CHECKS_PER_CLOCK_READ;
 /// Kernel user data of the cancel request sent at drop; slab ids are 32-bit.
 const CANCEL_USER_DATA: u64 = u64::MAX;
 
+/// A fixed-buffer slot: empty, or naming the slab (by id) registered in it or refused.
+#[derive(Clone, Copy)]
+enum Fixed {
+    Empty,
+    Registered(u64),
+    Refused(u64),
+}
+
 pub struct Ring {
     uring: IoUring,
     ops: Vec<Option<Token>>,
     free_ops: Vec<u32>,
     /// Storage operations the kernel holds (a subset of `ops`).
     storage: usize,
-    /// The pool region registered as fixed buffer 0, when registration succeeded.
-    registered: bool,
+    /// What each fixed-buffer slot holds; empty when the kernel has no sparse table.
+    fixed: Vec<Fixed>,
     cqes: Vec<cqueue::Entry>,
     /// Operations other threads carry out; the kernel never sees them.
     mailbox: Mailbox,
@@ -50,19 +58,63 @@ impl Ring {
             Ok(u) => u,
             Err(_) => IoUring::builder().setup_clamp().build(entries)?,
         };
-        Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), storage: 0, registered: false, cqes: Vec::new(), mailbox: Mailbox::new() })
+        Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), storage: 0, fixed: Vec::new(), cqes: Vec::new(), mailbox: Mailbox::new() })
     }
 
-    /// Registers the pool's region as fixed buffer 0. Failure (for example a small
-    /// RLIMIT_MEMLOCK) is not fatal: operations then use ordinary buffers.
-    pub fn register(&mut self, pool: &Pool) -> io::Result<()> {
-        let (base, len) = pool.region();
-        let iov = libc::iovec { iov_base: base.cast(), iov_len: len };
-        // SAFETY: the region stays mapped while any Buf from it exists, and the Pool (with the
-        // region) is owned by the same worker as this ring and dropped after it.
-        unsafe { self.uring.submitter().register_buffers(&[iov])? };
-        self.registered = true;
+    /// Sets aside `slots` empty fixed-buffer slots for a pool's slabs, which are registered
+    /// when first used (`fixed_slot`). Failure (a kernel before 5.13) is not fatal:
+    /// operations then use ordinary buffers.
+    pub fn reserve_fixed(&mut self, slots: u32) -> io::Result<()> {
+        self.uring.submitter().register_buffers_sparse(slots)?;
+        self.fixed = (0..slots).map(|_| Fixed::Empty).collect();
         Ok(())
+    }
+
+    /// The fixed-buffer slot `buf` may be used through, registering its slab on first use;
+    /// None for heap buffers and slabs the kernel refused (a small RLIMIT_MEMLOCK).
+    fn fixed_slot(&mut self, buf: &Buf) -> Option<u16> {
+        let region = buf.region()?;
+        let (slot, id) = (region.slot(), region.id());
+        let entry = self.fixed.get_mut(slot as usize)?;
+        match *entry {
+            Fixed::Registered(held) if held == id => return Some(slot),
+            Fixed::Refused(held) if held == id => return None,
+            _ => {}
+        }
+        // SAFETY: the region stays mapped while any Buf from it exists (this one among
+        // them), and the pool has `unfix` drop the registration before it unmaps a slab; a
+        // later slab in this slot has another id and is registered again before use.
+        match unsafe { self.uring.submitter().register_buffers_update(u32::from(slot), &[region.iovec()], None) } {
+            Ok(()) => {
+                *entry = Fixed::Registered(id);
+                Some(slot)
+            }
+            Err(e) => {
+                if !self.fixed.iter().any(|f| matches!(f, Fixed::Refused(_))) {
+                    log::warn!("could not register I/O buffers ({e}); using unregistered buffers (raise RLIMIT_MEMLOCK to fix)");
+                }
+                self.fixed[slot as usize] = Fixed::Refused(id);
+                None
+            }
+        }
+    }
+
+    /// Drops the registration of a slab the pool is about to unmap, so the kernel unpins
+    /// its pages.
+    pub fn unfix(&mut self, region: &Region) {
+        let Some(entry) = self.fixed.get_mut(region.slot() as usize) else { return };
+        match *entry {
+            Fixed::Registered(id) if id == region.id() => {
+                let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+                // SAFETY: an empty entry names no memory.
+                if let Err(e) = unsafe { self.uring.submitter().register_buffers_update(u32::from(region.slot()), &[empty], None) } {
+                    log::debug!("could not unregister a buffer slab: {e}");
+                }
+            }
+            Fixed::Refused(id) if id == region.id() => {}
+            _ => return,
+        }
+        *entry = Fixed::Empty;
     }
 
     /// Operations the kernel holds.
@@ -150,8 +202,8 @@ impl Ring {
         assert!(at + len <= buf.len() && len <= u32::MAX as usize);
         // SAFETY: at + len <= buf.len(), checked above.
         let ptr = unsafe { buf.ptr().add(at) };
-        let sqe = if self.registered && buf.is_registered() {
-            opcode::ReadFixed::new(types::Fd(fd), ptr, len as u32, 0).offset(offset).build()
+        let sqe = if let Some(slot) = self.fixed_slot(&buf) {
+            opcode::ReadFixed::new(types::Fd(fd), ptr, len as u32, slot).offset(offset).build()
         } else {
             opcode::Read::new(types::Fd(fd), ptr, len as u32).offset(offset).build()
         };
@@ -165,8 +217,8 @@ impl Ring {
         // SAFETY: at + len <= buf.len(), checked above.
         let ptr = unsafe { buf.ptr().add(at) } as *const u8;
         let flags = if dsync { libc::RWF_DSYNC } else { 0 };
-        let sqe = if self.registered && buf.is_registered() {
-            opcode::WriteFixed::new(types::Fd(fd), ptr, len as u32, 0).offset(offset).rw_flags(flags).build()
+        let sqe = if let Some(slot) = self.fixed_slot(&buf) {
+            opcode::WriteFixed::new(types::Fd(fd), ptr, len as u32, slot).offset(offset).rw_flags(flags).build()
         } else {
             opcode::Write::new(types::Fd(fd), ptr, len as u32).offset(offset).rw_flags(flags).build()
         };
@@ -330,6 +382,7 @@ mod tests {
 
     use sluice_proto::reply::Extent;
 
+    use super::super::buffer::Pool;
     use super::super::mailbox::Payload;
     use super::super::op::Tag;
     use super::*;
@@ -423,13 +476,50 @@ mod tests {
 
     #[test]
     fn parked_buffers_go_with_the_ring_and_later_posts_are_dropped() {
-        let mut pool = Pool::new(1 << 20, 1 << 20).unwrap();
-        let full = pool.free_bytes();
+        let mut pool = Pool::new(1 << 20, Duration::from_secs(1), Arc::default());
         let (mut ring, _fd) = ring_with_waker();
         let done = ring.defer(id(1), Held::Buf(pool.get(4096)), 0);
-        assert!(pool.free_bytes() < full);
+        assert_eq!(pool.bytes_out(), 4096);
         drop(ring);
-        assert_eq!(pool.free_bytes(), full, "the parked buffer went back to the pool with the ring");
+        assert_eq!(pool.bytes_out(), 0, "the parked buffer went back to the pool with the ring");
         done.complete(4096, Payload::Bytes(vec![9; 4096]));
+    }
+
+    /// Reads `len` bytes at `offset` of `file` into a fresh pool buffer through the ring.
+    fn read_into_pool(ring: &mut Ring, fd: &OwnedFd, pool: &mut Pool, file: &std::fs::File, offset: u64) -> Buf {
+        let buf = pool.get(4096);
+        assert!(ring.fixed_slot(&buf).is_some(), "the slab is registered");
+        ring.read_at(file.as_raw_fd(), buf, 0, 4096, offset, id(1));
+        let (_, held, result) = storage_completions(ring, fd, 1).pop().unwrap();
+        assert_eq!(result, 4096);
+        let Held::Buf(buf) = held else { panic!("the buffer comes back") };
+        buf
+    }
+
+    #[test]
+    fn a_slab_given_back_and_mapped_again_is_registered_again() {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::env::temp_dir();
+        let mut file = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(dir).unwrap();
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+        file.write_all(&data).unwrap();
+        let quiet = Duration::from_secs(1);
+        let mut pool = Pool::new(4 << 20, quiet, Arc::default());
+        let (mut ring, fd) = ring_with_waker();
+        ring.reserve_fixed(pool.slots()).unwrap();
+        let first = read_into_pool(&mut ring, &fd, &mut pool, &file, 0);
+        assert_eq!(first.as_slice(), &data[..4096]);
+        let old_id = first.region().unwrap().id();
+        drop(first);
+        let t0 = std::time::Instant::now();
+        pool.tick(t0, |r| ring.unfix(r));
+        pool.tick(t0 + quiet, |r| ring.unfix(r));
+        assert_eq!(pool.mapped_bytes(), 0);
+        // The new slab takes the same slot (and often the same addresses): the read must
+        // land in its pages, not in the old slab's.
+        let second = read_into_pool(&mut ring, &fd, &mut pool, &file, 4096);
+        assert_ne!(second.region().unwrap().id(), old_id);
+        assert_eq!(second.as_slice(), &data[4096..]);
     }
 }

@@ -129,6 +129,7 @@ impl Collector for Metrics {
             .filter(|family| !family.get_metric().is_empty())
             .collect();
         out.extend(super::pool::families(&self.pools));
+        out.extend(super::buffers::families(&self.buffers));
         out
     }
 }
@@ -266,7 +267,8 @@ mod tests {
     fn render_has_each_family_once_and_escapes_export_names() {
         let m = Metrics::new(&names(&["", "a\"b\\c\nd", "plain"]));
         let text = rendered(&m);
-        let headers: Vec<_> = text.lines().filter(|l| l.starts_with('#')).collect();
+        // The buffer pools' families follow, built at scrape time (metrics/buffers.rs).
+        let headers: Vec<_> = text.lines().filter(|l| l.starts_with('#') && !l.contains(" sluice_buffer_")).collect();
         let expected: Vec<_> = HEADERS
             .iter()
             .flat_map(|(name, kind, help)| [format!("# HELP {name} {help}"), format!("# TYPE {name} {kind}")])
@@ -275,7 +277,7 @@ mod tests {
         for line in text.lines() {
             assert!(line.starts_with("# ") || line.starts_with("sluice_"), "stray line {line:?}");
         }
-        assert!(text.ends_with("} 0\n"), "no trailer after the last sample");
+        assert!(text.ends_with("_total 0\n"), "no trailer after the last sample");
         assert!(text.contains(r#"sluice_connections{export="a\"b\\c\nd"} 0"#));
         assert!(text.contains(r#"sluice_requests_total{export="",op="block_status"} 0"#));
         assert!(text.contains(r#"sluice_request_phase_seconds_count{export="plain",op="trim",phase="queue"} 0"#));
@@ -293,8 +295,11 @@ mod tests {
     }
 
     #[test]
-    fn no_exports_render_nothing() {
-        assert_eq!(rendered(&Metrics::new(&[])), "");
+    fn no_exports_render_only_the_buffer_pools() {
+        let text = rendered(&Metrics::new(&[]));
+        let series: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(series.len(), 4, "{text}");
+        assert!(series.iter().all(|l| l.starts_with("sluice_buffer_")), "{text}");
     }
 
     #[test]
@@ -302,7 +307,8 @@ mod tests {
         let m = Metrics::new(&names(&["x"]));
         let described: Vec<_> = m.desc().iter().map(|d| (d.fq_name.clone(), d.help.clone())).collect();
         let collected: Vec<_> = m.collect().iter().map(|f| (f.name().to_string(), f.help().to_string())).collect();
-        assert_eq!(described, collected);
+        // Families built at scrape time (buffer pools, pools) come after the described ones.
+        assert_eq!(described[..], collected[..FAMILIES.len()]);
         let mut ids: Vec<_> = m.desc().iter().map(|d| d.id).collect();
         ids.sort();
         ids.dedup();

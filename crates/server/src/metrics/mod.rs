@@ -2,6 +2,7 @@
 //! to relaxed atomics (`recorder`); `exposition` reads them into Prometheus metric families
 //! on the scraper's thread, and `endpoint` serves those over HTTP.
 
+mod buffers;
 mod endpoint;
 mod exposition;
 mod pool;

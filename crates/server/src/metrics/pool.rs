@@ -51,10 +51,11 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
     [state, done, total, events, dirty, resynced].into_iter().map(|f| f.0).collect()
 }
 
-struct Family(MetricFamily);
+/// A family built at scrape time; also used for the buffer pools' (`buffers`).
+pub(super) struct Family(pub(super) MetricFamily);
 
 impl Family {
-    fn new(name: &str, help: &str, kind: MetricType) -> Family {
+    pub(super) fn new(name: &str, help: &str, kind: MetricType) -> Family {
         let mut f = MetricFamily::default();
         f.set_name(name.to_string());
         f.set_help(help.to_string());
@@ -75,7 +76,7 @@ impl Family {
         proto::Metric::from_label(pairs)
     }
 
-    fn gauge(&mut self, labels: &[(&str, &str)], value: u64) {
+    pub(super) fn gauge(&mut self, labels: &[(&str, &str)], value: u64) {
         let mut g = proto::Gauge::default();
         g.set_value(value as f64);
         let mut m = Family::labelled(labels);
@@ -83,7 +84,7 @@ impl Family {
         self.0.mut_metric().push(m);
     }
 
-    fn counter(&mut self, labels: &[(&str, &str)], value: u64) {
+    pub(super) fn counter(&mut self, labels: &[(&str, &str)], value: u64) {
         let mut c = proto::Counter::default();
         c.set_value(value as f64);
         let mut m = Family::labelled(labels);

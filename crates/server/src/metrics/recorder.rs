@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::pool::PoolSource;
+use crate::engine::BufferStats;
 
 /// Upper bound of the smallest histogram bucket. Finer steps would measure the clock, not
 /// the request.
@@ -118,6 +119,8 @@ pub struct Metrics {
     index: HashMap<String, usize>,
     /// Pools among the exports, read at scrape time.
     pub(super) pools: Vec<PoolSource>,
+    /// What the workers' buffer pools did; each worker's pool adds to it.
+    pub buffers: Arc<BufferStats>,
 }
 
 impl Metrics {
@@ -144,7 +147,7 @@ impl Metrics {
                 connections_total: AtomicU64::new(0),
             });
         }
-        Arc::new(Metrics { exports, index, pools })
+        Arc::new(Metrics { exports, index, pools, buffers: Arc::default() })
     }
 
     /// Index used by the hot-path calls; None for an unknown name.

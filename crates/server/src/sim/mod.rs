@@ -62,7 +62,6 @@ pub struct Report {
 struct World {
     rng: Rng,
     pool: Pool,
-    pool_free_bytes: usize,
     pipes: Pipes,
     budget: Budget,
     size: u64,
@@ -108,12 +107,10 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
     };
     let count = 1 + rng.below(120) as usize;
     let (input, sent) = client::requests(&mut rng, SIZE_BYTES, structured, count);
-    let pool = Pool::new(1 << 20, 256 << 10).map_err(|e| format!("pool: {e}"))?;
-    let pool_free_bytes = pool.free_bytes();
+    let pool = Pool::new(1 << 20, std::time::Duration::from_secs(5), Default::default());
     let mut world = World {
         rng,
         pool,
-        pool_free_bytes,
         pipes: Pipes::new(1 + (count % 4), PIPE_BYTES),
         budget: Budget::new(limits.inflight_bytes_per_worker),
         size: SIZE_BYTES,
@@ -336,8 +333,8 @@ impl World {
         if self.budget.used_bytes() != 0 {
             return Err(format!("{} budget bytes never came back", self.budget.used_bytes()));
         }
-        if self.pool.free_bytes() != self.pool_free_bytes {
-            return Err(format!("{} pool bytes never came back", self.pool_free_bytes - self.pool.free_bytes()));
+        if self.pool.bytes_out() != 0 {
+            return Err(format!("{} pool bytes never came back", self.pool.bytes_out()));
         }
         if self.pipes.in_use() != 0 {
             return Err(format!("{} pipes never came back", self.pipes.in_use()));
