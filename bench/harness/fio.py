@@ -34,6 +34,9 @@ class Result:
     bw: float           # bytes per second, all connections together
     iops: float
     lat_us: float       # mean latency, submission to completion, in microseconds
+    # When fio wrote its report (seconds since the epoch), right after the I/O ended: the I/O
+    # ran from ended - seconds to ended. None when the JSON has no timestamp_ms.
+    ended: Optional[float] = None
 
 
 class FioError(Exception):
@@ -131,7 +134,8 @@ def parse(json_path: str) -> Result:
     if total_ios == 0:
         raise FioError("fio completed no I/O")
     return Result(bytes=total_bytes, ios=total_ios, seconds=job["job_runtime"] / 1000.0,
-                  bw=bw, iops=iops, lat_us=lat_weighted / total_ios / 1000.0)
+                  bw=bw, iops=iops, lat_us=lat_weighted / total_ios / 1000.0,
+                  ended=data["timestamp_ms"] / 1000.0 if "timestamp_ms" in data else None)
 
 
 def _tail(path: str, lines: int = 3) -> str:

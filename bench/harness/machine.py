@@ -43,6 +43,12 @@ def describe(repo: str, binary: str, features: set, image: str, scratch: str, ar
     return "\n".join(lines) + "\n"
 
 
+def one_line() -> str:
+    """The machine in one line, for a table's caption: CPU, cores, memory, kernel."""
+    return (f"{_cpu_model()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
+            f"{_mem_total()}, kernel {platform.release()}, host {socket.gethostname()}")
+
+
 def _where(program: str) -> str:
     """' (/path/of/program)', so a run with carried tools (bench/pack) says which it used."""
     path = shutil.which(program)

@@ -20,6 +20,7 @@ import clients
 import clientside
 import fio
 import image
+import interference
 import machine
 import peers
 import scale
@@ -31,7 +32,10 @@ from report import Report
 from units import parse_size, size_label
 
 EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run,
-               "client": clientside.run, "scale": scale.run}
+               "client": clientside.run, "scale": scale.run, "interference": interference.run}
+# What a plain bench/run runs: the full run is already about 44 minutes, so interference (a
+# question of its own, with its own CPU placement) runs only when --only names it.
+DEFAULT_EXPERIMENTS = ("peers", "sweep", "clients", "client", "scale")
 # The full run: 574 points (126 peers, 330 sweep, 18 clients, 100 scale on 2 cores) x 3 runs
 # of 1 s; a run takes about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s
 # with 256 fio threads), so about 44 minutes on a 2-core machine (bench/README.md, Time).
@@ -61,7 +65,8 @@ def parse_args(argv):
                    help=f"fio runs per measured point; tables show the median of each figure "
                         f"(default {REPEAT}, {QUICK_REPEAT} with --quick)")
     p.add_argument("--only", metavar="EXPERIMENT",
-                   help="run only these, comma-separated: peers, sweep, clients, client, scale")
+                   help="run only these, comma-separated: peers, sweep, clients, client, scale, "
+                        "interference (the last only when named)")
     p.add_argument("--image", metavar="PATH",
                    help="image to serve (default: /var/tmp/sluice-bench-SIZE.img, created once); "
                         "it is only read; writes go to a scratch copy in /var/tmp")
@@ -79,7 +84,8 @@ def parse_args(argv):
                    help="give nbdkit its plugins by path from DIR (a carried nbdkit, bench/pack) "
                         f"instead of by name; default ${NBDKIT_PLUGINS_ENV} if set")
     args = p.parse_args(argv)
-    args.only = [e.strip() for e in (args.only or ",".join(EXPERIMENTS)).split(",") if e.strip()]
+    args.only = [e.strip() for e in (args.only or ",".join(DEFAULT_EXPERIMENTS)).split(",")
+                 if e.strip()]
     for e in args.only:
         if e not in EXPERIMENTS:
             p.error(f"unknown experiment {e!r}: choose from {', '.join(EXPERIMENTS)}")
@@ -201,7 +207,7 @@ def prepare(args, report, out_dir, workdir, argv):
                    runtime=runtime, repeat=repeat, quick=args.quick,
                    cold_ok=cold_ok, cold_reason=cold_reason,
                    nbdkit_cache_none=tools.nbdkit_has_cache_none(), qemu_aio=tools.qemu_nbd_aio(),
-                   missing=missing)
+                   missing=missing, allow_install=not args.no_install)
 
 
 def _give_back(out_dir: str) -> None:

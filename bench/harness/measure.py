@@ -37,6 +37,7 @@ class Context:
     nbdkit_cache_none: bool
     qemu_aio: str
     missing: list                # programs not installed
+    allow_install: bool = True   # an experiment may apt-get install what only it needs
     _failed: dict = field(default_factory=dict)
 
     @property

@@ -71,3 +71,19 @@ def alive(pid: int) -> bool:
         return state not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+def cpu_ticks(cpus: list) -> tuple:
+    """(busy, total) clock ticks of these CPUs since boot, from /proc/stat: busy is every
+    state but idle and iowait. Two readings give how busy the CPUs were in between."""
+    busy = total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+                continue
+            # user nice system idle iowait irq softirq steal (guest time is inside user)
+            ticks = [int(x) for x in fields[:8]]
+            total += sum(ticks)
+            busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy, total

@@ -59,3 +59,19 @@ def format_table(headers: list, rows: list, left: int = 1) -> str:
     out = [line(cells[0]), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in cells[1:]]
     return "\n".join(out)
+
+
+def format_markdown(headers: list, rows: list, left: int = 1) -> str:
+    """A Markdown table whose columns are also padded, so it reads the same on a terminal.
+    Columns before index `left` are text (left-aligned), the others numbers (right-aligned)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(3, max(len(r[i]) for r in cells)) for i in range(len(headers))]
+
+    def line(row):
+        parts = [cell.ljust(widths[i]) if i < left else cell.rjust(widths[i])
+                 for i, cell in enumerate(row)]
+        return "| " + " | ".join(parts) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) if i < left else "-" * (w + 1) + ":"
+                          for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])

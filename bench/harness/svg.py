@@ -1,4 +1,5 @@
-"""Line charts as plain SVG files: log2 x axis for request sizes, linear y axis, legend.
+"""Charts as plain SVG files: line charts (log2 x axis for request sizes, linear y axis,
+legend) and grouped bar charts (one group per category, one bar per series).
 
 No plotting library: a fresh Debian box has none, and the chart is simple enough to draw.
 """
@@ -38,13 +39,7 @@ def line_chart(path: str, title: str, series: list, x_label: str, y_label: str,
     def py(y):
         return TOP + plot_h - y / y_max * plot_h
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-           f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
-           f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-           f'<text x="{LEFT + plot_w / 2:.1f}" y="{TOP - 28}" text-anchor="middle" '
-           f'font-size="15" font-weight="bold">{escape(title)}</text>',
-           f'<text x="{LEFT + plot_w / 2:.1f}" y="{TOP - 5}" text-anchor="middle" '
-           f'fill="#555">{escape(subtitle)}</text>']
+    out = _frame(title, subtitle, plot_w)
 
     # Grid and ticks: every power of two on x, round steps on y.
     for e in range(lo, hi + 1):
@@ -85,6 +80,66 @@ def line_chart(path: str, title: str, series: list, x_label: str, y_label: str,
     out.append("</svg>")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(out) + "\n")
+
+
+def bar_chart(path: str, title: str, categories: list, series: list, y_label: str,
+              subtitle: str = "", value_label=lambda v: f"{v:.2f}") -> None:
+    """series: [Series(label, [value or None per category], color)]. Bars start at 0, so a
+    negative value (a slowdown below the noise) hangs below the axis."""
+    values = [0.0] + [v for s in series for v in s.points if v is not None]
+    _, step = _nice_axis(max(values) - min(values))
+    # A little headroom above the tallest bar, for its value label.
+    lo_steps = math.floor(min(values) / step)
+    hi_steps = max(1, math.ceil(max(values) * 1.06 / step))
+    top, bottom = hi_steps * step, lo_steps * step
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def py(y):
+        return TOP + (top - y) / (top - bottom) * plot_h
+
+    out = _frame(title, subtitle, plot_w)
+    for i in range(lo_steps, hi_steps + 1):
+        v = i * step
+        out.append(f'<line x1="{LEFT}" y1="{py(v):.1f}" x2="{LEFT + plot_w}" y2="{py(v):.1f}" '
+                   f'stroke="{"#999" if i == 0 else "#e5e5e5"}"/>')
+        out.append(f'<text x="{LEFT - 8}" y="{py(v) + 4:.1f}" text-anchor="end">{_tick(v, step)}</text>')
+    group_w = plot_w / max(1, len(categories))
+    bar_w = group_w * 0.8 / max(1, len(series))
+    for ci, name in enumerate(categories):
+        x0 = LEFT + ci * group_w + group_w * 0.1
+        for si, s in enumerate(series):
+            value = s.points[ci] if ci < len(s.points) else None
+            if value is None:
+                continue
+            x, y_hi, y_lo = x0 + si * bar_w, py(max(value, 0.0)), py(min(value, 0.0))
+            out.append(f'<rect x="{x:.1f}" y="{y_hi:.1f}" width="{bar_w * 0.9:.1f}" '
+                       f'height="{max(y_lo - y_hi, 0.5):.1f}" fill="{s.color}"/>')
+            out.append(f'<text x="{x + bar_w * 0.45:.1f}" y="{y_hi - 4:.1f}" text-anchor="middle" '
+                       f'font-size="10">{escape(value_label(value))}</text>')
+        out.append(f'<text x="{LEFT + (ci + 0.5) * group_w:.1f}" y="{TOP + plot_h + 18}" '
+                   f'text-anchor="middle">{escape(name)}</text>')
+    out.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>')
+    out.append(f'<text transform="translate(20,{TOP + plot_h / 2:.1f}) rotate(-90)" '
+               f'text-anchor="middle">{escape(y_label)}</text>')
+    lx, ly = LEFT + plot_w + 20, TOP + 10
+    for i, s in enumerate(series):
+        y = ly + i * 22
+        out.append(f'<rect x="{lx}" y="{y - 6}" width="30" height="12" fill="{s.color}"/>')
+        out.append(f'<text x="{lx + 38}" y="{y + 4}">{escape(s.label)}</text>')
+    out.append("</svg>")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def _frame(title: str, subtitle: str, plot_w: float) -> list:
+    """The opening of a chart: canvas, title and subtitle."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
+            f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+            f'<text x="{LEFT + plot_w / 2:.1f}" y="{TOP - 28}" text-anchor="middle" '
+            f'font-size="15" font-weight="bold">{escape(title)}</text>',
+            f'<text x="{LEFT + plot_w / 2:.1f}" y="{TOP - 5}" text-anchor="middle" '
+            f'fill="#555">{escape(subtitle)}</text>']
 
 
 def _nice_axis(top: float):

@@ -33,6 +33,23 @@ def ensure(report, allow_install: bool) -> list:
         report.say(f"note: missing {', '.join(absent)}; install as root with: "
                    f"apt-get install {' '.join(packages)}")
         return absent
+    _apt_install(report, packages)
+    return missing()
+
+
+def ensure_one(report, program: str, package: str, allow_install: bool) -> bool:
+    """One program only one experiment needs (cc for interference's job): installed on demand,
+    so the other experiments never wait for it. True when it is there afterwards."""
+    if shutil.which(program):
+        return True
+    if not allow_install or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        report.say(f"note: {program} is missing; install it with: apt-get install {package}")
+        return False
+    _apt_install(report, [package])
+    return shutil.which(program) is not None
+
+
+def _apt_install(report, packages: list) -> None:
     report.say(f"installing {' '.join(packages)} (apt-get) ...")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for command in (["apt-get", "update", "-q"],
@@ -42,7 +59,6 @@ def ensure(report, allow_install: bool) -> list:
         if proc.returncode != 0:
             report.say(f"warning: {' '.join(command[:2])} failed: {proc.stderr.strip()[-300:]}")
             break
-    return missing()
 
 
 def version(program: str) -> str:
