@@ -24,6 +24,9 @@ class Job:
     # do not walk in step over the same blocks. None: every connection ranges over the image.
     slice_bytes: Optional[int] = None
     cpus: Optional[str] = None  # --cpus_allowed: the cores fio may run on; None: any
+    # --rate: bytes per second per job (connection) and direction, a plain number because
+    # fio reads a suffix like 400m in binary units (kb_base=1024). None: as fast as it goes.
+    rate: Optional[int] = None
 
 
 @dataclass
@@ -70,6 +73,8 @@ def _common(job: Job) -> list:
         args += [f"--size={job.slice_bytes}", f"--offset_increment={job.slice_bytes}"]
     if job.cpus:
         args.append(f"--cpus_allowed={job.cpus}")
+    if job.rate:
+        args.append(f"--rate={job.rate}")
     return args
 
 

@@ -6,6 +6,12 @@ copies (splice, O_DIRECT) barely disturbs the job, while copying servers take me
 from it. The job is triad.c (a STREAM-style triad) on cores of its own; the server and fio run
 on the others, so what the job loses is memory bandwidth and cache, not CPU time. Run only
 with `--only interference`.
+
+Two passes: full speed (each server as fast as fio reads), then equal load (each server held
+to one rate with fio --rate), because where the server's CPUs and the job's are not
+independent (SMT siblings, shared vCPUs) a busy server CPU slows the job by itself and every
+server is busy at full speed; at one rate the slowdown compares cost per byte.
+interference_report.py prints and writes both.
 """
 
 import os
@@ -16,15 +22,15 @@ from typing import Optional
 
 import cache
 import fio
+import interference_report as report
 import machine
 import proc
 import servers
-import svg
 import triadjob
+from interference_report import CONTROL_NAME, cores, pct
 from measure import Context, Run, run_point
-from report import format_markdown
 from scale import cpu_list
-from units import fmt, fmt_sig, parse_size, ratio
+from units import fmt, parse_size
 
 # sluice's rows, in table order: the copying path first, then the short ones.
 DATA_PATHS = ("copy", "splice", "direct", "splice-direct")
@@ -33,24 +39,11 @@ UNCACHED_PATHS = ("direct", "splice-direct")
 LOAD_LABEL, LOAD_RW, LOAD_BS, LOAD_QD = "1M seq read QD8", "read", "1M", 8
 # After SIGCONT the job's next sample spans the pause; skip it before an alone window.
 SETTLE_SECONDS = 0.3
-SLOWDOWN_COLOR, ALONE_COLOR, WITH_COLOR = "#d62728", "#1f77b4", "#ff7f0e"
-CONTROL_NAME = "control: CPU spin"
-
-HEADERS = ["server", "cache", "job alone MB/s", "drift", "job w/ I/O MB/s", "job slowdown",
-           "other CPUs busy", "I/O alone MB/s", "I/O w/ job MB/s", "I/O kept", "CPU s/GiB alone",
-           "CPU s/GiB w/ job", "slowdown per GB/s", "slowdown ÷ nbdkit", "I/O ÷ nbdkit"]
-CSV_HEADERS = ["server", "cache", "data_path", "server_cpus", "client_cpus", "job_cpus",
-               "array_mib", "runs", "job_alone_mb_per_s", "job_alone_min_max",
-               "job_before_mb_per_s", "job_after_mb_per_s", "drift_pct", "job_with_io_mb_per_s",
-               "job_with_io_min_max", "slowdown_pct", "other_cpus_busy_pct", "io_alone_mb_per_s",
-               "io_with_job_mb_per_s", "io_with_job_min_max", "io_kept_pct",
-               "cpu_s_per_gib_alone", "cpu_s_per_gib_with_job", "slowdown_pct_per_gb_s",
-               "slowdown_vs_nbdkit", "io_vs_nbdkit", "error"]
-RUN_CSV_HEADERS = ["server", "run", "job_before_mb_per_s", "job_after_mb_per_s",
-                   "job_with_io_mb_per_s", "samples_before_with_after", "other_cpus_busy_pct",
-                   "io_alone_mb_per_s",
-                   "io_with_job_mb_per_s", "cpu_s_per_gib_alone", "cpu_s_per_gib_with_job",
-                   "error"]
+# The equal-load pass's default rate: this share of the slowest server's full speed (its I/O
+# alone), so that every row still reaches it with the job running and its I/O kept below
+# 100%, rounded down to a step so that runs on one machine tend to share a rate.
+RATE_SHARE, RATE_STEP_MB = 0.6, 50
+MB = 1000 * 1000
 
 
 @dataclass
@@ -179,8 +172,8 @@ def run(ctx: Context) -> None:
     place = placement()
     llc = triadjob.llc_bytes()
     mib = triadjob.array_mib(llc)
-    intro = _describe(ctx, place, llc, mib)
-    for line in intro:
+    setup = report.Setup(ctx, place, mib, _describe(ctx, place, llc, mib), LOAD_LABEL)
+    for line in setup.intro:
         r.say(line)
     saved = os.sched_getaffinity(0)
     if place.separated:
@@ -188,14 +181,47 @@ def run(ctx: Context) -> None:
         # off the job's cores too; servers and fio are pinned on their own.
         os.sched_setaffinity(0, set(place.server + place.client))
     try:
-        rows = [_control_row(ctx, place, binary, mib)] if place.separated else []
-        for server in lineup(ctx, place):
-            row = _measure_row(ctx, server, place, binary, mib)
-            if row is not None:
-                rows.append(row)
+        _passes(setup, binary)
     finally:
         os.sched_setaffinity(0, saved)
-    _report(ctx, place, mib, rows, intro)
+
+
+def _passes(setup: report.Setup, binary: str) -> None:
+    """Full speed, reported as soon as it is done, so that an interrupted equal-load pass
+    loses none of it; then every server again at one rate, chosen from the first pass."""
+    ctx, place, mib = setup.ctx, setup.place, setup.mib
+    rows = [_control_row(ctx, place, binary, mib)] if place.separated else []
+    rows += _server_rows(ctx, place, binary, mib, None)
+    report.full(setup, rows)
+    rate, why = equal_rate(ctx, rows)
+    if rate is None:
+        report.skipped(setup, why)
+        return
+    report.equal(setup, _server_rows(ctx, place, binary, mib, rate), rate, why, rows)
+
+
+def _server_rows(ctx: Context, place: Placement, binary: str, mib: int,
+                 rate: Optional[int]) -> list:
+    rows = (_measure_row(ctx, server, place, binary, mib, rate) for server in lineup(ctx, place))
+    return [row for row in rows if row is not None]
+
+
+def equal_rate(ctx: Context, rows: list) -> tuple:
+    """(MB/s, how it was chosen) for the equal-load pass, or (None, why there is none)."""
+    if ctx.interference_rate is not None:
+        if ctx.interference_rate == 0:
+            return None, "--interference-rate 0"
+        return ctx.interference_rate, "--interference-rate"
+    speeds = [(row.median("io_alone_mb"), row.name) for row in rows
+              if row.kind != "control" and row.median("io_alone_mb")]
+    if not speeds:
+        return None, "no server row served in the full-speed pass"
+    slowest, name = min(speeds)
+    share = slowest * RATE_SHARE
+    # Below one step (a very slow disk): whole MB/s rather than no pass at all.
+    rate = int(share // RATE_STEP_MB * RATE_STEP_MB) or max(1, int(share))
+    return rate, (f"{RATE_SHARE:.0%} of the lowest full-speed 'I/O alone MB/s', "
+                  f"{slowest:,.0f} ({name}), rounded down to a multiple of {RATE_STEP_MB}")
 
 
 def _describe(ctx: Context, place: Placement, llc: Optional[int], mib: int) -> list:
@@ -226,13 +252,9 @@ def _placement_line(place: Placement) -> str:
         return (f"one core ({cpu_list(place.job)}): server, fio and job share it, nothing "
                 "pinned; the job's slowdown includes the CPU time the server and fio take")
     shared = place.server == place.client
-    fio_text = "fio on the same" if shared else f"fio on {_cores(place.client)}"
-    return (f"server on {_cores(place.server)} (taskset -c), {fio_text} (taskset -c and "
-            f"--cpus_allowed), job on {_cores(place.job)} (taskset -c, a thread pinned per core)")
-
-
-def _cores(cpus: list) -> str:
-    return ("CPU " if len(cpus) == 1 else "CPUs ") + cpu_list(cpus)
+    fio_text = "fio on the same" if shared else f"fio on {cores(place.client)}"
+    return (f"server on {cores(place.server)} (taskset -c), {fio_text} (taskset -c and "
+            f"--cpus_allowed), job on {cores(place.job)} (taskset -c, a thread pinned per core)")
 
 
 def _separation_note(place: Placement) -> str:
@@ -250,7 +272,7 @@ def _separation_note(place: Placement) -> str:
     if place.server == place.client:
         text += (" On this small machine server and fio also share one core, so a server that "
                  "needs more CPU per GiB serves less; compare 'slowdown per GB/s' and "
-                 "'other CPUs busy'.")
+                 "'other CPUs busy', or better the equal-load table, where all serve alike.")
     return text
 
 
@@ -267,27 +289,30 @@ def _fio_command(uri: str, job: fio.Job) -> list:
 
 
 def _measure_row(ctx: Context, server: servers.Server, place: Placement, binary: str,
-                 mib: int) -> Optional[Row]:
+                 mib: int, rate: Optional[int] = None) -> Optional[Row]:
+    """One server's row; with `rate` (MB/s) fio is held to it (the equal-load pass)."""
     if server.data_path not in UNCACHED_PATHS:
         cache.warm(ctx.image)
     running = ctx.start(server, ctx.image)
     if running is None:
         return None
     job = fio.Job(rw=LOAD_RW, bs=parse_size(LOAD_BS), iodepth=LOAD_QD, runtime=ctx.runtime,
-                  cpus=cpu_list(place.client) if place.separated else None)
+                  cpus=cpu_list(place.client) if place.separated else None,
+                  rate=rate * MB if rate else None)
     command = _fio_command(running.uri, job)
     # The job's own time limit, in case the harness cannot stop it: the whole row, generously.
     guard = ctx.repeat * (4 * ctx.runtime + 2 * fio.FIO_GRACE_SECONDS) + 60
     row = Row(server.name, _cache_label(server), server.kind, server.data_path or "")
+    name = f"interference-{server.name}" + (f"-{rate}MBps" if rate else "")
+    label = server.name + (f" at {rate} MB/s" if rate else "")
     try:
         triad = triadjob.Triad(binary, cpu_list(place.job) if place.separated else None, mib,
                                guard, os.path.join(ctx.logdir, "triad.log"))
         try:
             for i in range(ctx.repeat):
-                rep = _repetition(ctx, place, running, triad, command, job,
-                                  f"interference-{server.name}", i)
+                rep = _repetition(ctx, place, running, triad, command, job, name, i)
                 row.reps.append(rep)
-                ctx.report.progress(f"interference | {server.name} | run {i + 1}: "
+                ctx.report.progress(f"interference | {label} | run {i + 1}: "
                                     f"{_rep_summary(rep)}")
         finally:
             triad.stop()
@@ -300,13 +325,9 @@ def _repetition(ctx, place, running, triad, command, job, name, i) -> Rep:
     once = replace(ctx, repeat=1)
     suffix = f"-run{i + 1}"
     rep = Rep()
-    triad.pause()
-    try:
-        rep.io_alone = run_point(once, running, command, job, name=f"{name}-io-alone{suffix}",
-                                 drop_cache=False).runs[0]
-    finally:
-        triad.resume()
-    time.sleep(SETTLE_SECONDS)
+    if job.rate is None:
+        # Not at equal load: there the I/O is the rate whether the job runs or not.
+        rep.io_alone = _io_alone(once, running, triad, command, job, f"{name}-io-alone{suffix}")
     rep.before, n_before = triad.median(*triad.alone(ctx.runtime))
     started, ticks = time.time(), proc.cpu_ticks(place.others)
     rep.io_with = run_point(once, running, command, job, name=f"{name}-with-job{suffix}",
@@ -318,9 +339,20 @@ def _repetition(ctx, place, running, triad, command, job, name, i) -> Rep:
     return rep
 
 
+def _io_alone(once, running, triad, command, job, name) -> Run:
+    """The I/O with the job paused (SIGSTOP)."""
+    triad.pause()
+    try:
+        run = run_point(once, running, command, job, name=name, drop_cache=False).runs[0]
+    finally:
+        triad.resume()
+    time.sleep(SETTLE_SECONDS)
+    return run
+
+
 def _control_row(ctx: Context, place: Placement, binary: str, mib: int) -> Row:
     """The job alone, beside a CPU-only load on the server's and fio's CPUs, alone again."""
-    row = Row(CONTROL_NAME, f"no I/O: spin on {_cores(place.others)}", "control")
+    row = Row(CONTROL_NAME, f"no I/O: spin on {cores(place.others)}", "control")
     guard = ctx.repeat * (4 * ctx.runtime + 30) + 60
     log = os.path.join(ctx.logdir, "triad.log")
     triad = triadjob.Triad(binary, cpu_list(place.job), mib, guard, log)
@@ -362,151 +394,13 @@ def _io_window(run: Run, started: float, ended: float, runtime: int) -> tuple:
 
 def _rep_summary(rep: Rep) -> str:
     io = (f"; I/O {fmt(rep.io_alone_mb)} MB/s alone, {fmt(rep.io_with_mb)} with the job"
-          if rep.io_alone else "")
+          if rep.io_alone else f"; I/O {fmt(rep.io_with_mb)} MB/s" if rep.io_with else "")
     return (f"job {fmt(rep.baseline)} MB/s alone, {fmt(rep.with_io)} with the load "
-            f"({_pct(rep.slowdown)} slower), other CPUs {_pct(rep.busy)} busy{io}; "
+            f"({pct(rep.slowdown)} slower), other CPUs {pct(rep.busy)} busy{io}; "
             f"samples {rep.samples}" + (f"; {rep.error}" if rep.error else ""))
-
-
-def _pct(x, signed: bool = False) -> str:
-    if x is None:
-        return "-"
-    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
 
 
 def _cache_label(server: servers.Server) -> str:
     if server.data_path in UNCACHED_PATHS:
         return "O_DIRECT, from disk"
     return server.cache + ", warm"
-
-
-def _report(ctx: Context, place: Placement, mib: int, rows: list, intro: list) -> None:
-    r = ctx.report
-    reference = next((row for row in rows if row.kind == "nbdkit"), None)
-    table = [_table_row(row, reference) for row in rows]
-    markdown = format_markdown(HEADERS, table, left=2)
-    title = (f"[interference] job slowdown and I/O kept, {LOAD_LABEL} against a triad on "
-             f"{_cores(place.job)}")
-    r.say()
-    r.say(title)
-    r.say(markdown)
-    notes = _notes(rows, reference)
-    for line in notes:
-        r.say(line)
-    with open(os.path.join(ctx.out_dir, "interference.md"), "w", encoding="utf-8") as f:
-        f.write(f"# {title}\n\n" + "\n\n".join(intro) + "\n\n" + markdown + "\n\n"
-                + "\n\n".join(notes) + "\n")
-    r.csv("interference.csv", CSV_HEADERS, [_csv_row(row, reference, place, mib) for row in rows])
-    r.csv("interference_runs.csv", RUN_CSV_HEADERS,
-          [_run_csv_row(row, i, rep) for row in rows for i, rep in enumerate(row.reps)])
-    _charts(ctx, place, rows)
-
-
-def _table_row(row: Row, ref: Optional[Row]) -> list:
-    m = row.median
-    return [row.name, row.cache, fmt(m("baseline")),
-            _pct(m("drift"), signed=True), fmt(m("with_io")), _pct(m("slowdown")), _pct(m("busy")),
-            fmt(m("io_alone_mb")), fmt(m("io_with_mb")), _pct(m("kept")),
-            fmt_sig(m("cpu_alone")), fmt_sig(m("cpu_with")), _per_gbs(m("slowdown_per_gbs")),
-            _vs(m("slowdown"), ref.median("slowdown") if ref else None),
-            ratio(m("io_with_mb"), ref.median("io_with_mb") if ref else None)]
-
-
-def _per_gbs(x) -> str:
-    return "-" if x is None else f"{x:.1f}%"
-
-
-def _vs(value, reference) -> str:
-    """A slowdown over nbdkit's; '-' when nbdkit's is not above zero (within noise of none)."""
-    x = _slowdown_ratio(value, reference)
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def _slowdown_ratio(value, reference):
-    if value is None or reference is None or reference <= 0:
-        return None
-    return value / reference
-
-
-def _notes(rows: list, ref: Optional[Row]) -> list:
-    notes = ["Reading it: 'job slowdown' = 1 - job w/ I/O ÷ job alone; 'other CPUs busy' = the "
-             "share of the server's and fio's CPUs not idle (/proc/stat) during that run; 'I/O "
-             "kept' = I/O w/ job ÷ I/O alone; CPU s/GiB = the server's user + system time per "
-             "GiB served, with the I/O alone and with the job; 'slowdown per GB/s' = the "
-             "slowdown over the GB/s served with the job; the last two columns divide this "
-             "row's slowdown and its I/O with the job by nbdkit's ('-': nbdkit's slowdown is "
-             f"not above zero). '{CONTROL_NAME}': the same windows with a register-only loop on "
-             "the other CPUs instead of I/O; an I/O row's slowdown beyond it is what its memory "
-             "traffic costs the job. A slowdown of a few tenths of a percent, or below zero, is "
-             "within noise."]
-    if ref is None:
-        notes.append("note: no nbdkit row, so no ratio columns.")
-    alone = [v for row in rows for rep in row.reps for v in (rep.before, rep.after) if v]
-    if alone:
-        mid = statistics.median(alone)
-        notes.append(f"job alone over every window of every row: median {mid:,.0f} MB/s, "
-                     f"{min(alone):,.0f}..{max(alone):,.0f} ({100 * (max(alone) - min(alone)) / mid:.1f}% "
-                     f"of the median, {len(alone)} windows): a slowdown smaller than this spread "
-                     "needs more --repeat or a longer --runtime before it means anything.")
-    for row in rows:
-        if row.error:
-            notes.append(f"  {row.name}: {row.error}")
-    return notes
-
-
-def _csv_row(row: Row, ref: Optional[Row], place: Placement, mib: int) -> list:
-    m = row.median
-    return [row.name, row.cache, row.data_path,
-            cpu_list(place.server), cpu_list(place.client), cpu_list(place.job), mib,
-            len(row.reps), _r(m("baseline"), 1), row.spread("baseline"), _r(m("before"), 1),
-            _r(m("after"), 1), _r100(m("drift")), _r(m("with_io"), 1), row.spread("with_io"),
-            _r100(m("slowdown")), _r100(m("busy")), _r(m("io_alone_mb"), 1), _r(m("io_with_mb"), 1),
-            row.spread("io_with_mb"), _r100(m("kept")), _r(m("cpu_alone"), 4),
-            _r(m("cpu_with"), 4), _r(m("slowdown_per_gbs"), 2),
-            _r(_slowdown_ratio(m("slowdown"), ref.median("slowdown") if ref else None), 3),
-            _r(_ratio(m("io_with_mb"), ref.median("io_with_mb") if ref else None), 3), row.error]
-
-
-def _run_csv_row(row: Row, i: int, rep: Rep) -> list:
-    return [row.name, i + 1, _r(rep.before, 1), _r(rep.after, 1), _r(rep.with_io, 1),
-            "/".join(map(str, rep.samples)), _r100(rep.busy), _r(rep.io_alone_mb, 1), _r(rep.io_with_mb, 1),
-            _r(rep.cpu_alone, 4), _r(rep.cpu_with, 4), rep.error]
-
-
-def _charts(ctx: Context, place: Placement, rows: list) -> None:
-    where = f"job on {_cores(place.job)}, server on {_cores(place.server)}"
-    names = [_short(row) for row in rows]
-    slowdown = [None if s is None else 100 * s for s in (row.median("slowdown") for row in rows)]
-    svg.bar_chart(os.path.join(ctx.out_dir, "interference-slowdown.svg"),
-                  f"Job slowdown while the server serves {LOAD_LABEL} (lower is better)", names,
-                  [svg.Series("job slowdown %", slowdown, SLOWDOWN_COLOR)], "job slowdown %",
-                  subtitle=f"triad, {where}; sluice rows named by data path; 'spin': no I/O, "
-                           "the other CPUs busy in registers",
-                  value_label=lambda v: f"{v:.1f}%")
-    served = [row for row in rows if row.kind != "control"]
-    svg.bar_chart(os.path.join(ctx.out_dir, "interference-cpu.svg"),
-                  "Server CPU per GiB served (lower is better)", [_short(row) for row in served],
-                  [svg.Series("I/O alone", [row.median("cpu_alone") for row in served], ALONE_COLOR),
-                   svg.Series("with the job", [row.median("cpu_with") for row in served],
-                              WITH_COLOR)],
-                  "CPU s/GiB", subtitle=f"user + system time of the server; {where}",
-                  value_label=lambda v: f"{v:.3g}")
-
-
-def _short(row: Row) -> str:
-    """A bar's label: sluice rows by data path, the control as 'spin'."""
-    if row.kind == "control":
-        return "spin"
-    return row.data_path or row.name
-
-
-def _ratio(a, b):
-    return a / b if a is not None and b else None
-
-
-def _r(value, digits):
-    return None if value is None else round(value, digits)
-
-
-def _r100(value):
-    return None if value is None else round(100 * value, 2)

@@ -80,6 +80,10 @@ def parse_args(argv):
                    help="measure this sluice binary instead of building target/release/sluice")
     p.add_argument("--no-install", action="store_true",
                    help="do not apt-get install missing tools; skip what needs them")
+    p.add_argument("--interference-rate", type=int, metavar="MB/S",
+                   help="interference's equal-load pass: fio's rate in MB/s for every server "
+                        "(default: 60%% of the lowest full-speed rate, in steps of 50; 0: no "
+                        "equal-load pass)")
     p.add_argument("--nbdkit-plugins", metavar="DIR", default=os.environ.get(NBDKIT_PLUGINS_ENV),
                    help="give nbdkit its plugins by path from DIR (a carried nbdkit, bench/pack) "
                         f"instead of by name; default ${NBDKIT_PLUGINS_ENV} if set")
@@ -93,6 +97,8 @@ def parse_args(argv):
         p.error("--runtime must be at least 1 second")
     if args.repeat is not None and args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.interference_rate is not None and args.interference_rate < 0:
+        p.error("--interference-rate must be 0 (no equal-load pass) or more MB/s")
     try:
         args.size = parse_size(args.size)
     except ValueError as e:
@@ -207,7 +213,8 @@ def prepare(args, report, out_dir, workdir, argv):
                    runtime=runtime, repeat=repeat, quick=args.quick,
                    cold_ok=cold_ok, cold_reason=cold_reason,
                    nbdkit_cache_none=tools.nbdkit_has_cache_none(), qemu_aio=tools.qemu_nbd_aio(),
-                   missing=missing, allow_install=not args.no_install)
+                   missing=missing, allow_install=not args.no_install,
+                   interference_rate=args.interference_rate)
 
 
 def _give_back(out_dir: str) -> None:

@@ -38,6 +38,9 @@ class Context:
     qemu_aio: str
     missing: list                # programs not installed
     allow_install: bool = True   # an experiment may apt-get install what only it needs
+    # interference's equal-load pass: fio's rate in MB/s; None: chosen from the full-speed
+    # pass; 0: no equal-load pass.
+    interference_rate: Optional[int] = None
     _failed: dict = field(default_factory=dict)
 
     @property
