@@ -154,6 +154,10 @@ class Row:
 def lineup(ctx: Context, place: Placement) -> list:
     paths = [p for p in DATA_PATHS if p in ctx.data_paths] if ctx.data_paths else [None]
     out = [servers.sluice(ctx.binary, data_path=p) for p in paths]
+    if "splice" in paths and "--busy-poll" in ctx.features:
+        # The same path without the spin before sleeping: what the spin costs the job on a
+        # core of its own (docs/serve.md, THREADS, PINNING AND POLLING).
+        out.append(servers.sluice(ctx.binary, data_path="splice", busy_poll=0))
     if ctx.have("nbdkit"):
         out.append(servers.nbdkit_file(False, ctx.nbdkit_cache_none))
     if ctx.have("qemu-nbd"):

@@ -320,6 +320,8 @@ def _label(row) -> str:
     """A bar's label: sluice rows by data path, the control as 'spin'."""
     if row.kind == "control":
         return "spin"
+    if row.kind == "sluice" and "busy-poll=0" in row.name:
+        return f"{row.data_path} bp0"
     return row.data_path or row.name
 
 
