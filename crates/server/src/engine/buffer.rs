@@ -19,6 +19,9 @@ use crate::limits::{BUFFER_POOL_GROW_STEP_BYTES, BUFFER_POOL_SLABS_MAX, BUFFER_P
 /// Alignment and allocation unit of every buffer: a page, what O_DIRECT needs on any device.
 pub const BUFFER_ALIGN_BYTES: usize = crate::limits::PAGE_BYTES;
 
+/// A transparent huge page on x86-64 and arm64 with 4 KiB pages.
+const HUGE_PAGE_BYTES: usize = 2 * 1024 * 1024;
+
 /// One slab: a mapping that a buddy allocator splits into buffers.
 pub struct Region {
     base: NonNull<u8>,
@@ -33,22 +36,43 @@ pub struct Region {
 
 impl Region {
     fn map(len: usize, slot: u16, id: u64) -> std::io::Result<Region> {
+        // Slabs of whole huge pages are mapped on a huge-page boundary and asked to be
+        // backed by huge pages: a buffer then lies in few physically contiguous runs, so
+        // its I/O needs fewer segments and the kernel registers it in fewer pieces.
+        let align = if len >= HUGE_PAGE_BYTES { HUGE_PAGE_BYTES } else { BUFFER_ALIGN_BYTES };
+        let span = len + align - BUFFER_ALIGN_BYTES;
         // SAFETY: an anonymous private mapping with no address hint has no preconditions; the
         // result is checked before use.
-        let base = unsafe {
+        let raw = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                span,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        if base == libc::MAP_FAILED {
+        if raw == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        let base = NonNull::new(base.cast::<u8>()).expect("mmap never returns null on success");
+        let start = raw as usize;
+        let aligned = start.next_multiple_of(align);
+        // SAFETY: both ranges lie inside the mapping made above and outside [aligned,
+        // aligned + len), which is all the region keeps; unmapping them touches nothing else.
+        unsafe {
+            if aligned > start {
+                libc::munmap(raw, aligned - start);
+            }
+            if start + span > aligned + len {
+                libc::munmap((aligned + len) as *mut libc::c_void, start + span - aligned - len);
+            }
+        }
+        if align == HUGE_PAGE_BYTES {
+            // SAFETY: advice on a range this region owns; failure (no THP) leaves small pages.
+            unsafe { libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+        }
+        let base = NonNull::new(aligned as *mut u8).expect("mmap never returns null on success");
         let blocks = len / BUFFER_ALIGN_BYTES;
         let buddy = RefCell::new(Buddy::new(blocks, blocks.trailing_zeros() as u8));
         Ok(Region { base, len, slot, id, buddy })
