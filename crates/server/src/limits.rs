@@ -9,6 +9,10 @@ use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 /// Pages are the unit of the page cache, of pipe capacity and of O_DIRECT alignment.
 pub const PAGE_BYTES: usize = 4096;
 
+/// A transparent huge page (x86-64, and arm64 with 4 KiB pages): buffer-pool slabs of at
+/// least this size are aligned to it and asked to be backed by such pages.
+pub const HUGE_PAGE_BYTES: usize = 2 * 1024 * 1024;
+
 const REQUEST_MAX_BYTES: usize = REQUEST_PAYLOAD_MAX_BYTES as usize;
 
 // ---- defaults of the configurable budgets ---------------------------------------------
@@ -221,6 +225,7 @@ const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER_DEFAULT >= REQUEST_MAX_BYTES)
 const _: () = assert!(BUFFER_POOL_GROW_STEP_BYTES.is_power_of_two() && BUFFER_POOL_GROW_STEP_BYTES >= PAGE_BYTES);
 const _: () = assert!(BUFFER_POOL_SLAB_MAX_BYTES.is_power_of_two() && BUFFER_POOL_SLAB_MAX_BYTES >= REQUEST_MAX_BYTES);
 const _: () = assert!(BUFFER_POOL_SLABS_MAX <= u16::MAX as usize);
+const _: () = assert!(HUGE_PAGE_BYTES.is_multiple_of(PAGE_BYTES) && BUFFER_POOL_GROW_STEP_BYTES.is_multiple_of(HUGE_PAGE_BYTES));
 const _: () = assert!(INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT <= u16::MAX as usize);
 const _: () = assert!(RECV_BUFFER_BYTES >= 2 * sluice_proto::wire::REQUEST_BYTES);
 const _: () = assert!(BUSY_POLL_DEFAULT_US <= BUSY_POLL_MAX_US && BUSY_POLL_MIN_NS < 1000 * BUSY_POLL_MAX_US);

@@ -14,13 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::buddy::{order_for, Buddy};
-use crate::limits::{BUFFER_POOL_GROW_STEP_BYTES, BUFFER_POOL_SLABS_MAX, BUFFER_POOL_SLAB_MAX_BYTES};
+use crate::limits::{BUFFER_POOL_GROW_STEP_BYTES, BUFFER_POOL_SLABS_MAX, BUFFER_POOL_SLAB_MAX_BYTES, HUGE_PAGE_BYTES};
 
 /// Alignment and allocation unit of every buffer: a page, what O_DIRECT needs on any device.
 pub const BUFFER_ALIGN_BYTES: usize = crate::limits::PAGE_BYTES;
-
-/// A transparent huge page on x86-64 and arm64 with 4 KiB pages.
-const HUGE_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 /// One slab: a mapping that a buddy allocator splits into buffers.
 pub struct Region {
