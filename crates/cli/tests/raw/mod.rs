@@ -10,7 +10,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest any single read may wait. Generous for a loaded CI machine, short enough that a
 /// server that stops answering fails the test instead of hanging it.
@@ -489,10 +489,15 @@ impl Client {
 
     /// Ok(bytes sent before the close), or Err(bytes) if the connection was still open after `t`.
     pub fn close_within(&mut self, t: Duration) -> Result<Vec<u8>, Vec<u8>> {
-        self.set_read_timeout(t);
+        let deadline = Instant::now() + t;
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         let result = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break Err(got);
+            }
+            self.set_read_timeout(left);
             match self.stream.read(&mut buf) {
                 Ok(0) => break Ok(got),
                 Ok(n) => {
@@ -500,6 +505,9 @@ impl Client {
                     assert!(got.len() < 1 << 20, "server keeps sending while it should close");
                 }
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break Ok(got),
+                // A socket read with a timeout fails with EINTR when the process is stopped and
+                // continued (signal(7)), even without a handler: read again for what is left.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => break Err(got),
                 Err(e) => panic!("waiting for close: {e}"),
             }

@@ -159,13 +159,24 @@ fn answer(mut stream: TcpStream, metrics: &Metrics) -> io::Result<()> {
     linger(&mut stream, deadline)
 }
 
+/// One read, again after EINTR: a read with a timeout set fails with it when the process is
+/// stopped and continued (signal(7)), which is no fault of the client's.
+fn read_some(stream: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            other => return other,
+        }
+    }
+}
+
 /// Reads up to the end of the request head; None when the client closed before sending one.
 fn read_request(stream: &mut TcpStream, deadline: Instant) -> io::Result<Option<Asked>> {
     let mut head = [0; REQUEST_HEAD_MAX_BYTES];
     let mut len = 0;
     while len < head.len() {
         stream.set_read_timeout(Some(remaining(deadline)?))?;
-        let n = stream.read(&mut head[len..])?;
+        let n = read_some(stream, &mut head[len..])?;
         if n == 0 {
             return Ok(None);
         }
@@ -248,7 +259,7 @@ fn linger(stream: &mut TcpStream, deadline: Instant) -> io::Result<()> {
     let mut discard = [0; 1024];
     loop {
         stream.set_read_timeout(Some(remaining(deadline)?))?;
-        if stream.read(&mut discard)? == 0 {
+        if read_some(stream, &mut discard)? == 0 {
             return Ok(());
         }
     }
