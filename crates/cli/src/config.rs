@@ -38,6 +38,10 @@ pub struct FileConfig {
     pub tls_certificates: Option<PathBuf>,
     pub tls_psk: Option<PathBuf>,
     pub tls_verify_peer: Option<bool>,
+    /// Ceph access for rbd: exports, as for --rbd-conf, --rbd-id and --rbd-keyring.
+    pub rbd_conf: Option<PathBuf>,
+    pub rbd_id: Option<String>,
+    pub rbd_keyring: Option<PathBuf>,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default, rename = "export")]

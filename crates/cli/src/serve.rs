@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use sluice_server::backend::RbdAccess;
 use sluice_server::export::{DataPath, Options};
 use sluice_server::limits::BUSY_POLL_DEFAULT_US;
 use sluice_server::{Config, Export, Exports, Server, Spec, TlsServer, TlsSettings};
@@ -28,6 +29,8 @@ const DEFAULT_MEMORY_EXPORT_BYTES: u64 = 1 << 30;
   sluice serve disk.img                 # serve a file as the default export
   sluice serve --export vm=/dev/vdb,ro --export scratch=memory:4G
   sluice serve --export far=nbd://10.0.0.7/disk   # re-export another NBD server's export
+  sluice serve --export vm=rbd:rbd/vm1 --rbd-id sluice   # a Ceph RBD image (docs/backends/rbd.md)
+  sluice serve --export gold=rbd:rbd/base@v1       # a snapshot, served read-only
   sluice serve --unix /run/sluice.sock disk.img
   sluice serve --data-path direct --chunk 512K disk.img
   sluice serve --export cold=/dev/vdc,data-path=splice-direct --metrics 127.0.0.1:9109
@@ -36,7 +39,8 @@ const DEFAULT_MEMORY_EXPORT_BYTES: u64 = 1 << 30;
 
 Exit status: 0 after a clean shutdown (SIGINT/SIGTERM); 1 when the server cannot start
 (address in use, io_uring unavailable); 2 for a bad command line or config file, including
-an export that cannot be opened (missing file, bad size, unreachable NBD server).")]
+an export that cannot be opened (missing file, bad size, unreachable NBD server or Ceph
+cluster, missing RBD pool or image).")]
 pub struct ServeArgs {
     /// File or block device to serve as the default export (name ""). Without PATH and
     /// without --export, a 1 GiB in-memory export is served.
@@ -53,11 +57,26 @@ pub struct ServeArgs {
     unix: Vec<PathBuf>,
 
     /// Add a named export (repeatable). SPEC is a path, memory:SIZE, null:SIZE, an NBD URI
-    /// (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH) to re-export, or pool:FILE;
-    /// options follow after commas: `ro`, `data-path=PATH`, and `description=TEXT` (last,
-    /// may contain commas).
-    #[arg(long, value_name = "NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]")]
+    /// (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH) to re-export, pool:FILE, or a
+    /// Ceph RBD image rbd:POOL/[NAMESPACE/]IMAGE[@SNAPSHOT] (a snapshot is read-only);
+    /// options follow after commas: `ro`, `data-path=PATH`, for RBD `rbd-conf=FILE`,
+    /// `rbd-id=ID` and `rbd-keyring=FILE`, and `description=TEXT` (last, may contain commas).
+    #[arg(long, value_name = "NAME=SPEC[,ro][,data-path=PATH][,rbd-...=VALUE][,description=TEXT]")]
     export: Vec<ExportEntry>,
+
+    /// Ceph configuration file for rbd: exports that name none. Default: where Ceph's
+    /// tools look ($CEPH_CONF, /etc/ceph/ceph.conf, ~/.ceph/config, ./ceph.conf).
+    #[arg(long, value_name = "FILE")]
+    rbd_conf: Option<PathBuf>,
+
+    /// Ceph client id (client.ID) for rbd: exports that name none. Default: admin.
+    #[arg(long, value_name = "ID")]
+    rbd_id: Option<String>,
+
+    /// Keyring with the Ceph client's key, for rbd: exports that name none. Default: the
+    /// keyring the Ceph configuration names.
+    #[arg(long, value_name = "FILE")]
+    rbd_keyring: Option<PathBuf>,
 
     /// How reads and writes move data: copy (read into a buffer, then send), direct
     /// (O_DIRECT into registered buffers, no page cache), splice (file -> pipe -> socket,
@@ -185,7 +204,12 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
         data_path: args.data_path.or(file.data_path).unwrap_or_default(),
         chunking: args.chunk.or(file.chunk).unwrap_or_default().0,
     };
-    let exports = open_exports(export_entries(&args, &file), &defaults)?;
+    let rbd = RbdAccess {
+        conf: args.rbd_conf.clone().or(file.rbd_conf.clone()),
+        id: args.rbd_id.clone().or(file.rbd_id.clone()),
+        keyring: args.rbd_keyring.clone().or(file.rbd_keyring.clone()),
+    };
+    let exports = open_exports(export_entries(&args, &file), &defaults, &rbd)?;
     let (tcp, unix, tcp_ipv6_optional) = listeners(&args, &file);
     let cpus = || std::thread::available_parallelism().ok();
     let threads = args.threads.or(file.threads).or_else(cpus).map_or(1, NonZeroUsize::get);
@@ -217,12 +241,13 @@ fn export_entries(args: &ServeArgs, file: &FileConfig) -> Vec<ExportEntry> {
     entries
 }
 
-fn open_exports(entries: Vec<ExportEntry>, defaults: &Options) -> Result<Exports, Usage> {
+fn open_exports(entries: Vec<ExportEntry>, defaults: &Options, rbd: &RbdAccess) -> Result<Exports, Usage> {
     let mut exports = Exports::default();
     for entry in entries {
         let name = &entry.name;
-        let export = Export::open(name, &entry.spec, entry.options(defaults))
-            .map_err(|e| Usage(format!("export {name:?}: cannot open {}: {e}", entry.spec)))?;
+        let spec = entry.spec(rbd).map_err(Usage)?;
+        let export = Export::open(name, &spec, entry.options(defaults))
+            .map_err(|e| Usage(format!("export {name:?}: cannot open {spec}: {e}")))?;
         exports.insert(export).map_err(|e| Usage(e.to_string()))?;
     }
     Ok(exports)

@@ -1,10 +1,12 @@
 //! An export as the operator describes it, before it is opened: an `[[export]]` table of
-//! the configuration file or an `--export NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]`
-//! option, both parsed into the same type.
+//! the configuration file or an `--export NAME=SPEC[,ro][,data-path=PATH][,rbd-conf=FILE]
+//! [,rbd-id=ID][,rbd-keyring=FILE][,description=TEXT]` option, both parsed into the same type.
 
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{de, Deserialize, Deserializer};
+use sluice_server::backend::{RbdAccess, RbdSpec};
 use sluice_server::export::{DataPath, Options};
 use sluice_server::Spec;
 
@@ -16,7 +18,7 @@ pub struct ExportEntry {
     /// `""` is the default export.
     #[serde(default)]
     pub name: String,
-    /// A path, `memory:SIZE`, `null:SIZE`, an NBD URI or `pool:FILE`.
+    /// A path, `memory:SIZE`, `null:SIZE`, an NBD URI, `pool:FILE` or `rbd:POOL/IMAGE`.
     #[serde(deserialize_with = "spec")]
     pub spec: Spec,
     #[serde(default)]
@@ -25,12 +27,37 @@ pub struct ExportEntry {
     /// This export's own data path; without one it takes the server's.
     #[serde(default, deserialize_with = "parsed_some")]
     pub data_path: Option<DataPath>,
+    /// For an `rbd:` export: its Ceph configuration file, client id and keyring, over the
+    /// server-wide --rbd-conf, --rbd-id and --rbd-keyring.
+    pub rbd_conf: Option<PathBuf>,
+    pub rbd_id: Option<String>,
+    pub rbd_keyring: Option<PathBuf>,
 }
 
 impl ExportEntry {
     /// An export with nothing but a name and a spec (PATH, and the default RAM export).
     pub fn plain(name: &str, spec: Spec) -> ExportEntry {
-        ExportEntry { name: name.to_owned(), spec, read_only: false, description: None, data_path: None }
+        ExportEntry {
+            name: name.to_owned(),
+            spec,
+            read_only: false,
+            description: None,
+            data_path: None,
+            rbd_conf: None,
+            rbd_id: None,
+            rbd_keyring: None,
+        }
+    }
+
+    /// The spec to open: an RBD image's access settings are this entry's, then `defaults`.
+    /// Access settings on any other kind of export are an error.
+    pub fn spec(&self, defaults: &RbdAccess) -> Result<Spec, String> {
+        let own = RbdAccess { conf: self.rbd_conf.clone(), id: self.rbd_id.clone(), keyring: self.rbd_keyring.clone() };
+        match &self.spec {
+            Spec::Rbd(r) => Ok(Spec::Rbd(RbdSpec { access: own.or(defaults), ..r.clone() })),
+            _ if !own.is_empty() => Err(format!("export {:?}: rbd-conf, rbd-id and rbd-keyring apply to rbd: exports only", self.name)),
+            spec => Ok(spec.clone()),
+        }
     }
 
     /// This export's options: its own choices over the server-wide `defaults`.
@@ -49,7 +76,7 @@ fn spec<'de, D: Deserializer<'de>>(d: D) -> Result<Spec, D::Error> {
     Spec::parse(&text).map_err(de::Error::custom)
 }
 
-/// `NAME=SPEC[,ro][,data-path=PATH][,description=TEXT]`: NAME is everything before the
+/// `NAME=SPEC[,OPTION]...[,description=TEXT]`: NAME is everything before the
 /// first `=`; `description=` comes last so that TEXT may hold commas.
 impl FromStr for ExportEntry {
     type Err = String;
@@ -69,9 +96,15 @@ impl FromStr for ExportEntry {
             match option {
                 "ro" | "read-only" => entry.read_only = true,
                 "" => {}
-                other => match other.strip_prefix("data-path=") {
-                    Some(p) => entry.data_path = Some(p.parse::<DataPath>().map_err(|e| e.to_string())?),
-                    None => return Err(format!("unknown option {other:?} (known: ro, data-path=, description=)")),
+                other => match other.split_once('=') {
+                    Some(("data-path", p)) => entry.data_path = Some(p.parse::<DataPath>().map_err(|e| e.to_string())?),
+                    Some(("rbd-conf", p)) if !p.is_empty() => entry.rbd_conf = Some(PathBuf::from(p)),
+                    Some(("rbd-id", id)) if !id.is_empty() => entry.rbd_id = Some(id.to_owned()),
+                    Some(("rbd-keyring", p)) if !p.is_empty() => entry.rbd_keyring = Some(PathBuf::from(p)),
+                    _ => {
+                        let known = "ro, data-path=, rbd-conf=, rbd-id=, rbd-keyring=, description=";
+                        return Err(format!("unknown or empty option {other:?} (known: {known})"));
+                    }
                 },
             }
         }

@@ -12,7 +12,9 @@ use sluice_proto::{Catalog, ExportSummary};
 
 use serde::Deserialize;
 
-use crate::backend::{self, Backend, Caps, FileBackend, NullBackend, RemoteBackend};
+#[cfg(feature = "rbd")]
+use crate::backend::RbdBackend;
+use crate::backend::{self, Backend, Caps, FileBackend, NullBackend, RbdSpec, RemoteBackend};
 use crate::limits::BLOCK_PREFERRED_BYTES;
 
 /// Where an export's data lives, as written on the command line or in the config file.
@@ -24,6 +26,8 @@ pub enum Spec {
     /// Another NBD server's export (`nbd://`, `nbd+unix://`) or a sluice pool (`pool:FILE`),
     /// as written: the client library parses it when the export opens.
     Remote(String),
+    /// A Ceph RBD image (`rbd:POOL/IMAGE[@SNAPSHOT]`).
+    Rbd(RbdSpec),
 }
 
 #[derive(Debug)]
@@ -39,9 +43,12 @@ impl std::error::Error for SpecError {}
 
 impl Spec {
     /// `memory:SIZE`, `null:SIZE`, an NBD URI (`nbd://HOST[:PORT]/NAME`,
-    /// `nbd+unix:///NAME?socket=PATH`), `pool:FILE`, or a path (`file:PATH` also works for
-    /// odd names).
+    /// `nbd+unix:///NAME?socket=PATH`), `pool:FILE`, `rbd:POOL/IMAGE[@SNAPSHOT]`, or a path
+    /// (`file:PATH` also works for odd names).
     pub fn parse(s: &str) -> Result<Spec, SpecError> {
+        if let Some(rbd) = s.strip_prefix("rbd:") {
+            return RbdSpec::parse(rbd).map(Spec::Rbd).map_err(SpecError);
+        }
         if is_nbd_uri(s) || s.starts_with("pool:") {
             // Checked now, so a typo is a usage error before anything is opened.
             sluice_client::Uri::parse(s).map_err(|e| SpecError(e.to_string()))?;
@@ -77,8 +84,25 @@ impl fmt::Display for Spec {
             Spec::Memory(size) => write!(f, "memory:{size}"),
             Spec::Null(size) => write!(f, "null:{size}"),
             Spec::Remote(s) => f.write_str(s),
+            Spec::Rbd(r) => write!(f, "{r}"),
         }
     }
+}
+
+/// The image's backend, and whether it was opened read-only.
+#[cfg(feature = "rbd")]
+fn open_rbd(spec: &RbdSpec, read_only: bool) -> std::io::Result<(Box<dyn Backend>, bool)> {
+    let b = RbdBackend::open(spec, read_only)?;
+    let read_only = b.read_only();
+    Ok((Box::new(b), read_only))
+}
+
+#[cfg(not(feature = "rbd"))]
+fn open_rbd(_spec: &RbdSpec, _read_only: bool) -> std::io::Result<(Box<dyn Backend>, bool)> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "this sluice was built without RBD support, the `rbd` feature (build it with `cargo build --release --features rbd`)",
+    ))
 }
 
 /// Parses sizes like `4096`, `64K`, `1G`, `1.5T`, `2GiB` (binary units).
@@ -202,6 +226,16 @@ impl Export {
                 // Bytes arrive in memory from a socket: there is no file to splice or bypass.
                 data_path = DataPath::Copy;
                 Box::new(b)
+            }
+            Spec::Rbd(r) => {
+                let (b, snapshot) = open_rbd(r, read_only)?;
+                if snapshot && !read_only {
+                    log::info!("export {name:?}: {r} is a snapshot, so this export is read-only");
+                    read_only = true;
+                }
+                // Bytes arrive in memory from librbd: there is no file to splice or bypass.
+                data_path = DataPath::Copy;
+                b
             }
         };
         Ok(Export { name: name.to_owned(), description, read_only, data_path, chunking, backend })

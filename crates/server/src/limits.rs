@@ -202,6 +202,22 @@ pub const REMOTE_RUNTIME_THREADS: usize = 2;
 /// waits out the lease and reconciles). Only a stalled remote costs this much.
 pub const REMOTE_DISCONNECT_TIMEOUT_MS: u64 = 10_000;
 
+/// How long an RBD export waits for the Ceph monitors at start (librados'
+/// client_mount_timeout, when the Ceph configuration leaves it at Ceph's 300 s): an
+/// unreachable cluster is an error at start, not five minutes of silence.
+pub const RBD_CONNECT_TIMEOUT_S: u64 = 30;
+
+/// How long one RBD operation may wait for its OSDs before it fails with EIO (librados'
+/// rados_osd_op_timeout, when the Ceph configuration leaves it at 0, "forever"). Long
+/// enough to ride out an OSD restart or a placement group peering; short enough that a
+/// client learns its cluster is gone before its own NBD timeout (the Linux client's is 30 s)
+/// cuts the connection.
+pub const RBD_OP_TIMEOUT_S: u64 = 25;
+
+/// Time an RBD image gets to close at shutdown: closing waits for operations in flight,
+/// which a lost cluster never ends.
+pub const RBD_CLOSE_TIMEOUT_MS: u64 = 10_000;
+
 // ---- the metrics endpoint ------------------------------------------------------------
 
 /// Time one scraper gets to send its request and take the whole reply. Scrapers answer

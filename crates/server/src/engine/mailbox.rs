@@ -106,6 +106,10 @@ struct Parked {
     held: Held,
     /// Where returned bytes go in a held buffer.
     at: usize,
+    /// Another thread holds a raw pointer into `held` until the completion is posted (a C
+    /// library reads or writes the buffer itself): if the mailbox goes first, `held` is
+    /// leaked rather than freed.
+    lent: bool,
 }
 
 struct Slot {
@@ -138,8 +142,8 @@ impl Mailbox {
         self.slots.len() - self.free.len()
     }
 
-    pub(super) fn park(&mut self, id: StorageId, held: Held, at: usize) -> Completer {
-        let parked = Some(Parked { id, held, at });
+    pub(super) fn park(&mut self, id: StorageId, held: Held, at: usize, lent: bool) -> Completer {
+        let parked = Some(Parked { id, held, at, lent });
         let index = match self.free.pop() {
             Some(i) => {
                 self.slots[i as usize].parked = parked;
@@ -169,7 +173,7 @@ impl Mailbox {
     }
 
     fn unpark(&mut self, Post { ticket, result, payload }: Post) -> Option<Completion> {
-        let Some(Parked { id, mut held, at }) = self.take(ticket) else {
+        let Some(Parked { id, mut held, at, .. }) = self.take(ticket) else {
             debug_assert!(false, "a post for {ticket:?}, which is not parked");
             return None;
         };
@@ -205,8 +209,16 @@ impl Mailbox {
 
 impl Drop for Mailbox {
     fn drop(&mut self) {
-        // Later posts are dropped by their posters; parked operations go with the slots.
+        // Later posts are dropped by their posters; parked operations go with the slots,
+        // but a buffer another thread may still write into is never freed: its memory (a
+        // slab, kept mapped by the buffer's reference to it, or heap) stays valid for the
+        // life of the process.
         self.shared.posts().take();
+        for slot in &mut self.slots {
+            if let Some(parked) = slot.parked.take_if(|p| p.lent) {
+                std::mem::forget(parked.held);
+            }
+        }
     }
 }
 
@@ -222,13 +234,13 @@ mod tests {
     #[test]
     fn a_ticket_takes_its_operation_once_and_never_the_slots_next_use() {
         let mut mailbox = Mailbox::new();
-        let done = mailbox.park(id(), Held::Nothing, 0);
+        let done = mailbox.park(id(), Held::Nothing, 0, false);
         let stale = done.ticket;
         done.complete(0, Payload::Nothing);
         let mut out = Vec::new();
         mailbox.collect(&mut out);
         assert_eq!((out.len(), mailbox.parked()), (1, 0));
-        let next = mailbox.park(id(), Held::Nothing, 0);
+        let next = mailbox.park(id(), Held::Nothing, 0, false);
         assert_eq!(next.ticket.index, stale.index, "the slot is reused");
         assert!(mailbox.take(stale).is_none(), "an old ticket does not take the new operation");
         assert!(mailbox.take(next.ticket).is_some());
@@ -239,7 +251,7 @@ mod tests {
     #[test]
     fn posts_after_the_mailbox_closed_are_dropped_by_the_poster() {
         let mut mailbox = Mailbox::new();
-        let done = mailbox.park(id(), Held::Nothing, 0);
+        let done = mailbox.park(id(), Held::Nothing, 0, false);
         let shared = Arc::clone(&mailbox.shared);
         drop(mailbox);
         done.complete(0, Payload::Bytes(vec![1; 64]));

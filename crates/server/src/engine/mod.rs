@@ -9,6 +9,8 @@ mod buffer;
 mod mailbox;
 mod op;
 mod pipe;
+#[cfg(feature = "rbd")]
+mod rbd;
 mod ring;
 mod send;
 mod socket;
@@ -17,6 +19,8 @@ pub use buffer::{Buf, BufferStats, Pool, BUFFER_ALIGN_BYTES};
 pub use mailbox::{Completer, Payload};
 pub use op::{Completion, ConnId, Held, StorageId, Tag, Token};
 pub use pipe::{fully_cached, splice_now, Pipe, Pipes};
+#[cfg(feature = "rbd")]
+pub use rbd::{Image as RbdImage, IoCtx as RbdIoCtx, Rados};
 pub use ring::Ring;
 pub use send::{Part, SendBatch};
 pub use socket::unacked_bytes;

@@ -144,7 +144,16 @@ impl Ring {
     /// it. Bytes it brings back are copied into a held buffer from byte `at` on. The
     /// operation then comes out of `wait` like any other.
     pub fn defer(&mut self, id: StorageId, held: Held, at: usize) -> Completer {
-        self.mailbox.park(id, held, at)
+        self.mailbox.park(id, held, at, false)
+    }
+
+    /// Parks an operation as `defer` does, for a foreign library that reads or writes the
+    /// held buffer through a raw pointer until it posts the completion. Should the ring go
+    /// first (a worker stopping while the library still waits on its storage), the buffer
+    /// is leaked, never freed under the library's feet.
+    #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
+    pub(super) fn defer_lent(&mut self, id: StorageId, held: Held, at: usize) -> Completer {
+        self.mailbox.park(id, held, at, true)
     }
 
     /// Receives into `buf[at..]`.
