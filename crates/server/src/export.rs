@@ -195,7 +195,7 @@ pub struct Export {
 
 impl Export {
     pub fn open(name: &str, spec: &Spec, options: Options) -> std::io::Result<Export> {
-        let Options { mut read_only, description, mut data_path, chunking } = options;
+        let Options { mut read_only, description, mut data_path, mut chunking } = options;
         let backend: Box<dyn Backend> = match spec {
             Spec::Path(p) => {
                 let mut b = FileBackend::open(p, read_only)?;
@@ -235,6 +235,11 @@ impl Export {
                 }
                 // Bytes arrive in memory from librbd: there is no file to splice or bypass.
                 data_path = DataPath::Copy;
+                if chunking == Chunking::Auto {
+                    // librbd splits a read over its objects and reads them at once already;
+                    // chunks of ours would only turn one OSD read into several.
+                    chunking = Chunking::Off;
+                }
                 b
             }
         };

@@ -2,6 +2,7 @@
 //! skip loudly when one is missing.
 #![allow(dead_code)]
 
+pub mod ceph;
 pub mod pool;
 pub mod tls;
 

@@ -198,6 +198,10 @@ impl Backend for RbdBackend {
         self.size
     }
 
+    fn close(&self) {
+        self.image.close();
+    }
+
     fn caps(&self) -> Caps {
         self.caps
     }

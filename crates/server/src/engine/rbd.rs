@@ -14,7 +14,8 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
 use std::path::Path;
 use std::ptr;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use libloading::Library;
@@ -238,8 +239,9 @@ impl Drop for IoCtx {
 /// An open RBD image (`rbd_image_t`).
 pub struct Image {
     handle: Handle,
-    /// Always Some until the image is dropped, when it goes to the closing thread.
-    ioctx: Option<IoCtx>,
+    /// Some until the image is closed, when it goes to the closing thread.
+    ioctx: Mutex<Option<IoCtx>>,
+    closed: AtomicBool,
 }
 
 // SAFETY: librbd image handles are thread-safe: qemu and rbd-nbd submit asynchronous I/O on
@@ -295,7 +297,7 @@ impl Image {
         // SAFETY: the context is live; the strings are NUL-terminated or null; `image` is
         // an out-pointer.
         check(unsafe { open(ioctx.handle, name.as_ptr(), &mut image, snap.as_ref().map_or(ptr::null(), |s| s.as_ptr())) })?;
-        Ok(Image { handle: image, ioctx: Some(ioctx) })
+        Ok(Image { handle: image, ioctx: Mutex::new(Some(ioctx)), closed: AtomicBool::new(false) })
     }
 
     fn api(&self) -> &'static Api {
@@ -330,6 +332,9 @@ impl Image {
     /// Starts an asynchronous call whose completion is posted to `done`; if it cannot
     /// start, `done` gets the error at once.
     fn submit(&self, done: Completer, carry: Carry, start: Start<'_>) {
+        if self.closed.load(Ordering::Relaxed) {
+            return done.complete(-libc::ESHUTDOWN, Payload::Nothing);
+        }
         let api = self.api();
         let arg = Box::into_raw(Box::new(Pending { done, carry }));
         let mut completion = ptr::null_mut();
@@ -439,19 +444,25 @@ struct Closing {
 // used from any thread.
 unsafe impl Send for Closing {}
 
-impl Drop for Image {
-    /// Closes the image, its pool context and, with the last image, the cluster handle,
-    /// waiting at most RBD_CLOSE_TIMEOUT_MS: rbd_close waits for operations still in
-    /// flight, which never end while the cluster is unreachable. Past the limit the close
-    /// goes on alone and the process may end before it does.
-    fn drop(&mut self) {
+impl Image {
+    /// Closes the image, its pool context and, with the last image, the cluster handle, so
+    /// that Ceph sees this client go (its watch and any exclusive lock released at once,
+    /// not after a timeout). Waits at most RBD_CLOSE_TIMEOUT_MS: rbd_close waits for
+    /// operations in flight, which never end while the cluster is unreachable; past the
+    /// limit the close goes on alone and the process may end before it does. Once; the
+    /// caller submits nothing afterwards (operations submitted anyway fail with ESHUTDOWN).
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let api = self.api();
-        let closing = Closing { image: self.handle, _ioctx: self.ioctx.take() };
+        let ioctx = self.ioctx.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let closing = Closing { image: self.handle, _ioctx: ioctx };
         let (tell, told) = std::sync::mpsc::channel();
         let closer = std::thread::Builder::new().name("sluice-rbd-close".into()).spawn(move || {
             let closing = closing;
-            // SAFETY: every user of the image has let go of it (Drop has the only
-            // reference), so nothing submits on it during or after the close.
+            // SAFETY: `closed` is set, so nothing submits on the image any more, and this
+            // runs once.
             unsafe { (api.rbd_close)(closing.image) };
             drop(closing);
             let _ = tell.send(());
@@ -459,5 +470,11 @@ impl Drop for Image {
         if closer.is_ok() && told.recv_timeout(Duration::from_millis(RBD_CLOSE_TIMEOUT_MS)).is_err() {
             log::warn!("an RBD image did not close within {RBD_CLOSE_TIMEOUT_MS} ms (is the cluster reachable?); not waiting for it");
         }
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        self.close();
     }
 }
