@@ -269,7 +269,8 @@ def describe(ctx: Context, cluster: Cluster, sluice_ok: bool) -> list:
         "threads included), the OSD's (ceph-osd) and fio's (the harness's child, getrusage; on "
         "the ceiling side that includes librbd, on the sluice side libnbd). The monitor and "
         "manager are idle and not counted. 'sum' adds the three; 'CPUs busy' is the share of "
-        "the run's CPUs not idle (/proc/stat), whoever used them.",
+        "the run's CPUs not idle (/proc/stat, a hypervisor's steal included), whoever used "
+        "them.",
         f"note: {cores} core{'s' if cores != 1 else ''}, nothing pinned: the OSD, sluice and "
         "fio share them. The ceiling has one process fewer in the path, and CPU time sluice "
         "takes is CPU time the OSD cannot use, so where the CPUs are all busy the ratio "
