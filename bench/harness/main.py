@@ -16,6 +16,7 @@ import traceback
 
 import build
 import cache
+import ceph
 import clients
 import clientside
 import fio
@@ -32,9 +33,11 @@ from report import Report
 from units import parse_size, size_label
 
 EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run,
-               "client": clientside.run, "scale": scale.run, "interference": interference.run}
+               "client": clientside.run, "scale": scale.run, "interference": interference.run,
+               "ceph": ceph.run}
 # What a plain bench/run runs: the full run is already about 44 minutes, so interference (a
-# question of its own, with its own CPU placement) runs only when --only names it.
+# question of its own, with its own CPU placement) and ceph (a Ceph cluster of its own, and
+# sluice's rbd backend) run only when --only names them.
 DEFAULT_EXPERIMENTS = ("peers", "sweep", "clients", "client", "scale")
 # The full run: 574 points (126 peers, 330 sweep, 18 clients, 100 scale on 2 cores) x 3 runs
 # of 1 s; a run takes about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s
@@ -66,7 +69,7 @@ def parse_args(argv):
                         f"(default {REPEAT}, {QUICK_REPEAT} with --quick)")
     p.add_argument("--only", metavar="EXPERIMENT",
                    help="run only these, comma-separated: peers, sweep, clients, client, scale, "
-                        "interference (the last only when named)")
+                        "interference, ceph (the last two only when named)")
     p.add_argument("--image", metavar="PATH",
                    help="image to serve (default: /var/tmp/sluice-bench-SIZE.img, created once); "
                         "it is only read; writes go to a scratch copy in /var/tmp")
