@@ -160,34 +160,68 @@ fn spawn_extents(image: Arc<RbdImage>) -> io::Result<Sender<Query>> {
 /// Descriptors covering a prefix of the range: data where objects exist, holes that read
 /// as zeros where they do not. A map librbd has marked invalid is not trusted: all data.
 fn allocation(image: &RbdImage, offset: u64, len: u32, one: bool) -> io::Result<Vec<Extent>> {
-    let max = if one { 1 } else { EXTENTS_PER_REPLY_MAX };
-    let mut out: Vec<Extent> = Vec::new();
+    let mut map = Descriptors::new(offset, len, if one { 1 } else { EXTENTS_PER_REPLY_MAX });
     if image.flags()? & FLAGS_MAP_INVALID != 0 {
-        out.push(Extent { length: len, flags: 0 });
-        return Ok(out);
+        map.add(offset, len as u64, true);
+    } else {
+        image.allocated(offset, len as u64, &mut |at, n, exists| map.add(at, n, exists))?;
     }
-    let end = offset + len as u64;
-    let mut at = offset;
-    let mut push = |out: &mut Vec<Extent>, upto: u64, flags: u32| {
-        if upto > at && out.len() < max {
-            match out.last_mut() {
-                Some(last) if last.flags == flags => last.length += (upto - at) as u32,
-                _ => out.push(Extent { length: (upto - at) as u32, flags }),
-            }
-            at = upto;
-        }
-    };
-    image.allocated(offset, len as u64, &mut |piece_offset, piece_len, exists| {
-        // Whole objects may start before the range and end after it.
-        let start = piece_offset.clamp(offset, end);
-        let stop = (piece_offset + piece_len).clamp(offset, end);
-        push(&mut out, start, STATE_HOLE | STATE_ZERO);
-        push(&mut out, stop, if exists { 0 } else { STATE_HOLE | STATE_ZERO });
-        out.len() < max
-    })?;
-    push(&mut out, end, STATE_HOLE | STATE_ZERO);
-    Ok(out)
+    Ok(map.finish())
 }
+
+/// base:allocation descriptors built from the pieces librbd reports, in order: whole
+/// objects, which may begin before the range and end after it. What no piece covers is a
+/// hole. Neighbours of one kind merge; at most `max` descriptors.
+struct Descriptors {
+    /// Where the next descriptor starts.
+    at: u64,
+    end: u64,
+    max: usize,
+    out: Vec<Extent>,
+    /// A descriptor did not fit: the list covers a prefix and stays as it is.
+    full: bool,
+}
+
+impl Descriptors {
+    fn new(offset: u64, len: u32, max: usize) -> Descriptors {
+        Descriptors { at: offset, end: offset + len as u64, max, out: Vec::new(), full: false }
+    }
+
+    /// Takes a piece; false once no more descriptors fit.
+    fn add(&mut self, offset: u64, len: u64, exists: bool) -> bool {
+        let start = offset.clamp(self.at, self.end);
+        let stop = offset.saturating_add(len).clamp(self.at, self.end);
+        self.extend(start, HOLE);
+        self.extend(stop, if exists { 0 } else { HOLE });
+        !self.full
+    }
+
+    fn finish(mut self) -> Vec<Extent> {
+        self.extend(self.end, HOLE);
+        self.out
+    }
+
+    /// Covers up to `upto` with `flags`, merging with the last descriptor when alike.
+    fn extend(&mut self, upto: u64, flags: u32) {
+        if upto <= self.at || self.full {
+            return;
+        }
+        let length = (upto - self.at) as u32;
+        let fits = self.out.len() < self.max;
+        match self.out.last_mut() {
+            Some(last) if last.flags == flags => last.length += length,
+            _ if fits => self.out.push(Extent { length, flags }),
+            _ => {
+                self.full = true;
+                return;
+            }
+        }
+        self.at = upto;
+    }
+}
+
+/// What an unallocated range reads as.
+const HOLE: u32 = STATE_HOLE | STATE_ZERO;
 
 impl Backend for RbdBackend {
     fn kind(&self) -> &'static str {
@@ -230,5 +264,54 @@ impl Backend for RbdBackend {
             },
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(offset: u64, len: u32, max: usize, pieces: &[(u64, u64, bool)]) -> Vec<(u32, u32)> {
+        let mut d = Descriptors::new(offset, len, max);
+        for &(at, n, exists) in pieces {
+            if !d.add(at, n, exists) {
+                break;
+            }
+        }
+        d.finish().iter().map(|e| (e.length, e.flags)).collect()
+    }
+
+    #[test]
+    fn objects_become_data_and_the_gaps_holes() {
+        const M: u64 = 1 << 20;
+        // Objects of 4 MiB at 8M and 12M (adjacent: one descriptor) in a 32 MiB range.
+        let got = map(0, 32 << 20, 16, &[(8 * M, 4 * M, true), (12 * M, 4 * M, true)]);
+        assert_eq!(got, vec![(8 << 20, HOLE), (8 << 20, 0), (16 << 20, HOLE)]);
+        // Nothing reported: all hole.
+        assert_eq!(map(4096, 8192, 16, &[]), vec![(8192, HOLE)]);
+        // A piece reported as gone (exists = false) is a hole too, and merges with holes.
+        assert_eq!(map(0, 8 << 20, 16, &[(0, 4 * M, false), (4 * M, 4 * M, true)]), vec![(4 << 20, HOLE), (4 << 20, 0)]);
+    }
+
+    #[test]
+    fn whole_objects_are_clipped_to_the_range() {
+        const M: u64 = 1 << 20;
+        // The range 5M..7M lies inside the object 4M..8M.
+        assert_eq!(map(5 * M, 2 << 20, 16, &[(4 * M, 4 * M, true)]), vec![(2 << 20, 0)]);
+        // 2M..10M: the object 0..4M covers the start, 8M..12M the end.
+        assert_eq!(map(2 * M, 8 << 20, 16, &[(0, 4 * M, true), (8 * M, 4 * M, true)]), vec![(2 << 20, 0), (4 << 20, HOLE), (2 << 20, 0)]);
+    }
+
+    #[test]
+    fn at_most_max_descriptors_covering_a_prefix() {
+        const M: u64 = 1 << 20;
+        let pieces = [(0, 4 * M, true), (8 * M, 4 * M, true), (16 * M, 4 * M, true)];
+        assert_eq!(map(0, 24 << 20, 1, &pieces), vec![(4 << 20, 0)]);
+        // Adjacent objects still merge into the one descriptor allowed.
+        assert_eq!(map(0, 24 << 20, 1, &[(0, 4 * M, true), (4 * M, 4 * M, true)]), vec![(8 << 20, 0)]);
+        assert_eq!(map(0, 24 << 20, 2, &pieces), vec![(4 << 20, 0), (4 << 20, HOLE)]);
+        let all = map(0, 24 << 20, 16, &pieces);
+        assert_eq!(all.iter().map(|d| d.0 as u64).sum::<u64>(), 24 * M);
+        assert_eq!(all.len(), 6);
     }
 }
