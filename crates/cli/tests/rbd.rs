@@ -70,6 +70,22 @@ fn nbdinfo_reports_the_image_size_and_a_map_from_the_object_map() {
 }
 
 #[test]
+fn without_an_object_map_everything_is_reported_as_data() {
+    require!("nbdinfo");
+    require_ceph!();
+    let ceph = shared();
+    let image = format!("{}-plain", ceph.image("1M"));
+    // Only layering: no object map, no fast-diff, so allocation cannot be told cheaply.
+    ceph.rbd(&["create", "--size", "8M", "--image-feature", "layering", &format!("rbd/{image}")]);
+    let s = serve(ceph, &image, &[]);
+    let (ok, map, err) = run("nbdinfo", &["--map", &s.uri_for("vm")]);
+    assert!(ok, "{err}");
+    let rows: Vec<Vec<&str>> = map.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.len(), 1, "{map}");
+    assert_eq!(&rows[0][..3], &["0", "8388608", "0"], "{map}");
+}
+
+#[test]
 fn nbdcopy_round_trip_is_byte_exact_and_rbd_export_reads_the_same() {
     require!("nbdcopy");
     require_ceph!();
