@@ -115,6 +115,16 @@ mod tests {
     }
 
     #[test]
+    fn rbd_access_keys_parse_at_the_top_and_per_export() {
+        let c = parse("rbd-conf = \"/etc/ceph/c.conf\"\nrbd-id = \"sluice\"\n[[export]]\nspec = \"rbd:rbd/vm@s\"\nrbd-keyring = \"/k\"\n").unwrap();
+        assert_eq!((c.rbd_conf, c.rbd_id.as_deref(), c.rbd_keyring), (Some(PathBuf::from("/etc/ceph/c.conf")), Some("sluice"), None));
+        let e = &c.exports[0];
+        assert_eq!((e.rbd_keyring.as_deref(), e.rbd_id.as_deref()), (Some(std::path::Path::new("/k")), None));
+        assert!(matches!(&e.spec, Spec::Rbd(r) if r.snapshot.as_deref() == Some("s")));
+        assert!(parse("[[export]]\nspec = \"rbd:pool\"").unwrap_err().contains("export[0].spec"), "a bad rbd spec names its key");
+    }
+
+    #[test]
     fn chunk_is_auto_zero_or_a_size() {
         assert_eq!(parse("chunk = \"auto\"").unwrap().chunk, Some(ChunkChoice(Chunking::Auto)));
         assert_eq!(parse("chunk = \"0\"").unwrap().chunk, Some(ChunkChoice(Chunking::Off)));

@@ -130,6 +130,18 @@ mod tests {
     }
 
     #[test]
+    fn rbd_options_ride_with_the_spec_over_the_server_wide_ones() {
+        let e: ExportEntry = "vm=rbd:rbd/vm1,ro,rbd-id=vm,rbd-keyring=/k".parse().unwrap();
+        let defaults = RbdAccess { conf: Some("/etc/ceph/c.conf".into()), id: Some("admin".into()), keyring: None };
+        let Spec::Rbd(r) = e.spec(&defaults).unwrap() else { panic!("not an rbd spec") };
+        assert_eq!((r.access.conf, r.access.id.as_deref(), r.access.keyring), (Some("/etc/ceph/c.conf".into()), Some("vm"), Some("/k".into())));
+        assert!(e.read_only);
+        assert!("vm=rbd:rbd/vm1,rbd-id=".parse::<ExportEntry>().unwrap_err().contains("rbd-id="));
+        let file: ExportEntry = "f=/dev/vdb,rbd-conf=/c".parse().unwrap();
+        assert!(file.spec(&RbdAccess::default()).unwrap_err().contains("rbd: exports only"));
+    }
+
+    #[test]
     fn an_exports_own_choices_win_over_the_defaults() {
         let defaults = Options { read_only: false, description: None, data_path: DataPath::Splice, chunking: Chunking::Fixed(4096) };
         let own: ExportEntry = "a=memory:1M,ro,data-path=copy".parse().unwrap();
