@@ -264,7 +264,7 @@ fn an_unreachable_cluster_is_an_error_at_start() {
 
 #[test]
 fn a_silent_osd_holds_or_fails_requests_and_the_server_serves_on() {
-    require!("qemu-io", "nbdinfo");
+    require!("qemu-io", "nbdinfo", "fio");
     require_ceph!();
     // A cluster of its own: its OSD is paused.
     let ceph = Ceph::start("");
@@ -279,6 +279,13 @@ fn a_silent_osd_holds_or_fails_requests_and_the_server_serves_on() {
     let s = Sluice::start(&["--rbd-conf", ceph.conf(), "--export", &waits, "--export", &fails, "--export", "mem=memory:1M"]);
     qemu_io_ok(&s.uri_for("waits"), &["write -P 0x5a 0 8M"]);
 
+    // A workload of writes and verifying reads, running while the OSD goes away and comes
+    // back: not one acknowledged write may be lost.
+    let fio_uri = format!("--uri={}", s.uri_for("waits"));
+    let workload = std::thread::spawn(move || {
+        let args = ["--name=pause", "--ioengine=nbd", &fio_uri, "--rw=randwrite", "--bs=4k", "--iodepth=16", "--offset=4M", "--size=4M"];
+        run("fio", &[&args[..], &["--loops=4", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0"]].concat())
+    });
     ceph.pause_osd();
     // A read on the export with Ceph's own patience (25 s here) waits for the OSD...
     let uri = s.uri_for("waits");
@@ -294,6 +301,10 @@ fn a_silent_osd_holds_or_fails_requests_and_the_server_serves_on() {
     let waited = waiting.join().unwrap().expect("run qemu-io");
     let text = format!("{}{}", String::from_utf8_lossy(&waited.stdout), String::from_utf8_lossy(&waited.stderr));
     assert!(waited.status.success() && !text.contains("failed"), "the read waiting for the OSD failed:\n{text}");
-    qemu_io_ok(&format!("ro:{}", s.uri_for("fails")), &["read -P 0x5a 0 8M"]);
+    let (ok, out, err) = workload.join().unwrap();
+    let text = format!("{out}{err}");
+    assert!(ok && text.contains("err= 0"), "the workload across the pause failed:\n{text}");
+    assert!(!text.lines().any(|l| l.contains("verify:") || l.contains("bad magic")), "{text}");
+    qemu_io_ok(&format!("ro:{}", s.uri_for("fails")), &["read -P 0x5a 0 4M"]);
     assert_eq!(s.stop().code(), Some(0), "sluice did not stop cleanly after the OSD came back");
 }
