@@ -274,7 +274,10 @@ fn a_silent_osd_holds_or_fails_requests_and_the_server_serves_on() {
     let quick = dir.path().join("quick.conf");
     let text = std::fs::read_to_string(&ceph.conf).unwrap();
     std::fs::write(&quick, format!("{text}\n[client]\nrados osd op timeout = 3\n")).unwrap();
-    let waits = format!("waits=rbd:rbd/{image}");
+    // And one that waits (much) longer than any pause here, however loaded the machine.
+    let patient = dir.path().join("patient.conf");
+    std::fs::write(&patient, format!("{text}\n[client]\nrados osd op timeout = 600\n")).unwrap();
+    let waits = format!("waits=rbd:rbd/{image},rbd-conf={}", patient.display());
     let fails = format!("fails=rbd:rbd/{image},ro,rbd-conf={}", quick.display());
     let s = Sluice::start(&["--rbd-conf", ceph.conf(), "--export", &waits, "--export", &fails, "--export", "mem=memory:1M"]);
     qemu_io_ok(&s.uri_for("waits"), &["write -P 0x5a 0 8M"]);
@@ -287,7 +290,7 @@ fn a_silent_osd_holds_or_fails_requests_and_the_server_serves_on() {
         run("fio", &[&args[..], &["--loops=4", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0"]].concat())
     });
     ceph.pause_osd();
-    // A read on the export with Ceph's own patience (25 s here) waits for the OSD...
+    // A read on the patient export waits for the OSD...
     let uri = s.uri_for("waits");
     let waiting = std::thread::spawn(move || std::process::Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x5a 0 1M", &uri]).output());
     // ...one on the export that gives up after 3 s fails with EIO...
@@ -300,10 +303,10 @@ fn a_silent_osd_holds_or_fails_requests_and_the_server_serves_on() {
     ceph.resume_osd();
     let waited = waiting.join().unwrap().expect("run qemu-io");
     let text = format!("{}{}", String::from_utf8_lossy(&waited.stdout), String::from_utf8_lossy(&waited.stderr));
-    assert!(waited.status.success() && !text.contains("failed"), "the read waiting for the OSD failed:\n{text}");
+    assert!(waited.status.success() && !text.contains("failed"), "the read waiting for the OSD failed:\n{text}\n{}", s.log_text());
     let (ok, out, err) = workload.join().unwrap();
     let text = format!("{out}{err}");
-    assert!(ok && text.contains("err= 0"), "the workload across the pause failed:\n{text}");
+    assert!(ok && text.contains("err= 0"), "the workload across the pause failed:\n{text}\n{}", s.log_text());
     assert!(!text.lines().any(|l| l.contains("verify:") || l.contains("bad magic")), "{text}");
     qemu_io_ok(&format!("ro:{}", s.uri_for("fails")), &["read -P 0x5a 0 4M"]);
     assert_eq!(s.stop().code(), Some(0), "sluice did not stop cleanly after the OSD came back");

@@ -14,8 +14,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
 use std::path::Path;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use libloading::Library;
@@ -132,6 +131,10 @@ fn check(r: c_int) -> io::Result<c_int> {
     }
 }
 
+fn closed() -> io::Error {
+    io::Error::from_raw_os_error(libc::ESHUTDOWN)
+}
+
 fn c_string(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{s:?} contains a NUL byte")))
 }
@@ -241,7 +244,9 @@ pub struct Image {
     handle: Handle,
     /// Some until the image is closed, when it goes to the closing thread.
     ioctx: Mutex<Option<IoCtx>>,
-    closed: AtomicBool,
+    /// Whether the handle is open. Every call on it holds the read lock; the close holds
+    /// the write lock, so no call runs during or after rbd_close.
+    open: Arc<RwLock<bool>>,
 }
 
 // SAFETY: librbd image handles are thread-safe: qemu and rbd-nbd submit asynchronous I/O on
@@ -297,7 +302,7 @@ impl Image {
         // SAFETY: the context is live; the strings are NUL-terminated or null; `image` is
         // an out-pointer.
         check(unsafe { open(ioctx.handle, name.as_ptr(), &mut image, snap.as_ref().map_or(ptr::null(), |s| s.as_ptr())) })?;
-        Ok(Image { handle: image, ioctx: Mutex::new(Some(ioctx)), closed: AtomicBool::new(false) })
+        Ok(Image { handle: image, ioctx: Mutex::new(Some(ioctx)), open: Arc::new(RwLock::new(true)) })
     }
 
     fn api(&self) -> &'static Api {
@@ -308,9 +313,16 @@ impl Image {
         }
     }
 
+    /// The read lock on the handle, if it is still open.
+    fn opened(&self) -> Option<RwLockReadGuard<'_, bool>> {
+        Some(self.open.read().unwrap_or_else(PoisonError::into_inner)).filter(|open| **open)
+    }
+
     fn get(&self, f: unsafe extern "C" fn(Handle, *mut u64) -> c_int) -> io::Result<u64> {
+        let _open = self.opened().ok_or_else(closed)?;
         let mut value = 0;
-        // SAFETY: the image is open; `value` is an out-pointer.
+        // SAFETY: the image is open (and stays so while `_open` is held); `value` is an
+        // out-pointer.
         check(unsafe { f(self.handle, &mut value) })?;
         Ok(value)
     }
@@ -332,9 +344,9 @@ impl Image {
     /// Starts an asynchronous call whose completion is posted to `done`; if it cannot
     /// start, `done` gets the error at once.
     fn submit(&self, done: Completer, carry: Carry, start: Start<'_>) {
-        if self.closed.load(Ordering::Relaxed) {
+        let Some(_open) = self.opened() else {
             return done.complete(-libc::ESHUTDOWN, Payload::Nothing);
-        }
+        };
         let api = self.api();
         let arg = Box::into_raw(Box::new(Pending { done, carry }));
         let mut completion = ptr::null_mut();
@@ -421,10 +433,11 @@ impl Image {
                 -libc::ECANCELED
             }
         }
+        let _open = self.opened().ok_or_else(closed)?;
         let mut found = found;
         let arg: *mut &mut dyn FnMut(u64, u64, bool) -> bool = &mut found;
-        // SAFETY: the image is open; from-snapshot null means "since the image was
-        // created"; `arg` outlives the synchronous call.
+        // SAFETY: the image is open (and stays so while `_open` is held); from-snapshot
+        // null means "since the image was created"; `arg` outlives the synchronous call.
         let r = unsafe { (self.api().rbd_diff_iterate2)(self.handle, ptr::null(), offset, len, 1, 1, each, arg.cast()) };
         match r {
             r if r == -libc::ECANCELED => Ok(()),
@@ -437,7 +450,8 @@ impl Image {
 struct Closing {
     image: Handle,
     /// Destroyed after the image is closed, and the cluster handle with the last one.
-    _ioctx: Option<IoCtx>,
+    _ioctx: IoCtx,
+    open: Arc<RwLock<bool>>,
 }
 
 // SAFETY: the handle moves to another thread with sole ownership; librbd handles may be
@@ -452,18 +466,20 @@ impl Image {
     /// limit the close goes on alone and the process may end before it does. Once; the
     /// caller submits nothing afterwards (operations submitted anyway fail with ESHUTDOWN).
     pub fn close(&self) {
-        if self.closed.swap(true, Ordering::SeqCst) {
-            return;
-        }
+        // Taking the context is what makes this happen once.
+        let Some(ioctx) = self.ioctx.lock().unwrap_or_else(PoisonError::into_inner).take() else { return };
         let api = self.api();
-        let ioctx = self.ioctx.lock().unwrap_or_else(PoisonError::into_inner).take();
-        let closing = Closing { image: self.handle, _ioctx: ioctx };
+        let closing = Closing { image: self.handle, _ioctx: ioctx, open: Arc::clone(&self.open) };
         let (tell, told) = std::sync::mpsc::channel();
         let closer = std::thread::Builder::new().name("sluice-rbd-close".into()).spawn(move || {
             let closing = closing;
-            // SAFETY: `closed` is set, so nothing submits on the image any more, and this
-            // runs once.
+            // Waits for a call in progress (a block status query) to end, then none begins.
+            let mut open = closing.open.write().unwrap_or_else(PoisonError::into_inner);
+            *open = false;
+            // SAFETY: the write lock is held and `open` is false, so no other call on the
+            // handle runs now or later; this runs once.
             unsafe { (api.rbd_close)(closing.image) };
+            drop(open);
             drop(closing);
             let _ = tell.send(());
         });
