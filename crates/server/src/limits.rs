@@ -46,6 +46,12 @@ pub const BUFFER_POOL_BYTES_PER_WORKER_DEFAULT: usize = 2 * REQUEST_MAX_BYTES;
 /// costs about a millisecond), short enough that a server at rest soon holds nothing.
 pub const BUFFER_POOL_QUIET_MS_DEFAULT: u64 = 5_000;
 
+/// Time a request may spend at its backend before it is logged as slow and counted in
+/// `sluice_requests_slow`. A local disk answers in milliseconds even when busy, and a Ceph
+/// or remote backend that takes seconds is riding out a failure an operator wants to see;
+/// well under the Linux nbd client's 30 s timeout, so the log speaks before clients give up.
+pub const SLOW_REQUEST_MS_DEFAULT: u64 = 5_000;
+
 // ---- how workers wait ----------------------------------------------------------------------
 
 /// Longest a worker spins on its ring for more work before it sleeps, by default
@@ -175,6 +181,14 @@ pub const PIPES_PER_WORKER_MAX: usize = 128;
 /// Submission queue entries per ring; completions get twice as many by io_uring's default.
 pub const RING_ENTRIES: u32 = 1024;
 
+/// Longest time between two looks for slow requests while requests are at a backend: the
+/// age gauge is at most this stale. A look costs a pass over the worker's request slots,
+/// nothing at all while no storage operation is in flight.
+pub const SLOW_WATCH_INTERVAL_MAX_MS: u64 = 1_000;
+
+/// Shortest time between two such looks, for a small `slow-request-ms`.
+pub const SLOW_WATCH_INTERVAL_MIN_MS: u64 = 10;
+
 /// Time given to in-flight requests to finish after SIGINT/SIGTERM before exiting anyway.
 pub const SHUTDOWN_DRAIN_TIMEOUT_MS: u64 = 5_000;
 
@@ -245,6 +259,8 @@ const _: () = assert!(HUGE_PAGE_BYTES.is_multiple_of(PAGE_BYTES) && BUFFER_POOL_
 const _: () = assert!(INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT <= u16::MAX as usize);
 const _: () = assert!(RECV_BUFFER_BYTES >= 2 * sluice_proto::wire::REQUEST_BYTES);
 const _: () = assert!(BUSY_POLL_DEFAULT_US <= BUSY_POLL_MAX_US && BUSY_POLL_MIN_NS < 1000 * BUSY_POLL_MAX_US);
+const _: () = assert!(SLOW_WATCH_INTERVAL_MIN_MS <= SLOW_WATCH_INTERVAL_MAX_MS);
+const _: () = assert!(SLOW_WATCH_INTERVAL_MAX_MS <= SLOW_REQUEST_MS_DEFAULT);
 const _: () = assert!(ZERO_FILL_CHUNK_BYTES <= REQUEST_MAX_BYTES);
 const _: () = assert!(CHUNKS_PER_READ_MAX <= u16::MAX as usize + 1);
 const _: () = assert!(CHUNK_AUTO_MIN_BYTES.is_power_of_two() && CHUNK_AUTO_MIN_BYTES >= PAGE_BYTES);
@@ -272,6 +288,8 @@ pub struct Limits {
     pub buffer_pool_bytes_per_worker: usize,
     /// Time an unused part of a buffer pool is kept before it is given back.
     pub buffer_pool_quiet_ms: u64,
+    /// Time at the backend after which a request is logged and counted as slow; 0: never.
+    pub slow_request_ms: u64,
 }
 
 impl Default for Limits {
@@ -284,6 +302,7 @@ impl Default for Limits {
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             buffer_pool_bytes_per_worker: BUFFER_POOL_BYTES_PER_WORKER_DEFAULT,
             buffer_pool_quiet_ms: BUFFER_POOL_QUIET_MS_DEFAULT,
+            slow_request_ms: SLOW_REQUEST_MS_DEFAULT,
         }
     }
 }
@@ -306,5 +325,12 @@ impl Limits {
             return Err("connections must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// How often a worker looks for slow requests while any request is at a backend: a
+    /// quarter of the threshold, so a slow request is reported within a quarter of its age.
+    pub fn slow_watch_interval(&self) -> std::time::Duration {
+        let ms = (self.slow_request_ms / 4).clamp(SLOW_WATCH_INTERVAL_MIN_MS, SLOW_WATCH_INTERVAL_MAX_MS);
+        std::time::Duration::from_millis(ms)
     }
 }

@@ -17,7 +17,7 @@ use crate::conn::{Conn, Env, Io, Shutdown};
 use crate::engine::{unacked_bytes, Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
-use crate::metrics::Metrics;
+use crate::metrics::{Board, Look, Metrics};
 use crate::tls::{self, Answer, TlsLink, TlsSession, Wire};
 
 /// A connection that finished its handshake, on its way to a worker.
@@ -153,6 +153,12 @@ struct Worker {
     /// two take different times (a cold disk read outlasts any useful spin; a client's next
     /// request often does not), and one budget would swing between them.
     busy_poll: [BusyPoll; 2],
+    /// Where this worker posts what it sees of requests held at a backend, when it next
+    /// looks (only while storage operations are in flight, or to clear the last look), and
+    /// the per-export sums of a look.
+    board: Arc<Board>,
+    next_look: Option<Instant>,
+    looks: Vec<Look>,
 }
 
 impl Worker {
@@ -171,6 +177,8 @@ impl Worker {
         // Operations other threads complete wake the worker as new connections do; the
         // wake-up read is always in flight (`run`, `route`).
         ring.set_waker(Arc::clone(&wake));
+        let board = metrics.board();
+        let looks = vec![Look::default(); board.exports()];
         Worker {
             ring,
             pool,
@@ -185,6 +193,9 @@ impl Worker {
             live: 0,
             metrics,
             busy_poll: [BusyPoll::new(Duration::ZERO), BusyPoll::new(Duration::ZERO)],
+            board,
+            next_look: None,
+            looks,
         }
     }
 
@@ -212,16 +223,40 @@ impl Worker {
             let ring = &mut self.ring;
             let release = self.pool.tick(now, |slab| ring.unfix(slab)).map(|due| due.saturating_duration_since(now));
             let drain = draining_since.map(|_| Duration::from_millis(SHUTDOWN_POLL_MS));
-            let timeout = match (release, drain) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let look = self.next_look.map(|due| due.saturating_duration_since(now));
+            let timeout = [release, drain, look].into_iter().flatten().min();
             self.wait(&mut completions, timeout, draining_since.is_none())?;
             for c in completions.drain(..) {
                 self.route(c);
             }
             self.resume_waiters();
+            self.look_if_due();
         }
+    }
+
+    /// Looks for requests held at a backend when a look is due. Looks start when storage
+    /// operations are in flight and stop, after one last look that clears the board, when
+    /// none are: an idle worker sets no timer.
+    fn look_if_due(&mut self) {
+        let busy = self.ring.storage_in_flight() > 0;
+        let now = Instant::now();
+        match self.next_look {
+            None if busy => self.next_look = Some(now + self.limits.slow_watch_interval()),
+            Some(due) if now >= due => {
+                self.look(now);
+                self.next_look = busy.then(|| now + self.limits.slow_watch_interval());
+            }
+            _ => {}
+        }
+    }
+
+    fn look(&mut self, now: Instant) {
+        self.looks.fill(Look::default());
+        for entry in self.entries.iter_mut().flatten() {
+            let look = entry.conn.watch(now);
+            self.looks[entry.conn.metrics_export()].add(look);
+        }
+        self.board.post(&self.looks);
     }
 
     /// Spins for the busy-poll budget (when `spin`), then sleeps until something completes

@@ -11,7 +11,7 @@
 //! read), `pace` (storage and network rates, and the chunk size and window they call for),
 //! `reply` (the ordering rules for simple and structured replies), `send` (batches
 //! and splicing out), `slot` (taking, accounting and releasing a request's slot), `state`
-//! (the per-request data they share).
+//! (the per-request data they share), `watch` (requests held at the backend too long).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -35,6 +35,7 @@ mod reply;
 mod send;
 mod slot;
 mod state;
+mod watch;
 
 use state::{Chunk, Receiving, Slot};
 

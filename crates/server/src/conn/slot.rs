@@ -66,6 +66,9 @@ impl Conn {
         self.inflight_bytes -= s.bytes;
         env.budget.give(s.bytes);
         self.free_slots.push(slot);
+        if s.slow {
+            self.slow_request_ended(&s, env.now);
+        }
         if s.rejection.is_none() {
             let ok = !s.failed && !self.is_broken();
             let bytes = if ok { s.bytes as u64 } else { 0 };

@@ -41,6 +41,8 @@ pub(super) struct Slot {
     pub(super) bytes: usize,
     /// Answered with an error.
     pub(super) failed: bool,
+    /// Logged as slow (watch.rs): its end is logged too.
+    pub(super) slow: bool,
     /// Refused by validation, with the error to answer (metrics leave these out).
     pub(super) rejection: Option<(Errno, &'static str)>,
     pub(super) times: Times,
@@ -63,6 +65,7 @@ impl Slot {
             storage_read: false,
             bytes: 0,
             failed: false,
+            slow: false,
             rejection: None,
             times: Times::new(now),
         }

@@ -401,3 +401,32 @@ fn small_reads_on_a_splice_export_are_copied_without_a_pipe() {
     rig.deliver(&request(CMD_READ, 0, 2, 0, 1 << 20));
     assert!(matches!(rig.storage[..], [(_, StorageOp::Read { into: Held::Pipe(_), .. })]), "a lone 1 MiB read fills a pipe");
 }
+
+#[test]
+fn a_request_held_at_the_backend_past_the_threshold_is_slow_until_it_ends() {
+    use crate::metrics::Look;
+    let mut rig = Rig::new(true);
+    let threshold = Duration::from_millis(Limits::default().slow_request_ms);
+    let start = rig.now;
+    assert_eq!(rig.conn.watch(start), Look::default(), "nothing at the backend yet");
+    let mut bytes = request(CMD_FLUSH, 0, 1, 0, 0).to_vec();
+    bytes.extend_from_slice(&request(CMD_READ, 0, 2, 0, 4096));
+    rig.deliver(&bytes);
+    let (flush, read) = (rig.storage[0].0, rig.storage[1].0);
+    let before = start + threshold - Duration::from_millis(1);
+    assert_eq!(rig.conn.watch(before), Look { slow: 0, oldest: Some(start) });
+    assert_eq!(rig.conn.watch(start + threshold), Look { slow: 2, oldest: Some(start) });
+    // The read ends; the flush is still held, and still counted once.
+    rig.now = start + threshold;
+    rig.complete(read, 0x11);
+    assert_eq!(rig.conn.watch(start + 3 * threshold), Look { slow: 1, oldest: Some(start) });
+    rig.complete(flush, 0);
+    assert_eq!(rig.conn.watch(start + 4 * threshold), Look::default(), "both ended");
+    // A request the backend answers in time is never slow.
+    rig.deliver(&request(CMD_FLUSH, 0, 3, 0, 0));
+    let t = rig.storage[0].0;
+    let at = rig.now;
+    assert_eq!(rig.conn.watch(at + threshold / 2), Look { slow: 0, oldest: Some(at) });
+    rig.complete(t, 0);
+    assert_eq!(rig.conn.watch(at + 2 * threshold), Look::default());
+}

@@ -128,6 +128,8 @@ impl Collector for Metrics {
             .map(|family| family.collect(&self.exports))
             .filter(|family| !family.get_metric().is_empty())
             .collect();
+        let names: Vec<&str> = self.exports.iter().map(|e| e.name.as_str()).collect();
+        out.extend(super::watch::families(&self.boards, &names));
         out.extend(super::pool::families(&self.pools));
         out.extend(super::buffers::families(&self.buffers));
         out
@@ -268,7 +270,11 @@ mod tests {
         let m = Metrics::new(&names(&["", "a\"b\\c\nd", "plain"]));
         let text = rendered(&m);
         // The buffer pools' families follow, built at scrape time (metrics/buffers.rs).
-        let headers: Vec<_> = text.lines().filter(|l| l.starts_with('#') && !l.contains(" sluice_buffer_")).collect();
+        let headers: Vec<_> = text
+            .lines()
+            .filter(|l| l.starts_with('#') && !l.contains(" sluice_buffer_"))
+            .filter(|l| !l.contains(" sluice_requests_slow ") && !l.contains(" sluice_request_oldest_seconds "))
+            .collect();
         let expected: Vec<_> = HEADERS
             .iter()
             .flat_map(|(name, kind, help)| [format!("# HELP {name} {help}"), format!("# TYPE {name} {kind}")])

@@ -7,7 +7,9 @@ mod endpoint;
 mod exposition;
 mod pool;
 mod recorder;
+mod watch;
 
 pub use endpoint::{serve_http, MetricsServer};
 pub use pool::{PoolProbe, PoolSource};
 pub use recorder::{Metrics, Op, Phases};
+pub use watch::{Board, Look};

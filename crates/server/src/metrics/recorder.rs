@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::pool::PoolSource;
+use super::watch::{Board, Boards};
 use crate::engine::BufferStats;
 
 /// Upper bound of the smallest histogram bucket. Finer steps would measure the clock, not
@@ -121,6 +122,8 @@ pub struct Metrics {
     pub(super) pools: Vec<PoolSource>,
     /// What the workers' buffer pools did; each worker's pool adds to it.
     pub buffers: Arc<BufferStats>,
+    /// What each worker last saw of requests held at a backend.
+    pub(super) boards: Boards,
 }
 
 impl Metrics {
@@ -147,7 +150,13 @@ impl Metrics {
                 connections_total: AtomicU64::new(0),
             });
         }
-        Arc::new(Metrics { exports, index, pools, buffers: Arc::default() })
+        let boards = Boards::new(exports.len());
+        Arc::new(Metrics { exports, index, pools, buffers: Arc::default(), boards })
+    }
+
+    /// A worker's board for what it sees of requests held at a backend.
+    pub fn board(&self) -> Arc<Board> {
+        self.boards.board()
     }
 
     /// Index used by the hot-path calls; None for an unknown name.
