@@ -4,6 +4,7 @@
 mod common;
 use common::ceph::{shared, Ceph};
 use common::*;
+use std::time::Duration;
 
 /// qemu-io's commands on `uri`, opened read-only when it starts with "ro:".
 fn qemu_io(uri: &str, commands: &[&str]) -> (bool, String) {
@@ -262,11 +263,15 @@ fn an_unreachable_cluster_is_an_error_at_start() {
     assert!(err.contains("did not answer client.admin within 2"), "{err}");
 }
 
+/// How long the paused-cluster test waits for a condition it needs (the clients inside
+/// sluice learning of the pause, a held read counted as slow); far more than any takes.
+const PAUSE_NOTICE: Duration = Duration::from_secs(60);
+
 #[test]
-fn a_silent_osd_holds_or_fails_requests_and_the_server_serves_on() {
+fn a_paused_cluster_holds_or_fails_requests_and_the_server_serves_on() {
     require!("qemu-io", "nbdinfo", "fio");
     require_ceph!();
-    // A cluster of its own: its OSD is paused.
+    // A cluster of its own: it is paused.
     let ceph = Ceph::start("");
     let image = ceph.image("8M");
     let dir = tempfile::tempdir().unwrap();
@@ -277,37 +282,81 @@ fn a_silent_osd_holds_or_fails_requests_and_the_server_serves_on() {
     // And one that waits (much) longer than any pause here, however loaded the machine.
     let patient = dir.path().join("patient.conf");
     std::fs::write(&patient, format!("{text}\n[client]\nrados osd op timeout = 600\n")).unwrap();
+    let limits = dir.path().join("sluice.toml");
+    std::fs::write(&limits, "[limits]\nslow-request-ms = 1000\n").unwrap();
     let waits = format!("waits=rbd:rbd/{image},rbd-conf={}", patient.display());
     let fails = format!("fails=rbd:rbd/{image},ro,rbd-conf={}", quick.display());
-    let s = Sluice::start(&["--rbd-conf", ceph.conf(), "--export", &waits, "--export", &fails, "--export", "mem=memory:1M"]);
+    let port = free_port();
+    let s = Sluice::start(&[
+        "--rbd-conf",
+        ceph.conf(),
+        "--config",
+        limits.to_str().unwrap(),
+        "--metrics",
+        &format!("127.0.0.1:{port}"),
+        "--export",
+        &waits,
+        "--export",
+        &fails,
+        "--export",
+        "mem=memory:1M",
+    ]);
+    let logs = || format!("sluice's log:\n{}\ncluster:\n{}", s.log_text(), ceph.state());
+    let gauge = |name: &str| sample(&http_get(port, "/metrics").1, &format!("{name}{{export=\"waits\"}}"));
     qemu_io_ok(&s.uri_for("waits"), &["write -P 0x5a 0 8M"]);
 
-    // A workload of writes and verifying reads, running while the OSD goes away and comes
-    // back: not one acknowledged write may be lost.
+    // A workload of writes and verifying reads, running while the cluster stops answering
+    // and comes back: not one acknowledged write may be lost.
     let fio_uri = format!("--uri={}", s.uri_for("waits"));
-    let workload = std::thread::spawn(move || {
-        let args = ["--name=pause", "--ioengine=nbd", &fio_uri, "--rw=randwrite", "--bs=4k", "--iodepth=16", "--offset=4M", "--size=4M"];
-        run("fio", &[&args[..], &["--loops=4", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0"]].concat())
-    });
-    ceph.pause_osd();
-    // A read on the patient export waits for the OSD...
-    let uri = s.uri_for("waits");
-    let waiting = std::thread::spawn(move || std::process::Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x5a 0 1M", &uri]).output());
-    // ...one on the export that gives up after 3 s fails with EIO...
-    let (ok, text) = qemu_io(&format!("ro:{}", s.uri_for("fails")), &["read 0 64k"]);
-    assert!(!ok && text.contains("Input/output error"), "a read with the OSD gone did not fail with EIO:\n{text}");
-    // ...and the server goes on serving its other exports.
+    let fio = ["--name=pause", "--ioengine=nbd", &fio_uri, "--rw=randwrite", "--bs=4k", "--iodepth=16", "--offset=4M", "--size=4M"];
+    let workload = run_in_background("fio", &[&fio[..], &["--loops=4", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0"]].concat());
+    ceph.pause();
+
+    // Each export has a cluster connection of its own, which learns of the pause when the
+    // monitor sends it the new map: until then its requests still go through. So each
+    // check below waits for the condition it needs rather than for a time.
+    // A read on the export that gives up after 3 s fails with EIO...
+    let fails_ro = format!("ro:{}", s.uri_for("fails"));
+    let mut failed = None;
+    wait_until("a read on the impatient export to fail", PAUSE_NOTICE, || {
+        let (ok, text) = qemu_io(&fails_ro, &["read 0 64k"]);
+        failed = (!ok).then_some(text);
+        failed.is_some()
+    }, logs);
+    let text = failed.unwrap();
+    assert!(text.contains("Input/output error"), "a read with the cluster paused failed otherwise than with EIO:\n{text}");
+    // ...the server goes on serving its other exports...
     let (ok, out, err) = run("nbdinfo", &["--size", &s.uri_for("mem")]);
     assert!(ok && out.trim() == "1048576", "the memory export stopped answering: {out}{err}");
+    // ...and a read on the patient export waits, and is logged and counted as slow.
+    let held = "slow request: export \"waits\", READ offset 0 length 1048576, at the backend for";
+    let waits_uri = s.uri_for("waits");
+    let read = || run_in_background("qemu-io", &["-f", "raw", "-c", "read -P 0x5a 0 1M", &waits_uri]);
+    let mut reader = read();
+    wait_until("a read on the patient export to be held", PAUSE_NOTICE, || {
+        if s.log_text().contains(held) {
+            return true;
+        }
+        if reader.is_finished() {
+            // Answered before its connection learned of the pause: try again.
+            let (ok, out, err) = std::mem::replace(&mut reader, read()).join().unwrap();
+            assert!(ok && !out.contains("failed"), "a read on the patient export failed: {out}{err}");
+        }
+        false
+    }, logs);
+    assert!(gauge("sluice_requests_slow") >= 1.0, "the held read is not counted:\n{}", logs());
+    assert!(gauge("sluice_request_oldest_seconds") >= 1.0, "the oldest request is younger than the slow one:\n{}", logs());
 
-    ceph.resume_osd();
-    let waited = waiting.join().unwrap().expect("run qemu-io");
-    let text = format!("{}{}", String::from_utf8_lossy(&waited.stdout), String::from_utf8_lossy(&waited.stderr));
-    assert!(waited.status.success() && !text.contains("failed"), "the read waiting for the OSD failed:\n{text}\n{}", s.log_text());
+    ceph.unpause();
+    let (ok, out, err) = reader.join().unwrap();
+    assert!(ok && !out.contains("failed"), "the read held by the pause failed once it ended:\n{out}{err}\n{}", logs());
     let (ok, out, err) = workload.join().unwrap();
     let text = format!("{out}{err}");
-    assert!(ok && text.contains("err= 0"), "the workload across the pause failed:\n{text}\n{}", s.log_text());
+    assert!(ok && text.contains("err= 0"), "the workload across the pause failed:\n{text}\n{}", logs());
     assert!(!text.lines().any(|l| l.contains("verify:") || l.contains("bad magic")), "{text}");
-    qemu_io_ok(&format!("ro:{}", s.uri_for("fails")), &["read -P 0x5a 0 4M"]);
-    assert_eq!(s.stop().code(), Some(0), "sluice did not stop cleanly after the OSD came back");
+    let ended = "slow request ended: export \"waits\", READ offset 0 length 1048576, after";
+    let log = s.log_text();
+    assert!(log.lines().any(|l| l.contains(ended) && l.contains(": answered")), "no end for the held read:\n{log}");
+    qemu_io_ok(&fails_ro, &["read -P 0x5a 0 4M"]);
+    assert_eq!(s.stop().code(), Some(0), "sluice did not stop cleanly after the cluster came back");
 }

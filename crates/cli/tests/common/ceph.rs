@@ -68,13 +68,20 @@ impl Ceph {
         name
     }
 
-    /// Freezes the OSD (SIGSTOP), as a failed OSD that answers nothing.
-    pub fn pause_osd(&self) {
-        self.script("pause-osd");
+    /// `ceph osd pause`: every client holds its reads and writes until `unpause`, as
+    /// when the storage below stops answering. The cluster itself undoes it, always.
+    pub fn pause(&self) {
+        self.script("pause");
     }
 
-    pub fn resume_osd(&self) {
-        self.script("resume-osd");
+    pub fn unpause(&self) {
+        self.script("unpause");
+    }
+
+    /// The cluster's health, flags and placement groups, for a failing test's message.
+    pub fn state(&self) -> String {
+        let out = Command::new(SCRIPT).arg("state").arg(self.dir.path()).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| format!("no cluster state: {e}"))
     }
 
     fn script(&self, what: &str) {
@@ -90,9 +97,6 @@ impl Ceph {
 }
 
 fn stop(dir: &Path) {
-    // A paused OSD would not hear SIGTERM; the script sends SIGKILL after a while, but
-    // resuming first lets it stop at once.
-    let _ = Command::new(SCRIPT).arg("resume-osd").arg(dir).status();
     let _ = Command::new(SCRIPT).arg("stop").arg(dir).status();
 }
 
@@ -104,7 +108,7 @@ impl Drop for Ceph {
 
 static SHARED: OnceLock<Ceph> = OnceLock::new();
 
-/// One cluster for every test of the binary that does not pause its OSD, started by the
+/// One cluster for every test of the binary that does not pause it, started by the
 /// first to ask and stopped when the test process exits.
 pub fn shared() -> &'static Ceph {
     SHARED.get_or_init(|| {

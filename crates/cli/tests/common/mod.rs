@@ -175,14 +175,52 @@ pub fn run_with_input(program: &str, args: &[&str], input: Option<&[u8]>) -> (bo
     if let Some(data) = input {
         child.stdin.take().unwrap().write_all(data).unwrap();
     }
+    // The watchdog kills the program only if it has not exited by the deadline; told that
+    // it has, it stops at once, so it never signals a process id that was reused since.
     let pid = child.id();
+    let (exited, told) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(120));
-        signal(pid, libc::SIGKILL);
+        let late = told.recv_timeout(PROGRAM_TIMEOUT) == Err(std::sync::mpsc::RecvTimeoutError::Timeout);
+        if late {
+            signal(pid, libc::SIGKILL);
+        }
+        late
     });
     let out = child.wait_with_output().unwrap();
-    drop(watchdog);
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let _ = exited.send(());
+    let mut err = String::from_utf8_lossy(&out.stderr).into_owned();
+    if watchdog.join().unwrap_or(false) {
+        err.push_str(&format!("\n[{program} {args:?} was killed: it had not exited after {PROGRAM_TIMEOUT:?}]\n"));
+    }
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), err)
+}
+
+/// Longest an external program run by `run` may take before it is killed and its test
+/// fails with what it printed. The slowest single program in the suite (a fio soak, a
+/// qemu-img convert) takes well under half of it on the 2-core machine under load.
+pub const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `run` on a thread of its own, for a program that must be running while the test does
+/// something else; `join` it for the outcome (bounded by `PROGRAM_TIMEOUT`).
+pub fn run_in_background(program: &str, args: &[&str]) -> std::thread::JoinHandle<(bool, String, String)> {
+    let program = program.to_owned();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&program, &args)
+    })
+}
+
+/// Waits until `done` is true, looking every 20 ms, at most `limit`; past it the test fails
+/// saying what it waited for, with `logs()` (the server's log, a cluster's state).
+pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool, logs: impl Fn() -> String) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            panic!("waited {limit:?} for {what}, in vain\n{}", logs());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
