@@ -22,6 +22,8 @@ macro_rules! require_ceph {
 pub struct Ceph {
     dir: tempfile::TempDir,
     pub conf: PathBuf,
+    /// Prints the cluster's state and stops it if the test runner stops the test.
+    _report: super::timeout::Registered,
 }
 
 impl Ceph {
@@ -30,7 +32,13 @@ impl Ceph {
     pub fn start(extra: &str) -> Ceph {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = Command::new(SCRIPT).arg("start").arg(dir.path()).output().expect("run scripts/ceph-cluster");
-        let ceph = Ceph { conf: dir.path().join("ceph.conf"), dir };
+        let path = dir.path().to_owned();
+        let report = super::timeout::on_timeout("the Ceph cluster", move || {
+            let state = state_of(&path);
+            stop(&path);
+            state
+        });
+        let ceph = Ceph { conf: dir.path().join("ceph.conf"), dir, _report: report };
         if !out.status.success() {
             panic!(
                 "the Ceph cluster did not start: {}\n{}\nmonitor log tail: {}",
@@ -80,8 +88,7 @@ impl Ceph {
 
     /// The cluster's health, flags and placement groups, for a failing test's message.
     pub fn state(&self) -> String {
-        let out = Command::new(SCRIPT).arg("state").arg(self.dir.path()).output();
-        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| format!("no cluster state: {e}"))
+        state_of(self.dir.path())
     }
 
     fn script(&self, what: &str) {
@@ -90,10 +97,13 @@ impl Ceph {
     }
 
     fn log_tail(&self, name: &str) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join("log").join(name)).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        super::tail(&self.dir.path().join("log").join(name), 20)
     }
+}
+
+fn state_of(dir: &Path) -> String {
+    let out = Command::new(SCRIPT).arg("state").arg(dir).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| format!("no cluster state: {e}"))
 }
 
 fn stop(dir: &Path) {

@@ -4,6 +4,7 @@
 
 pub mod ceph;
 pub mod pool;
+pub mod timeout;
 pub mod tls;
 
 use std::net::TcpListener;
@@ -21,6 +22,8 @@ pub struct Sluice {
     pub socket: PathBuf,
     pub port: u16,
     pub log: PathBuf,
+    /// Prints the log if the test runner stops the test for taking too long.
+    _report: timeout::Registered,
 }
 
 impl Sluice {
@@ -46,7 +49,9 @@ impl Sluice {
                 .stderr(std::fs::File::create(&log).expect("log file"))
                 .spawn()
                 .expect("spawn sluice");
-            let mut s = Sluice { child: Some(child), dir, socket, port, log };
+            let path = log.clone();
+            let report = timeout::on_timeout(&format!("sluice serve {args:?}"), move || tail(&path, 60));
+            let mut s = Sluice { child: Some(child), dir, socket, port, log, _report: report };
             match s.wait_ready() {
                 Ok(()) => return s,
                 Err(text) if attempt < 5 && text.contains(&format!("cannot listen on {listen}")) => continue,
@@ -110,6 +115,17 @@ impl Drop for Sluice {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// The last `lines` lines of a file (a log), or why there are none.
+pub fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
     }
 }
 
