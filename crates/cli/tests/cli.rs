@@ -108,7 +108,7 @@ fn unix_socket_in_use_exits_1_and_leaves_the_first_server_alone() {
 
 #[test]
 fn serve_help_mentions_every_option_and_the_exit_codes() {
-    let out = Command::new(SLUICE).args(["serve", "--help"]).output().unwrap();
+    let out = output(Command::new(SLUICE).args(["serve", "--help"]));
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
     for option in [
@@ -135,7 +135,7 @@ fn serve_help_mentions_every_option_and_the_exit_codes() {
     for word in ["memory:", "null:", "description=", "ro", "Exit status", "splice-direct", "data-path="] {
         assert!(help.contains(word), "serve --help does not mention {word:?}:\n{help}");
     }
-    let out = Command::new(SLUICE).arg("--help").output().unwrap();
+    let out = output(Command::new(SLUICE).arg("--help"));
     assert!(out.status.success());
     assert!(String::from_utf8(out.stdout).unwrap().contains("serve"), "sluice --help does not list serve");
 }

@@ -2,11 +2,9 @@
 //! holes both ways, and refuses read-only, unknown, too-small or mistyped destinations.
 mod common;
 use common::*;
-use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 const MIB: u64 = 1 << 20;
 
@@ -16,37 +14,9 @@ struct Out {
     stderr: String,
 }
 
-/// Runs `sluice copy ARGS...` with `input` on stdin (fed from a thread, so a full stdout
-/// pipe cannot deadlock it, and an early exit is not an error here), killed after 120 s.
+/// Runs `sluice copy ARGS...` with `input` on stdin, bounded (`common::bounded`).
 fn copy_with_input(args: &[&str], input: Option<Vec<u8>>) -> Out {
-    let mut child = Command::new(SLUICE)
-        .arg("copy")
-        .args(args)
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run sluice copy");
-    let feeder = input.map(|data| {
-        let mut stdin = child.stdin.take().unwrap();
-        std::thread::spawn(move || {
-            let _ = stdin.write_all(&data);
-        })
-    });
-    let pid = child.id();
-    let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(120));
-        signal(pid, libc::SIGKILL);
-    });
-    let out = child.wait_with_output().unwrap();
-    drop(watchdog);
-    if let Some(f) = feeder {
-        f.join().unwrap();
-    }
+    let out = bounded(Command::new(SLUICE).arg("copy").args(args), input);
     Out {
         code: out.status.code().unwrap_or(-1),
         stdout: out.stdout,

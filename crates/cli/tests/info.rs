@@ -9,11 +9,7 @@ const MIB: u64 = 1 << 20;
 
 /// Runs `sluice info ARGS...`; returns (exit code, stdout, stderr).
 fn info(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(SLUICE)
-        .arg("info")
-        .args(args)
-        .output()
-        .expect("run sluice info");
+    let out = output(std::process::Command::new(SLUICE).arg("info").args(args));
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

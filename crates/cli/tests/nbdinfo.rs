@@ -20,11 +20,8 @@ fn json_values(text: &str, key: &str) -> Vec<String> {
 
 /// Runs `nbdinfo --can WHAT` / `--is WHAT`: true for exit 0, false for exit 2, else panics.
 fn nbdinfo_query(kind: &str, what: &str, uri: &str) -> bool {
-    let out = std::process::Command::new("nbdinfo")
-        .args([kind, what, uri])
-        .env("PATH", format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default()))
-        .output()
-        .expect("run nbdinfo");
+    let path = format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default());
+    let out = output(std::process::Command::new("nbdinfo").args([kind, what, uri]).env("PATH", path));
     match out.status.code() {
         Some(0) => true,
         Some(2) => false,

@@ -10,7 +10,7 @@ use std::process::Command;
 
 /// Runs `sluice ARGS...`; returns (exit code, stdout, stderr).
 fn sluice(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(SLUICE).args(args).output().expect("run sluice");
+    let out = output(Command::new(SLUICE).args(args));
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -310,7 +310,7 @@ fn a_second_coordinator_is_refused_naming_the_owner() {
     let vol = pool.serve();
     for args in [&["copy", &pool.spec, "/dev/null"][..], &["info", &pool.spec]] {
         let started = Instant::now();
-        let out = Command::new(SLUICE).args(args).output().expect("run sluice");
+        let out = output(Command::new(SLUICE).args(args));
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "sluice {args:?} while the pool is served: {err}");
         assert!(err.contains("being served by") && err.contains(&format!("pid {}", vol.pid())), "sluice {args:?}: {err}");

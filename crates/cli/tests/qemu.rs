@@ -111,8 +111,8 @@ fn qemu_img_converts_to_and_from_exports_and_compares_them() {
         assert!(ok && out.contains("Images are identical"), "qemu-img compare {uri}:\n{out}{err}");
         // Change one byte through the export: compare must notice (exit 1).
         qemu_io_ok(uri, &["write -P 0x5a 5242883 1"]);
-        let status =
-            std::process::Command::new("qemu-img").args(["compare", "-q", "-f", "raw", "-F", "raw", src, uri]).status().unwrap();
+        let compare = ["compare", "-q", "-f", "raw", "-F", "raw", src, uri];
+        let status = output(std::process::Command::new("qemu-img").args(compare)).status;
         assert_eq!(status.code(), Some(1), "qemu-img compare {uri} missed a changed byte");
     }
     let mut expected = data.clone();

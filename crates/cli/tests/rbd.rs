@@ -195,14 +195,15 @@ fn a_snapshot_is_served_read_only_with_the_data_it_had() {
     require_ceph!();
     let ceph = shared();
     let image = ceph.image("8M");
-    {
-        let s = serve(ceph, &image, &[]);
-        qemu_io_ok(&s.uri_for("vm"), &["write -P 0x11 0 8M"]);
-    }
+    // Each server is stopped, not killed: a stop closes the image and releases its lock at
+    // once, where a killed client's lock is only broken after its watch times out (30 s).
+    let s = serve(ceph, &image, &[]);
+    qemu_io_ok(&s.uri_for("vm"), &["write -P 0x11 0 8M"]);
+    assert_eq!(s.stop().code(), Some(0));
     ceph.rbd(&["snap", "create", &format!("rbd/{image}@before")]);
     let head = serve(ceph, &image, &[]);
     qemu_io_ok(&head.uri_for("vm"), &["write -P 0x22 0 8M"]);
-    drop(head);
+    assert_eq!(head.stop().code(), Some(0));
     let export = format!("old=rbd:rbd/{image}@before");
     let s = Sluice::start(&["--export", &export, "--rbd-conf", ceph.conf()]);
     let uri = s.uri_for("old");
@@ -217,7 +218,7 @@ fn a_snapshot_is_served_read_only_with_the_data_it_had() {
 
 /// `sluice serve ARGS`, expected to fail at start: its exit code and message.
 fn serve_fails(args: &[&str]) -> (Option<i32>, String) {
-    let out = std::process::Command::new(SLUICE).arg("serve").args(args).args(["--listen", "127.0.0.1:0"]).output().unwrap();
+    let out = output(std::process::Command::new(SLUICE).arg("serve").args(args).args(["--listen", "127.0.0.1:0"]));
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

@@ -234,7 +234,7 @@ fn mirror_pool(dir: &std::path::Path) -> (Vec<Sluice>, String) {
     let file = dir.join("pool.toml");
     std::fs::write(&file, format!("layout = \"mirror\"\nmembers = [{}]\n", uris.join(", "))).unwrap();
     let spec = format!("pool:{}", file.display());
-    let out = Command::new(SLUICE).args(["pool", "init", &spec]).output().unwrap();
+    let out = output(Command::new(SLUICE).args(["pool", "init", &spec]));
     assert!(out.status.success(), "pool init: {}", String::from_utf8_lossy(&out.stderr));
     (members, spec)
 }

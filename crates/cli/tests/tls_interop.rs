@@ -263,12 +263,9 @@ fn tls_1_2_clients_are_served_with_certificates_and_with_psk() {
     let s = tls_server(&["--tls-certificates", certs.to_str().unwrap(), "--tls-psk", psk.to_str().unwrap(), "--log-level", "debug"]);
     for uri in [cert_uri(&s, &keys.ca_only_client_dir()), psk_uri(&s, "alice", &keys.psk_file())] {
         for (from, to) in [(src.to_str().unwrap(), uri.as_str()), (uri.as_str(), back.to_str().unwrap())] {
-            let out = std::process::Command::new("nbdcopy")
-                .args([from, to])
-                .env("GNUTLS_SYSTEM_PRIORITY_FILE", &config)
-                .env("PATH", format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default()))
-                .output()
-                .unwrap();
+            let path = format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default());
+            let mut nbdcopy = std::process::Command::new("nbdcopy");
+            let out = output(nbdcopy.args([from, to]).env("GNUTLS_SYSTEM_PRIORITY_FILE", &config).env("PATH", path));
             assert!(out.status.success(), "nbdcopy {from} {to}: {}", String::from_utf8_lossy(&out.stderr));
         }
         assert!(std::fs::read(&back).unwrap() == data, "{uri}: bytes differ over TLS 1.2");

@@ -123,7 +123,7 @@ fn busy_poll_and_pinning_come_from_the_config_file_too() {
     assert_eq!(s.stop().code(), Some(0));
 
     std::fs::write(&config, "busy-poll = 5000\n").unwrap();
-    let out = std::process::Command::new(SLUICE).args(["serve", "--config", config.to_str().unwrap()]).output().unwrap();
+    let out = output(std::process::Command::new(SLUICE).args(["serve", "--config", config.to_str().unwrap()]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("5000"), "the message does not name the value: {err}");

@@ -178,19 +178,31 @@ pub fn run(program: &str, args: &[&str]) -> (bool, String, String) {
 }
 
 pub fn run_with_input(program: &str, args: &[&str], input: Option<&[u8]>) -> (bool, String, String) {
-    use std::io::Write;
     let path = format!("/usr/bin:/bin:{}", std::env::var("PATH").unwrap_or_default());
-    let mut child = Command::new(program)
-        .args(args)
-        .env("PATH", path)
+    let out = bounded(Command::new(program).args(args).env("PATH", path), input.map(<[u8]>::to_vec));
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `Command::output`, bounded: a program still running after `PROGRAM_TIMEOUT` is killed,
+/// and its stderr ends with a line that says so.
+pub fn output(command: &mut Command) -> std::process::Output {
+    bounded(command, None)
+}
+
+/// `output` with `input` on the program's standard input, fed from a thread (so a full
+/// stdout pipe cannot deadlock it; a program that exits before reading it all is no error).
+pub fn bounded(command: &mut Command, input: Option<Vec<u8>>) -> std::process::Output {
+    use std::io::Write;
+    let mut child = command
         .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    if let Some(data) = input {
-        child.stdin.take().unwrap().write_all(data).unwrap();
-    }
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let feeder = input.map(|data| {
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::spawn(move || drop(stdin.write_all(&data)))
+    });
     // The watchdog kills the program only if it has not exited by the deadline; told that
     // it has, it stops at once, so it never signals a process id that was reused since.
     let pid = child.id();
@@ -202,13 +214,16 @@ pub fn run_with_input(program: &str, args: &[&str], input: Option<&[u8]>) -> (bo
         }
         late
     });
-    let out = child.wait_with_output().unwrap();
+    let mut out = child.wait_with_output().unwrap();
     let _ = exited.send(());
-    let mut err = String::from_utf8_lossy(&out.stderr).into_owned();
-    if watchdog.join().unwrap_or(false) {
-        err.push_str(&format!("\n[{program} {args:?} was killed: it had not exited after {PROGRAM_TIMEOUT:?}]\n"));
+    if let Some(feeder) = feeder {
+        let _ = feeder.join();
     }
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), err)
+    if watchdog.join().unwrap_or(false) {
+        let note = format!("\n[{command:?} was killed: it had not exited after {PROGRAM_TIMEOUT:?}]\n");
+        out.stderr.extend_from_slice(note.as_bytes());
+    }
+    out
 }
 
 /// Longest an external program run by `run` may take before it is killed and its test

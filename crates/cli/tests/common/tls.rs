@@ -102,7 +102,7 @@ fn path_str(p: &Path) -> &str {
 }
 
 fn tool(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    let out = super::output(Command::new(program).args(args));
     assert!(out.status.success(), "{program} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
