@@ -154,11 +154,12 @@ struct Worker {
     /// request often does not), and one budget would swing between them.
     busy_poll: [BusyPoll; 2],
     /// Where this worker posts what it sees of requests held at a backend, when it next
-    /// looks (only while storage operations are in flight, or to clear the last look), and
-    /// the per-export sums of a look.
+    /// looks (only while storage operations are in flight), the per-export sums of a look,
+    /// and whether the last one posted found anything.
     board: Arc<Board>,
     next_look: Option<Instant>,
     looks: Vec<Look>,
+    posted: bool,
 }
 
 impl Worker {
@@ -196,6 +197,7 @@ impl Worker {
             board,
             next_look: None,
             looks,
+            posted: false,
         }
     }
 
@@ -234,19 +236,27 @@ impl Worker {
         }
     }
 
-    /// Looks for requests held at a backend when a look is due. Looks start when storage
-    /// operations are in flight and stop, after one last look that clears the board, when
-    /// none are: an idle worker sets no timer.
+    /// Looks for requests held at a backend when a look is due. Looks run while storage
+    /// operations are in flight; once none is, no request is at a backend, so the board is
+    /// cleared at once (if the last look found any) and no timer is left: an idle worker
+    /// never wakes for this.
     fn look_if_due(&mut self) {
-        let busy = self.ring.storage_in_flight() > 0;
         let now = Instant::now();
+        if self.ring.storage_in_flight() == 0 {
+            if self.next_look.take().is_some() && self.posted {
+                self.looks.fill(Look::default());
+                self.board.post(&self.looks);
+                self.posted = false;
+            }
+            return;
+        }
         match self.next_look {
-            None if busy => self.next_look = Some(now + self.limits.slow_watch_interval()),
+            None => self.next_look = Some(now + self.limits.slow_watch_interval()),
             Some(due) if now >= due => {
                 self.look(now);
-                self.next_look = busy.then(|| now + self.limits.slow_watch_interval());
+                self.next_look = Some(now + self.limits.slow_watch_interval());
             }
-            _ => {}
+            Some(_) => {}
         }
     }
 
@@ -257,6 +267,7 @@ impl Worker {
             self.looks[entry.conn.metrics_export()].add(look);
         }
         self.board.post(&self.looks);
+        self.posted = self.looks.iter().any(|l| *l != Look::default());
     }
 
     /// Spins for the busy-poll budget (when `spin`), then sleeps until something completes
