@@ -109,7 +109,8 @@ async fn against_nbdkit() {
     let sock = dir.path().join("nbdkit.sock");
     let img = image(dir.path());
     let _peer = spawn("nbdkit", &["-f", "-U", sock.to_str().unwrap(), "file", img.to_str().unwrap()]);
-    wait_for(|| sock.exists(), "nbdkit");
+    // The socket file exists once bound, before the server listens: wait for a connection.
+    wait_for(|| std::os::unix::net::UnixStream::connect(&sock).is_ok(), "nbdkit");
     let uri = format!("nbd+unix:///?socket={}", sock.display());
     let c = workout(&uri, 4).await;
     assert!(c.export().structured && c.export().base_allocation);
@@ -125,7 +126,7 @@ async fn against_qemu_nbd() {
     let sock = dir.path().join("qemu.sock");
     let img = image(dir.path());
     let _peer = spawn("qemu-nbd", &["-f", "raw", "-x", "disk", "-k", sock.to_str().unwrap(), "--persistent", "--shared=8", "--discard=unmap", img.to_str().unwrap()]);
-    wait_for(|| sock.exists(), "qemu-nbd");
+    wait_for(|| std::os::unix::net::UnixStream::connect(&sock).is_ok(), "qemu-nbd");
     let c = workout(&format!("nbd+unix:///disk?socket={}", sock.display()), 1).await;
     assert!(c.export().structured && c.export().base_allocation);
     match Client::connect(&format!("nbd+unix:///other?socket={}", sock.display())).await {

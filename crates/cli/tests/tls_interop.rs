@@ -161,7 +161,8 @@ fn nbdkits_nbd_plugin_connects_as_a_tls_client() {
         args.extend(auth.split(' ').map(str::to_owned));
         let mut nbdkit = std::process::Command::new("nbdkit").args(&args).stderr(std::process::Stdio::piped()).spawn().unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !sock.exists() {
+        // The socket file exists once bound, before nbdkit listens: wait for a connection.
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
             assert!(std::time::Instant::now() < deadline, "nbdkit did not start");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
