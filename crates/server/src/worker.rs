@@ -241,7 +241,6 @@ impl Worker {
     /// cleared at once (if the last look found any) and no timer is left: an idle worker
     /// never wakes for this.
     fn look_if_due(&mut self) {
-        let now = Instant::now();
         if self.ring.storage_in_flight() == 0 {
             if self.next_look.take().is_some() && self.posted {
                 self.looks.fill(Look::default());
@@ -250,6 +249,7 @@ impl Worker {
             }
             return;
         }
+        let now = Instant::now();
         match self.next_look {
             None => self.next_look = Some(now + self.limits.slow_watch_interval()),
             Some(due) if now >= due => {

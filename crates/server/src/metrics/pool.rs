@@ -77,8 +77,12 @@ impl Family {
     }
 
     pub(super) fn gauge(&mut self, labels: &[(&str, &str)], value: u64) {
+        self.gauge_f64(labels, value as f64);
+    }
+
+    pub(super) fn gauge_f64(&mut self, labels: &[(&str, &str)], value: f64) {
         let mut g = proto::Gauge::default();
-        g.set_value(value as f64);
+        g.set_value(value);
         let mut m = Family::labelled(labels);
         m.set_gauge(g);
         self.0.mut_metric().push(m);

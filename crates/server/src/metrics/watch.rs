@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use prometheus::proto::{self, MetricFamily, MetricType};
+use prometheus::proto::{MetricFamily, MetricType};
+
+use super::pool::Family;
 
 /// What one worker saw of one export's requests at its last look.
 #[derive(Default)]
@@ -102,41 +104,21 @@ pub(super) fn families(boards: &Boards, names: &[&str]) -> Vec<MetricFamily> {
     if names.is_empty() {
         return Vec::new();
     }
-    let totals = boards.totals(Instant::now());
-    let family = |name: &str, help: &str, value: &dyn Fn(&(u64, f64)) -> f64| {
-        let series = names
-            .iter()
-            .zip(&totals)
-            .map(|(export, total)| {
-                let mut label = proto::LabelPair::default();
-                label.set_name("export".to_string());
-                label.set_value(export.to_string());
-                let mut gauge = proto::Gauge::default();
-                gauge.set_value(value(total));
-                let mut metric = proto::Metric::from_label(vec![label]);
-                metric.set_gauge(gauge);
-                metric
-            })
-            .collect();
-        let mut f = MetricFamily::default();
-        f.set_name(name.to_string());
-        f.set_help(help.to_string());
-        f.set_field_type(MetricType::GAUGE);
-        f.set_metric(series);
-        f
-    };
-    vec![
-        family(
-            "sluice_requests_slow",
-            "Requests at the backend for longer than slow-request-ms now.",
-            &|t| t.0 as f64,
-        ),
-        family(
-            "sluice_request_oldest_seconds",
-            "Age of the oldest request now at the backend, 0 when none is; looked at every second or sooner.",
-            &|t| t.1,
-        ),
-    ]
+    let mut slow = Family::new(
+        "sluice_requests_slow",
+        "Requests at the backend for longer than slow-request-ms now.",
+        MetricType::GAUGE,
+    );
+    let mut oldest = Family::new(
+        "sluice_request_oldest_seconds",
+        "Age of the oldest request now at the backend, 0 when none is; looked at every second or sooner.",
+        MetricType::GAUGE,
+    );
+    for (export, (count, age)) in names.iter().zip(boards.totals(Instant::now())) {
+        slow.gauge(&[("export", export)], count);
+        oldest.gauge_f64(&[("export", export)], age);
+    }
+    vec![slow.0, oldest.0]
 }
 
 #[cfg(test)]
