@@ -6,6 +6,7 @@ pub mod ceph;
 pub mod pool;
 pub mod timeout;
 pub mod tls;
+pub mod vm;
 
 use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
