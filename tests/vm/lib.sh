@@ -4,6 +4,8 @@
 # command printed, and the script's status is the number of checks that failed.
 
 failed=0
+# Notes go to the console even from inside a check, whose output is held back.
+exec 3>&1
 
 # Hundredths of a second since boot.
 now() {
@@ -32,7 +34,7 @@ check() {
 
 # note TEXT: a line the host test keeps in its report (measurements, observed behaviour).
 note() {
-    echo "note $*"
+    echo "note $*" >&3
 }
 
 # Tells the host a step is reached (a file in the share), and waits (bounded) for the

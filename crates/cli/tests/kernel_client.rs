@@ -40,3 +40,186 @@ fn ext4_round_trip_on_each_data_path() {
     let expected: Vec<String> = DATA_PATHS.iter().map(|p| format!("ext4 on data path {p}")).collect();
     outcome.assert_passed(&expected.iter().map(String::as_str).collect::<Vec<_>>(), &server.log_text());
 }
+
+/// One export per data path, each a sparse file of `bytes`; the server's arguments.
+fn data_path_exports(dir: &std::path::Path, bytes: u64) -> Vec<String> {
+    let files = images(dir, &DATA_PATHS, bytes);
+    DATA_PATHS.iter().zip(&files).map(|(p, f)| format!("--export={p}={f},data-path={p}")).collect()
+}
+
+fn start(args: &[String]) -> Sluice {
+    Sluice::start(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// fio write+verify, O_DIRECT, 4 KiB and 1 MiB requests, on each data path.
+#[test]
+fn fio_verify_on_each_data_path() {
+    require_guests!();
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&data_path_exports(dir.path(), 128 << 20));
+    let env = [("SERVER_PORT", server.port.to_string()), ("DATA_PATHS", DATA_PATHS.join(" "))];
+    let outcome = Guests::start("fio", &env, Options::default()).finish();
+    let expected: Vec<String> =
+        DATA_PATHS.iter().flat_map(|p| [format!("fio 4K verify on {p}"), format!("fio 1M verify on {p}")]).collect();
+    outcome.assert_passed(&expected.iter().map(String::as_str).collect::<Vec<_>>(), &server.log_text());
+}
+
+/// Discard and zeroout read back as zeros; FLUSH and FUA reach the server and are counted
+/// there; a read-only export refuses writes; offsets past 4 GiB land where they should.
+#[test]
+fn discard_flush_fua_read_only_and_offsets_past_4_gib() {
+    require_guests!();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = images(dir.path(), &["disk"], 64 << 20).remove(0);
+    let big_bytes: u64 = 5 << 30;
+    let big = images(dir.path(), &["big"], big_bytes).remove(0);
+    let ro = dir.path().join("ro.img");
+    let ro_data = common::pattern(1 << 20, 7);
+    common::write_file(&ro, &ro_data);
+    let metrics = common::free_port();
+    let args = [
+        format!("--export=disk={disk}"),
+        format!("--export=big={big}"),
+        format!("--export=ro={},ro", ro.display()),
+        format!("--metrics=127.0.0.1:{metrics}"),
+    ];
+    let server = start(&args);
+    let fua_writes = 64;
+    let big_at_mib = 4608; // 4.5 GiB
+    let env = [
+        ("SERVER_PORT", server.port.to_string()),
+        ("FUA_WRITES", fua_writes.to_string()),
+        ("RO_MD5", md5(&ro_data)),
+        ("BIG_BYTES", big_bytes.to_string()),
+        ("BIG_AT_MIB", big_at_mib.to_string()),
+    ];
+    let outcome = Guests::start("blocks", &env, Options::default()).finish();
+    let far = outcome.share.path().join("far.bin");
+    let expected = ["discard and zeroout read back as zeros", "FLUSH and FUA sent", "read-only export refuses writes", "offsets past 4 GiB"];
+    outcome.assert_passed(&expected, &server.log_text());
+
+    let (_, body) = common::http_get(metrics, "/metrics");
+    let count = |series: &str| common::sample(&body, series);
+    let fua = count(r#"sluice_requests_fua_total{export="disk",op="write"}"#);
+    assert!(fua >= fua_writes as f64, "{fua_writes} O_DSYNC writes sent, {fua} FUA writes counted\n{body}");
+    assert!(count(r#"sluice_requests_total{export="disk",op="flush"}"#) >= 1.0, "no FLUSH counted\n{body}");
+    assert!(count(r#"sluice_requests_total{export="disk",op="trim"}"#) >= 1.0, "no TRIM counted\n{body}");
+    assert_eq!(count(r#"sluice_requests_total{export="ro",op="write"}"#), 0.0, "a write reached the read-only export");
+    assert_eq!(std::fs::read(&ro).unwrap(), ro_data, "the read-only export's file changed");
+    // What the guest wrote at 4.5 GiB is in the file there, not at the offset's low 32 bits.
+    let written = std::fs::read(&far).expect("the guest's far.bin");
+    let mut file = std::fs::File::open(&big).unwrap();
+    let mut back = vec![0; written.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&mut file, &mut back, big_at_mib << 20).unwrap();
+    assert!(back == written, "the bytes written at {big_at_mib} MiB are not in the file there");
+}
+
+fn md5(data: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    std::fs::write(&path, data).unwrap();
+    let (ok, out, err) = common::run("md5sum", &[path.to_str().unwrap()]);
+    assert!(ok, "md5sum: {err}");
+    out.split_whitespace().next().unwrap().to_owned()
+}
+
+/// Thousands of small files created, renamed and removed on ext4; the same after a
+/// remount, and e2fsck clean.
+#[test]
+fn many_small_files_on_ext4() {
+    require_guests!();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = images(dir.path(), &["disk"], 256 << 20).remove(0);
+    let server = start(&[format!("--export=disk={disk}")]);
+    let env =
+        [("SERVER_PORT", server.port.to_string()), ("DIRS", "20".to_string()), ("FILES_PER_DIR", "100".to_string())];
+    let outcome = Guests::start("smallfiles", &env, Options::default()).finish();
+    outcome.assert_passed(&["many small files on ext4"], &server.log_text());
+}
+
+/// `nbd-client -C 4`: four connections, each served, fio write+verify across them.
+#[test]
+fn multi_conn_with_four_connections() {
+    require_guests!();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = images(dir.path(), &["disk"], 64 << 20).remove(0);
+    let metrics = common::free_port();
+    let server = start(&[format!("--export=disk={disk}"), format!("--metrics=127.0.0.1:{metrics}")]);
+    let mut guests = Guests::start("multiconn", &[("SERVER_PORT", server.port.to_string())], Options::default());
+    let seen = guests.wait_for("connected", std::time::Duration::from_secs(150));
+    let (_, body) = common::http_get(metrics, "/metrics");
+    guests.tell("counted");
+    let outcome = guests.finish();
+    outcome.assert_passed(&["nbd-client -C 4 with fio verify"], &server.log_text());
+    seen.unwrap();
+    let open = common::sample(&body, r#"sluice_connections{export="disk"}"#);
+    assert_eq!(open, 4.0, "connections open while the guest used -C 4\n{body}");
+}
+
+/// nbd-client's TLS (certificate, key, CA, host name) against `--tls=require` with
+/// `--tls-verify-peer`; a plaintext client is refused.
+#[test]
+fn tls_with_client_certificates() {
+    require!("certtool", "psktool");
+    require_guests!();
+    let keys = common::tls::Keys::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = images(dir.path(), &["disk"], 64 << 20).remove(0);
+    let server_dir = keys.server_dir();
+    let args = [
+        format!("--export=disk={disk}"),
+        "--tls=require".to_string(),
+        format!("--tls-certificates={}", server_dir.display()),
+        "--tls-verify-peer".to_string(),
+    ];
+    let server = start(&args);
+    let guests = Guests::start("tls", &[("SERVER_PORT", server.port.to_string())], Options::default());
+    let pki = guests.path("pki");
+    std::fs::create_dir(&pki).unwrap();
+    for f in ["client-cert.pem", "client-key.pem", "ca-cert.pem"] {
+        std::fs::copy(keys.client_dir().join(f), pki.join(f)).unwrap();
+    }
+    let outcome = guests.finish();
+    outcome.assert_passed(&["nbd-client over TLS with a client certificate", "plaintext client refused"], &server.log_text());
+}
+
+/// A raid10 pool served by sluice; a member is killed while the kernel client writes.
+#[test]
+fn pool_with_a_member_killed_mid_write() {
+    require_guests!();
+    let mut pool = common::pool::Pool::raid10(64 << 20, "member-timeout = \"2s\"");
+    let server = start(&[format!("--export=vol={}", pool.spec)]);
+    let mut guests = Guests::start("pool", &[("SERVER_PORT", server.port.to_string())], Options::default());
+    let writing = guests.wait_for("writing", std::time::Duration::from_secs(150));
+    if writing.is_ok() {
+        pool.members[1].kill();
+        guests.tell("killed");
+    }
+    let outcome = guests.finish();
+    outcome.assert_passed(&["raid10 pool, a member killed mid-write"], &server.log_text());
+    writing.unwrap();
+}
+
+/// What a server restart does to nbd-client 3.24's kernel device, pinned: with `-t`, I/O
+/// fails with EIO and the device stays dead; without, a read hangs until `nbd-client -d`.
+/// Either way every acknowledged write is there for a new connection.
+#[test]
+fn server_restart_under_the_kernel_client() {
+    require_guests!();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = images(dir.path(), &["disk"], 64 << 20).remove(0);
+    let mut server = start(&[format!("--export=disk={disk}")]);
+    let mut guests = Guests::start("restart", &[("SERVER_PORT", server.port.to_string())], Options::default());
+    for n in 1..=2 {
+        if let Err(e) = guests.wait_for(&format!("restart-{n}"), std::time::Duration::from_secs(150)) {
+            panic!("{e}\n--- server\n{}", server.log_text());
+        }
+        server.kill_and_restart();
+        guests.tell(&format!("restarted-{n}"));
+    }
+    let outcome = guests.finish();
+    outcome.assert_passed(
+        &["restart under nbd-client -t 5", "restart under netlink nbd-client without a timeout"],
+        &server.log_text(),
+    );
+}

@@ -23,6 +23,7 @@ pub struct Sluice {
     pub socket: PathBuf,
     pub port: u16,
     pub log: PathBuf,
+    args: Vec<String>,
     /// Prints the log if the test runner stops the test for taking too long.
     _report: timeout::Registered,
 }
@@ -37,29 +38,43 @@ impl Sluice {
             let dir = tempfile::tempdir().expect("tempdir");
             let socket = dir.path().join("nbd.sock");
             let log = dir.path().join("sluice.log");
-            let port = free_port();
-            let listen = format!("127.0.0.1:{port}");
-            let child = Command::new(SLUICE)
-                .arg("serve")
-                .args(args)
-                .arg("--unix")
-                .arg(&socket)
-                .args(["--listen", &listen])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log).expect("log file"))
-                .spawn()
-                .expect("spawn sluice");
             let path = log.clone();
             let report = timeout::on_timeout(&format!("sluice serve {args:?}"), move || tail(&path, 60));
-            let mut s = Sluice { child: Some(child), dir, socket, port, log, _report: report };
-            match s.wait_ready() {
+            let args = args.iter().map(|a| a.to_string()).collect();
+            let mut s = Sluice { child: None, dir, socket, port: free_port(), log, args, _report: report };
+            match s.spawn() {
                 Ok(()) => return s,
-                Err(text) if attempt < 5 && text.contains(&format!("cannot listen on {listen}")) => continue,
+                Err(text) if attempt < 5 && text.contains(&format!("cannot listen on 127.0.0.1:{}", s.port)) => continue,
                 Err(text) => panic!("{text}"),
             }
         }
         unreachable!()
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let _ = std::fs::remove_file(&self.socket);
+        let child = Command::new(SLUICE)
+            .arg("serve")
+            .args(&self.args)
+            .arg("--unix")
+            .arg(&self.socket)
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file"))
+            .spawn()
+            .expect("spawn sluice");
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    /// SIGKILL, then the same server again on the same port and socket (its log goes on).
+    pub fn kill_and_restart(&mut self) {
+        let mut child = self.child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The killed server's listening socket is gone with it; its port is free at once.
+        self.spawn().unwrap_or_else(|e| panic!("restarting sluice: {e}"));
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {

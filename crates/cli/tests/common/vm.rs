@@ -72,6 +72,8 @@ pub struct Outcome {
     pub status: Option<i32>,
     pub output: String,
     pub took: Duration,
+    /// What the guests left in the share.
+    pub share: tempfile::TempDir,
 }
 
 impl Guests {
@@ -113,7 +115,8 @@ impl Guests {
             let _ = child.wait();
         }
         let output = std::fs::read_to_string(self.share.path().join("output.log")).unwrap_or_default();
-        Outcome { status, output, took: self.started.elapsed() }
+        let share = std::mem::replace(&mut self.share, tempfile::tempdir().expect("tempdir"));
+        Outcome { status, output, took: self.started.elapsed(), share }
     }
 
     /// Waits (bounded) until a guest creates `name` in the share.

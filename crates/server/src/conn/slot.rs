@@ -74,6 +74,11 @@ impl Conn {
             let bytes = if ok { s.bytes as u64 } else { 0 };
             let op = metrics_op(s.request.command);
             self.metrics.record(self.metrics_export, op, &s.times.phases(env.now), bytes, ok);
+            if let Command::Write { fua: true, .. } | Command::Trim { fua: true, .. } | Command::WriteZeroes { fua: true, .. } =
+                s.request.command
+            {
+                self.metrics.record_fua(self.metrics_export, op);
+            }
             self.metrics.request_finished(self.metrics_export);
         }
     }

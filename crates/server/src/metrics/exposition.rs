@@ -56,7 +56,7 @@ struct Family {
 
 /// Every family, in the order a scrape shows them. Counter names keep their `_total`: the
 /// 0.0.4 text format names a family exactly as its samples.
-const FAMILIES: [Family; 7] = [
+const FAMILIES: [Family; 8] = [
     Family {
         name: "sluice_request_phase_seconds",
         help: "Time each request spent in each phase.",
@@ -72,6 +72,11 @@ const FAMILIES: [Family; 7] = [
         name: "sluice_request_bytes_total",
         help: "Payload bytes read or written.",
         source: Source::PerOpCounter(|m| &m.bytes),
+    },
+    Family {
+        name: "sluice_requests_fua_total",
+        help: "Requests finished that carried FUA (forced unit access).",
+        source: Source::PerOpCounter(|m| &m.fua),
     },
     Family {
         name: "sluice_requests_inflight",
@@ -255,11 +260,12 @@ mod tests {
     }
 
     /// HELP and TYPE lines of every family, in order, as sluice has always written them.
-    const HEADERS: [(&str, &str, &str); 7] = [
+    const HEADERS: [(&str, &str, &str); 8] = [
         ("sluice_request_phase_seconds", "histogram", "Time each request spent in each phase."),
         ("sluice_requests_total", "counter", "Requests finished."),
         ("sluice_request_errors_total", "counter", "Requests finished with an error reply."),
         ("sluice_request_bytes_total", "counter", "Payload bytes read or written."),
+        ("sluice_requests_fua_total", "counter", "Requests finished that carried FUA (forced unit access)."),
         ("sluice_requests_inflight", "gauge", "Requests received and not yet finished."),
         ("sluice_connections", "gauge", "Connections open now."),
         ("sluice_connections_total", "counter", "Connections opened."),
@@ -352,6 +358,8 @@ mod tests {
         m.record(disk, Op::Read, &phases, 4096, true);
         m.record(disk, Op::Read, &phases, 4096, false);
         m.record(disk, Op::Flush, &Phases::default(), 0, true);
+        m.record(disk, Op::Write, &Phases::default(), 512, true);
+        m.record_fua(disk, Op::Write);
         let text = rendered(&m);
 
         let series = |name: &str, extra: &str| format!("{name}{{export=\"disk\",op=\"read\"{extra}}}");
@@ -361,6 +369,8 @@ mod tests {
         let bytes = format!("{} 8192\n", series("sluice_request_bytes_total", ""));
         assert!(text.contains(&bytes), "integers are written without a fraction");
         assert_eq!(value(&text, r#"sluice_requests_total{export="disk",op="flush"}"#), Some(1.0));
+        assert_eq!(value(&text, r#"sluice_requests_fua_total{export="disk",op="write"}"#), Some(1.0));
+        assert_eq!(value(&text, r#"sluice_requests_fua_total{export="disk",op="read"}"#), Some(0.0));
         assert_eq!(value(&text, r#"sluice_requests_total{export="",op="read"}"#), Some(0.0));
 
         let bucket = |phase: &str, le: &str| {

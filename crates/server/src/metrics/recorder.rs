@@ -104,6 +104,9 @@ pub(super) struct OpMetrics {
     pub(super) requests: AtomicU64,
     pub(super) errors: AtomicU64,
     pub(super) bytes: AtomicU64,
+    /// Requests that carried FUA: the client's durability barriers, which a kernel client
+    /// sends for O_DSYNC writes and filesystem journal commits.
+    pub(super) fua: AtomicU64,
 }
 
 pub(super) struct ExportMetrics {
@@ -179,6 +182,11 @@ impl Metrics {
         if bytes != 0 {
             m.bytes.fetch_add(bytes, Ordering::Relaxed);
         }
+    }
+
+    /// One finished request carried FUA (counted beside `record`, which counts it too).
+    pub fn record_fua(&self, export: usize, op: Op) {
+        self.exports[export].ops[op as usize].fua.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Inflight gauge +1.
