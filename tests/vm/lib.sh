@@ -51,6 +51,15 @@ wait_host() {
     done
 }
 
+# barrier NAME: waits (bounded) until every node has reached NAME.
+barrier() {
+    local name=$1 limit=${2:-180} n
+    : >"/host/$name.$SLUICE_NODE"
+    for n in $(seq 1 "$SLUICE_NODES"); do
+        wait_host "$name.$n" "$limit" || return 1
+    done
+}
+
 # connect DEVICE EXPORT [nbd-client options...]: the kernel client to the host's sluice.
 connect() {
     local dev=$1 name=$2

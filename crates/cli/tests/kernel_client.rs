@@ -223,3 +223,26 @@ fn server_restart_under_the_kernel_client() {
         &server.log_text(),
     );
 }
+
+/// OCFS2 on two guests (o2cb over their private network): on one export, then on a raid10
+/// pool served by sluice. Both mount, write, read each other's files, create files in one
+/// directory at once, unmount; fsck.ocfs2 finds nothing to fix.
+#[test]
+fn ocfs2_on_two_nodes() {
+    require_guests!();
+    let dir = tempfile::tempdir().unwrap();
+    let shared = images(dir.path(), &["shared"], 512 << 20).remove(0);
+    let pool = common::pool::Pool::raid10(256 << 20, "");
+    let server = start(&[format!("--export=shared={shared}"), format!("--export=vol={}", pool.spec)]);
+    let env = [
+        ("SERVER_PORT", server.port.to_string()),
+        ("EXPORTS", "shared vol".to_string()),
+        ("FILES_PER_NODE", "100".to_string()),
+    ];
+    let options = Options { nodes: 2, limit: std::time::Duration::from_secs(280), ..Options::default() };
+    let outcome = Guests::start("ocfs2", &env, options).finish();
+    outcome.assert_passed(
+        &["o2cb cluster up", "OCFS2 on two nodes over shared", "OCFS2 on two nodes over vol"],
+        &server.log_text(),
+    );
+}
