@@ -246,3 +246,21 @@ fn ocfs2_on_two_nodes() {
         &server.log_text(),
     );
 }
+
+/// sluice itself inside the 6.1 guest: every data path through nbdcopy and the kernel
+/// client, and a raid10 pool of members that run there too.
+#[test]
+fn sluice_serves_on_debian_12_kernel() {
+    require_guests!();
+    let env = [("DATA_PATHS", DATA_PATHS.join(" "))];
+    let options = Options { memory_mib: 1536, ..Options::default() };
+    let outcome = Guests::start("inguest", &env, options).finish();
+    let log = std::fs::read_to_string(outcome.share.path().join("sluice-guest.log")).unwrap_or_default();
+    let mut expected = vec!["storage for the guest's exports".to_string(), "sluice starts on 6.1".to_string()];
+    for p in DATA_PATHS {
+        expected.push(format!("nbdcopy round trip on {p}"));
+        expected.push(format!("kernel client on {p}"));
+    }
+    expected.push("raid10 pool in the guest".to_string());
+    outcome.assert_passed(&expected.iter().map(String::as_str).collect::<Vec<_>>(), &log);
+}

@@ -1,0 +1,92 @@
+# sluice itself on Debian 12's kernel (6.1): served from inside the guest, on every data
+# path, over TLS (kTLS where the kernel takes the keys), and as a pool of members that run
+# in the guest too. The clients are libnbd's tools and the kernel's nbd client, over
+# loopback.
+
+SLUICE=/target/release/sluice
+
+# serve PORT LOG ARGS...: starts sluice in the background and waits (bounded) until it
+# accepts connections; its pid is in $served.
+serve() {
+    local port=$1 log=$2 i=0
+    shift 2
+    # Its stdout must not be the check's, which would wait for it to close.
+    $SLUICE serve --listen 127.0.0.1:$port "$@" >/dev/null 2>"$log" &
+    served=$!
+    until (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; do
+        i=$((i + 1))
+        if [ $i -gt 300 ] || ! kill -0 $served 2>/dev/null; then
+            echo "sluice did not start:"; cat "$log"; return 1
+        fi
+        sleep 0.1
+    done
+}
+
+storage() {
+    modprobe brd rd_nr=1 rd_size=$((384 * 1024)) || return 1
+    mkfs.ext4 -q -F /dev/ram0 && mkdir -p /srv && mount -t ext4 /dev/ram0 /srv || return 1
+    for path in $DATA_PATHS; do truncate -s 64M /srv/$path.img; done
+    dd if=/dev/urandom of=/srv/data bs=1M count=32 2>/dev/null
+}
+
+start_server() {
+    local args="" path
+    for path in $DATA_PATHS; do args="$args --export=$path=/srv/$path.img,data-path=$path"; done
+    serve 10809 /host/sluice-guest.log $args || return 1
+    # What the server said about the kernel it found (io_uring features, fallbacks).
+    note "sluice on $(uname -r) said: $(grep -iE 'warn|error|fall|io_uring|support|kernel' /host/sluice-guest.log | tr '\n' ' ')"
+    return 0
+}
+
+# nbdcopy in and out of each data path's export, compared.
+copy_round_trip() {
+    local path=$1 uri=nbd://127.0.0.1:10809/$1
+    nbdcopy /srv/data "$uri" || return 1
+    nbdcopy "$uri" /srv/back || return 1
+    cmp -n $((32 << 20)) /srv/data /srv/back
+}
+
+kernel_client_round_trip() {
+    local path=$1 dev=/dev/nbd1 status
+    nbd-client 127.0.0.1 10809 $dev -N "$path" || return 1
+    large_requests $dev
+    fio --name=verify --filename=$dev --direct=1 --ioengine=libaio --iodepth=16 --rw=randwrite \
+        --bs=64k --size=16M --verify=crc32c --verify_fatal=1 --minimal >/tmp/fio.out
+    status=$?
+    nbd-client -d $dev
+    [ $status = 0 ] || cat /tmp/fio.out
+    return $status
+}
+
+# A raid10 pool of four members (sluice in the guest, on Unix sockets), served by sluice.
+pool_round_trip() {
+    local i members="" status=0
+    for i in 1 2 3 4; do
+        truncate -s $((1 + 32))M /srv/m$i.img
+        $SLUICE serve /srv/m$i.img --unix /tmp/m$i.sock >/dev/null 2>/tmp/m$i.log &
+        members="$members\"nbd+unix:///?socket=/tmp/m$i.sock\", "
+    done
+    for i in 1 2 3 4; do
+        local n=0
+        until [ -S /tmp/m$i.sock ] && nbdinfo --size "nbd+unix:///?socket=/tmp/m$i.sock" >/dev/null 2>&1; do
+            n=$((n + 1)); [ $n -gt 300 ] && { echo "member $i did not start"; cat /tmp/m$i.log; return 1; }
+            sleep 0.1
+        done
+    done
+    printf 'layout = "raid10"\nstripe-unit = "64K"\nmembers = [%s]\n' "${members%, }" >/srv/pool.toml
+    $SLUICE pool init pool:/srv/pool.toml || return 1
+    serve 10811 /host/sluice-pool.log --export=vol=pool:/srv/pool.toml || return 1
+    local pool_server=$served
+    nbdcopy /srv/data nbd://127.0.0.1:10811/vol && nbdcopy nbd://127.0.0.1:10811/vol /srv/back &&
+        cmp -n $((32 << 20)) /srv/data /srv/back || status=1
+    kill $pool_server
+    return $status
+}
+
+check "storage for the guest's exports" storage
+check "sluice starts on 6.1" start_server
+for path in $DATA_PATHS; do
+    check "nbdcopy round trip on $path" copy_round_trip "$path"
+    check "kernel client on $path" kernel_client_round_trip "$path"
+done
+check "raid10 pool in the guest" pool_round_trip
