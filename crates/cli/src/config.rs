@@ -10,7 +10,7 @@ use sluice_server::export::DataPath;
 use sluice_server::Limits;
 
 use crate::serve_export::ExportEntry;
-use crate::serve_settings::{parsed_some, ChunkChoice, ListenAddr, LogLevel, TlsChoice};
+use crate::serve_settings::{parsed_some, ChunkChoice, KtlsChoice, ListenAddr, LogLevel, TlsChoice};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -33,11 +33,12 @@ pub struct FileConfig {
     pub chunk: Option<ChunkChoice>,
     /// Address of the Prometheus metrics endpoint, as for --metrics.
     pub metrics: Option<ListenAddr>,
-    /// TLS, as for --tls, --tls-certificates, --tls-psk and --tls-verify-peer.
+    /// TLS, as for --tls, --tls-certificates, --tls-psk, --tls-verify-peer and --tls-ktls.
     pub tls: Option<TlsChoice>,
     pub tls_certificates: Option<PathBuf>,
     pub tls_psk: Option<PathBuf>,
     pub tls_verify_peer: Option<bool>,
+    pub tls_ktls: Option<KtlsChoice>,
     /// Ceph access for rbd: exports, as for --rbd-conf, --rbd-id and --rbd-keyring.
     pub rbd_conf: Option<PathBuf>,
     pub rbd_id: Option<String>,
@@ -88,6 +89,7 @@ mod tests {
             tls-certificates = "/etc/sluice/pki"
             tls-psk = "/etc/sluice/keys.psk"
             tls-verify-peer = true
+            tls-ktls = "off"
             [limits]
             inflight-requests-per-connection = 16
             [[export]]
@@ -112,6 +114,14 @@ mod tests {
         assert_eq!(c.tls, Some(TlsChoice(sluice_proto::TlsMode::Require)));
         assert_eq!(c.tls_certificates, Some(PathBuf::from("/etc/sluice/pki")));
         assert_eq!((c.tls_psk, c.tls_verify_peer), (Some(PathBuf::from("/etc/sluice/keys.psk")), Some(true)));
+        assert_eq!(c.tls_ktls, Some(KtlsChoice(sluice_server::tls::KtlsMode::Off)));
+    }
+
+    #[test]
+    fn tls_ktls_is_auto_or_off() {
+        assert_eq!(parse("").unwrap().tls_ktls, None, "absent: the default (auto) applies");
+        let e = parse("tls-ktls = \"on\"").unwrap_err();
+        assert!(e.contains("tls-ktls") && e.contains("\"on\""), "{e}");
     }
 
     #[test]

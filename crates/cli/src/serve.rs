@@ -16,7 +16,9 @@ use crate::config::{self, FileConfig};
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::logger;
 use crate::serve_export::ExportEntry;
-use crate::serve_settings::{check_busy_poll, parse_busy_poll, parse_threads, ChunkChoice, ListenAddr, LogLevel, TlsChoice};
+use crate::serve_settings::{
+    check_busy_poll, parse_busy_poll, parse_threads, ChunkChoice, KtlsChoice, ListenAddr, LogLevel, TlsChoice,
+};
 
 /// Default NBD port (IANA).
 const NBD_PORT: u16 = 10809;
@@ -120,6 +122,13 @@ pub struct ServeArgs {
     /// Require a client certificate signed by ca-cert.pem of --tls-certificates.
     #[arg(long)]
     tls_verify_peer: bool,
+
+    /// auto: after the TLS handshake, hand the session's keys to the kernel (kTLS) when it
+    /// has the tls module and takes the suite (TLS 1.2 or 1.3 with AES-GCM or
+    /// ChaCha20-Poly1305), so that splice and O_DIRECT reads stay copy-free; otherwise
+    /// encrypt in user space. off: always in user space. Default: auto.
+    #[arg(long, value_name = "auto|off")]
+    tls_ktls: Option<KtlsChoice>,
 
     /// TOML configuration file (listeners, exports, limits). Listeners and exports given
     /// here are added to the file's; --threads, --log-level and --read-only override it.
@@ -225,6 +234,7 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
         certificates: args.tls_certificates.clone().or(file.tls_certificates),
         psk: args.tls_psk.clone().or(file.tls_psk),
         verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
+        ktls: args.tls_ktls.or(file.tls_ktls).unwrap_or_default().0,
     };
     let tls = TlsServer::load(&tls).map_err(Usage)?;
     Ok(Config { tcp, tcp_ipv6_optional, unix, threads, pin_threads, busy_poll_us, limits: file.limits, exports, metrics, tls })

@@ -14,6 +14,7 @@ use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::TlsMode;
 use sluice_server::export::{parse_size, Chunking};
 use sluice_server::limits::BUSY_POLL_MAX_US;
+use sluice_server::tls::KtlsMode;
 
 /// Deserializes a string through `T::from_str`, so that a key and the option that mirrors
 /// it accept the same text and say the same thing about bad text.
@@ -142,6 +143,20 @@ impl FromStr for TlsChoice {
 
 deserialize_from_str!(TlsChoice);
 
+/// Whether TLS sessions are handed to the kernel (`--tls-ktls`, `tls-ktls`): auto or off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KtlsChoice(pub KtlsMode);
+
+impl FromStr for KtlsChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KtlsChoice, String> {
+        s.parse().map(KtlsChoice)
+    }
+}
+
+deserialize_from_str!(KtlsChoice);
+
 /// `--threads N`: at least one worker, as the `threads` key's `NonZeroUsize` requires.
 pub fn parse_threads(s: &str) -> Result<NonZeroUsize, String> {
     match s.parse::<usize>() {
@@ -207,5 +222,12 @@ mod tests {
         assert_eq!("on".parse::<TlsChoice>(), Ok(TlsChoice(TlsMode::On)));
         assert_eq!("off".parse::<TlsChoice>(), Ok(TlsChoice(TlsMode::Off)));
         assert!("yes".parse::<TlsChoice>().unwrap_err().contains("\"yes\""));
+    }
+
+    #[test]
+    fn ktls_modes_are_auto_and_off() {
+        assert_eq!("auto".parse::<KtlsChoice>(), Ok(KtlsChoice(KtlsMode::Auto)));
+        assert_eq!("off".parse::<KtlsChoice>(), Ok(KtlsChoice(KtlsMode::Off)));
+        assert!("on".parse::<KtlsChoice>().unwrap_err().contains("\"on\""));
     }
 }

@@ -1,7 +1,8 @@
 //! The handshake of one connection, under a deadline: the proto crate's state machine
 //! driven over a blocking socket until transmission starts (yielding the session and its
 //! export) or the client leaves. After STARTTLS the same loop runs over TLS; the TLS
-//! handshake itself runs under the same deadline.
+//! handshake itself runs under the same deadline, and at the end the session is offered
+//! to the kernel's TLS.
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
@@ -12,7 +13,7 @@ use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
 use sluice_proto::{Handshake, Next, Session, TlsMode};
 
 use crate::export::{Export, Exports};
-use crate::tls::{self, TlsServer, TlsSession};
+use crate::tls::{self, Encryption, TlsServer, TlsSession};
 
 /// A socket whose blocking reads and writes can be given a time limit.
 pub trait Timeouts {
@@ -24,9 +25,10 @@ pub trait Timeouts {
 pub struct Negotiation {
     pub session: Session,
     pub export: Arc<Export>,
-    /// The TLS session, when the client started TLS; plaintext the client sent after its
-    /// last option may already wait inside it.
-    pub tls: Option<TlsSession>,
+    /// How records are encrypted, when the client started TLS: by the kernel, or by the
+    /// TLS session, inside which plaintext the client sent after its last option may
+    /// already wait.
+    pub tls: Option<Encryption>,
 }
 
 /// Runs the handshake over `stream` until transmission (Some) or a clean close (None);
@@ -84,7 +86,12 @@ pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
                     base_allocation: neg.base_allocation,
                     payload_max_bytes: REQUEST_PAYLOAD_MAX_BYTES,
                 };
-                return Ok(Some(Negotiation { session: session_state, export, tls: session }));
+                // Before the connection moves on, while nothing else uses its socket.
+                let tls = match (session, tls) {
+                    (Some(s), Some(server)) => Some(tls::hand_off(server, s, plain.stream.as_fd())?),
+                    _ => None,
+                };
+                return Ok(Some(Negotiation { session: session_state, export, tls }));
             }
         }
     }

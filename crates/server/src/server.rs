@@ -152,7 +152,7 @@ impl Server {
         }
         let exports = Arc::new(config.exports);
         if let Some(t) = &config.tls {
-            log::info!("TLS {}: {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }, crate::tls::probe_ktls().describe());
+            log::info!("TLS {}: {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }, t.describe_ktls());
         }
         let acceptor = Arc::new(Acceptor::new(Arc::clone(&exports), config.tls.clone(), handles, config.limits, Arc::clone(&shutdown)));
         for l in &listeners {

@@ -14,11 +14,11 @@ use sluice_proto::Session;
 use crate::admission::{Budget, Permit};
 use crate::busy_poll::BusyPoll;
 use crate::conn::{Conn, Env, Io, Shutdown};
-use crate::engine::{unacked_bytes, Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
+use crate::engine::{ktls_send_record, unacked_bytes, Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::{Board, Look, Metrics};
-use crate::tls::{self, Answer, TlsLink, TlsSession, Wire};
+use crate::tls::{Answer, Encryption, TlsLink, Wire};
 
 /// A connection that finished its handshake, on its way to a worker.
 pub struct NewConnection {
@@ -26,8 +26,8 @@ pub struct NewConnection {
     pub peer: String,
     pub export: Arc<Export>,
     pub session: Session,
-    /// The TLS session when the client started TLS.
-    pub tls: Option<TlsSession>,
+    /// Who encrypts records, when the client started TLS.
+    pub tls: Option<Encryption>,
     /// Released when the connection closes; counts against the connection limit.
     pub permit: Permit,
 }
@@ -115,8 +115,12 @@ pub fn allowed_cpus() -> Vec<usize> {
 struct Entry {
     conn: Conn,
     fd: OwnedFd,
-    /// Records are encrypted and decrypted here when the client started TLS.
+    /// Records are encrypted and decrypted here when the client started TLS and the
+    /// kernel did not take the session over.
     tls: Option<TlsLink>,
+    /// The kernel encrypts and decrypts records (kTLS): the socket is used as a plain one,
+    /// except that it refuses MSG_WAITALL and reports records it cannot pass on as errors.
+    ktls: bool,
     export: Arc<Export>,
     _permit: Permit,
 }
@@ -297,7 +301,12 @@ impl Worker {
                 self.accept_new();
                 self.ring.recv_wake(self.wake.as_raw_fd(), buf);
             }
-            Token::Recv { conn, buf } => self.on(conn, |c, env| c.handle_recv(env, result, buf)),
+            Token::Recv { conn, buf } => self.on_entry(conn, |e, s, _| {
+                if e.ktls && result < 0 {
+                    ktls_recv_failed(e.conn.peer(), result);
+                }
+                e.conn.handle_recv(&mut s.env(), result, buf)
+            }),
             Token::RecvBytes { conn, bytes } => self.on_entry(conn, |e, s, id| {
                 let link = e.tls.as_mut().expect("only TLS links receive bytes");
                 link.on_recv(&mut Wire { ring: s.ring, fd: e.fd.as_raw_fd(), id }, result, bytes);
@@ -353,17 +362,10 @@ impl Worker {
                 self.entries.push(None);
                 (self.entries.len() - 1) as u32
             });
-            log::info!("{}: serving export {:?}{}", new.peer, new.export.name, if new.tls.is_some() { " over TLS" } else { "" });
             let metrics = Arc::clone(&self.metrics);
             let mut conn = Conn::new(new.peer, Arc::clone(&new.export), new.session, self.limits, metrics);
-            let tls = new.tls.map(|session| {
-                let link = TlsLink::new(session);
-                log::debug!("{}: {}, {}", conn.peer(), link.describe(), tls::probe_ktls().describe());
-                // Records are encrypted in user space: data must pass through a buffer.
-                conn.copy_only();
-                link
-            });
-            self.entries[index as usize] = Some(Entry { conn, fd: new.fd, tls, export: new.export, _permit: new.permit });
+            let (tls, ktls) = secure(&mut conn, &new.export.name, new.tls);
+            self.entries[index as usize] = Some(Entry { conn, fd: new.fd, tls, ktls, export: new.export, _permit: new.permit });
             self.live += 1;
             self.on(ConnId(index), |c, env| c.resume(env));
         }
@@ -391,11 +393,59 @@ impl Worker {
             if let Some(link) = &mut entry.tls {
                 link.close_notify(entry.fd.as_fd());
             }
+            if entry.ktls {
+                // close_notify through the kernel's TLS, best effort as in user space.
+                let _ = ktls_send_record(entry.fd.as_fd(), ALERT, &CLOSE_NOTIFY);
+            }
             log::info!("{}: connection closed", entry.conn.peer());
             self.budget.forget(id);
             self.free.push(id.0);
             self.live -= 1;
         }
+    }
+}
+
+/// TLS record content type of an alert, and the close_notify alert (warning level),
+/// RFC 8446 §6 / RFC 5246 §7.2.
+const ALERT: u8 = 21;
+const CLOSE_NOTIFY: [u8; 2] = [1, 0];
+
+/// Logs the connection's kind of TLS and sets the core up for it: a TLS link for records
+/// encrypted in user space (and true when the kernel encrypts them).
+fn secure(conn: &mut Conn, export: &str, tls: Option<Encryption>) -> (Option<TlsLink>, bool) {
+    let peer = conn.peer().to_owned();
+    match tls {
+        None => {
+            log::info!("{peer}: serving export {export:?}");
+            (None, false)
+        }
+        Some(Encryption::Kernel { describe }) => {
+            log::info!("{peer}: serving export {export:?} over TLS (kTLS)");
+            log::debug!("{peer}: {describe}");
+            (None, true)
+        }
+        Some(Encryption::User { session, why }) => {
+            log::info!("{peer}: serving export {export:?} over TLS (user-space)");
+            if let Some(why) = why {
+                log::info!("{peer}: kTLS not used: {why}");
+            }
+            let link = TlsLink::new(session);
+            log::debug!("{peer}: user-space TLS, {}", link.describe());
+            // Records are encrypted in user space: data must pass through a buffer.
+            conn.copy_only();
+            (Some(link), false)
+        }
+    }
+}
+
+/// What a failed receive on a kTLS socket means. The core ends the connection as for any
+/// failed receive; this only says why in the log.
+fn ktls_recv_failed(peer: &str, result: i32) {
+    match -result {
+        libc::EBADMSG => log::info!("{peer}: kTLS: a record failed to decrypt"),
+        libc::EIO => log::debug!("{peer}: kTLS: a record other than data arrived (an alert such as close_notify, or a key update)"),
+        libc::EKEYEXPIRED => log::debug!("{peer}: kTLS: the client updated its keys, which the kernel cannot follow"),
+        e => log::debug!("{peer}: kTLS: receive failed: {}", std::io::Error::from_raw_os_error(e)),
     }
 }
 
@@ -431,7 +481,7 @@ fn carry_out(entry: &mut Entry, id: ConnId, shared: &mut Shared) -> bool {
             },
             Io::Send { batch } => match &mut entry.tls {
                 Some(link) => link.send(&mut Wire { ring: shared.ring, fd, id }, batch),
-                None => shared.ring.send(fd, batch, id),
+                None => shared.ring.send(fd, batch, id, !entry.ktls),
             },
             Io::SpliceOut { pipe, len } => shared.ring.splice_out(pipe, fd, len, id),
             Io::Storage { tag, op } => {

@@ -1,11 +1,13 @@
 //! The engine: io_uring submission, typed operation ids, the buffers and pipes the kernel
-//! reads and writes, and the mailbox through which other threads complete operations
-//! parked in the ring. All of sluice's `unsafe` lives under this module; everything outside
-//! it uses safe ownership-passing interfaces.
+//! reads and writes, the mailbox through which other threads complete operations
+//! parked in the ring, and the socket options that hand TLS keys to the kernel. All of
+//! sluice's `unsafe` lives under this module; everything outside it uses safe
+//! ownership-passing interfaces.
 #![allow(unsafe_code)]
 
 mod buddy;
 mod buffer;
+mod ktls;
 mod mailbox;
 mod op;
 mod pipe;
@@ -16,6 +18,7 @@ mod send;
 mod socket;
 
 pub use buffer::{Buf, BufferStats, Pool, BUFFER_ALIGN_BYTES};
+pub use ktls::{ktls_attach, ktls_send_record, ktls_set_keys, wipe, KernelCipher, KernelKeys, KtlsDirection};
 pub use mailbox::{Completer, Payload};
 pub use op::{Completion, ConnId, Held, StorageId, Tag, Token};
 pub use pipe::{fully_cached, splice_now, Pipe, Pipes};

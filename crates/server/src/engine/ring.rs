@@ -182,11 +182,16 @@ impl Ring {
         self.push(sqe, Token::Wake { buf });
     }
 
-    /// Sends the whole batch: MSG_WAITALL makes the kernel finish a partial send itself
-    /// instead of completing early; MSG_MORE holds back a header whose data is spliced next.
-    pub fn send(&mut self, fd: RawFd, mut batch: Box<SendBatch>, conn: ConnId) {
+    /// Sends the batch. With `wait_all`, MSG_WAITALL makes the kernel finish a partial send
+    /// itself instead of completing early; a kTLS socket refuses that flag (EOPNOTSUPP), so
+    /// its short sends complete and the caller sends the rest. MSG_MORE holds back a header
+    /// whose data is spliced next.
+    pub fn send(&mut self, fd: RawFd, mut batch: Box<SendBatch>, conn: ConnId, wait_all: bool) {
         let msg = batch.prepare();
-        let mut flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
+        let mut flags = libc::MSG_NOSIGNAL;
+        if wait_all {
+            flags |= libc::MSG_WAITALL;
+        }
         if batch.ends_with_splice() {
             flags |= libc::MSG_MORE;
         }

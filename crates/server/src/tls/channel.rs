@@ -1,5 +1,7 @@
 //! What OpenSSL reads ciphertext from and writes it to. During the handshake (on the
-//! handshake thread) that is the socket itself, blocking under the handshake's deadline.
+//! handshake thread) that is the socket itself, blocking under the handshake's deadline;
+//! when the session may go to kTLS, a copy of the ciphertext is kept there too, for the
+//! handoff to be checked against (transcript.rs).
 //! Once the connection moves to a worker it is two buffers: ciphertext the worker's ring
 //! received, and ciphertext waiting for the ring to send it. OpenSSL never touches the
 //! socket there, so every socket operation stays on the ring.
@@ -9,6 +11,8 @@ use std::os::fd::OwnedFd;
 use std::time::Instant;
 
 use rustix::net::sockopt::{set_socket_timeout, Timeout};
+
+use super::transcript::Transcript;
 
 pub struct Channel {
     /// A duplicate of the connection's socket while the handshake thread owns it, and the
@@ -23,16 +27,38 @@ pub struct Channel {
     pub(super) input_ended: bool,
     /// Ciphertext OpenSSL wrote that no send has taken yet.
     pub(super) output: Vec<u8>,
+    /// What went over the socket, kept when the session may be handed to kTLS.
+    transcript: Option<Transcript>,
 }
 
 impl Channel {
     pub fn over_socket(socket: OwnedFd, deadline: Instant) -> Channel {
-        Channel { socket: Some((socket, deadline)), input: None, read: 0, filled: 0, input_ended: false, output: Vec::new() }
+        Channel {
+            socket: Some((socket, deadline)),
+            input: None,
+            read: 0,
+            filled: 0,
+            input_ended: false,
+            output: Vec::new(),
+            transcript: None,
+        }
     }
 
-    /// From now on OpenSSL reads and writes the buffers; the socket belongs to the ring.
+    /// Keeps the ciphertext the socket carries from now on, so that a handoff to kTLS can
+    /// be checked against it.
+    pub fn keep_transcript(&mut self) {
+        self.transcript = Some(Transcript::default());
+    }
+
+    pub fn take_transcript(&mut self) -> Option<Transcript> {
+        self.transcript.take()
+    }
+
+    /// From now on OpenSSL reads and writes the buffers; the socket belongs to the ring
+    /// (or, under kTLS, to the kernel's TLS: nothing OpenSSL writes reaches it).
     pub fn detach(&mut self) {
         self.socket = None;
+        self.transcript = None;
     }
 
     pub fn is_detached(&self) -> bool {
@@ -73,7 +99,11 @@ impl Read for Channel {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if let Some((s, deadline)) = &self.socket {
             bound(s, *deadline, Timeout::Recv)?;
-            return rustix::io::read(s, buf).map_err(timed_out);
+            let n = rustix::io::read(s, &mut *buf).map_err(timed_out)?;
+            if let Some(t) = &mut self.transcript {
+                t.received(&buf[..n]);
+            }
+            return Ok(n);
         }
         let n = self.unread().min(buf.len());
         let Some(input) = self.input.as_ref().filter(|_| n > 0) else {
@@ -96,7 +126,11 @@ impl Write for Channel {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if let Some((s, deadline)) = &self.socket {
             bound(s, *deadline, Timeout::Send)?;
-            return rustix::net::send(s, buf, rustix::net::SendFlags::NOSIGNAL).map_err(timed_out);
+            let n = rustix::net::send(s, buf, rustix::net::SendFlags::NOSIGNAL).map_err(timed_out)?;
+            if let Some(t) = &mut self.transcript {
+                t.sent(&buf[..n]);
+            }
+            return Ok(n);
         }
         self.output.extend_from_slice(buf);
         Ok(buf.len())

@@ -12,8 +12,11 @@ use openssl::x509::store::X509Lookup;
 use openssl::x509::verify::X509VerifyFlags;
 use sluice_proto::TlsMode;
 
+use super::ktls::{self, Ktls, KtlsMode};
+use super::secrets;
+
 /// TLS as the user configured it (`--tls`, `--tls-certificates`, `--tls-psk`,
-/// `--tls-verify-peer`, and the same keys in the configuration file).
+/// `--tls-verify-peer`, `--tls-ktls`, and the same keys in the configuration file).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TlsSettings {
     pub mode: TlsMode,
@@ -24,6 +27,8 @@ pub struct TlsSettings {
     pub psk: Option<PathBuf>,
     /// Require a client certificate signed by the CA in `certificates`.
     pub verify_peer: bool,
+    /// Whether sessions are handed to the kernel's TLS when it can take them.
+    pub ktls: KtlsMode,
 }
 
 /// TLS 1.2 suites: forward-secret AEAD suites for certificates (AES-128 first: as strong
@@ -50,33 +55,30 @@ fn tls13_suites() -> &'static str {
 pub struct TlsServer {
     pub mode: TlsMode,
     pub(super) context: SslContext,
+    ktls: KtlsMode,
+    kernel: Ktls,
 }
 
 impl TlsServer {
     /// Checks the settings and loads every file they name. None when TLS is off.
     pub fn load(settings: &TlsSettings) -> Result<Option<Arc<TlsServer>>, String> {
-        let TlsSettings { mode, certificates, psk, verify_peer } = settings;
-        if *mode == TlsMode::Off {
-            return match (certificates, psk, verify_peer) {
-                (None, None, false) => Ok(None),
-                _ => Err("TLS options given but --tls is off; add --tls=on or --tls=require".into()),
-            };
+        TlsServer::load_for(settings, ktls::probe())
+    }
+
+    /// `load`, for a kernel that offers kTLS or not (tests pretend it does).
+    pub(crate) fn load_for(settings: &TlsSettings, kernel: Ktls) -> Result<Option<Arc<TlsServer>>, String> {
+        if !check(settings)? {
+            return Ok(None);
         }
-        if certificates.is_none() && psk.is_none() {
-            return Err("--tls needs --tls-certificates=DIR or --tls-psk=FILE".into());
-        }
-        if *verify_peer && certificates.is_none() {
-            return Err("--tls-verify-peer needs --tls-certificates=DIR (its ca-cert.pem signs the clients' certificates)".into());
-        }
-        if *verify_peer && psk.is_some() {
-            // A PSK client presents no certificate, so the two cannot both hold.
-            return Err("--tls-verify-peer cannot be combined with --tls-psk: PSK clients present no certificate".into());
-        }
-        let mut b = SslContextBuilder::new(SslMethod::tls_server()).map_err(|e| format!("OpenSSL: {e}"))?;
+        let TlsSettings { mode, certificates, psk, verify_peer, ktls } = settings;
         let fail = |e: openssl::error::ErrorStack| format!("OpenSSL: {e}");
+        let mut b = SslContextBuilder::new(SslMethod::tls_server()).map_err(fail)?;
         b.set_min_proto_version(Some(SslVersion::TLS1_2)).map_err(fail)?;
         // No renegotiation (a client could make the server redo handshakes at will), no
-        // session tickets (NBD connections are long-lived; resumption buys nothing).
+        // session tickets (NBD connections are long-lived; resumption buys nothing). That
+        // this side sends nothing after the handshake is also what lets the kernel take
+        // records over from OpenSSL; read_ahead stays off, so OpenSSL reads one record at
+        // a time and leaves what follows in the socket for the kernel.
         b.set_options(SslOptions::NO_RENEGOTIATION | SslOptions::NO_TICKET | SslOptions::CIPHER_SERVER_PREFERENCE);
         b.set_num_tickets(0).map_err(fail)?;
         b.set_cipher_list(TLS12_CIPHERS).map_err(fail)?;
@@ -85,25 +87,68 @@ impl TlsServer {
             load_certificates(&mut b, dir, *verify_peer)?;
         }
         if let Some(file) = psk {
-            let keys = read_psk_file(file)?;
-            // OpenSSL calls this for TLS 1.2 PSK suites and for TLS 1.3 external PSKs, which
-            // it pairs with SHA-256 suites as GnuTLS does.
-            b.set_psk_server_callback(move |_, identity, out| {
-                let id = identity.map(String::from_utf8_lossy).unwrap_or_default();
-                match keys.get(id.as_ref()) {
-                    Some(key) if key.len() <= out.len() => {
-                        out[..key.len()].copy_from_slice(key);
-                        Ok(key.len())
-                    }
-                    _ => {
-                        log::info!("TLS: unknown PSK identity {id:?}");
-                        Ok(0)
-                    }
-                }
-            });
+            set_psk(&mut b, read_psk_file(file)?);
         }
-        Ok(Some(Arc::new(TlsServer { mode: *mode, context: b.build() })))
+        if offers_ktls(*ktls, kernel) {
+            // Only sessions that `accept` watches keep what the key log reports.
+            secrets::capture(&mut b).map_err(fail)?;
+        }
+        Ok(Some(Arc::new(TlsServer { mode: *mode, context: b.build(), ktls: *ktls, kernel })))
     }
+
+    /// Whether sessions are offered to the kernel's TLS at handoff.
+    pub(super) fn hands_over(&self) -> bool {
+        offers_ktls(self.ktls, self.kernel)
+    }
+
+    /// Which kind of TLS connections get, for the log line at start.
+    pub fn describe_ktls(&self) -> &'static str {
+        ktls::describe(self.ktls, self.kernel)
+    }
+}
+
+fn offers_ktls(mode: KtlsMode, kernel: Ktls) -> bool {
+    mode == KtlsMode::Auto && kernel == Ktls::Offered
+}
+
+/// Checks that the settings hang together; false when TLS is off.
+fn check(settings: &TlsSettings) -> Result<bool, String> {
+    let TlsSettings { mode, certificates, psk, verify_peer, ktls: _ } = settings;
+    if *mode == TlsMode::Off {
+        return match (certificates, psk, verify_peer) {
+            (None, None, false) => Ok(false),
+            _ => Err("TLS options given but --tls is off; add --tls=on or --tls=require".into()),
+        };
+    }
+    if certificates.is_none() && psk.is_none() {
+        return Err("--tls needs --tls-certificates=DIR or --tls-psk=FILE".into());
+    }
+    if *verify_peer && certificates.is_none() {
+        return Err("--tls-verify-peer needs --tls-certificates=DIR (its ca-cert.pem signs the clients' certificates)".into());
+    }
+    if *verify_peer && psk.is_some() {
+        // A PSK client presents no certificate, so the two cannot both hold.
+        return Err("--tls-verify-peer cannot be combined with --tls-psk: PSK clients present no certificate".into());
+    }
+    Ok(true)
+}
+
+/// OpenSSL calls this for TLS 1.2 PSK suites and for TLS 1.3 external PSKs, which it
+/// pairs with SHA-256 suites as GnuTLS does.
+fn set_psk(b: &mut SslContextBuilder, keys: HashMap<String, Vec<u8>>) {
+    b.set_psk_server_callback(move |_, identity, out| {
+        let id = identity.map(String::from_utf8_lossy).unwrap_or_default();
+        match keys.get(id.as_ref()) {
+            Some(key) if key.len() <= out.len() => {
+                out[..key.len()].copy_from_slice(key);
+                Ok(key.len())
+            }
+            _ => {
+                log::info!("TLS: unknown PSK identity {id:?}");
+                Ok(0)
+            }
+        }
+    });
 }
 
 fn load_certificates(b: &mut SslContextBuilder, dir: &Path, verify_peer: bool) -> Result<(), String> {

@@ -277,7 +277,7 @@ impl TlsLink {
         });
         if !batch.is_empty() {
             self.send_in_flight = true;
-            return wire.ring.send(wire.fd, batch, wire.id);
+            return wire.ring.send(wire.fd, batch, wire.id, true);
         }
         self.spare_batch = Some(batch);
         self.flush(wire);
@@ -305,7 +305,7 @@ impl TlsLink {
         let mut batch = self.spare_batch.take().unwrap_or_else(|| SendBatch::new(1));
         batch.push(Part::new(0, &[], None, bytes));
         self.send_in_flight = true;
-        wire.ring.send(wire.fd, batch, wire.id);
+        wire.ring.send(wire.fd, batch, wire.id, true);
     }
 
     fn answer_send(&mut self) {

@@ -1,15 +1,24 @@
 //! TLS on the server: the configuration loaded at start (`context`), the STARTTLS upgrade
-//! on the handshake thread over the socket itself (`upgrade`), and records encrypted and
-//! decrypted on the worker between the connection's core and the ring (`link`, over the
-//! two buffers of `channel`). `ktls` says whether the kernel could take the records over.
+//! on the handshake thread over the socket itself (`upgrade`), and then one of two ways to
+//! carry records: the kernel's TLS, handed the session's keys as the connection leaves the
+//! handshake thread (`handoff`, from `secrets` and `keys`, checked against `transcript`;
+//! `ktls` says whether the kernel offers it), or OpenSSL on the worker between the
+//! connection's core and the ring (`link`, over the two buffers of `channel`).
 
 mod channel;
 mod context;
+mod handoff;
+mod keys;
 mod ktls;
 mod link;
+mod secrets;
+#[cfg(test)]
+mod tests;
+mod transcript;
 mod upgrade;
 
 pub use context::{read_psk_file, TlsServer, TlsSettings};
-pub use ktls::{probe as probe_ktls, Ktls};
+pub use handoff::{hand_off, Encryption};
+pub use ktls::{probe as probe_ktls, Ktls, KtlsMode};
 pub use link::{Answer, TlsLink, Wire};
 pub use upgrade::{accept, TlsSession};

@@ -1,7 +1,7 @@
 //! The server's side of the TLS handshake after STARTTLS, run on the handshake thread over
 //! a duplicate of the connection's socket, whose receive and send timeouts (the
 //! handshake's deadline) bound every step. The session that comes out carries on with
-//! option haggling and then moves to a worker.
+//! option haggling and then moves to a worker, or is handed to the kernel (handoff.rs).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -12,6 +12,7 @@ use openssl::x509::X509VerifyResult;
 
 use super::channel::Channel;
 use super::context::TlsServer;
+use super::secrets;
 
 pub type TlsSession = SslStream<Channel>;
 
@@ -19,8 +20,14 @@ pub type TlsSession = SslStream<Channel>;
 /// socket, used until `deadline` at the latest; it is let go when the session moves to a
 /// worker.
 pub fn accept(server: &TlsServer, socket: OwnedFd, deadline: Instant) -> io::Result<TlsSession> {
-    let ssl = Ssl::new(&server.context).map_err(io::Error::other)?;
-    let mut stream = SslStream::new(ssl, Channel::over_socket(socket, deadline)).map_err(io::Error::other)?;
+    let mut ssl = Ssl::new(&server.context).map_err(io::Error::other)?;
+    let mut channel = Channel::over_socket(socket, deadline);
+    if server.hands_over() {
+        // What the kernel would need at handoff, and the records to check it against.
+        secrets::watch(&mut ssl).map_err(io::Error::other)?;
+        channel.keep_transcript();
+    }
+    let mut stream = SslStream::new(ssl, channel).map_err(io::Error::other)?;
     if let Err(e) = stream.accept() {
         let verify = stream.ssl().verify_result();
         let why = match e.io_error() {
