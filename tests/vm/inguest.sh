@@ -3,32 +3,6 @@
 # in the guest too. The clients are libnbd's tools and the kernel's nbd client, over
 # loopback.
 
-SLUICE=/target/release/sluice
-
-# serve PORT LOG ARGS...: starts sluice in the background and waits (bounded) until it
-# accepts connections; its pid is in $served.
-serve() {
-    local port=$1 log=$2 i=0
-    shift 2
-    # Its stdout must not be the check's, which would wait for it to close.
-    $SLUICE serve --listen 127.0.0.1:$port "$@" >/dev/null 2>"$log" &
-    served=$!
-    until (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; do
-        i=$((i + 1))
-        if [ $i -gt 300 ] || ! kill -0 $served 2>/dev/null; then
-            echo "sluice did not start:"; cat "$log"; return 1
-        fi
-        sleep 0.1
-    done
-}
-
-storage() {
-    modprobe brd rd_nr=1 rd_size=$((384 * 1024)) || return 1
-    mkfs.ext4 -q -F /dev/ram0 && mkdir -p /srv && mount -t ext4 /dev/ram0 /srv || return 1
-    for path in $DATA_PATHS; do truncate -s 64M /srv/$path.img; done
-    dd if=/dev/urandom of=/srv/data bs=1M count=32 2>/dev/null
-}
-
 start_server() {
     local args="" path
     for path in $DATA_PATHS; do args="$args --export=$path=/srv/$path.img,data-path=$path"; done
@@ -83,7 +57,7 @@ pool_round_trip() {
     return $status
 }
 
-check "storage for the guest's exports" storage
+check "storage for the guest's exports" storage $DATA_PATHS
 check "sluice starts on 6.1" start_server
 for path in $DATA_PATHS; do
     check "nbdcopy round trip on $path" copy_round_trip "$path"

@@ -78,6 +78,38 @@ large_requests() {
     echo 1024 >"/sys/block/$name/queue/max_sectors_kb"
 }
 
+# For scenarios that run sluice inside the guest.
+SLUICE=/target/release/sluice
+
+# serve PORT LOG ARGS...: starts sluice in the background and waits (bounded) until it
+# accepts connections; its pid is in $served and (for callers that ran it inside a check,
+# in a subshell) in /tmp/pid-PORT.
+serve() {
+    local port=$1 log=$2 i=0
+    shift 2
+    # Its stdout must not be the check's, which would wait for it to close.
+    $SLUICE serve --listen 127.0.0.1:$port "$@" >/dev/null 2>"$log" &
+    served=$!
+    echo $served >/tmp/pid-$port
+    until (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; do
+        i=$((i + 1))
+        if [ $i -gt 300 ] || ! kill -0 $served 2>/dev/null; then
+            echo "sluice did not start:"; cat "$log"; return 1
+        fi
+        sleep 0.1
+    done
+}
+
+# storage NAMES...: ext4 on a RAM disk at /srv (O_DIRECT works there, unlike tmpfs), a
+# 64 MiB image per name, and 32 MiB of random data in /srv/data.
+storage() {
+    modprobe brd rd_nr=1 rd_size=$((384 * 1024)) || return 1
+    mkfs.ext4 -q -F /dev/ram0 && mkdir -p /srv && mount -t ext4 /dev/ram0 /srv || return 1
+    local name
+    for name in "$@"; do truncate -s 64M /srv/$name.img; done
+    dd if=/dev/urandom of=/srv/data bs=1M count=32 2>/dev/null
+}
+
 finish() {
     exit $failed
 }

@@ -173,13 +173,11 @@ fn tls_with_client_certificates() {
         "--tls-verify-peer".to_string(),
     ];
     let server = start(&args);
-    let guests = Guests::start("tls", &[("SERVER_PORT", server.port.to_string())], Options::default());
-    let pki = guests.path("pki");
-    std::fs::create_dir(&pki).unwrap();
-    for f in ["client-cert.pem", "client-key.pem", "ca-cert.pem"] {
-        std::fs::copy(keys.client_dir().join(f), pki.join(f)).unwrap();
-    }
-    let outcome = guests.finish();
+    let env = [("SERVER_PORT", server.port.to_string())];
+    let outcome = Guests::start_with("tls", &env, Options::default(), |share| {
+        common::vm::copy_dir(&keys.client_dir(), &share.join("pki"))
+    })
+    .finish();
     outcome.assert_passed(&["nbd-client over TLS with a client certificate", "plaintext client refused"], &server.log_text());
 }
 
@@ -263,4 +261,34 @@ fn sluice_serves_on_debian_12_kernel() {
     }
     expected.push("raid10 pool in the guest".to_string());
     outcome.assert_passed(&expected.iter().map(String::as_str).collect::<Vec<_>>(), &log);
+}
+
+/// kTLS in the guest (its kernel has tls.ko): libnbd over TLS 1.3 and nbd-client over TLS
+/// 1.2 get kTLS on the splice and direct paths, data verified; a handoff made wrong on
+/// purpose fails the connection instead of corrupting data.
+#[test]
+fn ktls_in_the_guest() {
+    require!("certtool", "psktool");
+    require_guests!();
+    let keys = common::tls::Keys::generate();
+    let options = Options { memory_mib: 1536, ..Options::default() };
+    let outcome = Guests::start_with("ktls", &[], options, |share| {
+        common::vm::copy_dir(&keys.server_dir(), &share.join("pki-server"));
+        common::vm::copy_dir(&keys.client_dir(), &share.join("pki-client"));
+    })
+    .finish();
+    let log = std::fs::read_to_string(outcome.share.path().join("sluice-ktls.log")).unwrap_or_default();
+    outcome.assert_passed(
+        &[
+            "the kernel offers kTLS",
+            "sluice starts with TLS required",
+            "libnbd TLS 1.3 over kTLS on splice",
+            "libnbd TLS 1.3 over kTLS on direct",
+            "nbd-client TLS 1.2 over kTLS",
+            "a wrong send sequence number is caught",
+            "a wrong receive sequence number is caught",
+            "CPU per GiB with and without kTLS",
+        ],
+        &log,
+    );
 }

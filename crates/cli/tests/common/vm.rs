@@ -79,7 +79,13 @@ pub struct Outcome {
 impl Guests {
     /// Boots the guests with tests/vm/SCENARIO.sh and `env` (exported before it runs).
     pub fn start(scenario: &str, env: &[(&str, String)], options: Options) -> Guests {
+        Guests::start_with(scenario, env, options, |_| {})
+    }
+
+    /// `start`, with `fill` putting files into the share (/host) before the guests boot.
+    pub fn start_with(scenario: &str, env: &[(&str, String)], options: Options, fill: impl FnOnce(&Path)) -> Guests {
         let share = tempfile::tempdir().expect("tempdir");
+        fill(share.path());
         let vm = repository().join("tests/vm");
         std::fs::copy(vm.join("lib.sh"), share.path().join("lib.sh")).expect("lib.sh");
         std::fs::copy(vm.join(format!("{scenario}.sh")), share.path().join("scenario.sh")).expect("the scenario");
@@ -144,6 +150,15 @@ impl Guests {
 
     pub fn path(&self, name: &str) -> PathBuf {
         self.share.path().join(name)
+    }
+}
+
+/// Copies the files of directory `from` into `to` (created).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
 }
 
