@@ -57,6 +57,17 @@ pool_round_trip() {
     return $status
 }
 
+# run_tests BINARY: one of the suite's test binaries, here in the guest (it finds sluice at
+# the path it was built with: scripts/vm mounts the repository at the same place).
+run_tests() {
+    local out status
+    out=$("$1" --test-threads=2 2>&1)
+    status=$?
+    note "$(basename "${1%-*}"): $(echo "$out" | grep -E '^test result' | tail -n 1)$(echo "$out" | grep -c SKIPPED | sed 's/^0$//; s/.\+/, & skipped/')"
+    [ $status = 0 ] || echo "$out" | tail -n 40
+    return $status
+}
+
 check "storage for the guest's exports" storage $DATA_PATHS
 check "sluice starts on 6.1" start_server
 for path in $DATA_PATHS; do
@@ -64,3 +75,6 @@ for path in $DATA_PATHS; do
     check "kernel client on $path" kernel_client_round_trip "$path"
 done
 check "raid10 pool in the guest" pool_round_trip
+for binary in $TEST_BINARIES; do
+    check "the $(basename "${binary%-*}") tests" run_tests "$binary"
+done

@@ -198,9 +198,10 @@ fn pool_with_a_member_killed_mid_write() {
     writing.unwrap();
 }
 
-/// What a server restart does to nbd-client 3.24's kernel device, pinned: with `-t`, I/O
-/// fails with EIO and the device stays dead; without, a read hangs until `nbd-client -d`.
-/// Either way every acknowledged write is there for a new connection.
+/// What a server restart does to nbd-client 3.24's kernel device, pinned for each mode: a
+/// request in flight across the restart never succeeds (EIO after `-t`, or a wait that
+/// only `nbd-client -d` ends), the old device never comes back by itself, and every
+/// acknowledged write is there for a new connection.
 #[test]
 fn server_restart_under_the_kernel_client() {
     require_guests!();
@@ -208,16 +209,26 @@ fn server_restart_under_the_kernel_client() {
     let disk = images(dir.path(), &["disk"], 64 << 20).remove(0);
     let mut server = start(&[format!("--export=disk={disk}")]);
     let mut guests = Guests::start("restart", &[("SERVER_PORT", server.port.to_string())], Options::default());
-    for n in 1..=2 {
-        if let Err(e) = guests.wait_for(&format!("restart-{n}"), std::time::Duration::from_secs(150)) {
-            panic!("{e}\n--- server\n{}", server.log_text());
-        }
+    let limit = std::time::Duration::from_secs(150);
+    for n in 1..=3 {
+        // The guest puts a read in flight while the server is stopped, then the server dies.
+        let step = |guests: &mut Guests, name: String| {
+            guests.wait_for(&name, limit).unwrap_or_else(|e| panic!("{e}\n--- server\n{}", server.log_text()))
+        };
+        step(&mut guests, format!("pause-{n}"));
+        server.pause();
+        guests.tell(&format!("paused-{n}"));
+        step(&mut guests, format!("restart-{n}"));
         server.kill_and_restart();
         guests.tell(&format!("restarted-{n}"));
     }
     let outcome = guests.finish();
     outcome.assert_passed(
-        &["restart under nbd-client -t 5", "restart under netlink nbd-client without a timeout"],
+        &[
+            "restart under nbd-client -t 5",
+            "restart under netlink nbd-client without a timeout",
+            "restart under ioctl nbd-client -persist",
+        ],
         &server.log_text(),
     );
 }
@@ -245,13 +256,33 @@ fn ocfs2_on_two_nodes() {
     );
 }
 
+/// Test binaries of this suite that need nothing the guest lacks, run inside it.
+const IN_GUEST_TESTS: [&str; 6] = ["smoke", "nbdinfo", "nbdcopy", "protocol_handshake", "protocol_transmission", "hostile"];
+
+/// The newest test binary NAME-HASH beside this one (cargo builds them together).
+fn test_binary(name: &str) -> std::path::PathBuf {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_owned();
+    let ours = |n: &str| {
+        n.strip_prefix(name).and_then(|r| r.strip_prefix('-')).is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    std::fs::read_dir(&deps)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| ours(&e.file_name().to_string_lossy()))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .unwrap_or_else(|| panic!("no test binary {name} in {}", deps.display()))
+        .path()
+}
+
 /// sluice itself inside the 6.1 guest: every data path through nbdcopy and the kernel
-/// client, and a raid10 pool of members that run there too.
+/// client, a raid10 pool of members that run there too, and the suite's own tests that
+/// need no host tools (the smoke, nbdinfo, nbdcopy, protocol and hostile-input binaries).
 #[test]
 fn sluice_serves_on_debian_12_kernel() {
     require_guests!();
-    let env = [("DATA_PATHS", DATA_PATHS.join(" "))];
-    let options = Options { memory_mib: 1536, ..Options::default() };
+    let binaries: Vec<String> = IN_GUEST_TESTS.iter().map(|n| test_binary(n).display().to_string()).collect();
+    let env = [("DATA_PATHS", DATA_PATHS.join(" ")), ("TEST_BINARIES", binaries.join(" "))];
+    let options = Options { memory_mib: 1536, cpus: 2, limit: std::time::Duration::from_secs(280), ..Options::default() };
     let outcome = Guests::start("inguest", &env, options).finish();
     let log = std::fs::read_to_string(outcome.share.path().join("sluice-guest.log")).unwrap_or_default();
     let mut expected = vec!["storage for the guest's exports".to_string(), "sluice starts on 6.1".to_string()];
@@ -260,6 +291,7 @@ fn sluice_serves_on_debian_12_kernel() {
         expected.push(format!("kernel client on {p}"));
     }
     expected.push("raid10 pool in the guest".to_string());
+    expected.extend(IN_GUEST_TESTS.iter().map(|n| format!("the {n} tests")));
     outcome.assert_passed(&expected.iter().map(String::as_str).collect::<Vec<_>>(), &log);
 }
 

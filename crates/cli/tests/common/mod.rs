@@ -68,6 +68,11 @@ impl Sluice {
         self.wait_ready()
     }
 
+    /// SIGSTOP: the server keeps its connections and answers nothing (SIGKILL still ends it).
+    pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
+    }
+
     /// SIGKILL, then the same server again on the same port and socket (its log goes on).
     pub fn kill_and_restart(&mut self) {
         let mut child = self.child.take().unwrap();

@@ -127,8 +127,12 @@ enum Refusal {
 
 fn install(fd: BorrowedFd<'_>, plan: &Plan) -> Result<(), Refusal> {
     ktls_attach(fd).map_err(|e| Refusal::Untouched(ulp_refused(&e)))?;
-    set_keys(fd, KtlsDirection::Tx, &plan.suite, &plan.tx)
-        .map_err(|e| Refusal::Untouched(format!("the kernel refused the {} send keys: {e}", plan.suite.name)))?;
+    set_keys(fd, KtlsDirection::Tx, &plan.suite, &plan.tx).map_err(|e| {
+        // The kernel asks its crypto layer for the cipher when the keys arrive; ENOENT is
+        // that layer finding no implementation (a module that was not loaded).
+        let hint = if e.raw_os_error() == Some(libc::ENOENT) { " (the kernel's crypto has no such cipher loaded)" } else { "" };
+        Refusal::Untouched(format!("the kernel refused the {} send keys: {e}{hint}", plan.suite.name))
+    })?;
     set_keys(fd, KtlsDirection::Rx, &plan.suite, &plan.rx).map_err(|e| {
         Refusal::HalfWay(format!(
             "kTLS: the kernel took the send keys but refused the receive keys ({e}); the connection cannot go on"
