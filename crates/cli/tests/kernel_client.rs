@@ -248,7 +248,7 @@ fn ocfs2_on_two_nodes() {
         ("EXPORTS", "shared vol".to_string()),
         ("FILES_PER_NODE", "100".to_string()),
     ];
-    let options = Options { nodes: 2, limit: std::time::Duration::from_secs(280), ..Options::default() };
+    let options = Options { nodes: 2, limit: std::time::Duration::from_secs(400), ..Options::default() };
     let outcome = Guests::start("ocfs2", &env, options).finish();
     outcome.assert_passed(
         &["o2cb cluster up", "OCFS2 on two nodes over shared", "OCFS2 on two nodes over vol"],
