@@ -56,6 +56,9 @@ shared_filesystem() {
     [ "$count" = $((2 * FILES_PER_NODE)) ] || { echo "node $me sees $count files, not $((2 * FILES_PER_NODE))"; status=1; }
     grep -q "node $other file $FILES_PER_NODE" "$dir/many/n$other-$FILES_PER_NODE" || status=1
     umount "$dir" || status=1
+    # The kernel asks ocfs2_hb_ctl to stop the device's heartbeat at unmount; make sure it
+    # has, before the device goes (a region left beating keeps the node in the cluster).
+    ocfs2_hb_ctl -K -d $dev o2cb 2>/dev/null
     barrier "$name-unmounted" || status=1
     if [ "$me" = 1 ]; then
         fsck.ocfs2 -fn $dev >/tmp/fsck.out 2>&1 || { cat /tmp/fsck.out; status=1; }
@@ -65,6 +68,21 @@ shared_filesystem() {
     return $status
 }
 
+# Each node leaves the cluster, and neither powers off before both have: o2cb fences (resets)
+# a node that still has cluster state when its peer's connection drops.
+cluster_down() {
+    barrier leaving || return 1
+    local i=0
+    # Heartbeat regions are the directories under the cluster's heartbeat node.
+    while [ -n "$(find /sys/kernel/config/cluster/sluice/heartbeat -mindepth 1 -maxdepth 1 -type d)" ]; do
+        i=$((i + 1))
+        [ $i -gt 300 ] && { echo "heartbeat regions still active 30 s after the last unmount"; break; }
+        sleep 0.1
+    done
+    o2cb unregister-cluster sluice || return 1
+    barrier left
+}
+
 check "o2cb cluster up" cluster_up
 n=1
 for export in $EXPORTS; do
@@ -72,3 +90,4 @@ for export in $EXPORTS; do
     check "OCFS2 on two nodes over $export" shared_filesystem "$export" /dev/nbd$n
     n=$((n + 1))
 done
+check "o2cb cluster down" cluster_down

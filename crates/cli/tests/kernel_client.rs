@@ -251,7 +251,7 @@ fn ocfs2_on_two_nodes() {
     let options = Options { nodes: 2, limit: std::time::Duration::from_secs(400), ..Options::default() };
     let outcome = Guests::start("ocfs2", &env, options).finish();
     outcome.assert_passed(
-        &["o2cb cluster up", "OCFS2 on two nodes over shared", "OCFS2 on two nodes over vol"],
+        &["o2cb cluster up", "OCFS2 on two nodes over shared", "OCFS2 on two nodes over vol", "o2cb cluster down"],
         &server.log_text(),
     );
 }
