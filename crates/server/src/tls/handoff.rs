@@ -54,6 +54,13 @@ pub fn hand_off(server: &TlsServer, mut session: TlsSession, fd: BorrowedFd<'_>)
     if !server.hands_over() {
         return Ok(Encryption::User { session, why: None });
     }
+    if !over_tcp(fd) {
+        // A Unix socket has no kTLS: nothing to try, and nothing to say for every
+        // connection. What was kept for the handoff goes now.
+        drop(session.get_mut().take_transcript());
+        drop(secrets::take_tls13(session.ssl()));
+        return Ok(Encryption::User { session, why: None });
+    }
     let mut plan = match plan(&mut session) {
         Ok(plan) => plan,
         Err(why) => return Ok(Encryption::User { session, why: Some(why) }),
@@ -160,6 +167,11 @@ pub fn kernel_keys<'a>(suite: &Suite, half: &'a Half, explicit: &'a [u8; 8]) -> 
         Version::Tls13 => libc::TLS_1_3_VERSION,
     };
     KernelKeys { version, cipher: suite.aead.kernel(), key: half.keys.key.as_ref(), iv, salt, rec_seq: half.seq.to_be_bytes() }
+}
+
+fn over_tcp(fd: BorrowedFd<'_>) -> bool {
+    rustix::net::getsockname(fd)
+        .is_ok_and(|a| matches!(a.address_family(), rustix::net::AddressFamily::INET | rustix::net::AddressFamily::INET6))
 }
 
 fn ulp_refused(e: &io::Error) -> String {

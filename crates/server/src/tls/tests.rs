@@ -330,6 +330,16 @@ fn the_transcript_is_kept_only_when_the_kernel_could_take_the_session() {
     }
 }
 
+/// A Unix socket has no kTLS: the handoff is not tried, and no reason is logged for it.
+#[test]
+fn a_unix_socket_stays_in_user_space_without_a_word() {
+    let server = server("unix-handoff");
+    let client = client(SslVersion::TLS1_3, "TLS_AES_128_GCM_SHA256", false);
+    let ex = exchange(&server, client, UnixStream::pair().unwrap(), b"x");
+    let fd = ex.raw.as_fd();
+    assert!(matches!(hand_off(&server, ex.session, fd), Ok(Encryption::User { why: None, .. })), "not even tried");
+}
+
 /// Over TCP the kernel either takes the session (where it has kTLS: the server's socket
 /// then carries plaintext) or refuses it (here: no `tls` module), which leaves the socket
 /// untouched and the session going on in user space.
