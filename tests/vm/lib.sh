@@ -17,6 +17,9 @@ now() {
 check() {
     local name=$1 start out status
     shift
+    # On the console at once, so that a guest stopped at its time limit shows which check
+    # it was in.
+    echo "# running $name" >&3
     start=$(now)
     out=$("$@" 2>&1)
     status=$?
@@ -64,7 +67,8 @@ barrier() {
 connect() {
     local dev=$1 name=$2
     shift 2
-    nbd-client 10.0.2.2 "$SERVER_PORT" "$dev" -N "$name" "$@"
+    # nbd-client has no handshake timeout of its own.
+    timeout 60 nbd-client 10.0.2.2 "$SERVER_PORT" "$dev" -N "$name" "$@"
 }
 
 disconnect() {
@@ -79,7 +83,8 @@ large_requests() {
 }
 
 # For scenarios that run sluice inside the guest.
-SLUICE=/target/release/sluice
+# The binary the host's test was built against (env.sh), else the release build.
+SLUICE=${SLUICE:-/target/release/sluice}
 
 # serve PORT LOG ARGS...: starts sluice in the background and waits (bounded) until it
 # accepts connections; its pid is in $served and (for callers that ran it inside a check,
@@ -114,4 +119,4 @@ finish() {
     exit $failed
 }
 
-modprobe nbd nbds_max=16 max_part=0
+modprobe nbd nbds_max=16 max_part=0 || echo "not ok loading nbd.ko"

@@ -18,7 +18,19 @@ member_killed_mid_write() {
     done
     tell_host writing
     wait_host killed || status=1
-    kill -0 $fio_pid 2>/dev/null || { echo "fio had finished before the member died: nothing was tested"; status=1; }
+    # Writes still to come when the member died: fio writes 32 MiB (65536 sectors), then
+    # reads it back.
+    local written
+    written=$(awk '{print $7}' /sys/block/nbd1/stat)
+    [ "$written" -lt 65536 ] || { echo "fio had written everything before the member died: nothing was tested"; status=1; }
+    note "the member died after $((written / 2048)) of 32 MiB were written"
+    # Bounded: a pool that hangs is what this checks for.
+    local i=0
+    while kill -0 $fio_pid 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -gt 1200 ] && { echo "fio still runs 120 s after the member died"; kill $fio_pid; status=1; break; }
+        sleep 0.1
+    done
     wait $fio_pid || { cat /tmp/fio.out; status=1; }
     disconnect $dev
     return $status

@@ -17,11 +17,14 @@ tls_round_trip() {
 }
 
 plaintext_refused() {
-    if connect /dev/nbd2 disk; then
+    if connect /dev/nbd2 disk 2>/tmp/err; then
         disconnect /dev/nbd2
         echo "a plaintext client was served"
         return 1
     fi
+    note "plaintext nbd-client: $(tr '\n' ' ' </tmp/err)"
+    # Refused for wanting TLS, not for anything else.
+    grep -qi tls /tmp/err || { cat /tmp/err; return 1; }
 }
 
 check "nbd-client over TLS with a client certificate" tls_round_trip

@@ -68,14 +68,28 @@ impl Sluice {
         self.wait_ready()
     }
 
-    /// SIGSTOP: the server keeps its connections and answers nothing (SIGKILL still ends it).
+    /// SIGSTOP, and waits (bounded) until every thread has stopped: the server keeps its
+    /// connections and answers nothing (SIGKILL still ends it).
     pub fn pause(&self) {
-        signal(self.pid(), libc::SIGSTOP);
+        let pid = self.pid();
+        signal(pid, libc::SIGSTOP);
+        let stopped = || {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+            tasks.filter_map(Result::ok).all(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                // The state follows the command name's closing parenthesis.
+                stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+            })
+        };
+        wait_until("sluice to stop (SIGSTOP)", Duration::from_secs(10), stopped, || self.log_text());
     }
 
     /// SIGKILL, then the same server again on the same port and socket (its log goes on).
     pub fn kill_and_restart(&mut self) {
         let mut child = self.child.take().unwrap();
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("sluice had already exited ({status}) when it was to be killed\n{}", self.log_text());
+        }
         child.kill().unwrap();
         child.wait().unwrap();
         // The killed server's listening socket is gone with it; its port is free at once.

@@ -89,7 +89,12 @@ impl Guests {
         let vm = repository().join("tests/vm");
         std::fs::copy(vm.join("lib.sh"), share.path().join("lib.sh")).expect("lib.sh");
         std::fs::copy(vm.join(format!("{scenario}.sh")), share.path().join("scenario.sh")).expect("the scenario");
-        let mut vars = String::new();
+        // The guest runs the binary this test was built against, and knows whether this is
+        // CI (where a test that cannot run fails instead of skipping).
+        let mut vars = format!("export SLUICE='{}'\n", super::SLUICE);
+        if std::env::var_os("CI").is_some() {
+            vars.push_str("export CI=1\n");
+        }
         for (k, v) in env {
             assert!(!v.contains('\''), "{k}: quote-free values only");
             vars.push_str(&format!("export {k}='{v}'\n"));
@@ -116,11 +121,17 @@ impl Guests {
         let mut child = self.child.take().unwrap();
         // scripts/vm stops the guests at the limit; the margin covers its own clean-up.
         let status = super::wait_timeout(&mut child, self.limit + Duration::from_secs(30)).and_then(|s| s.code());
+        let mut output = std::fs::read_to_string(self.share.path().join("output.log")).unwrap_or_default();
         if status.is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
+            // SIGTERM first: scripts/vm's exit trap stops the guests it started.
+            super::signal(child.id(), libc::SIGTERM);
+            if super::wait_timeout(&mut child, Duration::from_secs(10)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            output.push_str(&format!("\nscripts/vm had not ended {:?} after its limit\n", Duration::from_secs(30)));
+            output.push_str(&consoles_of(self.share.path()));
         }
-        let output = std::fs::read_to_string(self.share.path().join("output.log")).unwrap_or_default();
         let share = std::mem::replace(&mut self.share, tempfile::tempdir().expect("tempdir"));
         Outcome { status, output, took: self.started.elapsed(), share }
     }
@@ -199,11 +210,20 @@ impl Outcome {
     }
 
     /// Fails the test unless the scenario ran to its end, every check passed, and every
-    /// one of `expected` is among them; `logs` adds the server's side.
+    /// one of `expected` passed on every node; `logs` adds the server's side.
     pub fn assert_passed(&self, expected: &[&str], logs: &str) {
+        let passed_on = |node: &str, name: &str| {
+            self.output.lines().any(|l| {
+                l.trim_end().strip_prefix(node).and_then(|r| r.strip_prefix(" ok ")).and_then(|r| r.split(" (").next())
+                    == Some(name)
+            })
+        };
+        let nodes: Vec<&str> = ["[node 1]", "[node 2]"].into_iter().filter(|n| self.output.contains(n)).collect();
+        let missing: Vec<String> = expected
+            .iter()
+            .flat_map(|e| nodes.iter().filter(|n| !passed_on(n, e)).map(move |n| format!("{n} {e}")))
+            .collect();
         let passed = self.passed();
-        let missing: Vec<&&str> =
-            expected.iter().filter(|e| !passed.iter().any(|p| p.split(" (").next() == Some(**e))).collect();
         let clean = self.status == Some(0) && self.failed().is_empty() && missing.is_empty();
         assert!(
             clean,
