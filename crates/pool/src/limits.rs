@@ -35,7 +35,15 @@ pub const CLEAN_DELAY_MS: u64 = 2_000;
 pub const HEARTBEAT_MS: u64 = 1_000;
 /// A second coordinator waits this long for a live one's heartbeat before taking over.
 pub const LEASE_MS: u64 = 3 * HEARTBEAT_MS;
+/// A superblock that fails its checksum is read again this many times before it is called
+/// damaged: a live coordinator rewrites it every heartbeat, and a read that races the write
+/// on the member's server can return half of each (buffered reads and splice do not wait for
+/// a write to the same page).
+pub const SUPERBLOCK_REREADS: u32 = 5;
+/// Between those reads: far longer than one 4 KiB write takes, far shorter than a heartbeat.
+pub const SUPERBLOCK_REREAD_DELAY_MS: u64 = 20;
 
+const _: () = assert!(SUPERBLOCK_REREADS as u64 * SUPERBLOCK_REREAD_DELAY_MS < HEARTBEAT_MS);
 const _: () = assert!(STRIPE_UNIT_DEFAULT_BYTES.is_power_of_two() && STRIPE_UNIT_MIN_BYTES.is_power_of_two());
 const _: () = assert!(META_BYTES.is_multiple_of(META_BLOCK_BYTES) && META_BYTES.is_multiple_of(STRIPE_UNIT_MIN_BYTES));
 const _: () = assert!(REGION_MIN_BYTES.is_multiple_of(RESYNC_CHUNK_BYTES));

@@ -23,6 +23,9 @@ struct State {
     data: Vec<u8>,
     calls: Vec<Call>,
     fail_next: bool,
+    /// Reads still to return with their first byte after the magic flipped, as a read that
+    /// raced a write of the same block would.
+    torn_reads: usize,
 }
 
 #[derive(Clone)]
@@ -81,6 +84,10 @@ impl Fake {
         self.state.lock().unwrap().fail_next = true;
     }
 
+    pub(crate) fn tear_next_reads(&self, n: usize) {
+        self.state.lock().unwrap().torn_reads = n;
+    }
+
     /// Records the call, fails it if told to, else applies `f` to the data.
     fn serve<T>(&self, call: Call, f: impl FnOnce(&mut Vec<u8>) -> T) -> Result<T, Error> {
         let mut st = self.state.lock().unwrap();
@@ -109,6 +116,14 @@ impl Member for Fake {
 
     fn read(&self, offset: u64, len: usize) -> impl Future<Output = Result<Vec<u8>, Error>> + Send {
         let r = self.serve(Call::Read { offset, len }, |d| d[offset as usize..][..len].to_vec());
+        let r = r.map(|mut bytes| {
+            let mut st = self.state.lock().unwrap();
+            if st.torn_reads > 0 && bytes.len() > 8 {
+                st.torn_reads -= 1;
+                bytes[8] ^= 0xff;
+            }
+            bytes
+        });
         async move { r }
     }
 

@@ -4,8 +4,9 @@ use super::member::{Connecting, Member};
 use crate::error::Error;
 use crate::uri::Address;
 use crate::uri::Uri;
-use sluice_pool::limits::META_BYTES;
-use sluice_pool::{Found, PoolSpec};
+use sluice_pool::limits::{META_BLOCK_BYTES, META_BYTES, SUPERBLOCK_REREADS, SUPERBLOCK_REREAD_DELAY_MS};
+use sluice_pool::{Found, PoolSpec, Superblock};
+use std::time::Duration;
 
 /// The member URIs of a pool file, parsed, or an error naming the bad one.
 pub(crate) fn member_uris(spec: &PoolSpec) -> Result<Vec<Uri>, Error> {
@@ -47,10 +48,22 @@ pub(crate) async fn read_all<M: Member>(members: &[M], uris: &[Uri]) -> Result<V
 }
 
 /// What a member holds: its size and its first `META_BYTES` (all of it, when smaller).
+/// A superblock that fails its checksum is read again a few times before the caller sees
+/// it: one that a live coordinator was rewriting reads whole on the next try, one that is
+/// really damaged stays damaged.
 pub(crate) async fn read_found<M: Member>(m: &M) -> Result<Found, Error> {
     let ex = m.export();
     let len = ex.size.min(META_BYTES);
-    let meta = m.read(0, len as usize).await?;
+    let mut meta = m.read(0, len as usize).await?;
+    let block = (META_BLOCK_BYTES as usize).min(meta.len());
+    for _ in 0..SUPERBLOCK_REREADS {
+        if Superblock::decode(&meta).is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(SUPERBLOCK_REREAD_DELAY_MS)).await;
+        let again = m.read(0, block).await?;
+        meta[..block].copy_from_slice(&again);
+    }
     Ok(Found { size: ex.size, meta, read_only: ex.read_only() })
 }
 
@@ -62,7 +75,7 @@ mod tests {
 
     #[test]
     fn found_is_the_metadata_area_or_the_whole_member() {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let big = Fake::new(META_BYTES + 8192, true, true, true);
         big.put(0, b"SLUICEPL");
         let f = rt.block_on(read_found(&big)).unwrap();
@@ -70,6 +83,40 @@ mod tests {
         let small = Fake::new(8192, true, true, true).with_flags(FLAG_READ_ONLY, 512);
         let f = rt.block_on(read_found(&small)).unwrap();
         assert_eq!((f.size, f.meta.len(), f.read_only), (8192, 8192, true));
+    }
+
+    fn superblock() -> Vec<u8> {
+        let spec = PoolSpec::parse("layout = \"mirror\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]").unwrap();
+        let blank = Found { size: 64 << 20, meta: vec![0; META_BYTES as usize], read_only: false };
+        let formatted = sluice_pool::coordinator::format(&spec, &[blank.clone(), blank], [7; 16], false).unwrap();
+        formatted[0][..META_BLOCK_BYTES as usize].to_vec()
+    }
+
+    #[test]
+    fn a_superblock_torn_by_a_concurrent_write_is_read_again() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let m = Fake::new(META_BYTES + 8192, true, true, true);
+        m.put(0, &superblock());
+        m.tear_next_reads(3);
+        let f = rt.block_on(read_found(&m)).unwrap();
+        assert!(matches!(Superblock::decode(&f.meta), Ok(Some(_))), "a superblock whole on the fourth read");
+        assert_eq!(m.calls().len(), 4, "{:?}", m.calls());
+    }
+
+    #[test]
+    fn a_damaged_superblock_stays_damaged_after_a_bounded_number_of_reads() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let m = Fake::new(META_BYTES + 8192, true, true, true);
+        let mut sb = superblock();
+        sb[100] ^= 1;
+        m.put(0, &sb);
+        let f = rt.block_on(read_found(&m)).unwrap();
+        assert!(Superblock::decode(&f.meta).unwrap_err().contains("checksum"));
+        assert_eq!(m.calls().len(), 1 + SUPERBLOCK_REREADS as usize, "{:?}", m.calls());
+        // A blank member is read once.
+        let blank = Fake::new(META_BYTES + 8192, true, true, true);
+        rt.block_on(read_found(&blank)).unwrap();
+        assert_eq!(blank.calls().len(), 1);
     }
 
     #[test]
