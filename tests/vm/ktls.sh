@@ -12,15 +12,6 @@ uri() {
     echo "nbds://127.0.0.1:$1/$2?tls-certificates=$CLIENT_PKI"
 }
 
-# The ULP and the ciphers the kernel's TLS uses (AES-GCM, ChaCha20-Poly1305).
-kernel_has_ktls() {
-    local m
-    for m in tls gcm ctr ghash_generic aesni_intel ghash_clmulni_intel chacha20poly1305 chacha_x86_64 poly1305_x86_64; do
-        modprobe $m || return 1
-    done
-    grep -qw tls /proc/sys/net/ipv4/tcp_available_ulp
-}
-
 start_tls_server() {
     # At debug level the log names each connection's protocol version and suite.
     serve 10810 /host/sluice-ktls.log --log-level=debug --tls=require --tls-certificates=$SERVER_PKI \

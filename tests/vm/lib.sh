@@ -115,6 +115,15 @@ storage() {
     dd if=/dev/urandom of=/srv/data bs=1M count=32 2>/dev/null
 }
 
+# The ULP and the ciphers the kernel's TLS uses (AES-GCM, ChaCha20-Poly1305).
+kernel_has_ktls() {
+    local m
+    for m in tls gcm ctr ghash_generic aesni_intel ghash_clmulni_intel chacha20poly1305 chacha_x86_64 poly1305_x86_64; do
+        modprobe $m || return 1
+    done
+    grep -qw tls /proc/sys/net/ipv4/tcp_available_ulp
+}
+
 finish() {
     exit $failed
 }

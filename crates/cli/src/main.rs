@@ -1,6 +1,7 @@
 //! The `sluice` command. Subcommands are thin: they parse, then call the library crates.
 #![forbid(unsafe_code)]
 
+mod attach;
 mod bench;
 mod bench_plot;
 mod bench_point;
@@ -44,6 +45,11 @@ enum Command {
     /// Create a pool (one volume striped and mirrored over several NBD servers) or show
     /// its state.
     Pool(pool::PoolArgs),
+    /// Attach an export as a kernel block device (/dev/nbdN) that rides through server
+    /// restarts, or list the attached devices.
+    Attach(attach::AttachArgs),
+    /// Disconnect a device attached with `sluice attach`.
+    Detach(attach::DetachArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,5 +61,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Pool(args) => pool::run(args),
+        Command::Attach(args) => attach::run(args),
+        Command::Detach(args) => attach::detach(args),
     }
 }

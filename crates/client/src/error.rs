@@ -49,6 +49,9 @@ pub enum Error {
     /// A pool (`pool:PATH`) cannot be opened: its file is bad, or a member cannot be
     /// reached or read. The text names the file or the member.
     Pool(String),
+    /// The kernel's nbd driver is missing or refused a request (`attach`): the text says
+    /// which and why.
+    Kernel(String),
 }
 
 impl Error {
@@ -93,6 +96,7 @@ impl std::fmt::Display for Error {
             Error::Tls(m) => write!(f, "TLS: {m}"),
             Error::TlsConfig(m) => write!(f, "TLS setup: {m}"),
             Error::Pool(m) => write!(f, "{m}"),
+            Error::Kernel(m) => write!(f, "{m}"),
         }
     }
 }

@@ -26,6 +26,57 @@ pub struct ExportEntry {
     pub details: Option<Export>,
 }
 
+/// A connection negotiated for the kernel's nbd driver: simple replies only (the driver
+/// knows no other), and the socket whole, with nothing the server sent left unread.
+pub(crate) struct ForKernel {
+    pub export: Export,
+    /// What the server says the export is (`sluice:identity:`), when it says.
+    pub identity: Option<String>,
+    pub socket: Socket,
+}
+
+/// Connects to `uri` and negotiates its export for the kernel, within `timeout`.
+pub(crate) async fn open_for_kernel(uri: &Uri, timeout: Duration) -> Result<ForKernel, Error> {
+    let work = async {
+        let (socket, server) = begin(uri, true).await?;
+        let (mut r, mut w, lent) = socket.lend();
+        let identity = identity(&mut r, &mut w, &uri.export).await.map_err(|e| server.dropped(e))?;
+        let n = negotiate(&mut r, &mut w, &server, &uri.export, false, false).await.map_err(|e| server.dropped(e))?;
+        if !r.buffer().is_empty() {
+            return Err(Error::Protocol(format!("the server sent {} bytes after NBD_OPT_GO before any request", r.buffer().len())));
+        }
+        drop((r, w));
+        let socket = lent.take().ok_or_else(|| Error::Protocol("the handshake kept its socket".into()))?;
+        Ok(ForKernel { export: n.export, identity, socket })
+    };
+    tokio::time::timeout(timeout, work).await.unwrap_or(Err(Error::Timeout))
+}
+
+/// Asks the server what `export` is (NBD_OPT_LIST_META_CONTEXT for `sluice:identity`).
+/// Servers that are not sluice list nothing, or refuse: no identity, not an error.
+async fn identity(r: &mut Reader, w: &mut Writer, export: &str) -> Result<Option<String>, Error> {
+    let mut out = Vec::new();
+    wire_c::meta_context_request(&mut out, OPT_LIST_META_CONTEXT, export, &[META_SLUICE_IDENTITY]);
+    send(w, &mut out).await?;
+    let mut found = None;
+    for _ in 0..OPTION_REPLIES_MAX {
+        let (rep, p) = reply(r, OPT_LIST_META_CONTEXT).await?;
+        fatal(r, w, &rep, &p).await?;
+        match rep.kind {
+            REP_META_CONTEXT => {
+                let (_, name) = wire_c::decode_meta_context(&p)?;
+                if let Some(id) = name.strip_prefix(META_SLUICE_IDENTITY).and_then(|s| s.strip_prefix(':')) {
+                    found = Some(id.to_owned());
+                }
+            }
+            REP_ACK => return Ok(found),
+            _ if rep.is_error() => return Ok(None),
+            k => return Err(Error::Protocol(format!("unexpected reply type {k:#x} to LIST_META_CONTEXT"))),
+        }
+    }
+    Err(Error::Protocol("too many replies to LIST_META_CONTEXT".into()))
+}
+
 /// What the handshake settled, beyond the export itself.
 pub(crate) struct Negotiated {
     pub export: Export,
@@ -36,7 +87,8 @@ pub(crate) struct Negotiated {
 /// within `timeout`.
 pub(crate) async fn open(uri: &Uri, options: &Options, timeout: Duration) -> Result<(Export, Connection), Error> {
     let work = async {
-        let (mut r, mut w, server) = begin(uri).await?;
+        let (socket, server) = begin(uri, false).await?;
+        let (mut r, mut w) = socket.split();
         let n = negotiate(&mut r, &mut w, &server, &uri.export, options.structured, options.block_status).await;
         let n = n.map_err(|e| server.dropped(e))?;
         let conn = Connection::start(r, w, n.export.structured, n.base_allocation_id);
@@ -72,15 +124,17 @@ impl Server {
     }
 }
 
-/// Connects, reads the greeting and, when the URI asks for TLS, starts it: the streams the
+/// Connects, reads the greeting and, when the URI asks for TLS, starts it: the stream the
 /// rest of the handshake goes over. Until TLS is up the socket is read unbuffered, so no
-/// byte meant for TLS is taken as plaintext or the other way round.
-async fn begin(uri: &Uri) -> Result<(Reader, Writer, Server), Error> {
+/// byte meant for TLS is taken as plaintext or the other way round. `for_kernel`: the TLS
+/// session keeps what handing it to the kernel's TLS needs.
+async fn begin(uri: &Uri, for_kernel: bool) -> Result<(Socket, Server), Error> {
     let host = match &uri.address {
         Address::Tcp { host, .. } => Some(host.as_str()),
         _ => None,
     };
-    let prepared = uri.tls.as_ref().map(|t| tls::prepare(t, host)).transpose()?;
+    let prepare = if for_kernel { tls::prepare_for_kernel } else { tls::prepare };
+    let prepared = uri.tls.as_ref().map(|t| prepare(t, host)).transpose()?;
     let mut socket = Socket::open(&uri.address).await?;
     let flags = greet(socket.stream()).await?;
     let mut server = Server { flags, tls: None, dropped_after_tls: None };
@@ -96,8 +150,7 @@ async fn begin(uri: &Uri) -> Result<(Reader, Writer, Server), Error> {
         };
         socket = Socket::Tls(Box::new(stream));
     }
-    let (r, w) = socket.split();
-    Ok((r, w, server))
+    Ok((socket, server))
 }
 
 /// NBD_OPT_STARTTLS, the first option, then the TLS handshake. A server that refuses is
@@ -340,7 +393,8 @@ async fn export_name(r: &mut Reader, w: &mut Writer, server_flags: u16, ex: &mut
 pub async fn list_exports(uri: &Uri, details: bool) -> Result<Vec<ExportEntry>, Error> {
     let deadline = Duration::from_millis(CONNECT_TIMEOUT_MS);
     tokio::time::timeout(deadline, async {
-        let (mut r, mut w, server) = begin(uri).await?;
+        let (socket, server) = begin(uri, false).await?;
+        let (mut r, mut w) = socket.split();
         let mut entries = list(&mut r, &mut w).await.map_err(|e| server.dropped(e))?;
         if details {
             for e in &mut entries {

@@ -25,6 +25,7 @@
 //! servers a pool file lists, used through the same `Client`.
 #![forbid(unsafe_code)]
 
+pub mod attach;
 mod client;
 mod connection;
 mod error;

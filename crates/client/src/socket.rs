@@ -6,7 +6,12 @@ use crate::error::Error;
 use crate::limits::READ_BUFFER_BYTES;
 use crate::tls::{Duplex, TlsStream};
 use crate::uri::Address;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 pub(crate) type Reader = BufReader<Box<dyn AsyncRead + Send + Unpin>>;
@@ -78,5 +83,59 @@ impl Socket {
             }
         };
         (BufReader::with_capacity(READ_BUFFER_BYTES, r), w)
+    }
+
+    /// Halves that both lend the one socket, which `Lent::take` gives back whole once they
+    /// are dropped: for a handshake whose socket goes on to the kernel. (Tokio's own halves
+    /// shut the socket down when dropped.)
+    pub(crate) fn lend(self) -> (Reader, Writer, Lent) {
+        let shared = Lent(Arc::new(Mutex::new(self)));
+        let r: Box<dyn AsyncRead + Send + Unpin> = Box::new(shared.clone());
+        (BufReader::with_capacity(READ_BUFFER_BYTES, r), Box::new(shared.clone()), shared)
+    }
+
+    /// The descriptor of a plain socket, in blocking mode, for a reader that is not tokio
+    /// (the kernel). A TLS session has keys to hand over first (`tls::hand_to_kernel`).
+    pub(crate) fn into_plain_fd(self) -> io::Result<OwnedFd> {
+        match self {
+            Socket::Tls(_) => Err(io::Error::other("a TLS session is not a plain socket")),
+            plain => plain.into_stream().into_fd(),
+        }
+    }
+}
+
+/// The socket behind `Socket::lend`'s halves.
+#[derive(Clone)]
+pub(crate) struct Lent(Arc<Mutex<Socket>>);
+
+impl Lent {
+    /// The socket, once every half is gone.
+    pub(crate) fn take(self) -> Option<Socket> {
+        Arc::try_unwrap(self.0).ok().map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(Pin<&mut dyn Duplex>) -> T) -> T {
+        let mut socket = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(Pin::new(socket.stream()))
+    }
+}
+
+impl AsyncRead for Lent {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        self.with(|s| s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Lent {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.with(|s| s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.with(|s| s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.with(|s| s.poll_shutdown(cx))
     }
 }

@@ -99,7 +99,7 @@ struct OneExport(u64);
 impl Catalog for OneExport {
     fn lookup(&self, _name: &str) -> Option<ExportSummary> {
         let flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_CAN_MULTI_CONN;
-        Some(ExportSummary { size: self.0, flags, description: None, block_min: 1, block_preferred: 4096, block_max: 32 << 20 })
+        Some(ExportSummary { size: self.0, flags, description: None, block_min: 1, block_preferred: 4096, block_max: 32 << 20, identity: None })
     }
     fn list(&self) -> Vec<(String, Option<String>)> {
         vec![(String::new(), None)]

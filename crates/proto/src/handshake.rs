@@ -19,6 +19,11 @@ pub struct ExportSummary {
     pub block_min: u32,
     pub block_preferred: u32,
     pub block_max: u32,
+    /// What the export is, as something stable that changes when the data behind the name
+    /// does (another file, a RAM disk started afresh): `LIST_META_CONTEXT` names it as
+    /// `sluice:identity:TEXT`, so that a client reconnecting after a restart can tell the
+    /// same disk from a different one under the same name.
+    pub identity: Option<String>,
 }
 
 /// The exports a server offers. The handshake only looks names up and lists them.
@@ -372,12 +377,12 @@ impl Handshake {
             option_reply(out, option, REP_ERR_INVALID, b"malformed metadata context request");
             return;
         };
-        if catalog.lookup(name).is_none() {
+        let Some(summary) = catalog.lookup(name) else {
             let msg = format!("export {name:?} not found");
             // The quoted name can be longer than the spec allows any string to be.
             option_reply(out, option, REP_ERR_UNKNOWN, truncate_utf8(&msg, STRING_MAX_BYTES).as_bytes());
             return;
-        }
+        };
         let selected = if set {
             queries.contains(&META_BASE_ALLOCATION)
         } else {
@@ -389,6 +394,13 @@ impl Handshake {
             let id = if set { BASE_ALLOCATION_ID } else { 0 };
             let mut p = id.to_be_bytes().to_vec();
             p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+            option_reply(out, option, REP_META_CONTEXT, &p);
+        }
+        // The identity is only ever listed: there is nothing to select or query with it.
+        let identity_asked = queries.is_empty() || queries.iter().any(|q| *q == "sluice:" || *q == META_SLUICE_IDENTITY);
+        if let (false, true, Some(identity)) = (set, identity_asked, &summary.identity) {
+            let mut p = 0u32.to_be_bytes().to_vec();
+            p.extend_from_slice(format!("{META_SLUICE_IDENTITY}:{identity}").as_bytes());
             option_reply(out, option, REP_META_CONTEXT, &p);
         }
         if set {

@@ -191,6 +191,8 @@ pub struct Export {
     pub data_path: DataPath,
     pub chunking: Chunking,
     pub backend: Box<dyn Backend>,
+    /// See `ExportSummary::identity`.
+    pub identity: String,
 }
 
 impl Export {
@@ -243,7 +245,8 @@ impl Export {
                 b
             }
         };
-        Ok(Export { name: name.to_owned(), description, read_only, data_path, chunking, backend })
+        let identity = identity(spec, backend.as_ref())?;
+        Ok(Export { name: name.to_owned(), description, read_only, data_path, chunking, backend, identity })
     }
 
     pub fn caps(&self) -> Caps {
@@ -290,8 +293,38 @@ impl Export {
             block_min,
             block_preferred: BLOCK_PREFERRED_BYTES.max(caps.direct_align.unwrap_or(0) as u32).max(block_min),
             block_max: REQUEST_PAYLOAD_MAX_BYTES,
+            identity: Some(self.identity.clone()),
         }
     }
+}
+
+/// What stays the same across restarts of the server exactly while the data behind the
+/// export does: a file's device, inode and birth time (a file replaced under the same
+/// path is another disk); a pool's id; the text of a remote or RBD spec. A RAM or null
+/// disk starts afresh every time, so it gets a new random identity: a client must not take
+/// an empty RAM disk for the one it was writing to. Hashed, so that it says nothing of the
+/// server's files.
+fn identity(spec: &Spec, backend: &dyn Backend) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let what = match spec {
+        Spec::Path(p) => {
+            let m = std::fs::metadata(p)?;
+            let born = m.created().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+            format!("file {} {} {} {born}", m.dev(), m.ino(), m.rdev())
+        }
+        Spec::Memory(_) | Spec::Null(_) => {
+            let mut random = [0u8; 16];
+            openssl::rand::rand_bytes(&mut random).map_err(std::io::Error::other)?;
+            format!("fresh {random:?}")
+        }
+        Spec::Remote(s) => match backend.pool_status() {
+            Some(status) => format!("pool {}", status.pool_id),
+            None => format!("remote {s}"),
+        },
+        Spec::Rbd(r) => format!("rbd {r}"),
+    };
+    let digest = openssl::sha::sha256(what.as_bytes());
+    Ok(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Every export the server offers, by name.

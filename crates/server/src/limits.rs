@@ -102,14 +102,8 @@ pub const TLS_SEND_ROUND_BYTES: usize = 256 * 1024;
 /// client that never reads cannot make the server buffer without end.
 pub const TLS_OUTPUT_MAX_BYTES: usize = TLS_SEND_ROUND_BYTES + 64 * 1024;
 
-/// Ciphertext kept per direction of a TLS connection's handshake and option haggling, so
-/// that the sequence numbers handed to kTLS can be checked against the records that went
-/// by (tls/transcript.rs). A handshake with a certificate chain is a few KiB and options
-/// after STARTTLS rarely more; a peer that sends more only loses kTLS for its connection.
-pub const KTLS_TRANSCRIPT_MAX_BYTES: usize = 256 * 1024;
-// Room for several records of the largest size TLS allows (16 KiB of plaintext plus
-// 256 bytes of expansion, RFC 8446 §5.2): a long certificate chain still fits.
-const _: () = assert!(KTLS_TRANSCRIPT_MAX_BYTES >= 8 * (16 * 1024 + 256));
+// The ciphertext kept for a handoff to kTLS is bounded by sluice_ktls::TRANSCRIPT_MAX_BYTES,
+// shared with the client.
 
 /// Largest write issued when emulating WRITE_ZEROES by writing zeros.
 pub const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;

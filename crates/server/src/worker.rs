@@ -9,12 +9,13 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_ktls::sys::ktls_send_record;
 use sluice_proto::Session;
 
 use crate::admission::{Budget, Permit};
 use crate::busy_poll::BusyPoll;
 use crate::conn::{Conn, Env, Io, Shutdown};
-use crate::engine::{ktls_send_record, unacked_bytes, Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
+use crate::engine::{unacked_bytes, Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::{Board, Look, Metrics};

@@ -1,8 +1,12 @@
 //! The TLS session itself: an OpenSSL context made from the settings (a certificates
 //! directory, the system's CA store, or a pre-shared key), the handshake over the socket
 //! the NBD handshake began on, and errors that name the file, key or host name at fault.
+//! A session meant for the kernel's TLS (`prepare_for_kernel`) also keeps its secrets and
+//! the ciphertext it exchanged, for the handoff to be planned and checked (kernel.rs).
 
+use super::duplex::Duplex;
 use super::psk::{self, Psk};
+use super::recorder::Recorder;
 use super::settings::Tls;
 use crate::error::Error;
 use openssl::error::ErrorStack;
@@ -11,18 +15,17 @@ use openssl::ssl::{Ssl, SslContext, SslContextBuilder, SslFiletype, SslMethod, S
 use openssl::x509::store::X509Lookup;
 use openssl::x509::verify::X509VerifyFlags;
 use openssl::x509::X509;
+use sluice_ktls::secrets;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_openssl::SslStream;
-
-/// A byte stream both ways: the socket TLS runs over.
-pub(crate) trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
 
 /// The TLS stream the rest of the connection runs on.
 pub(crate) type TlsStream = SslStream<Box<dyn Duplex>>;
+
+// TLS over TLS is not done, but the handshake reads the one stream it has through `Duplex`.
+impl Duplex for TlsStream {}
 
 /// The files of a certificates directory, named as libnbd and nbdkit name them.
 const CA_CERT: &str = "ca-cert.pem";
@@ -55,11 +58,24 @@ enum Auth {
 pub(crate) struct Prepared {
     ssl: Ssl,
     auth: Auth,
+    /// The session is to be handed to the kernel: keep the ciphertext it exchanges.
+    record: bool,
 }
 
 /// Sets up a session from `tls` for a server at `host` (none for a Unix socket), the name
 /// its certificate must carry unless `tls.hostname` names another.
 pub(crate) fn prepare(tls: &Tls, host: Option<&str>) -> Result<Prepared, Error> {
+    prepare_as(tls, host, false)
+}
+
+/// `prepare`, for a session to be handed to the kernel's TLS once the NBD handshake is
+/// done (`hand_to_kernel`): it keeps its TLS 1.3 secrets and its ciphertext until then.
+/// Other sessions pay for neither.
+pub(crate) fn prepare_for_kernel(tls: &Tls, host: Option<&str>) -> Result<Prepared, Error> {
+    prepare_as(tls, host, true)
+}
+
+fn prepare_as(tls: &Tls, host: Option<&str>, for_kernel: bool) -> Result<Prepared, Error> {
     let psk = match &tls.psk_file {
         Some(file) => Some(psk::load(file, tls.username.as_deref())?),
         None => None,
@@ -70,12 +86,17 @@ pub(crate) fn prepare(tls: &Tls, host: Option<&str>) -> Result<Prepared, Error> 
         _ if !tls.verify_peer => Auth::Unverified,
         _ => Auth::X509 { ca: tls.certificates.as_ref().map(|d| d.join(CA_CERT)), name: name.map(str::to_string) },
     };
-    let ctx = match psk {
-        Some(psk) => psk_context(psk),
-        None => x509_context(tls),
+    let mut b = builder(for_kernel)?;
+    match psk {
+        Some(psk) => psk_context(&mut b, psk),
+        None => x509_context(&mut b, tls),
     }?;
-    let ssl = session(&ctx, name, matches!(auth, Auth::X509 { .. })).map_err(|e| Error::Tls(format!("cannot set up TLS: {e}")))?;
-    Ok(Prepared { ssl, auth })
+    let setup = |e: ErrorStack| Error::Tls(format!("cannot set up TLS: {e}"));
+    let mut ssl = session(&b.build(), name, matches!(auth, Auth::X509 { .. })).map_err(setup)?;
+    if for_kernel {
+        secrets::watch(&mut ssl).map_err(setup)?;
+    }
+    Ok(Prepared { ssl, auth, record: for_kernel })
 }
 
 impl Prepared {
@@ -86,7 +107,10 @@ impl Prepared {
 
     /// Runs the TLS handshake on `plain`, a socket on which the server has just agreed to
     /// NBD_OPT_STARTTLS.
-    pub(crate) async fn connect(self, plain: Box<dyn Duplex>) -> Result<TlsStream, Error> {
+    pub(crate) async fn connect(self, mut plain: Box<dyn Duplex>) -> Result<TlsStream, Error> {
+        if self.record {
+            plain = Box::new(Recorder::new(plain));
+        }
         let mut stream = SslStream::new(self.ssl, plain).map_err(|e| Error::Tls(format!("cannot set up TLS: {e}")))?;
         match Pin::new(&mut stream).connect().await {
             Ok(()) => Ok(stream),
@@ -113,16 +137,19 @@ fn session(ctx: &SslContext, name: Option<&str>, verify_name: bool) -> Result<Ss
     Ok(ssl)
 }
 
-fn builder() -> Result<SslContextBuilder, Error> {
+fn builder(for_kernel: bool) -> Result<SslContextBuilder, Error> {
     let setup = |e: ErrorStack| Error::Tls(format!("cannot set up TLS: {e}"));
     let mut b = SslContext::builder(SslMethod::tls_client()).map_err(setup)?;
     b.set_min_proto_version(Some(SslVersion::TLS1_2)).map_err(setup)?;
     b.set_options(SslOptions::NO_COMPRESSION | SslOptions::NO_RENEGOTIATION);
+    if for_kernel {
+        // TLS 1.3's traffic secrets reach us only through the key log.
+        secrets::capture(&mut b).map_err(setup)?;
+    }
     Ok(b)
 }
 
-fn psk_context(psk: Psk) -> Result<SslContext, Error> {
-    let mut b = builder()?;
+fn psk_context(b: &mut SslContextBuilder, psk: Psk) -> Result<(), Error> {
     b.set_cipher_list(PSK_CIPHERS_TLS12).map_err(|e| Error::Tls(format!("OpenSSL has no PSK cipher suites: {e}")))?;
     // No CA is loaded: a server that shows a certificate instead of proving the key fails.
     b.set_verify(SslVerifyMode::PEER);
@@ -137,21 +164,20 @@ fn psk_context(psk: Psk) -> Result<SslContext, Error> {
         key[..psk.key.len()].copy_from_slice(&psk.key);
         Ok(psk.key.len())
     });
-    Ok(b.build())
+    Ok(())
 }
 
-fn x509_context(tls: &Tls) -> Result<SslContext, Error> {
-    let mut b = builder()?;
+fn x509_context(b: &mut SslContextBuilder, tls: &Tls) -> Result<(), Error> {
     b.set_cipher_list(X509_CIPHERS_TLS12).map_err(|e| Error::Tls(format!("cannot set up TLS: {e}")))?;
     b.set_verify(if tls.verify_peer { SslVerifyMode::PEER } else { SslVerifyMode::NONE });
     match &tls.certificates {
-        Some(dir) => load_dir(&mut b, dir, tls.verify_peer)?,
+        Some(dir) => load_dir(b, dir, tls.verify_peer)?,
         None if tls.verify_peer => {
             b.set_default_verify_paths().map_err(|e| Error::TlsConfig(format!("cannot load the system's CA certificates: {e}")))?;
         }
         None => {}
     }
-    Ok(b.build())
+    Ok(())
 }
 
 /// Loads a certificates directory: the CA (needed to verify), its CRL and the client's

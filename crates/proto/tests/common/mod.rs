@@ -42,6 +42,7 @@ pub fn summary(size: u64, flags: u16, description: Option<&str>) -> ExportSummar
         block_min: 1,
         block_preferred: 4096,
         block_max: 32 << 20,
+        identity: None,
     }
 }
 

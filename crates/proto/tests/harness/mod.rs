@@ -40,6 +40,7 @@ impl Catalog for FuzzCatalog {
             block_min: 1,
             block_preferred: 4096,
             block_max: 32 << 20,
+            identity: None,
         })
     }
 

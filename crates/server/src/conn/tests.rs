@@ -70,6 +70,7 @@ impl Rig {
             read_only: false,
             data_path,
             chunking,
+            identity: String::new(),
             backend: Box::new(Later { splice: data_path.uses_splice() }),
         };
         let flags = export.flags() | FLAG_SEND_DF;

@@ -7,7 +7,6 @@
 
 mod buddy;
 mod buffer;
-mod ktls;
 mod mailbox;
 mod op;
 mod pipe;
@@ -18,7 +17,6 @@ mod send;
 mod socket;
 
 pub use buffer::{Buf, BufferStats, Pool, BUFFER_ALIGN_BYTES};
-pub use ktls::{ktls_attach, ktls_send_record, ktls_set_keys, wipe, KernelCipher, KernelKeys, KtlsDirection};
 pub use mailbox::{Completer, Payload};
 pub use op::{Completion, ConnId, Held, StorageId, Tag, Token};
 pub use pipe::{fully_cached, splice_now, Pipe, Pipes};

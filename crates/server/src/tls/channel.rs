@@ -1,7 +1,7 @@
 //! What OpenSSL reads ciphertext from and writes it to. During the handshake (on the
 //! handshake thread) that is the socket itself, blocking under the handshake's deadline;
 //! when the session may go to kTLS, a copy of the ciphertext is kept there too, for the
-//! handoff to be checked against (transcript.rs).
+//! handoff to be checked against (sluice-ktls's transcript).
 //! Once the connection moves to a worker it is two buffers: ciphertext the worker's ring
 //! received, and ciphertext waiting for the ring to send it. OpenSSL never touches the
 //! socket there, so every socket operation stays on the ring.
@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use rustix::net::sockopt::{set_socket_timeout, Timeout};
 
-use super::transcript::Transcript;
+use sluice_ktls::Transcript;
 
 pub struct Channel {
     /// A duplicate of the connection's socket while the handshake thread owns it, and the

@@ -10,10 +10,10 @@ use openssl::pkey::PKey;
 use openssl::ssl::{SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslVerifyMode, SslVersion};
 use openssl::x509::store::X509Lookup;
 use openssl::x509::verify::X509VerifyFlags;
+use sluice_ktls::secrets;
 use sluice_proto::TlsMode;
 
 use super::ktls::{self, Ktls, KtlsMode};
-use super::secrets;
 
 /// TLS as the user configured it (`--tls`, `--tls-certificates`, `--tls-psk`,
 /// `--tls-verify-peer`, `--tls-ktls`, and the same keys in the configuration file).

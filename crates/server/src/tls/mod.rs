@@ -1,20 +1,18 @@
 //! TLS on the server: the configuration loaded at start (`context`), the STARTTLS upgrade
 //! on the handshake thread over the socket itself (`upgrade`), and then one of two ways to
 //! carry records: the kernel's TLS, handed the session's keys as the connection leaves the
-//! handshake thread (`handoff`, from `secrets` and `keys`, checked against `transcript`;
-//! `ktls` says whether the kernel offers it), or OpenSSL on the worker between the
-//! connection's core and the ring (`link`, over the two buffers of `channel`).
+//! handshake thread (`handoff`, planned and installed by sluice-ktls from the secrets and
+//! the transcript `channel` kept; `ktls` says whether the kernel offers it), or OpenSSL on
+//! the worker between the connection's core and the ring (`link`, over the two buffers of
+//! `channel`).
 
 mod channel;
 mod context;
 mod handoff;
-mod keys;
 mod ktls;
 mod link;
-mod secrets;
 #[cfg(test)]
 mod tests;
-mod transcript;
 mod upgrade;
 
 pub use context::{read_psk_file, TlsServer, TlsSettings};

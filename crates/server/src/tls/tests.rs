@@ -22,15 +22,16 @@ use openssl::pkey::PKey;
 use openssl::ssl::{Ssl, SslContext, SslMethod, SslStream, SslVerifyMode, SslVersion};
 use openssl::symm::{decrypt_aead, encrypt_aead, Cipher};
 use openssl::x509::{X509NameBuilder, X509};
+use sluice_ktls::keys::{Aead, TrafficKeys};
+use sluice_ktls::secrets::Secret;
+use sluice_ktls::sys::{KernelCipher, KernelKeys};
+use sluice_ktls::transcript::{open, read_record, HEADER_BYTES};
+use sluice_ktls::{kernel_keys, Plan};
 use sluice_proto::TlsMode;
 
-use super::handoff::{hand_off, kernel_keys, plan, Encryption, Plan};
-use super::keys::{Aead, TrafficKeys};
+use super::handoff::{hand_off, plan, Encryption};
 use super::ktls::{Ktls, KtlsMode};
-use super::secrets::Secret;
-use super::transcript::{open, HEADER_BYTES};
 use super::{accept, TlsServer, TlsSettings, TlsSession};
-use crate::engine::{KernelCipher, KernelKeys};
 
 const PSK_IDENTITY: &str = "alice";
 const PSK_KEY: [u8; 16] = *b"0123456789abcdef";
@@ -135,16 +136,6 @@ where
     Exchanged { session, client, raw: ours }
 }
 
-/// One whole record off the socket, as the kernel's TLS would take it.
-fn read_record(mut socket: impl Read) -> Vec<u8> {
-    let mut record = vec![0; HEADER_BYTES];
-    socket.read_exact(&mut record).unwrap();
-    let len = u16::from_be_bytes([record[3], record[4]]) as usize;
-    record.resize(HEADER_BYTES + len, 0);
-    socket.read_exact(&mut record[HEADER_BYTES..]).unwrap();
-    record
-}
-
 /// Checks the plan against the records each side sends next: each opens at the planned
 /// sequence number and at no other, and not with a key one bit off; and the keys as the
 /// kernel would get them work as the kernel would use them, with the real client.
@@ -152,7 +143,7 @@ fn check_next_records<S: Read + Write>(plan: &Plan, ex: &mut Exchanged<S>, reque
 where
     for<'a> &'a S: Read + Write,
 {
-    let record = read_record(&ex.raw);
+    let record = read_record(&ex.raw).unwrap();
     assert_eq!(open(&plan.suite, &plan.rx.keys, plan.rx.seq, &record).map(|(_, p)| p), Some(request.to_vec()));
     assert!(open(&plan.suite, &plan.rx.keys, plan.rx.seq + 1, &record).is_none(), "a wrong count is caught");
     let explicit = plan.rx.explicit_nonce.unwrap_or(plan.rx.seq).to_be_bytes();
@@ -160,7 +151,7 @@ where
     // The server's next record as OpenSSL would write it, taken off the socket before the
     // client sees it.
     ex.session.write_all(b"reply three").unwrap();
-    let record = read_record(ex.client.get_ref());
+    let record = read_record(ex.client.get_ref()).unwrap();
     assert_eq!(open(&plan.suite, &plan.tx.keys, plan.tx.seq, &record).map(|(_, p)| p), Some(b"reply three".to_vec()));
     assert!(open(&plan.suite, &plan.tx.keys, plan.tx.seq + 1, &record).is_none(), "a wrong count is caught");
     if let Some(nonce) = plan.tx.explicit_nonce {

@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use openssl::ssl::{Ssl, SslStream};
 use openssl::x509::X509VerifyResult;
+use sluice_ktls::secrets;
 
 use super::channel::Channel;
 use super::context::TlsServer;
-use super::secrets;
 
 pub type TlsSession = SslStream<Channel>;
 

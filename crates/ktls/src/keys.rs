@@ -12,8 +12,8 @@ use openssl::sign::Signer;
 use openssl::ssl::{SslRef, SslVersion};
 use openssl::symm::Cipher;
 
-use super::secrets::Secret;
-use crate::engine::KernelCipher;
+use crate::secrets::Secret;
+use crate::sys::KernelCipher;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {

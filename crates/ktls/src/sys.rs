@@ -2,7 +2,7 @@
 //! direction's record keys (TLS_TX, TLS_RX), sending an alert record through it, and
 //! wiping key material from memory. The layouts are those of linux/tls.h as libc
 //! declares them; which bytes go into `iv` and `salt` for a version is the caller's
-//! choice (tls/handoff.rs), checked here only for length.
+//! choice (plan.rs), checked here only for length.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};

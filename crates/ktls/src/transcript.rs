@@ -1,14 +1,16 @@
-//! The ciphertext a TLS connection's socket carried while the handshake thread owned it,
-//! and what it proves. Before the kernel takes a session over, each direction's records
-//! are decrypted with the keys the kernel would get: the first that opens at sequence
-//! number 0 is the first under the application keys, every later one must open at the
-//! next number, and the number after the last is the one the kernel starts from. A wrong
-//! key or a wrong count shows here, and the connection stays in user space.
+//! The ciphertext a TLS connection's socket carried while OpenSSL ran it, and what it
+//! proves. Before the kernel takes a session over, each direction's records are
+//! decrypted with the keys the kernel would get: the first that opens at sequence number
+//! 0 is the first under the application keys, every later one must open at the next
+//! number, and the number after the last is the one the kernel starts from. A wrong key
+//! or a wrong count shows here, before the kernel is given anything.
+
+use std::io::{self, Read};
 
 use openssl::symm::decrypt_aead;
 
-use super::keys::{Aead, Suite, TrafficKeys, Version, NONCE_BYTES};
-use crate::limits::KTLS_TRANSCRIPT_MAX_BYTES;
+use crate::keys::{Aead, Suite, TrafficKeys, Version, NONCE_BYTES};
+use crate::limits::TRANSCRIPT_MAX_BYTES;
 
 /// Content type, legacy version and length (RFC 8446 §5.1, RFC 5246 §6.2.1).
 pub const HEADER_BYTES: usize = 5;
@@ -21,6 +23,10 @@ const SALT_BYTES: usize = 4;
 
 const HANDSHAKE: u8 = 22;
 const APPLICATION_DATA: u8 = 23;
+/// The one handshake message allowed under the application keys (RFC 8446 §4.6.1).
+const NEW_SESSION_TICKET: u8 = 4;
+/// A handshake message's type and 24-bit length (RFC 8446 §4).
+const MESSAGE_HEADER_BYTES: usize = 4;
 
 /// Both directions' ciphertext, up to a bound; past it, none is kept.
 #[derive(Default)]
@@ -44,29 +50,29 @@ impl Transcript {
             return;
         }
         let way = if received { &mut self.received } else { &mut self.sent };
-        if way.len() + bytes.len() > KTLS_TRANSCRIPT_MAX_BYTES {
+        if way.len() + bytes.len() > TRANSCRIPT_MAX_BYTES {
             *self = Transcript { overflowed: true, ..Transcript::default() };
             return;
         }
         way.extend_from_slice(bytes);
     }
 
-    /// What the client sent and what the server sent, or why they were not kept.
+    /// What the peer sent and what we sent, or why they were not kept.
     pub fn ways(&self) -> Result<(&[u8], &[u8]), String> {
         if self.overflowed {
-            return Err(format!("more than {KTLS_TRANSCRIPT_MAX_BYTES} bytes went one way before transmission"));
+            return Err(format!("more than {TRANSCRIPT_MAX_BYTES} bytes went one way before transmission"));
         }
         Ok((&self.received, &self.sent))
     }
 }
 
-/// Whose records a direction carries: what the server's own TLS 1.2 AES-GCM records used
-/// as explicit nonces matters, since the kernel goes on from there and a GCM nonce must
+/// Whose records a direction carries: what our own TLS 1.2 AES-GCM records used as
+/// explicit nonces matters, since the kernel goes on from there and a GCM nonce must
 /// never repeat under one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Writer {
-    Client,
-    Server,
+    Peer,
+    Us,
 }
 
 /// Where one direction's count stands after the records that went by.
@@ -74,8 +80,8 @@ pub enum Writer {
 pub struct Next {
     /// The sequence number of the next record.
     pub seq: u64,
-    /// The server's TLS 1.2 AES-GCM records: an explicit nonce above every one OpenSSL
-    /// used (it starts from a random one and counts up, RFC 5288 §3 leaves it open).
+    /// Our TLS 1.2 AES-GCM records: an explicit nonce above every one OpenSSL used (it
+    /// starts from a random one and counts up, RFC 5288 §3 leaves it open).
     pub explicit_nonce: Option<u64>,
 }
 
@@ -85,33 +91,52 @@ pub fn next_seq(suite: &Suite, keys: &TrafficKeys, bytes: &[u8], writer: Writer)
     let records = split(bytes)?;
     let first = records
         .iter()
-        .position(|r| open(suite, keys, 0, r).is_some_and(|(kind, _)| kind == first_type(suite)))
+        .position(|r| open(suite, keys, 0, r).is_some_and(|(kind, plain)| may_stand(suite, 0, kind, &plain).is_ok()))
         .ok_or("no record opens with the application keys")?;
     let mut highest_nonce = None;
     for (seq, record) in (0u64..).zip(&records[first..]) {
-        let Some((kind, _)) = open(suite, keys, seq, record) else {
+        let Some((kind, plain)) = open(suite, keys, seq, record) else {
             return Err(format!("record {seq} under the application keys does not open at that sequence number"));
         };
-        if seq > 0 && kind != APPLICATION_DATA {
-            // A key update, an alert, or renegotiation: the kernel would not get past it.
-            return Err(format!("record {seq} under the application keys has content type {kind}"));
-        }
+        may_stand(suite, seq, kind, &plain)?;
         highest_nonce = highest_nonce.max(explicit_nonce(suite, record));
     }
     let explicit_nonce = match (writer, highest_nonce) {
-        (Writer::Server, Some(n)) => Some(n.checked_add(1).ok_or("the explicit nonces have run out")?),
+        (Writer::Us, Some(n)) => Some(n.checked_add(1).ok_or("the explicit nonces have run out")?),
         _ => None,
     };
     Ok(Next { seq: (records.len() - first) as u64, explicit_nonce })
 }
 
-/// TLS 1.2's first record under new keys is the Finished message; TLS 1.3 uses the
-/// application keys for application data only, and this server sends nothing else.
-fn first_type(suite: &Suite) -> u8 {
-    match suite.version {
-        Version::Tls12 => HANDSHAKE,
-        Version::Tls13 => APPLICATION_DATA,
+/// Whether a record may stand at `seq` under the application keys with the kernel going
+/// on after it. TLS 1.2's first record under new keys is the Finished message, and only
+/// application data follows; TLS 1.3 also carries a server's NewSessionTickets there.
+/// Anything else (a key update, an alert, renegotiation) the kernel would not get past.
+fn may_stand(suite: &Suite, seq: u64, kind: u8, plain: &[u8]) -> Result<(), String> {
+    match (suite.version, kind) {
+        (Version::Tls12, HANDSHAKE) if seq == 0 => Ok(()),
+        (Version::Tls12, APPLICATION_DATA) if seq > 0 => Ok(()),
+        (Version::Tls13, APPLICATION_DATA) => Ok(()),
+        (Version::Tls13, HANDSHAKE) if only_tickets(plain) => Ok(()),
+        (Version::Tls13, HANDSHAKE) => {
+            Err(format!("record {seq} under the application keys holds a handshake message other than a session ticket"))
+        }
+        _ => Err(format!("record {seq} under the application keys has content type {kind}")),
     }
+}
+
+/// Whether a TLS 1.3 handshake record holds whole NewSessionTicket messages and nothing
+/// else: tickets leave the keys as they are, a KeyUpdate would change them.
+fn only_tickets(plain: &[u8]) -> bool {
+    let mut rest = plain;
+    while let Some((header, body)) = rest.split_at_checked(MESSAGE_HEADER_BYTES) {
+        let len = u32::from_be_bytes([0, header[1], header[2], header[3]]) as usize;
+        if header[0] != NEW_SESSION_TICKET || body.len() < len {
+            return false;
+        }
+        rest = &body[len..];
+    }
+    !plain.is_empty() && rest.is_empty()
 }
 
 /// Whole records, header included; an error if the bytes end inside one.
@@ -131,6 +156,17 @@ fn split(bytes: &[u8]) -> Result<Vec<&[u8]>, String> {
         rest = tail;
     }
     Ok(records)
+}
+
+/// One whole record off a stream, header included, as the kernel's TLS takes it: for
+/// checking a plan against the record a peer sends next.
+pub fn read_record(mut from: impl Read) -> io::Result<Vec<u8>> {
+    let mut record = vec![0; HEADER_BYTES];
+    from.read_exact(&mut record)?;
+    let len = u16::from_be_bytes([record[3], record[4]]) as usize;
+    record.resize(HEADER_BYTES + len, 0);
+    from.read_exact(&mut record[HEADER_BYTES..])?;
+    Ok(record)
 }
 
 /// Whether the suite's records carry part of their nonce (TLS 1.2 AES-GCM).
@@ -182,12 +218,12 @@ pub fn open(suite: &Suite, keys: &TrafficKeys, seq: u64, record: &[u8]) -> Optio
 
 #[cfg(test)]
 mod tests {
-    use openssl::symm::encrypt_aead;
+    use openssl::symm::{encrypt_aead, Cipher};
 
     use super::*;
-    use crate::tls::keys::tests::{hex, suite, RFC8448_CLIENT_AP_SECRET, RFC8448_SERVER_AP_SECRET};
-    use crate::tls::keys::{tls13_keys, Hash};
-    use crate::tls::secrets::Secret;
+    use crate::keys::tests::{hex, suite, RFC8448_CLIENT_AP_SECRET, RFC8448_SERVER_AP_SECRET};
+    use crate::keys::{tls13_keys, Hash};
+    use crate::secrets::Secret;
 
     /// RFC 8448 §3: the client's application data record (seq 0 under its keys) and the
     /// server's (seq 1: a NewSessionTicket went first), each carrying bytes 0 to 49.
@@ -222,7 +258,7 @@ mod tests {
         let mut bytes = hex("14 03 03 00 01 01");
         bytes.extend(hex("17 03 03 00 13").into_iter().chain([0x5a; 0x13]));
         bytes.extend(hex(CLIENT_RECORD));
-        assert_eq!(next_seq(&s, &client, &bytes, Writer::Client), Ok(Next { seq: 1, explicit_nonce: None }));
+        assert_eq!(next_seq(&s, &client, &bytes, Writer::Peer), Ok(Next { seq: 1, explicit_nonce: None }));
     }
 
     #[test]
@@ -230,12 +266,12 @@ mod tests {
         let (s, client, server) = rfc8448();
         let mut wrong = TrafficKeys { key: Secret::from_slice(client.key.as_ref()), iv: Secret::from_slice(client.iv.as_ref()) };
         wrong.key.as_mut()[0] ^= 1;
-        assert!(next_seq(&s, &wrong, &hex(CLIENT_RECORD), Writer::Client).is_err());
+        assert!(next_seq(&s, &wrong, &hex(CLIENT_RECORD), Writer::Peer).is_err());
         // The server's record is its second: at 0 it opens with no key of the kernel's.
-        assert!(next_seq(&s, &server, &hex(SERVER_RECORD), Writer::Server).is_err());
+        assert!(next_seq(&s, &server, &hex(SERVER_RECORD), Writer::Us).is_err());
         let mut cut = hex(CLIENT_RECORD);
         cut.pop();
-        assert_eq!(next_seq(&s, &client, &cut, Writer::Client), Err("the bytes end inside a record".into()));
+        assert_eq!(next_seq(&s, &client, &cut, Writer::Peer), Err("the bytes end inside a record".into()));
     }
 
     /// A TLS 1.2 record: AES-GCM with `nonce` as explicit nonce, ChaCha20 with the IV
@@ -258,7 +294,7 @@ mod tests {
     }
 
     #[test]
-    fn tls12_counts_from_finished_and_continues_above_the_servers_explicit_nonces() {
+    fn tls12_counts_from_finished_and_continues_above_our_explicit_nonces() {
         for aead in [Aead::Aes128Gcm, Aead::Aes256Gcm, Aead::Chacha20Poly1305] {
             let s = suite(Version::Tls12, aead, Hash::Sha256);
             let iv = if aead == Aead::Chacha20Poly1305 { 12 } else { 4 };
@@ -270,12 +306,48 @@ mod tests {
             bytes.extend(seal12(&s, &keys, 1, APPLICATION_DATA, b"reply", 0x1235));
             let gcm = aead != Aead::Chacha20Poly1305;
             let want = Next { seq: 2, explicit_nonce: gcm.then_some(0x1236) };
-            assert_eq!(next_seq(&s, &keys, &bytes, Writer::Server), Ok(want), "{aead:?}");
-            assert_eq!(next_seq(&s, &keys, &bytes, Writer::Client), Ok(Next { seq: 2, explicit_nonce: None }));
+            assert_eq!(next_seq(&s, &keys, &bytes, Writer::Us), Ok(want), "{aead:?}");
+            assert_eq!(next_seq(&s, &keys, &bytes, Writer::Peer), Ok(Next { seq: 2, explicit_nonce: None }));
             bytes.extend(seal12(&s, &keys, 3, APPLICATION_DATA, b"skipped a number", 0x1237));
             let want = Err("record 2 under the application keys does not open at that sequence number".into());
-            assert_eq!(next_seq(&s, &keys, &bytes, Writer::Server), want, "{aead:?}");
+            assert_eq!(next_seq(&s, &keys, &bytes, Writer::Us), want, "{aead:?}");
         }
+    }
+
+    /// A TLS 1.3 record under `keys` at `seq`: `plain` with its inner content type.
+    fn seal13(keys: &TrafficKeys, seq: u64, kind: u8, plain: &[u8]) -> Vec<u8> {
+        let mut nonce = [0u8; NONCE_BYTES];
+        nonce.copy_from_slice(keys.iv.as_ref());
+        nonce[4..].iter_mut().zip(seq.to_be_bytes()).for_each(|(n, s)| *n ^= s);
+        let inner = [plain, &[kind]].concat();
+        let header = [&[APPLICATION_DATA, 3, 3][..], &((inner.len() + TAG_BYTES) as u16).to_be_bytes()].concat();
+        let mut tag = [0; TAG_BYTES];
+        let sealed = encrypt_aead(Cipher::aes_128_gcm(), keys.key.as_ref(), Some(&nonce), &header, &inner, &mut tag).unwrap();
+        [header, sealed, tag.to_vec()].concat()
+    }
+
+    /// A handshake message of `kind` with a body of `len` bytes.
+    fn message(kind: u8, len: usize) -> Vec<u8> {
+        [&[kind][..], &(len as u32).to_be_bytes()[1..], &vec![7; len]].concat()
+    }
+
+    #[test]
+    fn tls13_session_tickets_count_and_a_key_update_stops_the_count() {
+        let (s, _, server) = rfc8448();
+        // OpenSSL's server sends two tickets after the handshake, one record each; two
+        // tickets may also share a record.
+        let mut bytes = seal13(&server, 0, HANDSHAKE, &message(NEW_SESSION_TICKET, 200));
+        let two = [message(NEW_SESSION_TICKET, 10), message(NEW_SESSION_TICKET, 0)].concat();
+        bytes.extend(seal13(&server, 1, HANDSHAKE, &two));
+        bytes.extend(seal13(&server, 2, APPLICATION_DATA, b"reply"));
+        assert_eq!(next_seq(&s, &server, &bytes, Writer::Peer), Ok(Next { seq: 3, explicit_nonce: None }));
+        const KEY_UPDATE: u8 = 24;
+        bytes.extend(seal13(&server, 3, HANDSHAKE, &message(KEY_UPDATE, 1)));
+        let why = next_seq(&s, &server, &bytes, Writer::Peer).unwrap_err();
+        assert!(why.contains("record 3") && why.contains("other than a session ticket"), "{why}");
+        // A ticket cut short is no ticket either.
+        let cut = &message(NEW_SESSION_TICKET, 20)[..12];
+        assert!(next_seq(&s, &server, &seal13(&server, 0, HANDSHAKE, cut), Writer::Peer).is_err());
     }
 
     #[test]
@@ -284,7 +356,7 @@ mod tests {
         t.received(&[1; 10]);
         t.sent(&[2; 3]);
         assert_eq!(t.ways(), Ok((&[1u8; 10][..], &[2u8; 3][..])));
-        t.sent(&vec![0; KTLS_TRANSCRIPT_MAX_BYTES]);
+        t.sent(&vec![0; TRANSCRIPT_MAX_BYTES]);
         assert!(t.ways().is_err());
         t.received(&[1]);
         assert!(t.ways().is_err(), "once over, always over");

@@ -1,8 +1,8 @@
 //! The session secrets kTLS needs, taken from OpenSSL. TLS 1.3's application traffic
 //! secrets are reachable only through the key-log callback, which reports them as the
-//! handshake derives them; they are kept with the session (its ex_data) until the
-//! connection moves to a worker. TLS 1.2's master secret and the two randoms are read
-//! from the session then. Every copy lives in a `Secret`, which wipes itself on drop.
+//! handshake derives them; they are kept with the session (its ex_data) until it is
+//! handed to the kernel. TLS 1.2's master secret and the two randoms are read from the
+//! session then. Every copy lives in a `Secret`, which wipes itself on drop.
 
 use std::sync::{Mutex, OnceLock};
 
@@ -10,7 +10,7 @@ use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
 use openssl::ssl::{Ssl, SslContextBuilder, SslRef};
 
-use crate::engine::wipe;
+use crate::sys::wipe;
 
 /// Room for the largest secret handled: a TLS 1.2 key block of ChaCha20-Poly1305
 /// (2 × 32-byte keys + 2 × 12-byte IVs = 88 bytes); hash outputs are at most 48.
@@ -49,7 +49,7 @@ impl Secret {
         Some(s)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 }

@@ -1,0 +1,157 @@
+//! The guardian of an attached device: it hears the driver's link-dead notices (and, as a
+//! backstop, looks at the sockets itself once a second), reconnects with backoff, checks
+//! that the server it reached serves the same disk, and hands the kernel the new sockets.
+//! It stops when told to (detaching the device) or when the device goes away.
+
+use super::device::{Nbd, Watch};
+use super::{open_sockets, AttachOptions, Identity};
+use crate::error::Error;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// How often the guardian looks at its device and sockets without a notice.
+const CHECK_INTERVAL_MS: u64 = 1_000;
+/// Reconnection backoff: the first retry comes soon (a restart takes seconds), later ones
+/// no more often than this.
+const BACKOFF_FIRST_MS: u64 = 250;
+const BACKOFF_MAX_MS: u64 = 5_000;
+
+/// What the guardian tells its caller (to log, and to show in `attach --list`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The link died; reconnection starts.
+    LinkDead,
+    /// A try failed; `why` says how. The next comes after a backoff.
+    Retrying { attempt: u32, why: String },
+    /// A server answered but does not serve the attached disk: no socket of it goes to the
+    /// kernel.
+    Refused { why: String },
+    /// The device has live sockets again.
+    Reconnected { after: Duration, connections: usize },
+    /// The device was disconnected (by the guardian when told to stop, or by someone else).
+    Detached,
+}
+
+/// Guards device `index`, connected to the sockets `watched` are duplicates of, until
+/// `stop` resolves (then the device is disconnected) or the device is gone.
+pub async fn guard(
+    mut nbd: Nbd,
+    index: u32,
+    options: &AttachOptions,
+    first: &Identity,
+    mut watched: Vec<OwnedFd>,
+    stop: impl Future<Output = ()>,
+    mut on: impl FnMut(Event),
+) -> Result<(), Error> {
+    // Without notices the once-a-second check still finds dead sockets, later.
+    let mut dead = notices(&nbd, index).unwrap_or_else(|e| {
+        log::warn!("{e}; relying on the guardian's own checks");
+        mpsc::unbounded_channel().1
+    });
+    let mut check = tokio::time::interval(Duration::from_millis(CHECK_INTERVAL_MS));
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return detach(&mut nbd, index, &mut on),
+            Some(()) = dead.recv() => {}
+            _ = check.tick() => {
+                if nbd.connected(index)? != Some(true) {
+                    on(Event::Detached);
+                    return Ok(());
+                }
+                if !hung_up(&watched) {
+                    continue;
+                }
+            }
+        }
+        on(Event::LinkDead);
+        let reconnect = reconnect(&mut nbd, index, options, first, &mut on);
+        tokio::select! {
+            () = &mut stop => return detach(&mut nbd, index, &mut on),
+            fds = reconnect => watched = fds,
+        }
+        // Notices about the sockets just replaced say nothing about the new ones.
+        while dead.try_recv().is_ok() {}
+    }
+}
+
+fn detach(nbd: &mut Nbd, index: u32, on: &mut impl FnMut(Event)) -> Result<(), Error> {
+    let r = nbd.disconnect(index);
+    on(Event::Detached);
+    r
+}
+
+/// Link-dead notices for device `index`, heard on a thread of their own (the socket
+/// blocks); the thread ends with the process.
+fn notices(nbd: &Nbd, index: u32) -> Result<mpsc::UnboundedReceiver<()>, Error> {
+    let watch: Watch = nbd.watch()?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("nbd-notices".into())
+        .spawn(move || loop {
+            match watch.next() {
+                Ok(dead) if dead.contains(&index) => {
+                    if tx.send(()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // The once-a-second check still finds dead sockets.
+                    log::warn!("{e}; relying on the guardian's own checks");
+                    return;
+                }
+            }
+        })
+        .map_err(Error::io)?;
+    Ok(rx)
+}
+
+/// Whether any of the sockets was shut down or closed by its peer: the kernel shuts a
+/// socket down when it declares it dead.
+fn hung_up(fds: &[OwnedFd]) -> bool {
+    let mut polled: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::new(fd, PollFlags::RDHUP)).collect();
+    let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+    if poll(&mut polled, Some(&zero)).is_err() {
+        return false;
+    }
+    polled.iter().any(|p| p.revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR))
+}
+
+/// Tries until the kernel has new sockets to the same disk; returns duplicates of them to
+/// watch. Never gives up by itself: after the dead-connection timeout the kernel fails
+/// I/O, and a server that comes back later still revives the device.
+async fn reconnect(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &Identity, on: &mut impl FnMut(Event)) -> Vec<OwnedFd> {
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(BACKOFF_FIRST_MS);
+    for attempt in 1.. {
+        match try_once(nbd, index, options, first).await {
+            Ok(fds) => {
+                on(Event::Reconnected { after: started.elapsed(), connections: fds.len() });
+                return fds;
+            }
+            Err(Failure::Refused(why)) => on(Event::Refused { why }),
+            Err(Failure::Other(e)) => on(Event::Retrying { attempt, why: e.to_string() }),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(BACKOFF_MAX_MS));
+    }
+    unreachable!("the attempts never run out")
+}
+
+enum Failure {
+    Refused(String),
+    Other(Error),
+}
+
+async fn try_once(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &Identity) -> Result<Vec<OwnedFd>, Failure> {
+    let sockets = open_sockets(&options.uri, options.connections).await.map_err(Failure::Other)?;
+    if let Some(why) = first.differs(&sockets.identity) {
+        return Err(Failure::Refused(why));
+    }
+    nbd.reconfigure(index, &super::backend(options), &sockets.fds).map_err(Failure::Other)?;
+    Ok(sockets.fds)
+}
