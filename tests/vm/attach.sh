@@ -137,7 +137,6 @@ ext4_across_restart() {
 nbd_client_beside() {
     local dev=/dev/nbd9 status
     serve 10809 /host/server.log --export=disk=/srv/disk.img || return 1
-    SERVER_PORT=10809
     timeout 60 nbd-client 127.0.0.1 10809 $dev -N disk -t 15 || return 1
     mkfs.ext4 -q -F $dev && mkdir -p /mnt/b && mount $dev /mnt/b || return 1
     start_writer file_writer /mnt/b
@@ -156,21 +155,22 @@ nbd_client_beside() {
     kill -0 $writer 2>/dev/null && { note "nbd-client -t 15: the writer still hangs"; kill -9 $writer; }
     wait $writer
     status=$?
-    note "nbd-client -t 15 beside it: the writer $([ $status = 0 ] && echo 'saw no error' || echo "failed: $(grep -v records /tmp/writer.err | head -n 1)") after $(acked) acknowledged writes; the filesystem: $(dmesg | grep -oE 'EXT4-fs error.*|Remounting filesystem read-only' | tail -n 1)"
+    note "nbd-client -t 15 beside it: the writer $([ $status = 0 ] && echo 'saw no error' || echo "failed: $(grep -iE 'error|failed' /tmp/writer.err | head -n 1)") after $(acked) acknowledged writes; the filesystem: $(dmesg | grep -oE 'EXT4-fs error.*|Remounting filesystem read-only' | tail -n 1)"
     umount -l /mnt/b 2>/dev/null
     nbd-client -d $dev
     kill "$(cat /tmp/pid-10809)"
     return 0
 }
 
-# A server gone for longer than --dead-timeout: I/O fails after it, cleanly, and detach
-# works.
+# A server paused (SIGSTOP: its connections stay open, nothing answers) for longer than
+# --dead-timeout: the request times out, I/O fails after the dead timeout, cleanly, and
+# detach works while the guardian still tries to reconnect.
 past_the_dead_timeout() {
     local status=0 start took
     truncate -s 64M /srv/short.img
     serve 10812 /host/server-short.log --export=disk=/srv/short.img || return 1
     attach_dev /host/attach-short.log --timeout 3 --dead-timeout 5 nbd://127.0.0.1:10812/disk || return 1
-    kill -9 "$(cat /tmp/pid-10812)"
+    kill -STOP "$(cat /tmp/pid-10812)"
     start=$(now)
     if timeout 60 dd if=/dev/zero of="$dev" bs=4k count=1 oflag=direct 2>/tmp/err; then
         echo "a write succeeded with the server gone"
@@ -178,10 +178,11 @@ past_the_dead_timeout() {
     fi
     took=$(( ($(now) - start) / 100 ))
     [ $took -lt 60 ] || { echo "the write still waited 60 s after a 5 s dead timeout"; status=1; }
-    note "past --dead-timeout 5: the write failed after $took s: $(head -n 1 /tmp/err)"
+    note "server paused past --dead-timeout 5 (--timeout 3): the write failed after $took s: $(head -n 1 /tmp/err)"
     detach_dev "$dev" || status=1
     [ -e /sys/block/${dev#/dev/}/pid ] && { echo "$dev is still connected after detach"; status=1; }
     $SLUICE attach --list | grep -q "^$dev " && { echo "attach --list still shows $dev"; status=1; }
+    kill -9 "$(cat /tmp/pid-10812)"
     return $status
 }
 
@@ -211,20 +212,8 @@ multi_conn_across_restart() {
 
 # A mirror pool whose gateway (the sluice serving it) is killed and restarted.
 pool_gateway_restart() {
-    local i members="" status=0
-    for i in 1 2; do
-        truncate -s 65M /srv/pm$i.img
-        $SLUICE serve /srv/pm$i.img --unix /tmp/pm$i.sock >/dev/null 2>/tmp/pm$i.log &
-        members="$members\"nbd+unix:///?socket=/tmp/pm$i.sock\", "
-    done
-    for i in 1 2; do
-        local n=0
-        until nbdinfo --size "nbd+unix:///?socket=/tmp/pm$i.sock" >/dev/null 2>&1; do
-            n=$((n + 1)); [ $n -gt 300 ] && { echo "member $i did not start"; cat /tmp/pm$i.log; return 1; }
-            sleep 0.1
-        done
-    done
-    printf 'layout = "mirror"\nmembers = [%s]\n' "${members%, }" >/srv/mirror.toml
+    local status=0
+    pool_file /srv/mirror.toml 'layout = "mirror"\n' pm 2 65 || return 1
     $SLUICE pool init pool:/srv/mirror.toml || return 1
     serve 10814 /host/server-pool.log --export=vol=pool:/srv/mirror.toml || return 1
     attach_dev /host/attach-pool.log --timeout 5 nbd://127.0.0.1:10814/vol || return 1
@@ -262,8 +251,9 @@ read_only() {
     local status=0 d
     truncate -s 64M /srv/ro.img
     serve 10816 /host/server-ro.log --export=ro=/srv/ro.img,read-only --export=rw=/srv/ro.img || return 1
-    for d in "nbd://127.0.0.1:10816/ro" "--read-only nbd://127.0.0.1:10816/rw"; do
+    for d in "nbd://127.0.0.1:10816/ro" "--read-only nbd://127.0.0.1:10816/rw /dev/nbd5"; do
         attach_dev /host/attach-ro.log $d || return 1
+        case "$d" in *nbd5) [ "$dev" = /dev/nbd5 ] || { echo "asked for /dev/nbd5, got $dev"; status=1; } ;; esac
         [ "$(blockdev --getro "$dev")" = 1 ] || { echo "$d: $dev is not read-only"; status=1; }
         if dd if=/dev/zero of="$dev" bs=4k count=1 oflag=direct 2>/tmp/err; then
             echo "$d: a write succeeded"; status=1

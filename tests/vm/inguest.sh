@@ -34,20 +34,8 @@ kernel_client_round_trip() {
 
 # A raid10 pool of four members (sluice in the guest, on Unix sockets), served by sluice.
 pool_round_trip() {
-    local i members="" status=0
-    for i in 1 2 3 4; do
-        truncate -s $((1 + 32))M /srv/m$i.img
-        $SLUICE serve /srv/m$i.img --unix /tmp/m$i.sock >/dev/null 2>/tmp/m$i.log &
-        members="$members\"nbd+unix:///?socket=/tmp/m$i.sock\", "
-    done
-    for i in 1 2 3 4; do
-        local n=0
-        until [ -S /tmp/m$i.sock ] && nbdinfo --size "nbd+unix:///?socket=/tmp/m$i.sock" >/dev/null 2>&1; do
-            n=$((n + 1)); [ $n -gt 300 ] && { echo "member $i did not start"; cat /tmp/m$i.log; return 1; }
-            sleep 0.1
-        done
-    done
-    printf 'layout = "raid10"\nstripe-unit = "64K"\nmembers = [%s]\n' "${members%, }" >/srv/pool.toml
+    local status=0
+    pool_file /srv/pool.toml 'layout = "raid10"\nstripe-unit = "64K"\n' m 4 33 || return 1
     $SLUICE pool init pool:/srv/pool.toml || return 1
     serve 10811 /host/sluice-pool.log --export=vol=pool:/srv/pool.toml || return 1
     local pool_server=$served

@@ -124,6 +124,26 @@ kernel_has_ktls() {
     grep -qw tls /proc/sys/net/ipv4/tcp_available_ulp
 }
 
+# pool_file FILE LAYOUT-LINES PREFIX N MIB: N pool members, each sluice serving a file
+# of MIB MiB on /tmp/PREFIXi.sock, waited for (bounded); then the pool file FILE with
+# LAYOUT-LINES and their URIs.
+pool_file() {
+    local file=$1 layout=$2 prefix=$3 count=$4 mib=$5 i members=""
+    for i in $(seq 1 "$count"); do
+        truncate -s ${mib}M /srv/$prefix$i.img
+        $SLUICE serve /srv/$prefix$i.img --unix /tmp/$prefix$i.sock >/dev/null 2>/tmp/$prefix$i.log &
+        members="$members\"nbd+unix:///?socket=/tmp/$prefix$i.sock\", "
+    done
+    for i in $(seq 1 "$count"); do
+        local n=0
+        until [ -S /tmp/$prefix$i.sock ] && nbdinfo --size "nbd+unix:///?socket=/tmp/$prefix$i.sock" >/dev/null 2>&1; do
+            n=$((n + 1)); [ $n -gt 300 ] && { echo "member $i did not start"; cat /tmp/$prefix$i.log; return 1; }
+            sleep 0.1
+        done
+    done
+    printf '%bmembers = [%s]\n' "$layout" "${members%, }" >"$file"
+}
+
 finish() {
     exit $failed
 }

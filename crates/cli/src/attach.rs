@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 #[command(after_help = "EXAMPLES:
-  sluice attach nbd://storage1/vm7                      # prints /dev/nbd0, guards it in the background
+  sluice attach nbd://storage1/vm7
   sluice attach --connections 4 nbd://storage1/db /dev/nbd3
   sluice attach --foreground --dead-timeout 600 'nbd+unix:///disk?socket=/run/sluice.sock'
   sluice attach --tls-certificates /etc/sluice/pki nbds://storage1/vm7
@@ -44,8 +44,8 @@ pub struct AttachArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     connections: u16,
 
-    /// The kernel's per-request timeout: a request unanswered this long is sent again on a
-    /// new connection.
+    /// The kernel's per-request timeout: a request unanswered this long marks its
+    /// connection dead, and is sent again once the guardian has reconnected.
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
 

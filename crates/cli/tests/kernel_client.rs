@@ -110,7 +110,7 @@ fn discard_flush_fua_read_only_and_offsets_past_4_gib() {
     let written = std::fs::read(&far).expect("the guest's far.bin");
     let mut file = std::fs::File::open(&big).unwrap();
     let mut back = vec![0; written.len()];
-    std::os::unix::fs::FileExt::read_exact_at(&mut file, &mut back, big_at_mib << 20).unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, big_at_mib << 20).unwrap();
     assert!(back == written, "the bytes written at {big_at_mib} MiB are not in the file there");
 }
 

@@ -482,7 +482,8 @@ fn set_meta_context_replaces_the_active_set_even_when_it_fails_rule_45() {
 }
 
 // Rules 46 and 47: LIST with no queries or "base:" lists base:allocation (id 0); unknown
-// namespaces are ignored; a malformed request is ERR_INVALID (rule 13).
+// namespaces are ignored; a malformed request is ERR_INVALID (rule 13). LIST with no
+// queries lists sluice's own context too (the export's identity), after base:allocation.
 #[test]
 fn list_meta_context_follows_the_base_namespace_rules_rule_46() {
     let s = server();
@@ -495,7 +496,8 @@ fn list_meta_context_follows_the_base_namespace_rules_rule_46() {
         let r = c.ask(OPT_LIST_META_CONTEXT, &meta_data("disk", &queries));
         assert_eq!(r.last().unwrap().kind, REP_ACK, "{queries:?}: {r:?}");
         if listed {
-            assert_eq!(r.len(), 2, "{queries:?}: {r:?}");
+            let ours = usize::from(queries.is_empty());
+            assert_eq!(r.len(), 2 + ours, "{queries:?}: {r:?}");
             assert_eq!(r[0].kind, REP_META_CONTEXT);
             assert_eq!(be32(&r[0].data[0..4]), 0, "LIST context ids are 0");
             assert_eq!(&r[0].data[4..], b"base:allocation");
@@ -509,6 +511,43 @@ fn list_meta_context_follows_the_base_namespace_rules_rule_46() {
     assert_eq!(r.len(), 1);
     assert_error_reply(&r[0], OPT_LIST_META_CONTEXT, REP_ERR_INVALID);
     assert_go_works(&mut c, "disk");
+}
+
+/// The identity of an export (`sluice:identity:HEX`, listed, never selected): what a
+/// reconnecting client (`sluice attach`) compares. The same file keeps it across a restart;
+/// another file, or a RAM disk started afresh, does not. Listed without structured replies
+/// too, since the kernel's client negotiates none.
+#[test]
+fn the_export_identity_is_listed_and_follows_the_data_not_the_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    for f in [&a, &b] {
+        std::fs::File::create(f).unwrap().set_len(1 << 20).unwrap();
+    }
+    let identity = |s: &Sluice, export: &str| {
+        let mut c = started(s);
+        let r = c.ask(OPT_LIST_META_CONTEXT, &meta_data(export, &["sluice:identity"]));
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert_eq!(r[1].kind, REP_ACK);
+        assert_eq!(be32(&r[0].data[0..4]), 0, "LIST context ids are 0");
+        let name = String::from_utf8(r[0].data[4..].to_vec()).unwrap();
+        let id = name.strip_prefix("sluice:identity:").unwrap_or_else(|| panic!("{name}")).to_owned();
+        assert!(id.len() == 32 && id.bytes().all(|c| c.is_ascii_hexdigit()), "{id}");
+        // Listed without structured replies, and GO follows as ever.
+        assert_go_works(&mut c, export);
+        id
+    };
+    let (fa, fb) = (format!("disk={}", a.display()), format!("other={}", b.display()));
+    let mut s = Sluice::start(&["--export", &fa, "--export", &fb, "--export", "ram=memory:1M"]);
+    let (first_a, first_b, first_ram) = (identity(&s, "disk"), identity(&s, "other"), identity(&s, "ram"));
+    assert_ne!(first_a, first_b, "two files, one identity");
+    s.kill_and_restart();
+    assert_eq!(identity(&s, "disk"), first_a, "the same file after a restart");
+    assert_ne!(identity(&s, "ram"), first_ram, "a RAM disk started afresh keeps its identity");
+    drop(s);
+    let swapped = format!("disk={}", b.display());
+    let s = Sluice::start(&["--export", &swapped]);
+    assert_eq!(identity(&s, "disk"), first_b, "the identity follows the file, not the export's name");
 }
 
 // Rules 41 and 89: the 124 zeros belong to EXPORT_NAME only; GO never pads, even for a
