@@ -122,7 +122,7 @@ ext4_across_restart() {
     write_across_restart 10809 /host/server.log --export=disk=/srv/disk.img || status=1
     grep -q ' /mnt/a ' /proc/mounts || { echo "the filesystem is no longer mounted"; status=1; }
     $SLUICE attach --list >/tmp/list
-    grep -E "^$dev .* 1 .*\(connected\)" /tmp/list >/dev/null || { echo "attach --list does not show one reconnection:"; cat /tmp/list; status=1; }
+    grep -E "^$dev +[0-9]+ +1 +1 +.*\(connected\)" /tmp/list >/dev/null || { echo "attach --list does not show one reconnection:"; cat /tmp/list; status=1; }
     umount /mnt/a || status=1
     echo 3 >/proc/sys/vm/drop_caches
     e2fsck -fn "$dev" >/tmp/fsck 2>&1 || { echo "fsck after the restart:"; cat /tmp/fsck; status=1; }
@@ -163,8 +163,8 @@ nbd_client_beside() {
 }
 
 # A server paused (SIGSTOP: its connections stay open, nothing answers) for longer than
-# --dead-timeout: the request times out, I/O fails after the dead timeout, cleanly, and
-# detach works while the guardian still tries to reconnect.
+# --dead-timeout: the request times out and I/O fails after the dead timeout, cleanly; the
+# server resumed (SIGCONT), the guardian revives the device; detach works.
 past_the_dead_timeout() {
     local status=0 start took
     truncate -s 64M /srv/short.img
@@ -179,6 +179,13 @@ past_the_dead_timeout() {
     took=$(( ($(now) - start) / 100 ))
     [ $took -lt 60 ] || { echo "the write still waited 60 s after a 5 s dead timeout"; status=1; }
     note "server paused past --dead-timeout 5 (--timeout 3): the write failed after $took s: $(head -n 1 /tmp/err)"
+    kill -CONT "$(cat /tmp/pid-10812)"
+    local i=0
+    until dd if=/dev/zero of="$dev" bs=4k count=1 oflag=direct 2>/dev/null; do
+        i=$((i + 1)); [ $i -gt 60 ] && { echo "the device did not come back within 60 s of the server resuming"; status=1; break; }
+        sleep 1
+    done
+    [ $i -le 60 ] && note "after the server resumed, a write succeeded after $i failed tries a second apart"
     detach_dev "$dev" || status=1
     [ -e /sys/block/${dev#/dev/}/pid ] && { echo "$dev is still connected after detach"; status=1; }
     $SLUICE attach --list | grep -q "^$dev " && { echo "attach --list still shows $dev"; status=1; }

@@ -7,7 +7,6 @@ use crate::logger;
 use sluice_client::attach::{self, guard, state, AttachOptions, Event, Nbd};
 use sluice_client::Error;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -28,8 +27,8 @@ same export identity), and gives the kernel the new sockets: I/O waits meanwhile
 until `sluice detach`, SIGTERM or SIGINT, which disconnect the device. The kernel's nbd
 driver (modprobe nbd) and root are needed.
 
-Exit status: 0 once attached (or detached); 1 when the server or the kernel refuses; 2 for a
-bad command line or URI.")]
+Exit status: 0 once attached (or detached); 1 when the server, TLS or the kernel refuses (or
+a background guardian dies before attaching); 2 for a bad command line, URI or TLS files.")]
 pub struct AttachArgs {
     /// NBD URI of the export: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH, or
     /// nbds:// / nbds+unix:// for TLS (handed to the kernel's TLS).
@@ -117,6 +116,11 @@ pub fn run(args: AttachArgs) -> ExitCode {
         return background();
     }
     logger::init(if args.verbose { log::LevelFilter::Debug } else { log::LevelFilter::Info });
+    let daemon = std::env::var_os(DAEMON_ENV).is_some();
+    if daemon {
+        // Out of the terminal's session: its hangup and job control are not ours.
+        let _ = rustix::process::setsid();
+    }
     let options = AttachOptions {
         uri,
         device,
@@ -126,15 +130,19 @@ pub fn run(args: AttachArgs) -> ExitCode {
         read_only: args.read_only,
     };
     let rt = client_cli::runtime();
-    match rt.block_on(attach_and_guard(&options, args.pid_file.as_deref())) {
+    match rt.block_on(attach_and_guard(&options, args.pid_file.as_deref(), daemon)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail("attach", &e),
     }
 }
 
-/// Runs this same command again with --foreground, detached from the terminal's process
-/// group, and returns once it says which device it attached (its first line of output) or
-/// fails (its exit status).
+/// Set for the guardian `background` starts: it leaves the terminal's session, and once it
+/// has said which device it attached, its standard output goes nowhere.
+const DAEMON_ENV: &str = "SLUICE_ATTACH_DAEMON";
+
+/// Runs this same command again with --foreground, in a session of its own, and returns
+/// once it says which device it attached (its first line of output) or fails (its exit
+/// status; 1 when a signal ended it).
 fn background() -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
@@ -142,7 +150,7 @@ fn background() -> ExitCode {
     };
     let mut argv: Vec<String> = std::env::args().skip(1).collect();
     argv.push("--foreground".into());
-    let child = Command::new(exe).args(&argv).stdin(Stdio::null()).stdout(Stdio::piped()).process_group(0).spawn();
+    let child = Command::new(exe).args(&argv).env(DAEMON_ENV, "1").stdin(Stdio::null()).stdout(Stdio::piped()).spawn();
     let mut child = match child {
         Ok(c) => c,
         Err(e) => return fail("attach", &Error::Io(std::sync::Arc::new(e))),
@@ -159,7 +167,12 @@ fn background() -> ExitCode {
     }
 }
 
-async fn attach_and_guard(options: &AttachOptions, pid_file: Option<&std::path::Path>) -> Result<(), Error> {
+async fn attach_and_guard(options: &AttachOptions, pid_file: Option<&std::path::Path>, daemon: bool) -> Result<(), Error> {
+    // Before the device exists: a detach that comes as soon as it does must find the
+    // handlers in place, not the default action that would leave the device guardless.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(Error::from)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(Error::from)?;
     let mut nbd = Nbd::open()?;
     let sockets = attach::open_sockets(&options.uri, options.connections).await?;
     if options.connections > 1 && sockets.fds.len() == 1 {
@@ -167,6 +180,10 @@ async fn attach_and_guard(options: &AttachOptions, pid_file: Option<&std::path::
     }
     let setup = attach::setup(options, &sockets.export)?;
     let index = nbd.connect(&setup, &sockets.fds)?;
+    if let Err(e) = attach::cap_request_size(index, sockets.export.block_max) {
+        let _ = nbd.disconnect(index);
+        return Err(e);
+    }
     let dir = state::dir();
     let mut st = state::State {
         index,
@@ -184,15 +201,20 @@ async fn attach_and_guard(options: &AttachOptions, pid_file: Option<&std::path::
     }
     log::info!("/dev/nbd{index}: attached to {} ({} bytes, {} connection(s))", options.uri, setup.size, sockets.fds.len());
     // The device line is the one thing on standard output: a parent waiting in
-    // `background` takes it as the sign that the device is ready.
-    println!("/dev/nbd{index}");
-    let _ = std::io::stdout().flush();
+    // `background` takes it as the sign that the device is ready. It may be gone already
+    // (interrupted): that is no reason to leave the device unguarded.
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "/dev/nbd{index}").and_then(|()| out.flush());
+    if daemon {
+        if let Ok(null) = std::fs::File::options().write(true).open("/dev/null") {
+            let _ = rustix::stdio::dup2_stdout(&null);
+        }
+    }
 
     let stop = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupt.recv() => {}
         }
     };
     let identity = sockets.identity.clone();
@@ -260,6 +282,34 @@ fn list() -> ExitCode {
 /// How long `detach` waits for a guardian to disconnect its device and exit.
 const DETACH_WAIT_MS: u64 = 10_000;
 
+/// The pid of device `index`'s guardian, if one runs: the state file names it, and the
+/// process must still be a `sluice attach` (a pid can be reused).
+fn guardian(dir: &std::path::Path, index: u32) -> Option<u32> {
+    let st = state::read(dir, index)?;
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", st.pid)).ok()?;
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let ours = args.first().is_some_and(|a| a.ends_with(b"sluice")) && args.contains(&&b"attach"[..]);
+    ours.then_some(st.pid)
+}
+
+/// Stops a guardian (it disconnects its device on SIGTERM), waiting a bounded time; kills
+/// it if it does not go, so that it cannot reconnect the device afterwards.
+fn stop_guardian(pid: u32) {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else { return };
+    let proc = PathBuf::from(format!("/proc/{pid}"));
+    if rustix::process::kill_process(p, rustix::process::Signal::TERM).is_err() {
+        return;
+    }
+    let started = Instant::now();
+    while proc.exists() && started.elapsed() < Duration::from_millis(DETACH_WAIT_MS) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if proc.exists() {
+        eprintln!("sluice detach: the guardian (pid {pid}) did not exit within {DETACH_WAIT_MS} ms; killing it");
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    }
+}
+
 pub fn detach(args: DetachArgs) -> ExitCode {
     logger::init(log::LevelFilter::Warn);
     let index = match device_index(&args.device) {
@@ -267,23 +317,18 @@ pub fn detach(args: DetachArgs) -> ExitCode {
         Err(m) => return usage("detach", &m),
     };
     let dir = state::dir();
-    if let Some(st) = state::read(&dir, index) {
-        let proc = PathBuf::from(format!("/proc/{}", st.pid));
-        let pid = rustix::process::Pid::from_raw(st.pid as i32);
-        if proc.exists() && pid.is_some_and(|p| rustix::process::kill_process(p, rustix::process::Signal::TERM).is_ok()) {
-            let started = Instant::now();
-            while proc.exists() && started.elapsed() < Duration::from_millis(DETACH_WAIT_MS) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if !proc.exists() {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("sluice detach: the guardian (pid {}) did not exit within {DETACH_WAIT_MS} ms; disconnecting directly", st.pid);
-        }
+    let guarded = guardian(&dir, index);
+    if let Some(pid) = guarded {
+        stop_guardian(pid);
+        state::remove(&dir, index, pid);
     }
+    // Whatever the guardian managed (it may have died before its handlers were up, or failed
+    // to disconnect), the device is disconnected here too; doing it twice is harmless.
     let r = Nbd::open().and_then(|mut nbd| match nbd.connected(index)? {
         None => Err(Error::Kernel(format!("there is no /dev/nbd{index}"))),
-        Some(_) => nbd.disconnect(index),
+        Some(false) if guarded.is_none() => Err(Error::Kernel(format!("/dev/nbd{index} is not connected"))),
+        Some(false) => Ok(()),
+        Some(true) => nbd.disconnect(index),
     });
     match r {
         Ok(()) => ExitCode::SUCCESS,

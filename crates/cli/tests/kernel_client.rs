@@ -108,7 +108,7 @@ fn discard_flush_fua_read_only_and_offsets_past_4_gib() {
     assert_eq!(std::fs::read(&ro).unwrap(), ro_data, "the read-only export's file changed");
     // What the guest wrote at 4.5 GiB is in the file there, not at the offset's low 32 bits.
     let written = std::fs::read(&far).expect("the guest's far.bin");
-    let mut file = std::fs::File::open(&big).unwrap();
+    let file = std::fs::File::open(&big).unwrap();
     let mut back = vec![0; written.len()];
     std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, big_at_mib << 20).unwrap();
     assert!(back == written, "the bytes written at {big_at_mib} MiB are not in the file there");

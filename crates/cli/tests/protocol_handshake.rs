@@ -482,8 +482,7 @@ fn set_meta_context_replaces_the_active_set_even_when_it_fails_rule_45() {
 }
 
 // Rules 46 and 47: LIST with no queries or "base:" lists base:allocation (id 0); unknown
-// namespaces are ignored; a malformed request is ERR_INVALID (rule 13). LIST with no
-// queries lists sluice's own context too (the export's identity), after base:allocation.
+// namespaces are ignored; a malformed request is ERR_INVALID (rule 13).
 #[test]
 fn list_meta_context_follows_the_base_namespace_rules_rule_46() {
     let s = server();
@@ -496,8 +495,7 @@ fn list_meta_context_follows_the_base_namespace_rules_rule_46() {
         let r = c.ask(OPT_LIST_META_CONTEXT, &meta_data("disk", &queries));
         assert_eq!(r.last().unwrap().kind, REP_ACK, "{queries:?}: {r:?}");
         if listed {
-            let ours = usize::from(queries.is_empty());
-            assert_eq!(r.len(), 2 + ours, "{queries:?}: {r:?}");
+            assert_eq!(r.len(), 2, "{queries:?}: {r:?}");
             assert_eq!(r[0].kind, REP_META_CONTEXT);
             assert_eq!(be32(&r[0].data[0..4]), 0, "LIST context ids are 0");
             assert_eq!(&r[0].data[4..], b"base:allocation");
@@ -513,7 +511,8 @@ fn list_meta_context_follows_the_base_namespace_rules_rule_46() {
     assert_go_works(&mut c, "disk");
 }
 
-/// The identity of an export (`sluice:identity:HEX`, listed, never selected): what a
+/// The identity of an export (`x-sluice:identity:HEX`, listed when named, never selected):
+/// what a
 /// reconnecting client (`sluice attach`) compares. The same file keeps it across a restart;
 /// another file, or a RAM disk started afresh, does not. Listed without structured replies
 /// too, since the kernel's client negotiates none.
@@ -526,13 +525,15 @@ fn the_export_identity_is_listed_and_follows_the_data_not_the_name() {
     }
     let identity = |s: &Sluice, export: &str| {
         let mut c = started(s);
-        let r = c.ask(OPT_LIST_META_CONTEXT, &meta_data(export, &["sluice:identity"]));
+        let r = c.ask(OPT_LIST_META_CONTEXT, &meta_data(export, &["x-sluice:identity"]));
         assert_eq!(r.len(), 2, "{r:?}");
         assert_eq!(r[1].kind, REP_ACK);
         assert_eq!(be32(&r[0].data[0..4]), 0, "LIST context ids are 0");
         let name = String::from_utf8(r[0].data[4..].to_vec()).unwrap();
-        let id = name.strip_prefix("sluice:identity:").unwrap_or_else(|| panic!("{name}")).to_owned();
+        let id = name.strip_prefix("x-sluice:identity:").unwrap_or_else(|| panic!("{name}")).to_owned();
         assert!(id.len() == 32 && id.bytes().all(|c| c.is_ascii_hexdigit()), "{id}");
+        let r = c.ask(OPT_LIST_META_CONTEXT, &meta_data(export, &["x-sluice:"]));
+        assert_eq!(r.len(), 2, "the namespace lists it too: {r:?}");
         // Listed without structured replies, and GO follows as ever.
         assert_go_works(&mut c, export);
         id

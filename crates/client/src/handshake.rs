@@ -30,7 +30,7 @@ pub struct ExportEntry {
 /// knows no other), and the socket whole, with nothing the server sent left unread.
 pub(crate) struct ForKernel {
     pub export: Export,
-    /// What the server says the export is (`sluice:identity:`), when it says.
+    /// What the server says the export is (`x-sluice:identity:`), when it says.
     pub identity: Option<String>,
     pub socket: Socket,
 }
@@ -52,8 +52,11 @@ pub(crate) async fn open_for_kernel(uri: &Uri, timeout: Duration) -> Result<ForK
     tokio::time::timeout(timeout, work).await.unwrap_or(Err(Error::Timeout))
 }
 
-/// Asks the server what `export` is (NBD_OPT_LIST_META_CONTEXT for `sluice:identity`).
-/// Servers that are not sluice list nothing, or refuse: no identity, not an error.
+/// Asks the server what `export` is (NBD_OPT_LIST_META_CONTEXT for `x-sluice:identity`).
+/// Servers that are not sluice list nothing, or refuse: no identity, not an error. The
+/// spec says a client SHOULD NOT list contexts without structured replies; the kernel's
+/// driver reads no structured reply, so this client never negotiates them, and a server
+/// that minds refuses the listing, which costs only the identity check.
 async fn identity(r: &mut Reader, w: &mut Writer, export: &str) -> Result<Option<String>, Error> {
     let mut out = Vec::new();
     wire_c::meta_context_request(&mut out, OPT_LIST_META_CONTEXT, export, &[META_SLUICE_IDENTITY]);

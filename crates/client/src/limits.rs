@@ -39,6 +39,15 @@ pub const CONNECTIONS_MAX: usize = 64;
 /// Time allowed to connect and finish the handshake.
 pub const CONNECT_TIMEOUT_MS: u64 = 10_000;
 
+/// How often an attached device's guardian looks at the device and its sockets without a
+/// link-dead notice (a backstop: a notice can be lost when the socket's buffer is full).
+pub const ATTACH_CHECK_INTERVAL_MS: u64 = 1_000;
+/// The guardian's reconnection backoff: the first retry comes soon (a restart takes
+/// seconds), then the delay doubles up to the most, so a long outage costs the server
+/// little and a returning one waits at most this long.
+pub const ATTACH_BACKOFF_FIRST_MS: u64 = 250;
+pub const ATTACH_BACKOFF_MAX_MS: u64 = 5_000;
+
 /// Reconnecting (`Reconnect::default()`): a server restarting takes a moment, so the first
 /// attempt waits a little; then the waits double up to the cap, so that a server that
 /// stays away is not hammered; after a minute, about what a caller waits for a disk before
@@ -82,6 +91,7 @@ pub const POOL_BLOCK_MAX_BYTES: u32 = REQUEST_DEFAULT_MAX_BYTES;
 
 const _: () = assert!(RANGE_REQUEST_MAX_BYTES.is_power_of_two());
 const _: () = assert!(POOL_RECONNECT_FIRST_MS <= POOL_RECONNECT_MAX_MS);
+const _: () = assert!(ATTACH_BACKOFF_FIRST_MS <= ATTACH_BACKOFF_MAX_MS && ATTACH_CHECK_INTERVAL_MS < ATTACH_BACKOFF_MAX_MS);
 const _: () = assert!(POOL_BLOCK_MIN_BYTES.is_power_of_two() && POOL_BLOCK_PREFERRED_BYTES.is_multiple_of(POOL_BLOCK_MIN_BYTES));
 const _: () = assert!(CHUNK_PAYLOAD_MAX_BYTES >= OPTION_REPLY_MAX_BYTES);
 const _: () = assert!(RECONNECT_INITIAL_DELAY_MS <= RECONNECT_MAX_DELAY_MS);

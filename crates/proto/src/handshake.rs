@@ -21,7 +21,7 @@ pub struct ExportSummary {
     pub block_max: u32,
     /// What the export is, as something stable that changes when the data behind the name
     /// does (another file, a RAM disk started afresh): `LIST_META_CONTEXT` names it as
-    /// `sluice:identity:TEXT`, so that a client reconnecting after a restart can tell the
+    /// `x-sluice:identity:TEXT` when asked for it, so that a client reconnecting after a restart can tell the
     /// same disk from a different one under the same name.
     pub identity: Option<String>,
 }
@@ -396,8 +396,9 @@ impl Handshake {
             p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
             option_reply(out, option, REP_META_CONTEXT, &p);
         }
-        // The identity is only ever listed: there is nothing to select or query with it.
-        let identity_asked = queries.is_empty() || queries.iter().any(|q| *q == "sluice:" || *q == META_SLUICE_IDENTITY);
+        // The identity is only ever listed, and only to a client that names it (or its
+        // namespace): it is no context to select, and generic clients need not see it.
+        let identity_asked = queries.iter().any(|q| *q == "x-sluice:" || *q == META_SLUICE_IDENTITY);
         if let (false, true, Some(identity)) = (set, identity_asked, &summary.identity) {
             let mut p = 0u32.to_be_bytes().to_vec();
             p.extend_from_slice(format!("{META_SLUICE_IDENTITY}:{identity}").as_bytes());

@@ -101,9 +101,10 @@ pub const STATE_ZERO: u32 = 1 << 1;
 
 /// The one metadata context sluice serves.
 pub const META_BASE_ALLOCATION: &str = "base:allocation";
-/// The context sluice lists (never selects) with an export's identity after a colon:
-/// `sluice:identity:TEXT` (see `ExportSummary::identity`).
-pub const META_SLUICE_IDENTITY: &str = "sluice:identity";
+/// The context sluice lists (never selects), when asked for it by name, with an export's
+/// identity after a colon: `x-sluice:identity:TEXT` (see `ExportSummary::identity`). An
+/// `x-` namespace, as the spec asks of unregistered ones.
+pub const META_SLUICE_IDENTITY: &str = "x-sluice:identity";
 
 // Fixed sizes of wire structures, in bytes.
 pub const GREETING_BYTES: usize = 18;

@@ -300,7 +300,8 @@ impl Export {
 
 /// What stays the same across restarts of the server exactly while the data behind the
 /// export does: a file's device, inode and birth time (a file replaced under the same
-/// path is another disk); a pool's id; the text of a remote or RBD spec. A RAM or null
+/// path is another disk); a block device's number and the serial sysfs gives it (device
+/// nodes get new inodes every boot); a pool's id; the text of a remote or RBD spec. A RAM or null
 /// disk starts afresh every time, so it gets a new random identity: a client must not take
 /// an empty RAM disk for the one it was writing to. Hashed, so that it says nothing of the
 /// server's files.
@@ -309,8 +310,12 @@ fn identity(spec: &Spec, backend: &dyn Backend) -> std::io::Result<String> {
     let what = match spec {
         Spec::Path(p) => {
             let m = std::fs::metadata(p)?;
-            let born = m.created().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
-            format!("file {} {} {} {born}", m.dev(), m.ino(), m.rdev())
+            if std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) {
+                block_device_identity(m.rdev())
+            } else {
+                let born = m.created().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+                format!("file {} {} {born}", m.dev(), m.ino())
+            }
         }
         Spec::Memory(_) | Spec::Null(_) => {
             let mut random = [0u8; 16];
@@ -325,6 +330,23 @@ fn identity(spec: &Spec, backend: &dyn Backend) -> std::io::Result<String> {
     };
     let digest = openssl::sha::sha256(what.as_bytes());
     Ok(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A block device by its number and whatever serial sysfs has for it (a device-mapper
+/// UUID, a WWID, a serial; for a partition its disk's and its own number), so that disks
+/// that trade names across a reboot are told apart.
+fn block_device_identity(rdev: u64) -> String {
+    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+    let sys = format!("/sys/dev/block/{major}:{minor}");
+    let serials = ["dm/uuid", "wwid", "device/wwid", "serial", "device/serial", "../device/wwid", "../device/serial", "partition"];
+    let found: Vec<String> = serials
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(format!("{sys}/{f}")).ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    format!("block {major}:{minor} {}", found.join(" "))
 }
 
 /// Every export the server offers, by name.

@@ -6,18 +6,13 @@
 use super::device::{Nbd, Watch};
 use super::{open_sockets, AttachOptions, Identity};
 use crate::error::Error;
+use crate::limits::{ATTACH_BACKOFF_FIRST_MS, ATTACH_BACKOFF_MAX_MS, ATTACH_CHECK_INTERVAL_MS};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// How often the guardian looks at its device and sockets without a notice.
-const CHECK_INTERVAL_MS: u64 = 1_000;
-/// Reconnection backoff: the first retry comes soon (a restart takes seconds), later ones
-/// no more often than this.
-const BACKOFF_FIRST_MS: u64 = 250;
-const BACKOFF_MAX_MS: u64 = 5_000;
 
 /// What the guardian tells its caller (to log, and to show in `attach --list`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,8 +30,9 @@ pub enum Event {
     Detached,
 }
 
-/// Guards device `index`, connected to the sockets `watched` are duplicates of, until
-/// `stop` resolves (then the device is disconnected) or the device is gone.
+/// Guards device `index`, connected to the sockets `watched` are duplicates of (in the
+/// kernel's order), until `stop` resolves (then the device is disconnected) or the device is
+/// gone.
 pub async fn guard(
     mut nbd: Nbd,
     index: u32,
@@ -47,34 +43,49 @@ pub async fn guard(
     mut on: impl FnMut(Event),
 ) -> Result<(), Error> {
     // Without notices the once-a-second check still finds dead sockets, later.
-    let mut dead = notices(&nbd, index).unwrap_or_else(|e| {
+    let mut notices = notices(&nbd, index).unwrap_or_else(|e| {
         log::warn!("{e}; relying on the guardian's own checks");
         mpsc::unbounded_channel().1
     });
-    let mut check = tokio::time::interval(Duration::from_millis(CHECK_INTERVAL_MS));
+    let mut check = tokio::time::interval(Duration::from_millis(ATTACH_CHECK_INTERVAL_MS));
     tokio::pin!(stop);
     loop {
         tokio::select! {
             () = &mut stop => return detach(&mut nbd, index, &mut on),
-            Some(()) = dead.recv() => {}
-            _ = check.tick() => {
-                if nbd.connected(index)? != Some(true) {
-                    on(Event::Detached);
-                    return Ok(());
-                }
-                if !hung_up(&watched) {
-                    continue;
+            Some(()) = notices.recv() => {}
+            _ = check.tick() => {}
+        }
+        // A device someone else disconnected must not be revived.
+        match nbd.connected(index) {
+            Ok(Some(true)) => {}
+            Ok(_) => {
+                on(Event::Detached);
+                return Ok(());
+            }
+            Err(e) => {
+                log::warn!("{e}");
+                continue;
+            }
+        }
+        // Only the sockets the kernel gave up on are replaced: it takes a new socket only
+        // for a dead slot. (A notice comes just before the kernel shuts the socket down;
+        // the next check finds it.)
+        let dead = hung_up(&watched);
+        if dead.is_empty() {
+            continue;
+        }
+        on(Event::LinkDead);
+        let reconnect = reconnect(&mut nbd, index, options, first, dead.len(), &mut on);
+        tokio::select! {
+            () = &mut stop => return detach(&mut nbd, index, &mut on),
+            fresh = reconnect => {
+                for (slot, fd) in dead.into_iter().zip(fresh) {
+                    watched[slot] = fd;
                 }
             }
         }
-        on(Event::LinkDead);
-        let reconnect = reconnect(&mut nbd, index, options, first, &mut on);
-        tokio::select! {
-            () = &mut stop => return detach(&mut nbd, index, &mut on),
-            fds = reconnect => watched = fds,
-        }
         // Notices about the sockets just replaced say nothing about the new ones.
-        while dead.try_recv().is_ok() {}
+        while notices.try_recv().is_ok() {}
     }
 }
 
@@ -84,6 +95,9 @@ fn detach(nbd: &mut Nbd, index: u32, on: &mut impl FnMut(Event)) -> Result<(), E
     r
 }
 
+/// Failures in a row after which the notice socket is given up.
+const NOTICE_FAILURES_MAX: u32 = 100;
+
 /// Link-dead notices for device `index`, heard on a thread of their own (the socket
 /// blocks); the thread ends with the process.
 fn notices(nbd: &Nbd, index: u32) -> Result<mpsc::UnboundedReceiver<()>, Error> {
@@ -91,18 +105,26 @@ fn notices(nbd: &Nbd, index: u32) -> Result<mpsc::UnboundedReceiver<()>, Error> 
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("nbd-notices".into())
-        .spawn(move || loop {
-            match watch.next() {
-                Ok(dead) if dead.contains(&index) => {
-                    if tx.send(()).is_err() {
+        .spawn(move || {
+            let mut failures = 0;
+            loop {
+                match watch.next() {
+                    Ok(dead) => {
+                        failures = 0;
+                        if dead.contains(&index) && tx.send(()).is_err() {
+                            return;
+                        }
+                    }
+                    // ENOBUFS (notices came faster than they were read) is passing; a
+                    // socket that keeps failing is not.
+                    Err(e) if failures < NOTICE_FAILURES_MAX => {
+                        failures += 1;
+                        log::debug!("{e}");
+                    }
+                    Err(e) => {
+                        log::warn!("{e}; relying on the guardian's own checks");
                         return;
                     }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    // The once-a-second check still finds dead sockets.
-                    log::warn!("{e}; relying on the guardian's own checks");
-                    return;
                 }
             }
         })
@@ -110,25 +132,27 @@ fn notices(nbd: &Nbd, index: u32) -> Result<mpsc::UnboundedReceiver<()>, Error> 
     Ok(rx)
 }
 
-/// Whether any of the sockets was shut down or closed by its peer: the kernel shuts a
-/// socket down when it declares it dead.
-fn hung_up(fds: &[OwnedFd]) -> bool {
+/// The positions of the sockets that were shut down or closed by their peer: the kernel
+/// shuts a socket down when it declares it dead.
+fn hung_up(fds: &[OwnedFd]) -> Vec<usize> {
     let mut polled: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::new(fd, PollFlags::RDHUP)).collect();
     let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
     if poll(&mut polled, Some(&zero)).is_err() {
-        return false;
+        return Vec::new();
     }
-    polled.iter().any(|p| p.revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR))
+    let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+    polled.iter().enumerate().filter(|(_, p)| p.revents().intersects(gone)).map(|(i, _)| i).collect()
 }
 
-/// Tries until the kernel has new sockets to the same disk; returns duplicates of them to
-/// watch. Never gives up by itself: after the dead-connection timeout the kernel fails
-/// I/O, and a server that comes back later still revives the device.
-async fn reconnect(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &Identity, on: &mut impl FnMut(Event)) -> Vec<OwnedFd> {
+/// Tries until the kernel has `dead` new sockets (or as many as the server now allows) to
+/// the same disk; returns them, to watch. Never gives up by itself: after the
+/// dead-connection timeout the kernel fails I/O, and a server that comes back later still
+/// revives the device.
+async fn reconnect(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &Identity, dead: usize, on: &mut impl FnMut(Event)) -> Vec<OwnedFd> {
     let started = Instant::now();
-    let mut delay = Duration::from_millis(BACKOFF_FIRST_MS);
+    let mut delay = Duration::from_millis(ATTACH_BACKOFF_FIRST_MS);
     for attempt in 1.. {
-        match try_once(nbd, index, options, first).await {
+        match try_once(nbd, index, options, first, dead).await {
             Ok(fds) => {
                 on(Event::Reconnected { after: started.elapsed(), connections: fds.len() });
                 return fds;
@@ -137,7 +161,7 @@ async fn reconnect(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &I
             Err(Failure::Other(e)) => on(Event::Retrying { attempt, why: e.to_string() }),
         }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(BACKOFF_MAX_MS));
+        delay = (delay * 2).min(Duration::from_millis(ATTACH_BACKOFF_MAX_MS));
     }
     unreachable!("the attempts never run out")
 }
@@ -147,8 +171,8 @@ enum Failure {
     Other(Error),
 }
 
-async fn try_once(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &Identity) -> Result<Vec<OwnedFd>, Failure> {
-    let sockets = open_sockets(&options.uri, options.connections).await.map_err(Failure::Other)?;
+async fn try_once(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &Identity, dead: usize) -> Result<Vec<OwnedFd>, Failure> {
+    let sockets = open_sockets(&options.uri, dead).await.map_err(Failure::Other)?;
     if let Some(why) = first.differs(&sockets.identity) {
         return Err(Failure::Refused(why));
     }

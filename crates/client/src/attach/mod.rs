@@ -19,7 +19,7 @@ use crate::handshake::open_for_kernel;
 use crate::limits::{CONNECTIONS_MAX, CONNECT_TIMEOUT_MS};
 use crate::socket::Socket;
 use crate::uri::Uri;
-use sluice_proto::wire::{FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY};
+use sluice_proto::wire::{FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM};
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
@@ -50,11 +50,13 @@ pub struct Identity {
     /// What the server says the export is (sluice servers), if it says.
     pub id: Option<String>,
     pub read_only: bool,
+    /// The transmission flags: the kernel goes on sending what they allowed.
+    pub flags: u16,
 }
 
 impl Identity {
     fn of(export: &Export, id: Option<String>) -> Identity {
-        Identity { size: export.size, id, read_only: export.read_only() }
+        Identity { size: export.size, id, read_only: export.read_only(), flags: export.flags }
     }
 
     /// Why `now` is not the export attached first, if it is not.
@@ -69,6 +71,11 @@ impl Identity {
         }
         if now.read_only && !self.read_only {
             return Some("the export is read-only now".into());
+        }
+        for (flag, what) in [(FLAG_SEND_FLUSH, "flush"), (FLAG_SEND_FUA, "FUA"), (FLAG_SEND_TRIM, "trim")] {
+            if self.flags & flag != 0 && now.flags & flag == 0 {
+                return Some(format!("the export no longer takes {what}, which the kernel goes on sending"));
+            }
         }
         None
     }
@@ -136,6 +143,19 @@ pub fn setup(options: &AttachOptions, export: &Export) -> Result<Setup, Error> {
     })
 }
 
+/// The kernel sends requests up to the device's `max_sectors_kb` (128 KiB unless raised,
+/// 32 MiB at most): kept within the export's largest request, as the server asked.
+pub fn cap_request_size(index: u32, block_max: u32) -> Result<(), Error> {
+    let path = format!("/sys/block/nbd{index}/queue/max_sectors_kb");
+    let current: u64 = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(u64::MAX);
+    let allowed = (block_max as u64 / 1024).max(KERNEL_BLOCK_MAX_BYTES / 1024);
+    if current <= allowed {
+        return Ok(());
+    }
+    std::fs::write(&path, allowed.to_string())
+        .map_err(|e| Error::Kernel(format!("cannot keep /dev/nbd{index}'s requests within the export's {block_max} bytes ({path}: {e})")))
+}
+
 /// What names the device's backend to the kernel (/sys/block/nbdN/backend): the URI.
 fn backend(options: &AttachOptions) -> String {
     options.uri.to_string()
@@ -146,7 +166,7 @@ mod tests {
     use super::*;
 
     fn id(size: u64, id: Option<&str>, read_only: bool) -> Identity {
-        Identity { size, id: id.map(str::to_owned), read_only }
+        Identity { size, id: id.map(str::to_owned), read_only, flags: FLAG_SEND_FLUSH | FLAG_SEND_TRIM }
     }
 
     #[test]
@@ -157,6 +177,9 @@ mod tests {
         assert!(first.differs(&id(1 << 30, Some("cd"), false)).unwrap().contains("another disk"));
         assert!(first.differs(&id(1 << 30, None, false)).unwrap().contains("no longer says"));
         assert!(first.differs(&id(1 << 30, Some("ab"), true)).unwrap().contains("read-only now"));
+        let no_trim = Identity { flags: FLAG_SEND_FLUSH, ..first.clone() };
+        assert!(first.differs(&no_trim).unwrap().contains("no longer takes trim"));
+        assert_eq!(no_trim.differs(&first), None, "gaining a command is no danger");
         // A server that never named its disk is judged by size alone; one that turns
         // writable is no danger.
         assert_eq!(id(4096, None, true).differs(&id(4096, Some("x"), false)), None);

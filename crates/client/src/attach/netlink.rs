@@ -46,8 +46,8 @@ pub const NLM_F_ACK: u16 = 4;
 const NLMSG_HDR_BYTES: usize = 16;
 const GENL_HDR_BYTES: usize = 4;
 const NLA_HDR_BYTES: usize = 4;
-/// Nested attributes carry this bit in their type (the kernel's strict parser, which 6.1's
-/// NBD_CMD_RECONFIGURE uses for socket items, refuses nesting without it).
+/// Nested attributes carry this bit in their type, as the kernel's own messages do (its
+/// strict parsers refuse nesting without it; the nbd family's are lenient either way).
 const NLA_F_NESTED: u16 = 0x8000;
 /// The type without the flag bits.
 const NLA_TYPE_MASK: u16 = 0x3fff;
