@@ -4,7 +4,7 @@
 //! It stops when told to (detaching the device) or when the device goes away.
 
 use super::device::{Nbd, Watch};
-use super::{open_sockets, AttachOptions, Identity};
+use super::sockets::{backend, open_sockets, AttachOptions, Identity};
 use crate::error::Error;
 use crate::limits::{ATTACH_BACKOFF_FIRST_MS, ATTACH_BACKOFF_MAX_MS, ATTACH_CHECK_INTERVAL_MS};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
@@ -176,6 +176,6 @@ async fn try_once(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &Id
     if let Some(why) = first.differs(&sockets.identity) {
         return Err(Failure::Refused(why));
     }
-    nbd.reconfigure(index, &super::backend(options), &sockets.fds).map_err(Failure::Other)?;
+    nbd.reconfigure(index, &backend(options), &sockets.fds).map_err(Failure::Other)?;
     Ok(sockets.fds)
 }
