@@ -258,8 +258,12 @@ read_only() {
     local status=0 d
     truncate -s 64M /srv/ro.img
     serve 10816 /host/server-ro.log --export=ro=/srv/ro.img,read-only --export=rw=/srv/ro.img || return 1
-    for d in "nbd://127.0.0.1:10816/ro" "--read-only nbd://127.0.0.1:10816/rw /dev/nbd5"; do
+    for d in "--pid-file /tmp/guardian.pid nbd://127.0.0.1:10816/ro" "--read-only nbd://127.0.0.1:10816/rw /dev/nbd5"; do
         attach_dev /host/attach-ro.log $d || return 1
+        case "$d" in --pid-file*)
+            grep -q "^$($SLUICE attach --list | awk -v d="$dev" '$1 == d {print $2}')\$" /tmp/guardian.pid ||
+                { echo "the pid file does not hold the guardian's pid: $(cat /tmp/guardian.pid)"; status=1; } ;;
+        esac
         case "$d" in *nbd5) [ "$dev" = /dev/nbd5 ] || { echo "asked for /dev/nbd5, got $dev"; status=1; } ;; esac
         [ "$(blockdev --getro "$dev")" = 1 ] || { echo "$d: $dev is not read-only"; status=1; }
         if dd if=/dev/zero of="$dev" bs=4k count=1 oflag=direct 2>/tmp/err; then
@@ -269,6 +273,7 @@ read_only() {
         fi
         dd if="$dev" of=/dev/null bs=64k count=4 iflag=direct 2>/dev/null || { echo "$d: reads fail"; status=1; }
         detach_dev "$dev" || status=1
+        [ -e /tmp/guardian.pid ] && { echo "the pid file outlived the guardian"; status=1; }
     done
     kill "$(cat /tmp/pid-10816)"
     return $status

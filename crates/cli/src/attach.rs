@@ -270,12 +270,18 @@ fn report(index: u32, event: &Event, st: &mut state::State, dir: &std::path::Pat
 
 fn list() -> ExitCode {
     let devices = state::read_all(&state::dir());
-    println!("{:<12} {:<8} {:<10} {:<8} URI / STATE", "DEVICE", "PID", "RECONNECTS", "CONNS");
-    for d in devices {
-        let alive = std::path::Path::new(&format!("/proc/{}", d.pid)).exists();
-        let state = if alive { d.state.clone() } else { format!("guardian gone ({})", d.state) };
-        println!("{:<12} {:<8} {:<10} {:<8} {} ({state})", format!("/dev/nbd{}", d.index), d.pid, d.reconnects, d.connections, d.uri);
-    }
+    let mut out = std::io::stdout().lock();
+    // A reader that leaves early (`| head`) ends the listing, quietly.
+    let _ = (|| -> std::io::Result<()> {
+        writeln!(out, "{:<12} {:<8} {:<10} {:<8} URI / STATE", "DEVICE", "PID", "RECONNECTS", "CONNS")?;
+        for d in devices {
+            let alive = std::path::Path::new(&format!("/proc/{}", d.pid)).exists();
+            let state = if alive { d.state.clone() } else { format!("guardian gone ({})", d.state) };
+            let dev = format!("/dev/nbd{}", d.index);
+            writeln!(out, "{dev:<12} {:<8} {:<10} {:<8} {} ({state})", d.pid, d.reconnects, d.connections, d.uri)?;
+        }
+        out.flush()
+    })();
     ExitCode::SUCCESS
 }
 

@@ -80,4 +80,21 @@ fn list_shows_each_guarded_device_and_a_guardian_that_is_gone() {
     assert_eq!(lines.len(), 3, "{out}");
     assert!(lines[1].starts_with("/dev/nbd2") && lines[1].contains(" 3 ") && lines[1].contains("nbd://a:10809/x (connected)"), "{out}");
     assert!(lines[2].starts_with("/dev/nbd7") && lines[2].contains("guardian gone (reconnecting)"), "{out}");
+
+    // A reader gone before the listing (`| head -0`) ends it quietly, not with a panic.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let stderr = dir.path().join("stderr");
+    let mut child = Command::new(SLUICE)
+        .args(["attach", "--list"])
+        .env("SLUICE_ATTACH_DIR", dir.path())
+        .stdout(writer)
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let status = wait_timeout(&mut child, std::time::Duration::from_secs(10));
+    let _ = child.kill();
+    let err = std::fs::read_to_string(&stderr).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

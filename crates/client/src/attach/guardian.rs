@@ -75,10 +75,10 @@ pub async fn guard(
             continue;
         }
         on(Event::LinkDead);
-        let reconnect = reconnect(&mut nbd, index, options, first, dead.len(), &mut on);
+        let reconnect = reconnect(&mut nbd, index, options, first, &watched, &mut on);
         tokio::select! {
             () = &mut stop => return detach(&mut nbd, index, &mut on),
-            fresh = reconnect => {
+            (dead, fresh) = reconnect => {
                 for (slot, fd) in dead.into_iter().zip(fresh) {
                     watched[slot] = fd;
                 }
@@ -144,18 +144,29 @@ fn hung_up(fds: &[OwnedFd]) -> Vec<usize> {
     polled.iter().enumerate().filter(|(_, p)| p.revents().intersects(gone)).map(|(i, _)| i).collect()
 }
 
-/// Tries until the kernel has `dead` new sockets (or as many as the server now allows) to
-/// the same disk; returns them, to watch. Never gives up by itself: after the
+/// Tries until the kernel has a new socket (or as many as the server now allows) for each
+/// of `watched` that died, to the same disk; returns the dead ones' positions and the new
+/// sockets, to watch. Never gives up by itself: after the
 /// dead-connection timeout the kernel fails I/O, and a server that comes back later still
 /// revives the device.
-async fn reconnect(nbd: &mut Nbd, index: u32, options: &AttachOptions, first: &Identity, dead: usize, on: &mut impl FnMut(Event)) -> Vec<OwnedFd> {
+async fn reconnect(
+    nbd: &mut Nbd,
+    index: u32,
+    options: &AttachOptions,
+    first: &Identity,
+    watched: &[OwnedFd],
+    on: &mut impl FnMut(Event),
+) -> (Vec<usize>, Vec<OwnedFd>) {
     let started = Instant::now();
     let mut delay = Duration::from_millis(ATTACH_BACKOFF_FIRST_MS);
     for attempt in 1.. {
-        match try_once(nbd, index, options, first, dead).await {
+        // Counted again each time: a server that dies closes its connections one by one,
+        // and the first notice can come before the last of them is gone.
+        let dead = hung_up(watched);
+        match try_once(nbd, index, options, first, dead.len().max(1)).await {
             Ok(fds) => {
                 on(Event::Reconnected { after: started.elapsed(), connections: fds.len() });
-                return fds;
+                return (dead, fds);
             }
             Err(Failure::Refused(why)) => on(Event::Refused { why }),
             Err(Failure::Other(e)) => on(Event::Retrying { attempt, why: e.to_string() }),
