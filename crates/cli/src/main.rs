@@ -14,6 +14,7 @@ mod info;
 mod logger;
 mod mount;
 mod mount_fs;
+mod pid_file;
 mod pool;
 mod pool_status;
 mod serve;

@@ -13,6 +13,7 @@ use sluice_server::limits::BUSY_POLL_DEFAULT_US;
 use sluice_server::{Config, Export, Exports, Server, Spec, TlsServer, TlsSettings};
 
 use crate::config::{self, FileConfig};
+use crate::pid_file::PidFile;
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::logger;
 use crate::serve_export::ExportEntry;
@@ -151,21 +152,28 @@ pub struct ServeArgs {
     /// error, warn, info, debug or trace. Default: info.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<LogLevel>,
+
+    /// Write the server's pid to FILE once every listener is bound and every export is
+    /// open; removed at a clean exit. A FILE that names a running process is refused (exit
+    /// 2); one that names a dead process is replaced.
+    #[arg(long, value_name = "FILE")]
+    pid_file: Option<PathBuf>,
 }
 
 struct Usage(String);
 
 pub fn run(args: ServeArgs) -> ExitCode {
-    match build(args) {
-        Ok(config) => start(config),
-        Err(Usage(msg)) => {
+    let pid_file = args.pid_file.as_deref().map(PidFile::claim).transpose();
+    match pid_file.and_then(|p| build(args).map(|c| (c, p)).map_err(|Usage(m)| m)) {
+        Ok((config, pid_file)) => start(config, pid_file),
+        Err(msg) => {
             eprintln!("sluice serve: {msg}");
             ExitCode::from(EXIT_USAGE)
         }
     }
 }
 
-fn start(config: Config) -> ExitCode {
+fn start(config: Config, pid_file: Option<PidFile>) -> ExitCode {
     let server = match Server::bind(config) {
         Ok(s) => s,
         Err(e) => {
@@ -173,6 +181,10 @@ fn start(config: Config) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     };
+    if let Some(Err(e)) = pid_file.as_ref().map(PidFile::write) {
+        eprintln!("sluice serve: {e}");
+        return ExitCode::from(EXIT_FAILURE);
+    }
     let stopper = server.stopper();
     let on_signal = stopper.clone();
     let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
@@ -187,7 +199,11 @@ fn start(config: Config) -> ExitCode {
         }
         Err(e) => log::warn!("cannot handle signals: {e}"),
     }
-    match server.serve(&stopper) {
+    let served = server.serve(&stopper);
+    if let Some(p) = &pid_file {
+        p.remove();
+    }
+    match served {
         Ok(()) => {
             log::info!("stopped");
             ExitCode::SUCCESS

@@ -365,3 +365,36 @@ fn tls_keys_in_the_config_file_are_obeyed() {
     assert!(ok && out.contains("with TLS"), "{out}{err}");
     assert_eq!(s.stop().code(), Some(0));
 }
+
+/// --pid-file: written once the server accepts connections, naming it; a second server with
+/// the same file refuses (exit 2) naming the pid; removed at a clean exit; a stale file (a
+/// pid that cannot be running) is replaced.
+#[test]
+fn pid_file_is_written_when_serving_refused_while_live_and_removed_at_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("sluice.pid");
+    let sock = dir.path().join("nbd.sock");
+    let pid_arg = pid_file.to_str().unwrap();
+    let mut first = spawn_serve(dir.path(), &["--unix", sock.to_str().unwrap(), "--pid-file", pid_arg, "memory:1M"]);
+    let log = || std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
+    wait_until("the pid file", Duration::from_secs(10), || pid_file.exists(), log);
+    assert_eq!(std::fs::read_to_string(&pid_file).unwrap(), format!("{}\n", first.id()));
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_ok(), "the pid file came before the listener");
+
+    let (code, err) = serve_refuses(&["--pid-file", pid_arg, "memory:1M"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains(&format!("pid {}", first.id())) && err.contains(pid_arg), "{err}");
+    assert_eq!(std::fs::read_to_string(&pid_file).unwrap(), format!("{}\n", first.id()), "the refused server touched the file");
+
+    signal(first.id(), libc::SIGTERM);
+    assert!(wait_timeout(&mut first, Duration::from_secs(10)).is_some_and(|s| s.success()), "{}", log());
+    assert!(!pid_file.exists(), "the pid file outlived a clean exit");
+
+    // A stale file: no process has a pid above the kernel's maximum (4194304).
+    std::fs::write(&pid_file, "4194305\n").unwrap();
+    let mut second = spawn_serve(dir.path(), &["--unix", sock.to_str().unwrap(), "--pid-file", pid_arg, "memory:1M"]);
+    let expected = format!("{}\n", second.id());
+    wait_until("the stale pid file replaced", Duration::from_secs(10), || std::fs::read_to_string(&pid_file).is_ok_and(|t| t == expected), log);
+    signal(second.id(), libc::SIGTERM);
+    assert!(wait_timeout(&mut second, Duration::from_secs(10)).is_some_and(|s| s.success()), "{}", log());
+}
