@@ -158,11 +158,22 @@ pub struct ServeArgs {
     /// 2); one that names a dead process is replaced.
     #[arg(long, value_name = "FILE")]
     pid_file: Option<PathBuf>,
+
+    /// Stop serving (as on SIGTERM) when the process that started sluice exits: for test
+    /// harnesses and scripts that must not leave a server behind.
+    #[arg(long)]
+    exit_with_parent: bool,
 }
 
 struct Usage(String);
 
 pub fn run(args: ServeArgs) -> ExitCode {
+    if args.exit_with_parent {
+        if let Err(e) = exit_with_parent() {
+            eprintln!("sluice serve: --exit-with-parent: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    }
     let pid_file = args.pid_file.as_deref().map(PidFile::claim).transpose();
     match pid_file.and_then(|p| build(args).map(|c| (c, p)).map_err(|Usage(m)| m)) {
         Ok((config, pid_file)) => start(config, pid_file),
@@ -213,6 +224,17 @@ fn start(config: Config, pid_file: Option<PidFile>) -> ExitCode {
             ExitCode::from(EXIT_FAILURE)
         }
     }
+}
+
+/// Asks the kernel for SIGTERM (the clean stop) when the parent exits. A parent that died
+/// before the request was made left this process to another: stop at once then.
+fn exit_with_parent() -> std::io::Result<()> {
+    let parent = rustix::process::getppid();
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
+    if rustix::process::getppid() != parent {
+        return Err(std::io::Error::other("the parent process has already exited"));
+    }
+    Ok(())
 }
 
 /// Merges the command line over the file: both arrive typed and checked, so what is left

@@ -398,3 +398,26 @@ fn pid_file_is_written_when_serving_refused_while_live_and_removed_at_exit() {
     signal(second.id(), libc::SIGTERM);
     assert!(wait_timeout(&mut second, Duration::from_secs(10)).is_some_and(|s| s.success()), "{}", log());
 }
+
+/// --exit-with-parent: a server whose parent shell is killed stops by itself.
+#[test]
+fn exit_with_parent_stops_the_server_when_its_parent_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, pid_file) = (dir.path().join("nbd.sock"), dir.path().join("server.pid"));
+    let script = format!(
+        "{SLUICE} serve --exit-with-parent --unix '{}' memory:1M 2>'{}' & echo $! >'{}'; wait",
+        sock.display(),
+        dir.path().join("stderr").display(),
+        pid_file.display()
+    );
+    let mut shell = Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).spawn().unwrap();
+    let log = || std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
+    wait_until("the server to listen", Duration::from_secs(10), || std::os::unix::net::UnixStream::connect(&sock).is_ok(), log);
+    let server: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+    let proc = format!("/proc/{server}");
+    // Gone, or a zombie waiting for init to reap it.
+    let ended = || std::fs::read_to_string(format!("{proc}/stat")).map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')));
+    wait_until("the server to stop after its parent died", Duration::from_secs(15), ended, log);
+}
