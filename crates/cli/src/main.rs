@@ -12,14 +12,18 @@ mod copy;
 mod exit;
 mod info;
 mod logger;
+mod manual;
 mod mount;
 mod mount_fs;
 mod pid_file;
 mod pool;
 mod pool_status;
 mod serve;
+mod serve_catalog;
 mod serve_export;
+mod serve_run;
 mod serve_settings;
+mod serve_systemd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -51,6 +55,9 @@ enum Command {
     Attach(attach::AttachArgs),
     /// Disconnect a device attached with `sluice attach`.
     Detach(attach::DetachArgs),
+    /// Write the man pages and shell completions (scripts/package calls it).
+    #[command(hide = true)]
+    GenerateManual(manual::ManualArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,5 +71,6 @@ fn main() -> ExitCode {
         Command::Pool(args) => pool::run(args),
         Command::Attach(args) => attach::run(args),
         Command::Detach(args) => attach::detach(args),
+        Command::GenerateManual(args) => manual::run(args, <Cli as clap::CommandFactory>::command()),
     }
 }

@@ -1,22 +1,28 @@
 //! `sluice serve`: parse the command line and config file into a server configuration,
-//! bind, serve until SIGINT/SIGTERM, drain, exit 0.
+//! bind (or take the listeners a service manager passed down), serve until SIGINT/SIGTERM
+//! or until a `--run` command exits, reload on SIGHUP, drain, exit.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use clap::Args;
 use sluice_server::backend::RbdAccess;
 use sluice_server::export::{DataPath, Options};
 use sluice_server::limits::BUSY_POLL_DEFAULT_US;
-use sluice_server::{Config, Export, Exports, Server, Spec, TlsServer, TlsSettings};
+use sluice_server::{Config, Limits, Listener, Reload, Running, Server, Spec, Stopper, TlsServer, TlsSettings};
 
 use crate::config::{self, FileConfig};
-use crate::pid_file::PidFile;
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::logger;
+use crate::pid_file::PidFile;
+use crate::serve_catalog::{self, Catalog, Wanted};
 use crate::serve_export::ExportEntry;
+use crate::serve_run::{self, Captive, PrivateSocket};
+use crate::serve_systemd::{Housekeeping, Notifier};
 use crate::serve_settings::{
     check_busy_poll, parse_busy_poll, parse_threads, ChunkChoice, KtlsChoice, ListenAddr, LogLevel, TlsChoice,
 };
@@ -163,6 +169,20 @@ pub struct ServeArgs {
     /// harnesses and scripts that must not leave a server behind.
     #[arg(long)]
     exit_with_parent: bool,
+
+    /// Check the configuration as a start would (the file and every key, the TLS files,
+    /// each export opened and closed again; a pool's file is read but its members are left
+    /// to the server that serves them), print what would be served, and exit: 0 when a
+    /// start would succeed, 2 with the reason when it would not. Nothing is served.
+    #[arg(long)]
+    check: bool,
+
+    /// Captive mode: once serving, run COMMAND with /bin/sh -c, with $uri (an NBD URI of
+    /// the default or only export), $unixsocket, $port and $exportname set; when it exits,
+    /// stop serving and exit with its status. Without --listen, --unix or listeners in the
+    /// file, listen only on a private Unix socket, removed at exit.
+    #[arg(long, value_name = "COMMAND")]
+    run: Option<String>,
 }
 
 struct Usage(String);
@@ -174,17 +194,40 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_FAILURE);
         }
     }
-    let pid_file = args.pid_file.as_deref().map(PidFile::claim).transpose();
-    match pid_file.and_then(|p| build(args).map(|c| (c, p)).map_err(|Usage(m)| m)) {
-        Ok((config, pid_file)) => start(config, pid_file),
-        Err(msg) => {
+    if args.check {
+        return check(&args);
+    }
+    let started = inherited_listeners()
+        .and_then(|inherited| Ok((inherited, args.pid_file.as_deref().map(PidFile::claim).transpose().map_err(Usage)?)))
+        .and_then(|(inherited, pid_file)| Ok((build(&args, inherited)?, pid_file)));
+    match started {
+        Ok((built, pid_file)) => start(args, built, pid_file),
+        Err(Usage(msg)) => {
             eprintln!("sluice serve: {msg}");
             ExitCode::from(EXIT_USAGE)
         }
     }
 }
 
-fn start(config: Config, pid_file: Option<PidFile>) -> ExitCode {
+/// The listening sockets a service manager passed down, and the variables that told of
+/// them taken out of the environment so that a command run by `--run` does not see them.
+fn inherited_listeners() -> Result<Vec<Listener>, Usage> {
+    let inherited = Listener::inherited().map_err(|e| Usage(format!("socket activation: {e}")))?;
+    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+        std::env::remove_var(var);
+    }
+    Ok(inherited
+        .into_iter()
+        .map(|(l, name)| {
+            log::debug!("inherited listener {} ({name:?})", l.describe());
+            l
+        })
+        .collect())
+}
+
+fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>) -> ExitCode {
+    let Built { config, catalog, fixed, captive_dir, tls_settings } = built;
+    let inherited = config.inherited.len();
     let server = match Server::bind(config) {
         Ok(s) => s,
         Err(e) => {
@@ -196,28 +239,37 @@ fn start(config: Config, pid_file: Option<PidFile>) -> ExitCode {
         eprintln!("sluice serve: {e}");
         return ExitCode::from(EXIT_FAILURE);
     }
+    let endpoints = server.endpoints();
     let stopper = server.stopper();
-    let on_signal = stopper.clone();
-    let signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]);
-    match signals {
-        Ok(mut signals) => {
-            std::thread::spawn(move || {
-                if let Some(sig) = signals.forever().next() {
-                    log::info!("signal {sig}: finishing in-flight requests, then exiting");
-                    on_signal.stop();
-                }
-            });
+    let running = match server.start(&stopper) {
+        Ok(r) => Arc::new(r),
+        Err(e) => {
+            eprintln!("sluice serve: {e}");
+            return ExitCode::from(EXIT_FAILURE);
         }
-        Err(e) => log::warn!("cannot handle signals: {e}"),
-    }
-    let served = server.serve(&stopper);
+    };
+    let notifier = Arc::new(Notifier::from_env());
+    notifier.ready(&running);
+    let housekeeping = Housekeeping::spawn(Arc::clone(&running), Arc::clone(&notifier));
+    let command = args.run.clone();
+    let reloader = Reloader { args, inherited, catalog, fixed };
+    handle_signals(&stopper, &running, &notifier, reloader);
+    let captive = command.and_then(|command| {
+        let tls = tls_settings.as_ref().filter(|_| running.tls().is_some());
+        let place = serve_run::place(&endpoints, &running.exports(), tls);
+        Captive::spawn(&command, place, stopper.clone(), Arc::clone(&notifier))
+    });
+    let served = running.wait();
+    drop(housekeeping);
     if let Some(p) = &pid_file {
         p.remove();
     }
+    let status = captive.and_then(Captive::finish);
+    drop(captive_dir);
     match served {
         Ok(()) => {
             log::info!("stopped");
-            ExitCode::SUCCESS
+            status.map_or(ExitCode::SUCCESS, ExitCode::from)
         }
         Err(e) => {
             eprintln!("sluice serve: {e}");
@@ -237,14 +289,210 @@ fn exit_with_parent() -> std::io::Result<()> {
     Ok(())
 }
 
+/// SIGINT and SIGTERM stop the server (in-flight requests finish first); SIGHUP reloads.
+fn handle_signals(stopper: &Stopper, running: &Arc<Running>, notifier: &Arc<Notifier>, mut reloader: Reloader) {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(s) => s,
+        Err(e) => return log::warn!("cannot handle signals: {e}"),
+    };
+    let (stopper, running, notifier) = (stopper.clone(), Arc::clone(running), Arc::clone(notifier));
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if sig == SIGHUP {
+                notifier.reloading();
+                reloader.reload(&running);
+                notifier.ready(&running);
+                continue;
+            }
+            log::info!("signal {sig}: finishing in-flight requests, then exiting");
+            notifier.stopping();
+            stopper.stop();
+            break;
+        }
+    });
+}
+
+/// What a reload needs: the command line (the file is read again), and what is served.
+struct Reloader {
+    args: ServeArgs,
+    inherited: usize,
+    catalog: Catalog,
+    fixed: Fixed,
+}
+
+impl Reloader {
+    fn reload(&mut self, running: &Running) {
+        let source = self.args.config.as_ref().map_or_else(|| "the command line".to_owned(), |p| p.display().to_string());
+        log::info!("SIGHUP: reloading {source}");
+        match self.try_reload(running) {
+            Ok(()) => log::info!("reloaded {source}"),
+            Err(Usage(e)) => log::error!("reload refused, nothing changed: {e}"),
+        }
+    }
+
+    fn try_reload(&mut self, running: &Running) -> Result<(), Usage> {
+        let s = settings(&self.args, self.inherited)?;
+        let tls = TlsServer::load(&s.tls).map_err(Usage)?;
+        let (catalog, exports) = self.catalog.reopen(s.wanted).map_err(Usage)?;
+        let restart = running.reload(Reload { exports, tls, limits: s.limits }).map_err(Usage)?;
+        self.catalog = catalog;
+        log::set_max_level(s.log_level);
+        let keys = restart.into_iter().map(|k| format!("[limits] {k}")).chain(self.fixed.changes(&s.fixed));
+        for key in keys {
+            log::warn!("reload: {key} changed, which takes a restart; still using the old value");
+        }
+        Ok(())
+    }
+}
+
+/// `--check`: everything a start would do short of listening and serving.
+fn check(args: &ServeArgs) -> ExitCode {
+    match checked(args) {
+        Ok(lines) => {
+            for line in lines {
+                println!("{line}");
+            }
+            println!("configuration OK");
+            ExitCode::SUCCESS
+        }
+        Err(Usage(msg)) => {
+            eprintln!("sluice serve: {msg}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
+    let s = settings(args, 0)?;
+    let mut lines = Vec::new();
+    for w in &s.wanted {
+        lines.push(serve_catalog::check(w).map_err(Usage)?);
+    }
+    if s.wanted.is_empty() {
+        lines.push("no exports: clients are refused until a reload adds one".into());
+    }
+    if let Some(t) = TlsServer::load(&s.tls).map_err(Usage)? {
+        lines.push(format!("TLS {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }));
+    }
+    let named = s.fixed.tcp.iter().map(ToString::to_string).chain(s.fixed.unix.iter().map(|p| format!("unix:{}", p.display())));
+    lines.extend(named.map(|l| format!("listen on {l}")));
+    Ok(lines)
+}
+
+/// The server's configuration, what its exports were opened from, and the private socket
+/// of captive mode.
+struct Built {
+    config: Config,
+    /// TLS as configured, for the URI of a `--run` command.
+    tls_settings: Option<TlsSettings>,
+    catalog: Catalog,
+    fixed: Fixed,
+    captive_dir: Option<PrivateSocket>,
+}
+
+fn build(args: &ServeArgs, inherited: Vec<Listener>) -> Result<Built, Usage> {
+    let s = settings(args, inherited.len())?;
+    let (catalog, exports) = Catalog::default().reopen(s.wanted).map_err(Usage)?;
+    let tls = TlsServer::load(&s.tls).map_err(Usage)?;
+    let f = s.fixed.clone();
+    let captive_dir = match args.run.is_some() && f.tcp.is_empty() && f.unix.is_empty() && inherited.is_empty() {
+        true => Some(PrivateSocket::new().map_err(|e| Usage(format!("--run: cannot make a private socket directory: {e}")))?),
+        false => None,
+    };
+    let unix = f.unix.iter().cloned().chain(captive_dir.as_ref().map(PrivateSocket::path)).collect();
+    let config = Config {
+        tcp: f.tcp,
+        tcp_ipv6_optional: f.tcp_ipv6_optional,
+        unix,
+        threads: f.threads,
+        pin_threads: f.pin_threads,
+        busy_poll_us: f.busy_poll_us,
+        limits: s.limits,
+        exports,
+        metrics: f.metrics,
+        tls,
+        inherited,
+    };
+    Ok(Built { config, catalog, fixed: s.fixed, captive_dir, tls_settings: Some(s.tls) })
+}
+
+/// The file and the command line merged, before anything is opened.
+struct Settings {
+    wanted: Vec<Wanted>,
+    tls: TlsSettings,
+    limits: Limits,
+    log_level: log::LevelFilter,
+    fixed: Fixed,
+}
+
+/// What only a restart changes.
+#[derive(Clone, Debug, PartialEq)]
+struct Fixed {
+    tcp: Vec<SocketAddr>,
+    /// When true, a [::1] default that cannot be bound (no IPv6) is skipped.
+    tcp_ipv6_optional: bool,
+    unix: Vec<PathBuf>,
+    threads: usize,
+    pin_threads: bool,
+    busy_poll_us: u64,
+    metrics: Option<SocketAddr>,
+}
+
+impl Fixed {
+    /// The keys whose value differs in `next`.
+    fn changes(&self, next: &Fixed) -> Vec<String> {
+        let keys = [
+            ("listen", self.tcp != next.tcp),
+            ("unix", self.unix != next.unix),
+            ("threads", self.threads != next.threads),
+            ("pin-threads", self.pin_threads != next.pin_threads),
+            ("busy-poll", self.busy_poll_us != next.busy_poll_us),
+            ("metrics", self.metrics != next.metrics),
+        ];
+        keys.iter().filter(|(_, changed)| *changed).map(|(k, _)| (*k).to_owned()).collect()
+    }
+}
+
 /// Merges the command line over the file: both arrive typed and checked, so what is left
-/// is choosing, opening the exports and checking the limits.
-fn build(args: ServeArgs) -> Result<Config, Usage> {
+/// is choosing and checking the limits. `inherited` counts the listeners a service
+/// manager passed down: with any, no default listener is opened.
+fn settings(args: &ServeArgs, inherited: usize) -> Result<Settings, Usage> {
     let file = match &args.config {
         Some(p) => config::load(p).map_err(Usage)?,
         None => FileConfig::default(),
     };
-    logger::init(args.log_level.or(file.log_level).unwrap_or_default().0);
+    let log_level = args.log_level.or(file.log_level).unwrap_or_default().0;
+    logger::init(log_level);
+    let wanted = wanted_exports(args, &file)?;
+    file.limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
+    let busy_poll_us = match args.busy_poll.or(file.busy_poll) {
+        Some(us) => check_busy_poll(us).map_err(Usage)?,
+        None => BUSY_POLL_DEFAULT_US,
+    };
+    let (tcp, unix, tcp_ipv6_optional) = listeners(args, &file, inherited);
+    let cpus = || std::thread::available_parallelism().ok();
+    let fixed = Fixed {
+        tcp,
+        tcp_ipv6_optional,
+        unix,
+        threads: args.threads.or(file.threads).or_else(cpus).map_or(1, NonZeroUsize::get),
+        pin_threads: args.pin_threads || file.pin_threads.unwrap_or(false),
+        busy_poll_us,
+        metrics: args.metrics.as_ref().or(file.metrics.as_ref()).map(ListenAddr::first),
+    };
+    let tls = TlsSettings {
+        mode: args.tls.or(file.tls).unwrap_or_default().0,
+        certificates: args.tls_certificates.clone().or(file.tls_certificates),
+        psk: args.tls_psk.clone().or(file.tls_psk),
+        verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
+        ktls: args.tls_ktls.or(file.tls_ktls).unwrap_or_default().0,
+    };
+    Ok(Settings { wanted, tls, limits: file.limits, log_level, fixed })
+}
+
+/// Each export with its spec and options resolved; a name given twice is an error.
+fn wanted_exports(args: &ServeArgs, file: &FileConfig) -> Result<Vec<Wanted>, Usage> {
     let defaults = Options {
         read_only: args.read_only || file.read_only.unwrap_or(false),
         description: None,
@@ -256,57 +504,36 @@ fn build(args: ServeArgs) -> Result<Config, Usage> {
         id: args.rbd_id.clone().or(file.rbd_id.clone()),
         keyring: args.rbd_keyring.clone().or(file.rbd_keyring.clone()),
     };
-    let exports = open_exports(export_entries(&args, &file), &defaults, &rbd)?;
-    let (tcp, unix, tcp_ipv6_optional) = listeners(&args, &file);
-    let cpus = || std::thread::available_parallelism().ok();
-    let threads = args.threads.or(file.threads).or_else(cpus).map_or(1, NonZeroUsize::get);
-    file.limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
-    let busy_poll_us = match args.busy_poll.or(file.busy_poll) {
-        Some(us) => check_busy_poll(us).map_err(Usage)?,
-        None => BUSY_POLL_DEFAULT_US,
-    };
-    let pin_threads = args.pin_threads || file.pin_threads.unwrap_or(false);
-    let metrics = args.metrics.as_ref().or(file.metrics.as_ref()).map(ListenAddr::first);
-    let tls = TlsSettings {
-        mode: args.tls.or(file.tls).unwrap_or_default().0,
-        certificates: args.tls_certificates.clone().or(file.tls_certificates),
-        psk: args.tls_psk.clone().or(file.tls_psk),
-        verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
-        ktls: args.tls_ktls.or(file.tls_ktls).unwrap_or_default().0,
-    };
-    let tls = TlsServer::load(&tls).map_err(Usage)?;
-    Ok(Config { tcp, tcp_ipv6_optional, unix, threads, pin_threads, busy_poll_us, limits: file.limits, exports, metrics, tls })
+    let mut wanted: Vec<Wanted> = Vec::new();
+    for entry in export_entries(args, file) {
+        if wanted.iter().any(|w| w.name == entry.name) {
+            return Err(Usage(format!("export {:?} is defined twice", entry.name)));
+        }
+        let spec = entry.spec(&rbd).map_err(Usage)?;
+        wanted.push(Wanted { name: entry.name.clone(), spec, options: entry.options(&defaults) });
+    }
+    Ok(wanted)
 }
 
-/// The file's exports first, then PATH, then each --export; a RAM disk when there are none.
+/// The file's exports first, then PATH, then each --export. Without any, and without a
+/// file, a RAM disk; a file that names no exports serves none until it is edited.
 fn export_entries(args: &ServeArgs, file: &FileConfig) -> Vec<ExportEntry> {
     let mut entries = file.exports.clone();
     entries.extend(args.path.iter().map(|spec| ExportEntry::plain("", spec.clone())));
     entries.extend(args.export.iter().cloned());
-    if entries.is_empty() {
+    if entries.is_empty() && args.config.is_none() {
         entries.push(ExportEntry::plain("", Spec::Memory(DEFAULT_MEMORY_EXPORT_BYTES)));
     }
     entries
 }
 
-fn open_exports(entries: Vec<ExportEntry>, defaults: &Options, rbd: &RbdAccess) -> Result<Exports, Usage> {
-    let mut exports = Exports::default();
-    for entry in entries {
-        let name = &entry.name;
-        let spec = entry.spec(rbd).map_err(Usage)?;
-        let export = Export::open(name, &spec, entry.options(defaults))
-            .map_err(|e| Usage(format!("export {name:?}: cannot open {spec}: {e}")))?;
-        exports.insert(export).map_err(|e| Usage(e.to_string()))?;
-    }
-    Ok(exports)
-}
-
-/// TCP addresses, Unix sockets, and whether the IPv6 listener may be skipped: the two
-/// loopback defaults are used only when neither the command line nor the file names one.
-fn listeners(args: &ServeArgs, file: &FileConfig) -> (Vec<SocketAddr>, Vec<PathBuf>, bool) {
+/// TCP addresses, Unix sockets, and whether the IPv6 listener may be skipped. The two
+/// loopback defaults are used only when neither the command line nor the file names a
+/// listener, no service manager passed one down, and no `--run` command wants a private one.
+fn listeners(args: &ServeArgs, file: &FileConfig, inherited: usize) -> (Vec<SocketAddr>, Vec<PathBuf>, bool) {
     let tcp: Vec<SocketAddr> = args.listen.iter().chain(&file.listen).flat_map(|l| l.0.iter().copied()).collect();
     let unix: Vec<PathBuf> = args.unix.iter().chain(&file.unix).cloned().collect();
-    if !tcp.is_empty() || !unix.is_empty() {
+    if !tcp.is_empty() || !unix.is_empty() || inherited > 0 || args.run.is_some() {
         return (tcp, unix, false);
     }
     let loopback = [SocketAddr::from((Ipv4Addr::LOCALHOST, NBD_PORT)), SocketAddr::from((Ipv6Addr::LOCALHOST, NBD_PORT))];

@@ -175,7 +175,7 @@ pub enum Chunking {
 }
 
 /// Everything about an export besides where its data lives.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Options {
     pub read_only: bool,
     pub description: Option<String>,
@@ -357,11 +357,20 @@ pub struct Exports {
 
 impl Exports {
     pub fn insert(&mut self, export: Export) -> Result<(), SpecError> {
+        self.insert_shared(Arc::new(export))
+    }
+
+    /// Adds an export that another table serves too (a reload keeps what did not change).
+    pub fn insert_shared(&mut self, export: Arc<Export>) -> Result<(), SpecError> {
         if self.by_name.contains_key(&export.name) {
             return Err(SpecError(format!("export {:?} is defined twice", export.name)));
         }
-        self.by_name.insert(export.name.clone(), Arc::new(export));
+        self.by_name.insert(export.name.clone(), export);
         Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Export>> {

@@ -21,5 +21,6 @@ mod worker;
 
 pub use export::{Export, Exports, Spec};
 pub use limits::Limits;
-pub use server::{Config, Server, StartError, Stopper};
+pub use listen::{Endpoint, Listener};
+pub use server::{Config, Reload, Running, Server, StartError, Stopper};
 pub use tls::{TlsServer, TlsSettings};

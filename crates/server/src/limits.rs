@@ -252,6 +252,11 @@ pub const METRICS_REQUEST_HEADERS_MAX_COUNT: usize = 32;
 /// retrying sooner would only spin and fill the log.
 pub const METRICS_ACCEPT_RETRY_DELAY_MS: u64 = 1_000;
 
+/// Exports a running server can add by reloads beyond those it started with: each gets its
+/// counters and a slot on every worker's board (16 bytes) from the start, so the hot path
+/// indexes a fixed table. More than this takes a restart.
+pub const METRICS_EXPORTS_ADDED_MAX: usize = 1024;
+
 const _: () = assert!(INFLIGHT_BYTES_PER_CONNECTION_DEFAULT >= REQUEST_MAX_BYTES);
 const _: () = assert!(INFLIGHT_BYTES_PER_WORKER_DEFAULT >= INFLIGHT_BYTES_PER_CONNECTION_DEFAULT);
 const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER_DEFAULT >= REQUEST_MAX_BYTES);
@@ -311,6 +316,20 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The keys whose change a reload cannot apply: every budget but the connection count
+    /// and the handshake timeout is given to the workers when they start.
+    pub fn changes_needing_restart(&self, next: &Limits) -> Vec<&'static str> {
+        let fixed = [
+            ("inflight-requests-per-connection", self.inflight_requests_per_connection != next.inflight_requests_per_connection),
+            ("inflight-bytes-per-connection", self.inflight_bytes_per_connection != next.inflight_bytes_per_connection),
+            ("inflight-bytes-per-worker", self.inflight_bytes_per_worker != next.inflight_bytes_per_worker),
+            ("buffer-pool-bytes-per-worker", self.buffer_pool_bytes_per_worker != next.buffer_pool_bytes_per_worker),
+            ("buffer-pool-quiet-ms", self.buffer_pool_quiet_ms != next.buffer_pool_quiet_ms),
+            ("slow-request-ms", self.slow_request_ms != next.slow_request_ms),
+        ];
+        fixed.iter().filter(|(_, changed)| *changed).map(|(key, _)| *key).collect()
+    }
+
     /// Refuses settings that would break an invariant the code relies on.
     pub fn check(&self) -> Result<(), String> {
         if self.inflight_requests_per_connection == 0 || self.inflight_requests_per_connection > u16::MAX as usize {

@@ -5,10 +5,13 @@
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use rustix::net::{AddressFamily, SocketAddrUnix};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::admission::Permit;
@@ -20,7 +23,9 @@ use crate::worker::{NewConnection, WorkerHandle};
 
 pub enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+    /// A Unix socket, and its path when this process made it (and removes it at the end):
+    /// an inherited socket's file belongs to whoever made it.
+    Unix(UnixListener, PathBuf, Option<PathBuf>),
 }
 
 impl Listener {
@@ -40,13 +45,57 @@ impl Listener {
             }
             std::fs::remove_file(path)?;
         }
-        UnixListener::bind(path).map(|l| Listener::Unix(l, path.to_owned()))
+        UnixListener::bind(path).map(|l| Listener::Unix(l, path.to_owned(), Some(path.to_owned())))
+    }
+
+    /// Takes a listening socket made by someone else (systemd's socket activation): a TCP
+    /// or Unix stream socket that is already listening. It is closed on exec from here on,
+    /// so that a command sluice runs does not hold it.
+    fn inherit(fd: OwnedFd) -> io::Result<Listener> {
+        use rustix::net::{sockopt, SocketType};
+        if sockopt::socket_type(&fd)? != SocketType::STREAM || !sockopt::socket_acceptconn(&fd)? {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a listening stream socket"));
+        }
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)?;
+        let address = rustix::net::getsockname(&fd)?;
+        match address.address_family() {
+            AddressFamily::INET | AddressFamily::INET6 => Ok(Listener::Tcp(TcpListener::from(fd))),
+            AddressFamily::UNIX => {
+                let unix = SocketAddrUnix::try_from(address)?;
+                let path = match unix.path_bytes() {
+                    Some(bytes) => PathBuf::from(std::ffi::OsStr::from_bytes(bytes)),
+                    None => PathBuf::from("(unnamed)"),
+                };
+                Ok(Listener::Unix(UnixListener::from(fd), path, None))
+            }
+            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "neither a TCP nor a Unix socket")),
+        }
+    }
+
+    /// The sockets a service manager passed down (socket activation), each with its name
+    /// from `LISTEN_FDNAMES` ("" when unnamed); none when this process was not given any.
+    pub fn inherited() -> io::Result<Vec<(Listener, String)>> {
+        let mut out = Vec::new();
+        for (i, (fd, name)) in crate::engine::inherited_listen_fds()?.into_iter().enumerate() {
+            let listener = Listener::inherit(fd)
+                .map_err(|e| io::Error::new(e.kind(), format!("inherited descriptor {} ({name:?}): {e}", 3 + i)))?;
+            out.push((listener, name));
+        }
+        Ok(out)
+    }
+
+    /// Where clients reach it.
+    pub fn endpoint(&self) -> Endpoint {
+        match self {
+            Listener::Tcp(l) => l.local_addr().map_or(Endpoint::Unknown, Endpoint::Tcp),
+            Listener::Unix(_, p, _) => Endpoint::Unix(p.clone()),
+        }
     }
 
     pub fn describe(&self) -> String {
         match self {
             Listener::Tcp(l) => l.local_addr().map_or_else(|_| "tcp".into(), |a| a.to_string()),
-            Listener::Unix(_, p) => format!("unix:{}", p.display()),
+            Listener::Unix(_, p, _) => format!("unix:{}", p.display()),
         }
     }
 
@@ -54,7 +103,7 @@ impl Listener {
     pub fn stop(&self) {
         let fd = match self {
             Listener::Tcp(l) => l.as_fd(),
-            Listener::Unix(l, _) => l.as_fd(),
+            Listener::Unix(l, ..) => l.as_fd(),
         };
         let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Read);
     }
@@ -66,7 +115,7 @@ impl Listener {
                 s.set_nodelay(true)?;
                 Ok((Stream::Tcp(s), addr.to_string()))
             }
-            Listener::Unix(l, p) => {
+            Listener::Unix(l, p, _) => {
                 let (s, _) = l.accept()?;
                 Ok((Stream::Unix(s), format!("unix:{}", p.display())))
             }
@@ -74,9 +123,17 @@ impl Listener {
     }
 }
 
+/// A listener's address, for those who tell clients where to connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+    Unknown,
+}
+
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
+        if let Listener::Unix(_, _, Some(path)) = self {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -152,34 +209,47 @@ impl Write for Stream {
     }
 }
 
-/// Shared by every accept loop.
-pub struct Acceptor {
+/// What new connections are served: the exports, TLS and the acceptor's limits. A reload
+/// swaps it whole; a connection keeps the export it opened, so one that was removed drains.
+pub struct Served {
     pub exports: Arc<Exports>,
     pub tls: Option<Arc<TlsServer>>,
-    pub workers: Vec<WorkerHandle>,
     pub limits: Limits,
+}
+
+/// Shared by every accept loop.
+pub struct Acceptor {
+    served: RwLock<Arc<Served>>,
+    pub workers: Vec<WorkerHandle>,
     pub shutdown: Arc<AtomicBool>,
     next_worker: AtomicUsize,
     connections: Arc<AtomicUsize>,
 }
 
 impl Acceptor {
-    pub fn new(
-        exports: Arc<Exports>,
-        tls: Option<Arc<TlsServer>>,
-        workers: Vec<WorkerHandle>,
-        limits: Limits,
-        shutdown: Arc<AtomicBool>,
-    ) -> Acceptor {
+    pub fn new(served: Served, workers: Vec<WorkerHandle>, shutdown: Arc<AtomicBool>) -> Acceptor {
         Acceptor {
-            exports,
-            tls,
+            served: RwLock::new(Arc::new(served)),
             workers,
-            limits,
             shutdown,
             next_worker: AtomicUsize::new(0),
             connections: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// What a connection accepted now is served.
+    pub fn served(&self) -> Arc<Served> {
+        Arc::clone(&self.served.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Serves `next` to connections accepted from now on; returns what was served before.
+    pub fn swap(&self, next: Served) -> Arc<Served> {
+        std::mem::replace(&mut *self.served.write().unwrap_or_else(|e| e.into_inner()), Arc::new(next))
+    }
+
+    /// Connections open now, including those still in their handshake.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
     }
 
     /// Accepts until shutdown.
@@ -197,22 +267,23 @@ impl Acceptor {
                     continue;
                 }
             };
-            let Some(permit) = Permit::try_take(&self.connections, self.limits.connections) else {
-                log::warn!("{peer}: refused, {} connections already open", self.limits.connections);
+            let served = self.served();
+            let Some(permit) = Permit::try_take(&self.connections, served.limits.connections) else {
+                log::warn!("{peer}: refused, {} connections already open", served.limits.connections);
                 continue;
             };
             let me = Arc::clone(&self);
             let spawned = std::thread::Builder::new()
                 .name("sluice-handshake".into())
-                .spawn(move || me.handshake(stream, peer, permit));
+                .spawn(move || me.handshake(stream, peer, permit, &served));
             if let Err(e) = spawned {
                 log::warn!("cannot start a handshake thread: {e}");
             }
         }
     }
 
-    fn handshake(&self, mut stream: Stream, peer: String, permit: Permit) {
-        match negotiate(&mut stream, &self.exports, self.tls.as_deref(), self.limits.handshake_timeout_ms) {
+    fn handshake(&self, mut stream: Stream, peer: String, permit: Permit, served: &Served) {
+        match negotiate(&mut stream, &served.exports, served.tls.as_deref(), served.limits.handshake_timeout_ms) {
             Ok(Some(Negotiation { session, export, tls })) => {
                 let fd = match stream.into_fd() {
                     Ok(fd) => fd,

@@ -4,11 +4,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
-use crate::export::Exports;
+use crate::export::{Export, Exports};
 use crate::limits::Limits;
-use crate::listen::{Acceptor, Listener};
+use crate::listen::{Acceptor, Endpoint, Listener, Served};
 use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource};
 use crate::tls::TlsServer;
 use crate::worker;
@@ -29,6 +30,9 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// TLS, loaded and checked (`TlsServer::load`); None serves plaintext only.
     pub tls: Option<Arc<TlsServer>>,
+    /// Listening sockets made by someone else (systemd's socket activation), served
+    /// beside those named above.
+    pub inherited: Vec<Listener>,
 }
 
 #[derive(Debug)]
@@ -63,12 +67,9 @@ pub struct Server {
 
 impl Server {
     /// Binds every listener, so address errors surface before anything is served.
-    pub fn bind(config: Config) -> Result<Server, StartError> {
+    pub fn bind(mut config: Config) -> Result<Server, StartError> {
         config.limits.check().map_err(StartError::Config)?;
-        if config.exports.is_empty() {
-            return Err(StartError::Config("no exports configured".into()));
-        }
-        let mut listeners = Vec::new();
+        let mut listeners: Vec<Arc<Listener>> = config.inherited.drain(..).map(Arc::new).collect();
         for addr in &config.tcp {
             match Listener::bind_tcp(*addr) {
                 Ok(l) => listeners.push(Arc::new(l)),
@@ -87,17 +88,7 @@ impl Server {
             return Err(StartError::Config("nothing to listen on".into()));
         }
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
-        let pools = config
-            .exports
-            .iter()
-            .filter(|e| e.backend.pool_status().is_some())
-            .map(|e| {
-                let export = Arc::clone(e);
-                let probe: PoolProbe = Box::new(move || export.backend.pool_status());
-                PoolSource { export: e.name.clone(), probe }
-            })
-            .collect();
-        let metrics = Metrics::with_pools(&names, pools);
+        let metrics = Metrics::with_pools(&names, pool_sources(&config.exports));
         let metrics_server = match config.metrics {
             Some(addr) => Some(
                 metrics::serve_http(addr, Arc::clone(&metrics))
@@ -112,6 +103,11 @@ impl Server {
         self.listeners.iter().map(|l| l.describe()).collect()
     }
 
+    /// Where clients reach the listeners, in the order they were given (inherited first).
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.listeners.iter().map(|l| l.endpoint()).collect()
+    }
+
     /// The metrics endpoint's address, when one was asked for.
     pub fn metrics_address(&self) -> Option<SocketAddr> {
         self.metrics_server.as_ref().map(MetricsServer::local_addr)
@@ -124,37 +120,31 @@ impl Server {
 
     /// Serves until `Stopper::stop`, then lets in-flight requests finish and returns.
     pub fn serve(self, stopper: &Stopper) -> Result<(), StartError> {
+        self.start(stopper)?.wait()
+    }
+
+    /// Starts the workers and the accept loops; connections are accepted once this returns.
+    pub fn start(self, stopper: &Stopper) -> Result<Running, StartError> {
         let Server { listeners, config, shutdown, metrics, metrics_server } = self;
         if let Some(m) = &metrics_server {
             log::info!("metrics at http://{}/metrics", m.local_addr());
         }
-        let mut handles = Vec::new();
-        let mut joins = Vec::new();
-        let cpus = if config.pin_threads { worker::allowed_cpus() } else { Vec::new() };
-        for id in 0..config.threads.max(1) {
-            let placement = worker::Placement {
-                cpu: (!cpus.is_empty()).then(|| cpus[id % cpus.len()]),
-                busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
-            };
-            let (h, j) = worker::spawn(id, config.limits, placement, Arc::clone(&shutdown), Arc::clone(&metrics))
-                .map_err(StartError::Engine)?;
-            handles.push(h);
-            joins.push(j);
-        }
+        let (handles, joins) = start_workers(&config, &shutdown, &metrics)?;
         *stopper.workers.lock().expect("stopper lock") = handles.clone();
         if shutdown.load(Ordering::SeqCst) {
             stopper.stop();
         }
         for e in config.exports.iter() {
-            let ro = if e.read_only { ", read-only" } else { "" };
-            let path = if e.caps().instant { String::new() } else { format!(", {} data path", e.data_path) };
-            log::info!("export {:?}: {} backend, {} bytes{ro}{path}", e.name, e.backend.kind(), e.backend.size());
+            log_export(e);
         }
-        let exports = Arc::new(config.exports);
+        if config.exports.is_empty() {
+            log::warn!("no exports: every client is refused until a reload adds one");
+        }
         if let Some(t) = &config.tls {
-            log::info!("TLS {}: {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }, t.describe_ktls());
+            log_tls(t);
         }
-        let acceptor = Arc::new(Acceptor::new(Arc::clone(&exports), config.tls.clone(), handles, config.limits, Arc::clone(&shutdown)));
+        let served = Served { exports: Arc::new(config.exports), tls: config.tls, limits: config.limits };
+        let acceptor = Arc::new(Acceptor::new(served, handles, Arc::clone(&shutdown)));
         for l in &listeners {
             log::info!("listening on {}", l.describe());
             let (a, l) = (Arc::clone(&acceptor), Arc::clone(l));
@@ -163,15 +153,160 @@ impl Server {
                 .spawn(move || a.accept_loop(l))
                 .map_err(StartError::Engine)?;
         }
+        let workers_limits = config.limits;
+        Ok(Running {
+            acceptor,
+            joins: Mutex::new(joins),
+            metrics,
+            metrics_server: Mutex::new(metrics_server),
+            workers_limits,
+            retired: Mutex::default(),
+        })
+    }
+}
+
+fn start_workers(
+    config: &Config,
+    shutdown: &Arc<AtomicBool>,
+    metrics: &Arc<Metrics>,
+) -> Result<(Vec<worker::WorkerHandle>, Vec<JoinHandle<()>>), StartError> {
+    let mut handles = Vec::new();
+    let mut joins = Vec::new();
+    let cpus = if config.pin_threads { worker::allowed_cpus() } else { Vec::new() };
+    for id in 0..config.threads.max(1) {
+        let placement = worker::Placement {
+            cpu: (!cpus.is_empty()).then(|| cpus[id % cpus.len()]),
+            busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
+        };
+        let (h, j) = worker::spawn(id, config.limits, placement, Arc::clone(shutdown), Arc::clone(metrics))
+            .map_err(StartError::Engine)?;
+        handles.push(h);
+        joins.push(j);
+    }
+    Ok((handles, joins))
+}
+
+fn log_export(e: &Export) {
+    let ro = if e.read_only { ", read-only" } else { "" };
+    let path = if e.caps().instant { String::new() } else { format!(", {} data path", e.data_path) };
+    log::info!("export {:?}: {} backend, {} bytes{ro}{path}", e.name, e.backend.kind(), e.backend.size());
+}
+
+fn log_tls(t: &TlsServer) {
+    log::info!("TLS {}: {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }, t.describe_ktls());
+}
+
+/// The pools among `exports`, for the metrics' pool families.
+fn pool_sources(exports: &Exports) -> Vec<PoolSource> {
+    exports
+        .iter()
+        .filter(|e| e.backend.pool_status().is_some())
+        .map(|e| {
+            let export = Arc::clone(e);
+            let probe: PoolProbe = Box::new(move || export.backend.pool_status());
+            PoolSource { export: e.name.clone(), probe }
+        })
+        .collect()
+}
+
+/// What a reload serves from now on.
+pub struct Reload {
+    pub exports: Exports,
+    pub tls: Option<Arc<TlsServer>>,
+    pub limits: Limits,
+}
+
+/// A server that accepts connections: what it serves can be changed (`reload`) until it is
+/// stopped, and `wait` returns once it has drained.
+pub struct Running {
+    acceptor: Arc<Acceptor>,
+    joins: Mutex<Vec<JoinHandle<()>>>,
+    metrics: Arc<Metrics>,
+    metrics_server: Mutex<Option<MetricsServer>>,
+    /// The budgets the workers were given; a reload cannot change them.
+    workers_limits: Limits,
+    /// Exports a reload removed or replaced, kept until no connection uses them, then
+    /// closed.
+    retired: Mutex<Vec<Arc<Export>>>,
+}
+
+impl Running {
+    /// The exports new connections are offered.
+    pub fn exports(&self) -> Arc<Exports> {
+        Arc::clone(&self.acceptor.served().exports)
+    }
+
+    /// TLS as new connections are offered it.
+    pub fn tls(&self) -> Option<Arc<TlsServer>> {
+        self.acceptor.served().tls.clone()
+    }
+
+    /// Connections open now, including those in their handshake.
+    pub fn connections(&self) -> usize {
+        self.acceptor.connections()
+    }
+
+    /// Serves `next` to new connections. Connections already open keep the export they
+    /// opened (one removed finishes its requests; it is closed when the last one leaves).
+    /// Returns the limits that changed but take a restart.
+    pub fn reload(&self, next: Reload) -> Result<Vec<&'static str>, String> {
+        for e in next.exports.iter() {
+            if self.metrics.add_export(&e.name).is_none() {
+                return Err(format!("export {:?}: a running server adds at most {} exports; restart to serve more", e.name, crate::limits::METRICS_EXPORTS_ADDED_MAX));
+            }
+        }
+        self.metrics.set_pools(pool_sources(&next.exports));
+        if let Some(t) = &next.tls {
+            log_tls(t);
+        }
+        let restart = self.workers_limits.changes_needing_restart(&next.limits);
+        let before = self.acceptor.swap(Served { exports: Arc::new(next.exports), tls: next.tls, limits: next.limits });
+        let now = self.exports();
+        for e in now.iter().filter(|e| !before.exports.get(&e.name).is_some_and(|b| Arc::ptr_eq(b, e))) {
+            log_export(e);
+        }
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        for e in before.exports.iter().filter(|e| !now.get(&e.name).is_some_and(|n| Arc::ptr_eq(n, e))) {
+            log::info!("export {:?}: no longer offered; its open connections are served until they close", e.name);
+            retired.push(Arc::clone(e));
+        }
+        Ok(restart)
+    }
+
+    /// Whether every worker thread still runs (a watchdog stops vouching when one ended
+    /// before the stop).
+    pub fn healthy(&self) -> bool {
+        self.acceptor.shutdown.load(Ordering::Relaxed)
+            || self.joins.lock().unwrap_or_else(|e| e.into_inner()).iter().all(|j| !j.is_finished())
+    }
+
+    /// Closes the retired exports that no connection uses any more.
+    pub fn release_retired(&self) {
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|e| {
+            if Arc::strong_count(e) > 1 {
+                return true;
+            }
+            log::info!("export {:?}: its last connection closed; released", e.name);
+            e.backend.close();
+            false
+        });
+    }
+
+    /// Waits for the stop (`Stopper::stop`), lets in-flight requests finish, and closes
+    /// every export.
+    pub fn wait(&self) -> Result<(), StartError> {
+        let joins = std::mem::take(&mut *self.joins.lock().unwrap_or_else(|e| e.into_inner()));
         for j in joins {
             let _ = j.join();
         }
         // Accept and handshake threads may still hold the exports: say goodbye to remotes
         // and release pools here, before the process exits.
-        for e in exports.iter() {
+        let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
+        for e in self.exports().iter().chain(&retired) {
             e.backend.close();
         }
-        drop(metrics_server);
+        drop(self.metrics_server.lock().unwrap_or_else(|e| e.into_inner()).take());
         Ok(())
     }
 }

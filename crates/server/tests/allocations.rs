@@ -98,6 +98,7 @@ fn no_allocation_per_request() {
         exports,
         metrics: None,
         tls: None,
+        inherited: Vec::new(),
     })
     .unwrap();
     let stopper = server.stopper();

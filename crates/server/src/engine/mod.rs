@@ -24,4 +24,4 @@ pub use pipe::{fully_cached, splice_now, Pipe, Pipes};
 pub use rbd::{Image as RbdImage, IoCtx as RbdIoCtx, Rados};
 pub use ring::Ring;
 pub use send::{Part, SendBatch};
-pub use socket::unacked_bytes;
+pub use socket::{inherited_listen_fds, unacked_bytes};

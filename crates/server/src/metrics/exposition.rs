@@ -128,21 +128,22 @@ impl Collector for Metrics {
     /// Pools' families follow; they are built from the pools' state at each scrape, so
     /// `desc` does not list them (no registry is used).
     fn collect(&self) -> Vec<MetricFamily> {
+        let exports = self.exports();
         let mut out: Vec<MetricFamily> = FAMILIES
             .iter()
-            .map(|family| family.collect(&self.exports))
+            .map(|family| family.collect(&exports))
             .filter(|family| !family.get_metric().is_empty())
             .collect();
-        let names: Vec<&str> = self.exports.iter().map(|e| e.name.as_str()).collect();
+        let names: Vec<&str> = exports.iter().map(|e| e.name.as_str()).collect();
         out.extend(super::watch::families(&self.boards, &names));
-        out.extend(super::pool::families(&self.pools));
+        out.extend(super::pool::families(&self.pools.lock().unwrap_or_else(|e| e.into_inner())));
         out.extend(super::buffers::families(&self.buffers));
         out
     }
 }
 
 impl Family {
-    fn collect(&self, exports: &[ExportMetrics]) -> MetricFamily {
+    fn collect(&self, exports: &[&ExportMetrics]) -> MetricFamily {
         let mut series = Vec::new();
         let names = self.source.label_names();
         for e in exports {

@@ -3,11 +3,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::pool::PoolSource;
 use super::watch::{Board, Boards};
 use crate::engine::BufferStats;
+use crate::limits::METRICS_EXPORTS_ADDED_MAX;
 
 /// Upper bound of the smallest histogram bucket. Finer steps would measure the clock, not
 /// the request.
@@ -118,11 +119,13 @@ pub(super) struct ExportMetrics {
 }
 
 /// Counters and phase histograms for every export; `Send + Sync`, shared through an `Arc`.
+/// The table has room for exports that a reload adds; a slot, once given to a name, keeps
+/// it (an export removed and added again counts on where it left off).
 pub struct Metrics {
-    pub(super) exports: Vec<ExportMetrics>,
-    index: HashMap<String, usize>,
-    /// Pools among the exports, read at scrape time.
-    pub(super) pools: Vec<PoolSource>,
+    exports: Box<[OnceLock<Box<ExportMetrics>>]>,
+    index: Mutex<HashMap<String, usize>>,
+    /// Pools among the exports, read at scrape time; replaced when a reload changes them.
+    pub(super) pools: Mutex<Vec<PoolSource>>,
     /// What the workers' buffer pools did; each worker's pool adds to it.
     pub buffers: Arc<BufferStats>,
     /// What each worker last saw of requests held at a backend.
@@ -138,23 +141,52 @@ impl Metrics {
 
     /// `new`, and the state of the pools served, shown at every scrape.
     pub fn with_pools(export_names: &[String], pools: Vec<PoolSource>) -> Arc<Metrics> {
-        let mut index = HashMap::new();
-        let mut exports = Vec::new();
+        let capacity = export_names.len() + METRICS_EXPORTS_ADDED_MAX;
+        let metrics = Metrics {
+            exports: (0..capacity).map(|_| OnceLock::new()).collect(),
+            index: Mutex::default(),
+            pools: Mutex::new(pools),
+            buffers: Arc::default(),
+            boards: Boards::new(capacity),
+        };
         for name in export_names {
-            if index.contains_key(name) {
-                continue;
-            }
-            index.insert(name.clone(), exports.len());
-            exports.push(ExportMetrics {
-                name: name.clone(),
-                ops: Default::default(),
-                inflight: AtomicI64::new(0),
-                connections: AtomicI64::new(0),
-                connections_total: AtomicU64::new(0),
-            });
+            metrics.add_export(name).expect("room for the first exports");
         }
-        let boards = Boards::new(exports.len());
-        Arc::new(Metrics { exports, index, pools, buffers: Arc::default(), boards })
+        Arc::new(metrics)
+    }
+
+    /// Counters for an export that a reload adds (or the ones it had, for a name seen
+    /// before); None when the table is full, which only a restart makes room in.
+    pub fn add_export(&self, name: &str) -> Option<usize> {
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&i) = index.get(name) {
+            return Some(i);
+        }
+        let i = index.len();
+        let slot = self.exports.get(i)?;
+        let _ = slot.set(Box::new(ExportMetrics {
+            name: name.to_owned(),
+            ops: Default::default(),
+            inflight: AtomicI64::new(0),
+            connections: AtomicI64::new(0),
+            connections_total: AtomicU64::new(0),
+        }));
+        index.insert(name.to_owned(), i);
+        Some(i)
+    }
+
+    /// Every export's counters, in the order the names came.
+    pub(super) fn exports(&self) -> Vec<&ExportMetrics> {
+        self.exports.iter().map_while(|slot| slot.get().map(|b| &**b)).collect()
+    }
+
+    /// Replaces the pools shown at each scrape (a reload added or removed some).
+    pub fn set_pools(&self, pools: Vec<PoolSource>) {
+        *self.pools.lock().unwrap_or_else(|e| e.into_inner()) = pools;
+    }
+
+    fn export(&self, export: usize) -> &ExportMetrics {
+        self.exports[export].get().expect("an index from export_index")
     }
 
     /// A worker's board for what it sees of requests held at a backend.
@@ -164,13 +196,13 @@ impl Metrics {
 
     /// Index used by the hot-path calls; None for an unknown name.
     pub fn export_index(&self, name: &str) -> Option<usize> {
-        self.index.get(name).copied()
+        self.index.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied()
     }
 
     /// One finished request. `bytes` = payload bytes read or written (0 otherwise).
     /// `export` must come from `export_index`; any other value is a bug and panics.
     pub fn record(&self, export: usize, op: Op, phases: &Phases, bytes: u64, ok: bool) {
-        let m = &self.exports[export].ops[op as usize];
+        let m = &self.export(export).ops[op as usize];
         for (histogram, ns) in m.phases.iter().zip(phases.values()) {
             histogram.observe(ns);
         }
@@ -186,27 +218,27 @@ impl Metrics {
 
     /// One finished request carried FUA (counted beside `record`, which counts it too).
     pub fn record_fua(&self, export: usize, op: Op) {
-        self.exports[export].ops[op as usize].fua.fetch_add(1, Ordering::Relaxed);
+        self.export(export).ops[op as usize].fua.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Inflight gauge +1.
     pub fn request_started(&self, export: usize) {
-        self.exports[export].inflight.fetch_add(1, Ordering::Relaxed);
+        self.export(export).inflight.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Inflight gauge -1.
     pub fn request_finished(&self, export: usize) {
-        self.exports[export].inflight.fetch_sub(1, Ordering::Relaxed);
+        self.export(export).inflight.fetch_sub(1, Ordering::Relaxed);
     }
 
     pub fn connection_opened(&self, export: usize) {
-        let e = &self.exports[export];
+        let e = self.export(export);
         e.connections.fetch_add(1, Ordering::Relaxed);
         e.connections_total.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn connection_closed(&self, export: usize) {
-        self.exports[export].connections.fetch_sub(1, Ordering::Relaxed);
+        self.export(export).connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
