@@ -20,7 +20,7 @@ start_tls_server() {
 
 # The log line of the newest connection says which TLS it got.
 last_connection() {
-    grep -E 'serving export .* over TLS' /host/sluice-ktls.log | tail -n 1
+    grep -E 'opened export .* over TLS' /host/sluice-ktls.log | tail -n 1
 }
 
 libnbd_tls13() {

@@ -27,7 +27,7 @@ fn spawn_tool(dir: &std::path::Path, program: &str, args: &[&str], stdin: Stdio)
 /// Waits until the server log shows `n` connections in transmission.
 fn wait_for_transmission(s: &Sluice, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while s.log_text().matches("serving export").count() < n {
+    while s.log_text().matches(": opened export").count() < n {
         assert!(Instant::now() < deadline, "no client reached transmission:\n{}", s.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }

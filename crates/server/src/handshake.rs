@@ -29,6 +29,8 @@ pub struct Negotiation {
     /// TLS session, inside which plaintext the client sent after its last option may
     /// already wait.
     pub tls: Option<Encryption>,
+    /// The TLS version and the client's identity, for the log ("TLSv1.3 psk:alice").
+    pub tls_client: Option<String>,
 }
 
 /// Runs the handshake over `stream` until transmission (Some) or a clean close (None);
@@ -87,11 +89,12 @@ pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
                     payload_max_bytes: REQUEST_PAYLOAD_MAX_BYTES,
                 };
                 // Before the connection moves on, while nothing else uses its socket.
+                let tls_client = session.as_ref().map(|s| tls::describe_client(s.ssl()));
                 let tls = match (session, tls) {
                     (Some(s), Some(server)) => Some(tls::hand_off(server, s, plain.stream.as_fd())?),
                     _ => None,
                 };
-                return Ok(Some(Negotiation { session: session_state, export, tls }));
+                return Ok(Some(Negotiation { session: session_state, export, tls, tls_client }));
             }
         }
     }

@@ -284,13 +284,13 @@ impl Acceptor {
 
     fn handshake(&self, mut stream: Stream, peer: String, permit: Permit, served: &Served) {
         match negotiate(&mut stream, &served.exports, served.tls.as_deref(), served.limits.handshake_timeout_ms) {
-            Ok(Some(Negotiation { session, export, tls })) => {
+            Ok(Some(Negotiation { session, export, tls, tls_client })) => {
                 let fd = match stream.into_fd() {
                     Ok(fd) => fd,
                     Err(e) => return log::warn!("{peer}: {e}"),
                 };
                 let n = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-                self.workers[n].hand_over(NewConnection { fd, peer, export, session, tls, permit });
+                self.workers[n].hand_over(NewConnection { fd, peer, export, session, tls, tls_client, permit });
             }
             Ok(None) => {}
             Err(e) => log::info!("{peer}: handshake ended: {e}"),

@@ -29,6 +29,8 @@ pub struct NewConnection {
     pub session: Session,
     /// Who encrypts records, when the client started TLS.
     pub tls: Option<Encryption>,
+    /// The TLS version and the client's identity, for the log.
+    pub tls_client: Option<String>,
     /// Released when the connection closes; counts against the connection limit.
     pub permit: Permit,
 }
@@ -123,6 +125,8 @@ struct Entry {
     /// except that it refuses MSG_WAITALL and reports records it cannot pass on as errors.
     ktls: bool,
     export: Arc<Export>,
+    /// Who the connection is, for its closing log line: export, read-only, TLS identity.
+    label: String,
     _permit: Permit,
 }
 
@@ -365,8 +369,10 @@ impl Worker {
             });
             let metrics = Arc::clone(&self.metrics);
             let mut conn = Conn::new(new.peer, Arc::clone(&new.export), new.session, self.limits, metrics);
-            let (tls, ktls) = secure(&mut conn, &new.export.name, new.tls);
-            self.entries[index as usize] = Some(Entry { conn, fd: new.fd, tls, ktls, export: new.export, _permit: new.permit });
+            let label = label(&new.export, new.tls_client.as_deref());
+            let (tls, ktls) = secure(&mut conn, &label, new.tls);
+            self.entries[index as usize] =
+                Some(Entry { conn, fd: new.fd, tls, ktls, export: new.export, label, _permit: new.permit });
             self.live += 1;
             self.on(ConnId(index), |c, env| c.resume(env));
         }
@@ -398,7 +404,7 @@ impl Worker {
                 // close_notify through the kernel's TLS, best effort as in user space.
                 let _ = ktls_send_record(entry.fd.as_fd(), ALERT, &CLOSE_NOTIFY);
             }
-            log::info!("{}: connection closed", entry.conn.peer());
+            log::info!("{}: closed {}", entry.conn.peer(), entry.label);
             self.budget.forget(id);
             self.free.push(id.0);
             self.live -= 1;
@@ -411,22 +417,30 @@ impl Worker {
 const ALERT: u8 = 21;
 const CLOSE_NOTIFY: [u8; 2] = [1, 0];
 
+/// `export "vm7" (read-only) over TLSv1.3 psk:node7`: what the log says of a connection
+/// when it opens and when it closes.
+fn label(export: &Export, tls_client: Option<&str>) -> String {
+    let ro = if export.read_only { " (read-only)" } else { "" };
+    let tls = tls_client.map(|t| format!(" over {t}")).unwrap_or_default();
+    format!("export {:?}{ro}{tls}", export.name)
+}
+
 /// Logs the connection's kind of TLS and sets the core up for it: a TLS link for records
 /// encrypted in user space (and true when the kernel encrypts them).
-fn secure(conn: &mut Conn, export: &str, tls: Option<Encryption>) -> (Option<TlsLink>, bool) {
+fn secure(conn: &mut Conn, label: &str, tls: Option<Encryption>) -> (Option<TlsLink>, bool) {
     let peer = conn.peer().to_owned();
     match tls {
         None => {
-            log::info!("{peer}: serving export {export:?}");
+            log::info!("{peer}: opened {label}");
             (None, false)
         }
         Some(Encryption::Kernel { describe }) => {
-            log::info!("{peer}: serving export {export:?} over TLS (kTLS)");
+            log::info!("{peer}: opened {label} (kTLS)");
             log::debug!("{peer}: {describe}");
             (None, true)
         }
         Some(Encryption::User { session, why }) => {
-            log::info!("{peer}: serving export {export:?} over TLS (user-space)");
+            log::info!("{peer}: opened {label} (user-space)");
             if let Some(why) = why {
                 log::info!("{peer}: kTLS not used: {why}");
             }

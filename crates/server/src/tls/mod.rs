@@ -9,6 +9,7 @@
 mod channel;
 mod context;
 mod handoff;
+pub mod identity;
 mod ktls;
 mod link;
 #[cfg(test)]
@@ -16,6 +17,7 @@ mod tests;
 mod upgrade;
 
 pub use context::{read_psk_file, TlsServer, TlsSettings};
+pub use identity::describe as describe_client;
 pub use handoff::{hand_off, Encryption};
 pub use ktls::{probe as probe_ktls, Ktls, KtlsMode};
 pub use link::{Answer, TlsLink, Wire};
