@@ -264,3 +264,31 @@ fn check_refuses_bad_configurations_with_exit_2_and_the_reason() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("configuration OK"), "{what}");
     }
 }
+
+#[test]
+fn logs_carry_priorities_only_when_stderr_is_the_journal_stream() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    for journal in [true, false] {
+        let log = dir.path().join(format!("stderr-{journal}"));
+        let file = std::fs::File::create(&log).unwrap();
+        let meta = file.metadata().unwrap();
+        // Another file's numbers: what a child whose stderr was redirected inherits.
+        let ino = if journal { meta.ino() } else { meta.ino() + 1 };
+        let out = Command::new(SLUICE)
+            .args(["serve", "--run", "true", "memory:1M"])
+            .env("JOURNAL_STREAM", format!("{}:{ino}", meta.dev()))
+            .stderr(file)
+            .status()
+            .unwrap();
+        assert!(out.success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        let first = text.lines().next().unwrap_or_default();
+        if journal {
+            assert!(first.starts_with("<6>export \"\": memory backend"), "{text}");
+            assert!(!text.contains("sluice: info:"), "{text}");
+        } else {
+            assert!(first.starts_with("sluice: info: export"), "{text}");
+        }
+    }
+}
