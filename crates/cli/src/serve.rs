@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 use sluice_server::backend::RbdAccess;
 use sluice_server::export::{DataPath, Options};
 use sluice_server::limits::BUSY_POLL_DEFAULT_US;
@@ -228,6 +230,8 @@ fn inherited_listeners() -> Result<Vec<Listener>, Usage> {
 fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>) -> ExitCode {
     let Built { config, catalog, fixed, captive_dir, tls_settings } = built;
     let inherited = config.inherited.len();
+    // Registered before anything is served, so that an early SIGHUP cannot end the process.
+    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]);
     let server = match Server::bind(config) {
         Ok(s) => s,
         Err(e) => {
@@ -253,7 +257,10 @@ fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>) -> ExitCode {
     let housekeeping = Housekeeping::spawn(Arc::clone(&running), Arc::clone(&notifier));
     let command = args.run.clone();
     let reloader = Reloader { args, inherited, catalog, fixed };
-    handle_signals(&stopper, &running, &notifier, reloader);
+    match signals {
+        Ok(signals) => handle_signals(signals, &stopper, &running, &notifier, reloader),
+        Err(e) => log::warn!("cannot handle signals: {e}"),
+    }
     let captive = command.and_then(|command| {
         let tls = tls_settings.as_ref().filter(|_| running.tls().is_some());
         let place = serve_run::place(&endpoints, &running.exports(), tls);
@@ -290,12 +297,7 @@ fn exit_with_parent() -> std::io::Result<()> {
 }
 
 /// SIGINT and SIGTERM stop the server (in-flight requests finish first); SIGHUP reloads.
-fn handle_signals(stopper: &Stopper, running: &Arc<Running>, notifier: &Arc<Notifier>, mut reloader: Reloader) {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
-        Ok(s) => s,
-        Err(e) => return log::warn!("cannot handle signals: {e}"),
-    };
+fn handle_signals(mut signals: Signals, stopper: &Stopper, running: &Arc<Running>, notifier: &Arc<Notifier>, mut reloader: Reloader) {
     let (stopper, running, notifier) = (stopper.clone(), Arc::clone(running), Arc::clone(notifier));
     std::thread::spawn(move || {
         for sig in signals.forever() {
@@ -365,6 +367,7 @@ fn check(args: &ServeArgs) -> ExitCode {
 
 fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
     let s = settings(args, 0)?;
+    logger::init(s.log_level);
     let mut lines = Vec::new();
     for w in &s.wanted {
         lines.push(serve_catalog::check(w).map_err(Usage)?);
@@ -393,6 +396,7 @@ struct Built {
 
 fn build(args: &ServeArgs, inherited: Vec<Listener>) -> Result<Built, Usage> {
     let s = settings(args, inherited.len())?;
+    logger::init(s.log_level);
     let (catalog, exports) = Catalog::default().reopen(s.wanted).map_err(Usage)?;
     let tls = TlsServer::load(&s.tls).map_err(Usage)?;
     let f = s.fixed.clone();
@@ -463,7 +467,6 @@ fn settings(args: &ServeArgs, inherited: usize) -> Result<Settings, Usage> {
         None => FileConfig::default(),
     };
     let log_level = args.log_level.or(file.log_level).unwrap_or_default().0;
-    logger::init(log_level);
     let wanted = wanted_exports(args, &file)?;
     file.limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
     let busy_poll_us = match args.busy_poll.or(file.busy_poll) {
