@@ -261,7 +261,7 @@ fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>) -> ExitCode {
         Ok(signals) => handle_signals(signals, &stopper, &running, &notifier, reloader),
         Err(e) => log::warn!("cannot handle signals: {e}"),
     }
-    let captive = command.and_then(|command| {
+    let captive = command.map(|command| {
         let tls = tls_settings.as_ref().filter(|_| running.tls().is_some());
         let place = serve_run::place(&endpoints, &running.exports(), tls);
         Captive::spawn(&command, place, stopper.clone(), Arc::clone(&notifier))
@@ -271,7 +271,7 @@ fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>) -> ExitCode {
     if let Some(p) = &pid_file {
         p.remove();
     }
-    let status = captive.and_then(Captive::finish);
+    let status = captive.map(Captive::finish);
     drop(captive_dir);
     match served {
         Ok(()) => {

@@ -86,40 +86,29 @@ fn psk_username(t: &TlsSettings) -> Option<String> {
 
 /// COMMAND running, and the thread that stops the server when it exits.
 pub struct Captive {
-    pid: u32,
+    /// None when COMMAND never started.
+    pid: Option<u32>,
     exited: mpsc::Receiver<std::io::Result<ExitStatus>>,
 }
 
 impl Captive {
-    /// Runs COMMAND; when it exits (or cannot start), the server is stopped.
-    pub fn spawn(command: &str, place: Option<Place>, stopper: Stopper, notifier: Arc<Notifier>) -> Option<Captive> {
-        let Some(place) = place else {
-            log::error!("--run: there is no export or no listener to point the command at");
-            stopper.stop();
-            return None;
-        };
-        log::info!("running {command:?} with uri={}", place.uri);
-        let child = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(command)
-            .env("uri", &place.uri)
-            .env("unixsocket", &place.unixsocket)
-            .env("port", &place.port)
-            .env("exportname", &place.exportname)
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            .spawn();
-        let mut child: Child = match child {
-            Ok(c) => c,
+    /// Runs COMMAND; when it exits (or cannot start), the server is stopped. A command
+    /// that cannot start ends the server with status 1.
+    pub fn spawn(command: &str, place: Option<Place>, stopper: Stopper, notifier: Arc<Notifier>) -> Captive {
+        let (tell, exited) = mpsc::channel();
+        let started = place
+            .ok_or_else(|| "there is no export or no listener to point the command at".to_owned())
+            .and_then(|place| start(command, &place).map_err(|e| format!("cannot start /bin/sh: {e}")));
+        let mut child = match started {
+            Ok(child) => child,
             Err(e) => {
-                log::error!("--run: cannot start /bin/sh: {e}");
+                log::error!("--run: {e}");
                 stopper.stop();
-                return None;
+                let _ = tell.send(Err(std::io::Error::other(e)));
+                return Captive { pid: None, exited };
             }
         };
-        let pid = child.id();
-        let (tell, exited) = mpsc::channel();
+        let pid = Some(child.id());
         std::thread::spawn(move || {
             let status = child.wait();
             log::info!("the --run command ended ({}); stopping", describe(&status));
@@ -127,12 +116,12 @@ impl Captive {
             stopper.stop();
             let _ = tell.send(status);
         });
-        Some(Captive { pid, exited })
+        Captive { pid, exited }
     }
 
     /// The exit status to pass on: COMMAND's, or 128 + the signal that ended it. A command
     /// still running (the server was stopped by a signal) gets SIGTERM first, then SIGKILL.
-    pub fn finish(self) -> Option<u8> {
+    pub fn finish(self) -> u8 {
         let status = match self.exited.try_recv() {
             Ok(s) => s,
             Err(_) => {
@@ -141,19 +130,36 @@ impl Captive {
                     Ok(s) => s,
                     Err(_) => {
                         self.signal(rustix::process::Signal::KILL);
-                        self.exited.recv().ok()?
+                        self.exited.recv().unwrap_or_else(|_| Err(std::io::Error::other("the command's waiter is gone")))
                     }
                 }
             }
         };
-        Some(exit_code(&status))
+        exit_code(&status)
     }
 
     fn signal(&self, signal: rustix::process::Signal) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
+        if let Some(pid) = self.pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
             let _ = rustix::process::kill_process(pid, signal);
         }
     }
+}
+
+/// COMMAND under /bin/sh, with the variables nbdkit's `--run` sets, and without those that
+/// speak to sluice's own service manager.
+fn start(command: &str, place: &Place) -> std::io::Result<Child> {
+    log::info!("running {command:?} with uri={}", place.uri);
+    Command::new("/bin/sh")
+        .arg("-c")
+        .arg(command)
+        .env("uri", &place.uri)
+        .env("unixsocket", &place.unixsocket)
+        .env("port", &place.port)
+        .env("exportname", &place.exportname)
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .spawn()
 }
 
 fn exit_code(status: &std::io::Result<ExitStatus>) -> u8 {

@@ -223,6 +223,13 @@ fn run_passes_on_a_failure_and_a_signal() {
     assert_eq!(code, Some(3), "{log}");
     let (code, log) = captive(&["--run", "kill -TERM $$", "memory:1M"]);
     assert_eq!(code, Some(128 + libc::SIGTERM), "{log}");
+    // A configuration without exports gives the command nothing to use: status 1, said.
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "# nothing yet\n").unwrap();
+    let (code, log) = captive(&["--config", empty.to_str().unwrap(), "--run", "true"]);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("--run: there is no export or no listener to point the command at"), "{log}");
 }
 
 #[test]
