@@ -213,18 +213,12 @@ pub fn run(args: ServeArgs) -> ExitCode {
 
 /// The listening sockets a service manager passed down, and the variables that told of
 /// them taken out of the environment so that a command run by `--run` does not see them.
-fn inherited_listeners() -> Result<Vec<Listener>, Usage> {
+fn inherited_listeners() -> Result<Vec<(Listener, String)>, Usage> {
     let inherited = Listener::inherited().map_err(|e| Usage(format!("socket activation: {e}")))?;
     for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
         std::env::remove_var(var);
     }
-    Ok(inherited
-        .into_iter()
-        .map(|(l, name)| {
-            log::debug!("inherited listener {} ({name:?})", l.describe());
-            l
-        })
-        .collect())
+    Ok(inherited)
 }
 
 fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>) -> ExitCode {
@@ -394,9 +388,13 @@ struct Built {
     captive_dir: Option<PrivateSocket>,
 }
 
-fn build(args: &ServeArgs, inherited: Vec<Listener>) -> Result<Built, Usage> {
+fn build(args: &ServeArgs, inherited: Vec<(Listener, String)>) -> Result<Built, Usage> {
     let s = settings(args, inherited.len())?;
     logger::init(s.log_level);
+    for (listener, name) in &inherited {
+        log::info!("socket activation: given {} (named {name:?})", listener.describe());
+    }
+    let inherited: Vec<Listener> = inherited.into_iter().map(|(l, _)| l).collect();
     let (catalog, exports) = Catalog::default().reopen(s.wanted).map_err(Usage)?;
     let tls = TlsServer::load(&s.tls).map_err(Usage)?;
     let f = s.fixed.clone();

@@ -81,6 +81,8 @@ fn socket_activation_serves_on_the_inherited_tcp_listener_and_opens_no_default()
     assert!(status.success(), "{status}\n{log}");
     let listening: Vec<&str> = log.lines().filter(|l| l.contains("listening on")).collect();
     assert_eq!(listening, [format!("sluice: info: listening on 127.0.0.1:{port}")], "{log}");
+    // LISTEN_FDNAMES names it.
+    assert!(log.contains(&format!("socket activation: given 127.0.0.1:{port} (named \"nbd\")")), "{log}");
 }
 
 #[test]
