@@ -24,7 +24,7 @@ use crate::pid_file::PidFile;
 use crate::serve_catalog::{self, Catalog, Wanted};
 use crate::serve_export::ExportEntry;
 use crate::serve_run::{self, Captive, PrivateSocket};
-use crate::serve_systemd::{Housekeeping, Notifier};
+use crate::serve_systemd::{Housekeeping, Notifier, Poke};
 use crate::serve_settings::{
     check_busy_poll, parse_busy_poll, parse_threads, ChunkChoice, KtlsChoice, ListenAddr, LogLevel, TlsChoice,
 };
@@ -250,7 +250,7 @@ fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>) -> ExitCode {
     notifier.ready(&running);
     let housekeeping = Housekeeping::spawn(Arc::clone(&running), Arc::clone(&notifier));
     let command = args.run.clone();
-    let reloader = Reloader { args, inherited, catalog, fixed };
+    let reloader = Reloader { args, inherited, catalog, fixed, poke: housekeeping.poker() };
     match signals {
         Ok(signals) => handle_signals(signals, &stopper, &running, &notifier, reloader),
         Err(e) => log::warn!("cannot handle signals: {e}"),
@@ -315,6 +315,8 @@ struct Reloader {
     inherited: usize,
     catalog: Catalog,
     fixed: Fixed,
+    /// Wakes the housekeeping thread after a reload (to close what it retired).
+    poke: std::sync::mpsc::Sender<Poke>,
 }
 
 impl Reloader {
@@ -325,6 +327,7 @@ impl Reloader {
             Ok(()) => log::info!("reloaded {source}"),
             Err(Usage(e)) => log::error!("reload refused, nothing changed: {e}"),
         }
+        let _ = self.poke.send(Poke::Look);
     }
 
     fn try_reload(&mut self, running: &Running) -> Result<(), Usage> {

@@ -13,8 +13,12 @@ use std::time::{Duration, Instant};
 use sd_notify::NotifyState;
 use sluice_server::Running;
 
-/// How often the housekeeping thread looks at the server when no watchdog asks for more.
+/// How often the housekeeping thread looks for retired exports to close while there are
+/// some; with none, it does not look.
 const HOUSEKEEPING_INTERVAL_MS: u64 = 1_000;
+/// Least time between two status lines: a burst of connections is one update, not one per
+/// connection.
+const STATUS_COALESCE_MS: u64 = 500;
 /// Export names shown in the status line; more are counted.
 const STATUS_NAMES_MAX: usize = 8;
 
@@ -27,6 +31,11 @@ pub struct Notifier {
 impl Notifier {
     pub fn from_env() -> Notifier {
         Notifier { watchdog: sd_notify::watchdog_enabled(), warned: AtomicBool::new(false) }
+    }
+
+    /// Whether a service manager listens (NOTIFY_SOCKET is set).
+    pub fn enabled(&self) -> bool {
+        std::env::var_os("NOTIFY_SOCKET").is_some()
     }
 
     /// READY=1 with the status: at the start, and at the end of a reload.
@@ -68,47 +77,93 @@ pub fn status_line(running: &Running) -> String {
 }
 
 /// The thread that keeps the status current, pings the watchdog while the workers run, and
-/// closes exports a reload removed once their last connection leaves. Dropping it stops it.
+/// closes exports a reload removed once their last connection leaves. It sleeps until one
+/// of those has something to do: a server at rest, without a watchdog, is never woken.
+/// Dropping it stops it.
 pub struct Housekeeping {
-    stop: Option<mpsc::Sender<()>>,
+    poke: mpsc::Sender<Poke>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What wakes the housekeeping thread.
+pub enum Poke {
+    /// Something changed (a connection, a reload): look.
+    Look,
+    /// The server stopped. Senders live in other threads too, so the end is said, not
+    /// inferred from the channel closing.
+    Stop,
 }
 
 impl Housekeeping {
     pub fn spawn(running: Arc<Running>, notifier: Arc<Notifier>) -> Housekeeping {
-        let (stop, stopped) = mpsc::channel();
+        let (poke, poked) = mpsc::channel();
+        if notifier.enabled() {
+            // The status line counts clients: a change is worth a look (coalesced below).
+            let tell = poke.clone();
+            running.watch_connections(Box::new(move || {
+                let _ = tell.send(Poke::Look);
+            }));
+        }
         let thread = std::thread::Builder::new()
             .name("sluice-housekeeping".into())
-            .spawn(move || housekeep(&running, &notifier, &stopped))
+            .spawn(move || housekeep(&running, &notifier, &poked))
             .map_err(|e| log::warn!("cannot start the housekeeping thread: {e}"))
             .ok();
-        Housekeeping { stop: Some(stop), thread }
+        Housekeeping { poke, thread }
+    }
+
+    /// For whoever changes what is served (a reload): send `Poke::Look` after.
+    pub fn poker(&self) -> mpsc::Sender<Poke> {
+        self.poke.clone()
     }
 }
 
 impl Drop for Housekeeping {
     fn drop(&mut self) {
-        drop(self.stop.take());
+        let _ = self.poke.send(Poke::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn housekeep(running: &Running, notifier: &Notifier, stopped: &mpsc::Receiver<()>) {
+fn housekeep(running: &Running, notifier: &Notifier, poked: &mpsc::Receiver<Poke>) {
     let ping_every = notifier.watchdog.map(|w| w / 2);
-    let tick = ping_every.map_or(Duration::from_millis(HOUSEKEEPING_INTERVAL_MS), |p| p.min(Duration::from_millis(HOUSEKEEPING_INTERVAL_MS)));
-    let mut last_status = String::new();
     let mut last_ping = Instant::now();
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
-        running.release_retired();
-        let status = status_line(running);
-        if status != last_status {
-            notifier.send(&[NotifyState::Status(&status)]);
-            last_status = status;
+    let mut last_status = String::new();
+    // When the status line is next due: a change is shown at most this often.
+    let mut status_due: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        let deadlines = [
+            ping_every.map(|p| last_ping + p),
+            running.has_retired().then(|| now + Duration::from_millis(HOUSEKEEPING_INTERVAL_MS)),
+            status_due,
+        ];
+        let woke = match deadlines.into_iter().flatten().min() {
+            Some(at) => poked.recv_timeout(at.saturating_duration_since(now)),
+            None => poked.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
+        match woke {
+            Err(mpsc::RecvTimeoutError::Disconnected) | Ok(Poke::Stop) => return,
+            Ok(Poke::Look) => {
+                status_due.get_or_insert(Instant::now() + Duration::from_millis(STATUS_COALESCE_MS));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
-        if ping_every.is_some_and(|p| last_ping.elapsed() >= p) && running.healthy() {
-            notifier.send(&[NotifyState::Watchdog]);
+        running.release_retired();
+        if status_due.is_some_and(|t| t <= Instant::now()) {
+            status_due = None;
+            let status = status_line(running);
+            if status != last_status {
+                notifier.send(&[NotifyState::Status(&status)]);
+                last_status = status;
+            }
+        }
+        if ping_every.is_some_and(|p| last_ping.elapsed() >= p) {
+            if running.healthy() {
+                notifier.send(&[NotifyState::Watchdog]);
+            }
             last_ping = Instant::now();
         }
     }

@@ -159,6 +159,12 @@ fn notify_socket_hears_ready_after_listening_then_reload_watchdog_and_stop() {
     // Ready means ready: a client is served at once.
     let (ok, _, err) = run("nbdinfo", &["--size", &format!("nbd+unix:///?socket={}", socket.display())]);
     assert!(ok, "not served right after READY=1: {err}\n{}", log_text());
+    // The status line follows the clients: one that connects (and is still in its
+    // handshake) counts, and its leaving is seen too.
+    let client = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    manager.until("STATUS=serving 1 export (\"\") to 1 client", &log_text);
+    drop(client);
+    manager.until("STATUS=serving 1 export (\"\") to 0 clients", &log_text);
     // WATCHDOG_USEC=400000: pings every 200 ms.
     manager.until("WATCHDOG=1", &log_text);
     manager.until("WATCHDOG=1", &log_text);

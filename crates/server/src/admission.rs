@@ -4,26 +4,51 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::engine::ConnId;
 
+/// The connections open now (handshaking or transmitting), and whoever wants to hear when
+/// that number changes (a service manager's status line).
+#[derive(Default)]
+pub struct Connections {
+    open: AtomicUsize,
+    watcher: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl Connections {
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Calls `watcher` after every change from now on (once set, it stays).
+    pub fn watch(&self, watcher: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.watcher.set(watcher);
+    }
+
+    fn changed(&self) {
+        if let Some(w) = self.watcher.get() {
+            w();
+        }
+    }
+}
+
 /// One unit of the server-wide connection budget, returned on drop.
-pub struct Permit(Arc<AtomicUsize>);
+pub struct Permit(Arc<Connections>);
 
 impl Permit {
     /// A permit if fewer than `max` are out.
-    pub fn try_take(count: &Arc<AtomicUsize>, max: usize) -> Option<Permit> {
-        count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .ok()
-            .map(|_| Permit(Arc::clone(count)))
+    pub fn try_take(count: &Arc<Connections>, max: usize) -> Option<Permit> {
+        count.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        count.changed();
+        Some(Permit(Arc::clone(count)))
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed();
     }
 }
 

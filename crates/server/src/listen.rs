@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::admission::Permit;
+use crate::admission::{Connections, Permit};
 use crate::export::Exports;
 use crate::handshake::{negotiate, Negotiation, Timeouts};
 use crate::limits::{Limits, ACCEPT_RETRY_DELAY_MS};
@@ -223,7 +223,7 @@ pub struct Acceptor {
     pub workers: Vec<WorkerHandle>,
     pub shutdown: Arc<AtomicBool>,
     next_worker: AtomicUsize,
-    connections: Arc<AtomicUsize>,
+    connections: Arc<Connections>,
 }
 
 impl Acceptor {
@@ -233,7 +233,7 @@ impl Acceptor {
             workers,
             shutdown,
             next_worker: AtomicUsize::new(0),
-            connections: Arc::new(AtomicUsize::new(0)),
+            connections: Arc::default(),
         }
     }
 
@@ -248,8 +248,8 @@ impl Acceptor {
     }
 
     /// Connections open now, including those still in their handshake.
-    pub fn connections(&self) -> usize {
-        self.connections.load(Ordering::Relaxed)
+    pub fn connections(&self) -> &Connections {
+        &self.connections
     }
 
     /// Accepts until shutdown.

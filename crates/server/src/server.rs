@@ -243,7 +243,18 @@ impl Running {
 
     /// Connections open now, including those in their handshake.
     pub fn connections(&self) -> usize {
-        self.acceptor.connections()
+        self.acceptor.connections().open()
+    }
+
+    /// Calls `watcher` whenever a connection opens or closes (from the thread where it
+    /// happened: it must be quick). Only the first watcher is kept.
+    pub fn watch_connections(&self, watcher: Box<dyn Fn() + Send + Sync>) {
+        self.acceptor.connections().watch(watcher);
+    }
+
+    /// Whether exports a reload removed are still waiting for their last connection.
+    pub fn has_retired(&self) -> bool {
+        !self.retired.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
     }
 
     /// Serves `next` to new connections. Connections already open keep the export they
