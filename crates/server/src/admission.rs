@@ -113,12 +113,21 @@ mod tests {
 
     #[test]
     fn permits_stop_at_the_maximum_and_come_back_on_drop() {
-        let count = Arc::new(AtomicUsize::new(0));
+        let count = Arc::new(Connections::default());
+        let changes = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&changes);
+        count.watch(Box::new(move || {
+            seen.fetch_add(1, Ordering::Relaxed);
+        }));
         let a = Permit::try_take(&count, 2).unwrap();
         let _b = Permit::try_take(&count, 2).unwrap();
         assert!(Permit::try_take(&count, 2).is_none());
+        assert_eq!(count.open(), 2);
         drop(a);
+        assert_eq!(count.open(), 1);
         assert!(Permit::try_take(&count, 2).is_some());
+        // Two taken, one given back, one taken and given back; the refusal changed nothing.
+        assert_eq!(changes.load(Ordering::Relaxed), 5);
     }
 
     #[test]
