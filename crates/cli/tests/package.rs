@@ -209,9 +209,21 @@ fn check_contents(deb: &Path, scratch: &Path) {
     let control = scratch.join("control");
     dpkg_deb(&["--control", utf8(deb), utf8(&control)]);
     assert_eq!(read(&control.join("conffiles")).trim(), "/etc/sluice/sluice.toml");
-    for script in ["postinst", "prerm", "postrm"] {
-        let (ok, _, stderr) = run("sh", &["-n", utf8(&control.join(script))]);
-        assert!(ok, "the {script} script is not valid sh: {stderr}");
+    // Each maintainer script runs cleanly, with the systemd helpers it calls stubbed out:
+    // valid syntax is not enough (a stray word in one once ran as a command).
+    let stubs = scratch.join("stubs");
+    std::fs::create_dir_all(&stubs).unwrap();
+    for helper in ["deb-systemd-helper", "deb-systemd-invoke", "systemctl"] {
+        let stub = stubs.join(helper);
+        std::fs::write(&stub, "#!/bin/sh\nexit 0\n").unwrap();
+        let (ok, _, err) = run("chmod", &["755", utf8(&stub)]);
+        assert!(ok, "{err}");
+    }
+    let path = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", stubs.display());
+    for (script, action) in [("postinst", "configure"), ("prerm", "remove"), ("postrm", "remove")] {
+        let out = output(Command::new("sh").arg(control.join(script)).arg(action).env("PATH", &path));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.trim().is_empty(), "{script} {action}: {}\n{stderr}", out.status);
     }
 }
 
