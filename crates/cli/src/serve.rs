@@ -375,8 +375,10 @@ fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
     if let Some(t) = TlsServer::load(&s.tls).map_err(Usage)? {
         lines.push(format!("TLS {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }));
     }
+    // The loopback defaults give way to sockets a service manager passes down.
+    let default = if s.fixed.tcp_ipv6_optional { " (the default, unless socket-activated)" } else { "" };
     let named = s.fixed.tcp.iter().map(ToString::to_string).chain(s.fixed.unix.iter().map(|p| format!("unix:{}", p.display())));
-    lines.extend(named.map(|l| format!("listen on {l}")));
+    lines.extend(named.map(|l| format!("listen on {l}{default}")));
     Ok(lines)
 }
 

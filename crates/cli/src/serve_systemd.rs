@@ -23,6 +23,8 @@ const STATUS_COALESCE_MS: u64 = 500;
 const STATUS_NAMES_MAX: usize = 8;
 
 pub struct Notifier {
+    /// NOTIFY_SOCKET is set (and not empty): a service manager listens.
+    enabled: bool,
     watchdog: Option<Duration>,
     /// A failed send is logged once: a manager that went away will not come back.
     warned: AtomicBool,
@@ -30,12 +32,13 @@ pub struct Notifier {
 
 impl Notifier {
     pub fn from_env() -> Notifier {
-        Notifier { watchdog: sd_notify::watchdog_enabled(), warned: AtomicBool::new(false) }
+        let enabled = std::env::var_os("NOTIFY_SOCKET").is_some_and(|s| !s.is_empty());
+        Notifier { enabled, watchdog: sd_notify::watchdog_enabled(), warned: AtomicBool::new(false) }
     }
 
-    /// Whether a service manager listens (NOTIFY_SOCKET is set).
+    /// Whether a service manager listens.
     pub fn enabled(&self) -> bool {
-        std::env::var_os("NOTIFY_SOCKET").is_some()
+        self.enabled
     }
 
     /// READY=1 with the status: at the start, and at the end of a reload.
@@ -56,6 +59,9 @@ impl Notifier {
     }
 
     fn send(&self, states: &[NotifyState]) {
+        if !self.enabled {
+            return;
+        }
         if let Err(e) = sd_notify::notify(states) {
             if !self.warned.swap(true, Ordering::Relaxed) {
                 log::warn!("cannot notify the service manager: {e}");
