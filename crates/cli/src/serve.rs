@@ -199,11 +199,14 @@ pub fn run(args: ServeArgs) -> ExitCode {
     if args.check {
         return check(&args);
     }
+    // Registered before anything is opened, so that a SIGHUP while exports open cannot end
+    // the process, and a SIGTERM then stops it cleanly once it is up (signals queue).
+    let signals = Signals::new([SIGINT, SIGTERM, SIGHUP]);
     let started = inherited_listeners()
         .and_then(|inherited| Ok((inherited, args.pid_file.as_deref().map(PidFile::claim).transpose().map_err(Usage)?)))
         .and_then(|(inherited, pid_file)| Ok((build(&args, inherited)?, pid_file)));
     match started {
-        Ok((built, pid_file)) => start(args, built, pid_file),
+        Ok((built, pid_file)) => start(args, built, pid_file, signals),
         Err(Usage(msg)) => {
             eprintln!("sluice serve: {msg}");
             ExitCode::from(EXIT_USAGE)
@@ -221,11 +224,9 @@ fn inherited_listeners() -> Result<Vec<(Listener, String)>, Usage> {
     Ok(inherited)
 }
 
-fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>) -> ExitCode {
+fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>, signals: std::io::Result<Signals>) -> ExitCode {
     let Built { config, catalog, fixed, captive_dir, tls_settings } = built;
     let inherited = config.inherited.len();
-    // Registered before anything is served, so that an early SIGHUP cannot end the process.
-    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]);
     let server = match Server::bind(config) {
         Ok(s) => s,
         Err(e) => {
@@ -302,8 +303,8 @@ fn handle_signals(mut signals: Signals, stopper: &Stopper, running: &Arc<Running
                 continue;
             }
             log::info!("signal {sig}: finishing in-flight requests, then exiting");
-            notifier.stopping();
             stopper.stop();
+            notifier.stopping();
             break;
         }
     });
@@ -365,6 +366,8 @@ fn check(args: &ServeArgs) -> ExitCode {
 fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
     let s = settings(args, 0)?;
     logger::init(s.log_level);
+    // In the order a start and a reload go: TLS, then the exports.
+    let tls = TlsServer::load(&s.tls).map_err(Usage)?;
     let mut lines = Vec::new();
     for w in &s.wanted {
         lines.push(serve_catalog::check(w).map_err(Usage)?);
@@ -372,7 +375,7 @@ fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
     if s.wanted.is_empty() {
         lines.push("no exports: clients are refused until a reload adds one".into());
     }
-    if let Some(t) = TlsServer::load(&s.tls).map_err(Usage)? {
+    if let Some(t) = tls {
         lines.push(format!("TLS {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }));
     }
     // The loopback defaults give way to sockets a service manager passes down.
@@ -400,8 +403,8 @@ fn build(args: &ServeArgs, inherited: Vec<(Listener, String)>) -> Result<Built, 
         log::info!("socket activation: given {} (named {name:?})", listener.describe());
     }
     let inherited: Vec<Listener> = inherited.into_iter().map(|(l, _)| l).collect();
-    let (catalog, exports) = Catalog::default().reopen(s.wanted).map_err(Usage)?;
     let tls = TlsServer::load(&s.tls).map_err(Usage)?;
+    let (catalog, exports) = Catalog::default().reopen(s.wanted).map_err(Usage)?;
     let f = s.fixed.clone();
     let captive_dir = match args.run.is_some() && f.tcp.is_empty() && f.unix.is_empty() && inherited.is_empty() {
         true => Some(PrivateSocket::new().map_err(|e| Usage(format!("--run: cannot make a private socket directory: {e}")))?),

@@ -46,6 +46,12 @@ impl Catalog {
                         w.name
                     ))
                 }
+                Some(o) if matches!(o.wanted.spec, Spec::Memory(_)) && o.wanted.spec == w.spec => {
+                    return Err(format!(
+                        "export {:?}: a RAM export's options cannot change while it is served (reopening it would empty it); restart, or give it a new spec",
+                        w.name
+                    ))
+                }
                 _ => Arc::new(open(&w)?),
             };
             exports.insert_shared(Arc::clone(&export)).map_err(|e| e.to_string())?;

@@ -86,8 +86,10 @@ fn psk_username(t: &TlsSettings) -> Option<String> {
 
 /// COMMAND running, and the thread that stops the server when it exits.
 pub struct Captive {
-    /// None when COMMAND never started.
-    pid: Option<u32>,
+    /// COMMAND's process, to signal it by: a pidfd names that one process even once it
+    /// has been reaped, so a signal can never reach another that took its pid. None when
+    /// COMMAND never started.
+    pidfd: Option<std::os::fd::OwnedFd>,
     exited: mpsc::Receiver<std::io::Result<ExitStatus>>,
 }
 
@@ -105,18 +107,21 @@ impl Captive {
                 log::error!("--run: {e}");
                 stopper.stop();
                 let _ = tell.send(Err(std::io::Error::other(e)));
-                return Captive { pid: None, exited };
+                return Captive { pidfd: None, exited };
             }
         };
-        let pid = Some(child.id());
+        // Opened before anyone waits for the child, so the pid is still its own.
+        let pidfd = rustix::process::Pid::from_raw(child.id() as i32)
+            .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
         std::thread::spawn(move || {
             let status = child.wait();
             log::info!("the --run command ended ({}); stopping", describe(&status));
-            notifier.stopping();
-            stopper.stop();
+            // The status first: whoever sees the stop finds it there.
             let _ = tell.send(status);
+            stopper.stop();
+            notifier.stopping();
         });
-        Captive { pid, exited }
+        Captive { pidfd, exited }
     }
 
     /// The exit status to pass on: COMMAND's, or 128 + the signal that ended it. A command
@@ -138,9 +143,11 @@ impl Captive {
         exit_code(&status)
     }
 
+    /// Signals COMMAND's shell (not what it started: a command that must stop its own
+    /// children should `exec` the last of them or trap SIGTERM).
     fn signal(&self, signal: rustix::process::Signal) {
-        if let Some(pid) = self.pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-            let _ = rustix::process::kill_process(pid, signal);
+        if let Some(pidfd) = &self.pidfd {
+            let _ = rustix::process::pidfd_send_signal(pidfd, signal);
         }
     }
 }

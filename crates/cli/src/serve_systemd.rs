@@ -33,7 +33,9 @@ pub struct Notifier {
 impl Notifier {
     pub fn from_env() -> Notifier {
         let enabled = std::env::var_os("NOTIFY_SOCKET").is_some_and(|s| !s.is_empty());
-        Notifier { enabled, watchdog: sd_notify::watchdog_enabled(), warned: AtomicBool::new(false) }
+        // A zero interval is no watchdog (libsystemd reads it so), not a ping loop.
+        let watchdog = sd_notify::watchdog_enabled().filter(|w| !w.is_zero());
+        Notifier { enabled, watchdog, warned: AtomicBool::new(false) }
     }
 
     /// Whether a service manager listens.

@@ -245,7 +245,8 @@ fn render(page: &Path) -> (String, String) {
 
 fn check_man_pages(root: &Path) {
     let (serve, _) = render(&root.join("usr/share/man/man1/sluice-serve.1.gz"));
-    for text in ["sluice-serve", "--listen ", "--config ", "SEE ALSO", "sluice.toml(5)", "sluice 0.1.0"] {
+    let version = format!("sluice {}", env!("CARGO_PKG_VERSION"));
+    for text in ["sluice-serve", "--listen ", "--config ", "SEE ALSO", "sluice.toml(5)", &version] {
         assert!(serve.contains(text), "sluice-serve(1) lacks {text:?}:\n{serve}");
     }
     let (pool_init, _) = render(&root.join("usr/share/man/man1/sluice-pool-init.1.gz"));
@@ -268,6 +269,9 @@ fn check_binary(root: &Path) {
     let (ok, said, stderr) = run(utf8(&sluice), &["serve", "--check", "--config", utf8(&conffile)]);
     let said = format!("{said}{stderr}");
     assert!(ok && said.contains("no exports") && said.contains("configuration OK"), "serve --check: {said}");
+    // And it serves: a client reads the size of a RAM export through it.
+    let (ok, said, stderr) = run(utf8(&sluice), &["serve", "--run", "nbdinfo --size \"$uri\"", "memory:1M"]);
+    assert!(ok && said.trim() == "1048576", "the packaged binary did not serve: {said}{stderr}");
 }
 
 /// The units as installed, then `systemd-analyze verify` on copies whose ExecStart runs the
@@ -279,7 +283,10 @@ fn check_units(root: &Path, scratch: &Path) {
     for line in ["Type=notify", "ExecStart=/usr/bin/sluice serve --config /etc/sluice/sluice.toml", "ExecReload=/bin/kill -HUP $MAINPID", "LimitMEMLOCK=infinity"] {
         assert!(service.lines().any(|l| l == line), "sluice.service lacks {line:?}:\n{service}");
     }
-    assert!(read(&installed.join("sluice.socket")).lines().any(|l| l == "ListenStream=10809"), "sluice.socket");
+    let socket_unit = read(&installed.join("sluice.socket"));
+    for address in ["ListenStream=127.0.0.1:10809", "ListenStream=[::1]:10809"] {
+        assert!(socket_unit.lines().any(|l| l == address), "sluice.socket lacks {address}");
+    }
     let units = scratch.join("units");
     std::fs::create_dir_all(&units).unwrap();
     let binary = root.join("usr/bin/sluice");
@@ -299,7 +306,7 @@ fn check_units(root: &Path, scratch: &Path) {
 
 #[test]
 fn the_package_installs_a_binary_units_configuration_and_manual() {
-    require!("dpkg-deb", "dpkg-shlibdeps", "objcopy", "man", "systemd-analyze", "gzip");
+    require!("dpkg-deb", "dpkg-shlibdeps", "objcopy", "man", "systemd-analyze", "gzip", "nbdinfo");
     let scratch = tempfile::tempdir().unwrap();
     let Some(deb) = build_package(scratch.path()) else { return };
     check_fields(&deb);

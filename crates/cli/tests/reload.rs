@@ -87,12 +87,13 @@ fn reload_adds_and_removes_exports_and_a_removed_ones_connections_finish() {
     let held = held_connection(&s.uri_for("old"), &ready, &go);
     let fio = fio_verify(&s.uri_for("old"));
     let held = wait_for_write(held, &ready, &s);
-    // fio looks at the export on a connection of its own first, then opens the one it works on.
-    let open_on_old = || {
+    // fio looks at the export on a connection of its own first (opened and closed), then
+    // opens the one it works on: three opened, one closed, with the held connection.
+    let fio_working = || {
         let log = s.log_text();
-        log.matches("opened export \"old\"").count().saturating_sub(log.matches("closed export \"old\"").count())
+        log.matches("opened export \"old\"").count() >= 3 && log.matches("closed export \"old\"").count() >= 1
     };
-    wait_until("fio's connection", Duration::from_secs(30), || open_on_old() >= 2, || s.log_text());
+    wait_until("fio's working connection", Duration::from_secs(30), fio_working, || s.log_text());
 
     write_config(dir.path(), &format!("{}{}", export("keep", "memory:8M"), export("new", "null:1M")));
     let log = reload(&s);
@@ -105,6 +106,13 @@ fn reload_adds_and_removes_exports_and_a_removed_ones_connections_finish() {
     let (ok, _, _) = run("nbdinfo", &["--size", &s.uri_for("old")]);
     assert!(!ok, "a new connection opened the removed export\n{}", s.log_text());
     let script = "assert h.pread(4096, 4096) == bytes(range(256)) * 16, 'keep was reopened'";
+    let (ok, out, err) = run("nbdsh", &["-u", &s.uri_for("keep"), "-c", script]);
+    assert!(ok, "{out}{err}\n{}", s.log_text());
+    // A server-wide default that would change the RAM export's options is refused, rather
+    // than reopening (emptying) it; its data stays.
+    write_config(dir.path(), &format!("chunk = \"256K\"\n{}{}", export("keep", "memory:8M"), export("new", "null:1M")));
+    let log = reload(&s);
+    assert!(log.contains("reload refused, nothing changed: export \"keep\": a RAM export's options cannot change"), "{log}");
     let (ok, out, err) = run("nbdsh", &["-u", &s.uri_for("keep"), "-c", script]);
     assert!(ok, "{out}{err}\n{}", s.log_text());
 

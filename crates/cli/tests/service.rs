@@ -144,7 +144,7 @@ fn notify_socket_hears_ready_after_listening_then_reload_watchdog_and_stop() {
     let dir = tempfile::tempdir().unwrap();
     let manager = Manager::new(dir.path());
     let (socket, log) = (dir.path().join("nbd.sock"), dir.path().join("sluice.log"));
-    let mut child = Command::new(SLUICE)
+    let child = Command::new(SLUICE)
         .args(["serve", "--unix", socket.to_str().unwrap(), "memory:8M"])
         .env("NOTIFY_SOCKET", &manager.path)
         .env("WATCHDOG_USEC", "400000")
@@ -152,31 +152,43 @@ fn notify_socket_hears_ready_after_listening_then_reload_watchdog_and_stop() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
+    let mut server = Reaped(child);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     let first = manager.next(Duration::from_secs(20), &log_text);
     assert!(first.lines().any(|l| l == "READY=1"), "the first message is not READY=1: {first:?}");
     assert!(first.contains("STATUS=serving 1 export (\"\") to 0 clients"), "{first:?}");
-    // Ready means ready: a client is served at once.
-    let (ok, _, err) = run("nbdinfo", &["--size", &format!("nbd+unix:///?socket={}", socket.display())]);
-    assert!(ok, "not served right after READY=1: {err}\n{}", log_text());
-    // The status line follows the clients: one that connects (and is still in its
-    // handshake) counts, and its leaving is seen too.
-    let client = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    // Ready means ready: a client that connects now is greeted at once. It is the only
+    // client, so the status line that counts one is about it.
+    let mut client = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut greeting = [0u8; 8];
+    std::io::Read::read_exact(&mut client, &mut greeting).unwrap_or_else(|e| panic!("no greeting after READY=1: {e}\n{}", log_text()));
+    assert_eq!(&greeting, b"NBDMAGIC");
     manager.until("STATUS=serving 1 export (\"\") to 1 client", &log_text);
     drop(client);
     manager.until("STATUS=serving 1 export (\"\") to 0 clients", &log_text);
     // WATCHDOG_USEC=400000: pings every 200 ms.
     manager.until("WATCHDOG=1", &log_text);
     manager.until("WATCHDOG=1", &log_text);
-    signal(child.id(), libc::SIGHUP);
+    signal(server.0.id(), libc::SIGHUP);
     let reload = manager.until("READY=1", &log_text);
     let reloading = reload.iter().position(|m| m.lines().any(|l| l == "RELOADING=1"));
     assert!(reloading.is_some_and(|i| i + 1 < reload.len()), "no RELOADING=1 before READY=1: {reload:?}");
     assert!(reload[reloading.unwrap()].contains("MONOTONIC_USEC="), "{reload:?}");
-    signal(child.id(), libc::SIGTERM);
+    signal(server.0.id(), libc::SIGTERM);
     manager.until("STOPPING=1", &log_text);
-    let status = wait_timeout(&mut child, Duration::from_secs(15)).expect("sluice did not stop");
+    let status = wait_timeout(&mut server.0, Duration::from_secs(15)).expect("sluice did not stop");
     assert!(status.success(), "{status}\n{}", log_text());
+}
+
+/// A child process killed and reaped when the test ends, passed or not.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `sluice serve --run COMMAND ARGS...`, bounded; returns the exit code and the log.
@@ -290,13 +302,16 @@ fn logs_carry_priorities_only_when_stderr_is_the_journal_stream() {
         let meta = file.metadata().unwrap();
         // Another file's numbers: what a child whose stderr was redirected inherits.
         let ino = if journal { meta.ino() } else { meta.ino() + 1 };
-        let out = Command::new(SLUICE)
+        let child = Command::new(SLUICE)
             .args(["serve", "--run", "true", "memory:1M"])
             .env("JOURNAL_STREAM", format!("{}:{ino}", meta.dev()))
+            .stdin(Stdio::null())
             .stderr(file)
-            .status()
+            .spawn()
             .unwrap();
-        assert!(out.success());
+        let mut server = Reaped(child);
+        let status = wait_timeout(&mut server.0, Duration::from_secs(30)).expect("sluice --run true did not end");
+        assert!(status.success());
         let text = std::fs::read_to_string(&log).unwrap();
         let first = text.lines().next().unwrap_or_default();
         if journal {
@@ -306,4 +321,55 @@ fn logs_carry_priorities_only_when_stderr_is_the_journal_stream() {
             assert!(first.starts_with("sluice: info: export"), "{text}");
         }
     }
+}
+
+/// What systemd does with a socket unit: it keeps the listening socket across the
+/// service's restarts. Two servers in turn get the same socket; a client that connects
+/// between them waits in its queue and is served by the second. (The first must not shut
+/// the socket down when it stops.)
+#[test]
+fn an_inherited_socket_outlives_the_server_for_the_next_one() {
+    require!("nbdinfo", "python3");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        r#"
+import os, socket, subprocess
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", {port}))
+s.listen(16)
+os.dup2(s.fileno(), 3)
+def serve(command):
+    line = "LISTEN_PID=$$ LISTEN_FDS=1 exec {sluice} serve --run '" + command + "' memory:1M"
+    return subprocess.Popen(["sh", "-c", line], pass_fds=(3,))
+print("first", serve("nbdinfo --size $uri").wait(timeout=60), flush=True)
+# Between the two: a client connects, and waits in the socket's queue.
+c = socket.create_connection(("127.0.0.1", {port}), timeout=60)
+second = serve("while [ ! -e {ready} ]; do sleep 0.02; done; nbdinfo --size $uri")
+assert c.recv(8) == b"NBDMAGIC", "the waiting client got no greeting"
+open("{ready}", "w").close()
+print("second", second.wait(timeout=60), flush=True)
+"#,
+        sluice = SLUICE,
+        ready = ready.display()
+    );
+    let (ok, out, err) = run("python3", &["-c", &script]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("first 0") && out.contains("second 0"), "{out}{err}");
+}
+
+#[test]
+fn run_command_gets_sigterm_when_the_server_is_stopped_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let command = format!("touch '{}'; exec sleep 60", started.display());
+    let child = Command::new(SLUICE).args(["serve", "--run", &command, "memory:1M"]).stdin(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut server = Reaped(child);
+    wait_until("the command to start", Duration::from_secs(20), || started.exists(), String::new);
+    signal(server.0.id(), libc::SIGTERM);
+    let status = wait_timeout(&mut server.0, Duration::from_secs(20)).expect("sluice did not stop");
+    // The command was ended by SIGTERM, and its status passed on as a shell would.
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
 }

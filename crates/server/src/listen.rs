@@ -21,7 +21,15 @@ use crate::limits::{Limits, ACCEPT_RETRY_DELAY_MS};
 use crate::tls::TlsServer;
 use crate::worker::{NewConnection, WorkerHandle};
 
-pub enum Listener {
+pub struct Listener {
+    socket: Socket,
+    /// Written at the stop to wake the accept loop. The socket itself is left alone: an
+    /// inherited one is shared with the service manager, which keeps it listening for the
+    /// next process (a shutdown(2) would end it for everyone).
+    wake: OwnedFd,
+}
+
+enum Socket {
     Tcp(TcpListener),
     /// A Unix socket, and its path when this process made it (and removes it at the end):
     /// an inherited socket's file belongs to whoever made it.
@@ -29,8 +37,13 @@ pub enum Listener {
 }
 
 impl Listener {
+    fn new(socket: Socket) -> io::Result<Listener> {
+        let wake = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)?;
+        Ok(Listener { socket, wake })
+    }
+
     pub fn bind_tcp(addr: SocketAddr) -> io::Result<Listener> {
-        TcpListener::bind(addr).map(Listener::Tcp)
+        Listener::new(Socket::Tcp(TcpListener::bind(addr)?))
     }
 
     /// Binds a Unix socket, replacing a stale socket file but never any other file.
@@ -45,7 +58,8 @@ impl Listener {
             }
             std::fs::remove_file(path)?;
         }
-        UnixListener::bind(path).map(|l| Listener::Unix(l, path.to_owned(), Some(path.to_owned())))
+        let socket = UnixListener::bind(path)?;
+        Listener::new(Socket::Unix(socket, path.to_owned(), Some(path.to_owned())))
     }
 
     /// Takes a listening socket made by someone else (systemd's socket activation): a TCP
@@ -58,18 +72,19 @@ impl Listener {
         }
         rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)?;
         let address = rustix::net::getsockname(&fd)?;
-        match address.address_family() {
-            AddressFamily::INET | AddressFamily::INET6 => Ok(Listener::Tcp(TcpListener::from(fd))),
+        let socket = match address.address_family() {
+            AddressFamily::INET | AddressFamily::INET6 => Socket::Tcp(TcpListener::from(fd)),
             AddressFamily::UNIX => {
                 let unix = SocketAddrUnix::try_from(address)?;
                 let path = match unix.path_bytes() {
                     Some(bytes) => PathBuf::from(std::ffi::OsStr::from_bytes(bytes)),
                     None => PathBuf::from("(unnamed)"),
                 };
-                Ok(Listener::Unix(UnixListener::from(fd), path, None))
+                Socket::Unix(UnixListener::from(fd), path, None)
             }
-            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "neither a TCP nor a Unix socket")),
-        }
+            _ => return Err(io::Error::new(io::ErrorKind::InvalidInput, "neither a TCP nor a Unix socket")),
+        };
+        Listener::new(socket)
     }
 
     /// The sockets a service manager passed down (socket activation), each with its name
@@ -86,38 +101,50 @@ impl Listener {
 
     /// Where clients reach it.
     pub fn endpoint(&self) -> Endpoint {
-        match self {
-            Listener::Tcp(l) => l.local_addr().map_or(Endpoint::Unknown, Endpoint::Tcp),
-            Listener::Unix(_, p, _) => Endpoint::Unix(p.clone()),
+        match &self.socket {
+            Socket::Tcp(l) => l.local_addr().map_or(Endpoint::Unknown, Endpoint::Tcp),
+            Socket::Unix(_, p, _) => Endpoint::Unix(p.clone()),
         }
     }
 
     pub fn describe(&self) -> String {
-        match self {
-            Listener::Tcp(l) => l.local_addr().map_or_else(|_| "tcp".into(), |a| a.to_string()),
-            Listener::Unix(_, p, _) => format!("unix:{}", p.display()),
+        match &self.socket {
+            Socket::Tcp(l) => l.local_addr().map_or_else(|_| "tcp".into(), |a| a.to_string()),
+            Socket::Unix(_, p, _) => format!("unix:{}", p.display()),
         }
     }
 
-    /// Wakes a thread blocked in accept; used at shutdown.
+    /// Wakes the thread waiting to accept, for good; used at shutdown.
     pub fn stop(&self) {
-        let fd = match self {
-            Listener::Tcp(l) => l.as_fd(),
-            Listener::Unix(l, ..) => l.as_fd(),
-        };
-        let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Read);
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
 
-    fn accept(&self) -> io::Result<(Stream, String)> {
-        match self {
-            Listener::Tcp(l) => {
+    fn socket_fd(&self) -> BorrowedFd<'_> {
+        match &self.socket {
+            Socket::Tcp(l) => l.as_fd(),
+            Socket::Unix(l, ..) => l.as_fd(),
+        }
+    }
+
+    /// Waits for a client or the stop: None once stopped. A client that left the queue
+    /// before it was taken (or a socket the manager made non-blocking) is `WouldBlock`.
+    fn accept(&self) -> io::Result<Option<(Stream, String)>> {
+        use rustix::event::{PollFd, PollFlags};
+        let socket = self.socket_fd();
+        let mut fds = [PollFd::new(&socket, PollFlags::IN), PollFd::new(&self.wake, PollFlags::IN)];
+        rustix::event::poll(&mut fds, None)?;
+        if !fds[1].revents().is_empty() {
+            return Ok(None);
+        }
+        match &self.socket {
+            Socket::Tcp(l) => {
                 let (s, addr) = l.accept()?;
                 s.set_nodelay(true)?;
-                Ok((Stream::Tcp(s), addr.to_string()))
+                Ok(Some((Stream::Tcp(s), addr.to_string())))
             }
-            Listener::Unix(l, p, _) => {
+            Socket::Unix(l, p, _) => {
                 let (s, _) = l.accept()?;
-                Ok((Stream::Unix(s), format!("unix:{}", p.display())))
+                Ok(Some((Stream::Unix(s), format!("unix:{}", p.display()))))
             }
         }
     }
@@ -133,7 +160,7 @@ pub enum Endpoint {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix(_, _, Some(path)) = self {
+        if let Socket::Unix(_, _, Some(path)) = &self.socket {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -256,7 +283,9 @@ impl Acceptor {
     pub fn accept_loop(self: Arc<Self>, listener: Arc<Listener>) {
         while !self.shutdown.load(Ordering::Relaxed) {
             let (stream, peer) = match listener.accept() {
-                Ok(s) => s,
+                Ok(Some(s)) => s,
+                Ok(None) => return,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
                 Err(e) => {
                     if self.shutdown.load(Ordering::Relaxed) {
                         return;
