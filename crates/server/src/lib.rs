@@ -2,6 +2,7 @@
 //! the io_uring engine that drives it. `unsafe` is denied everywhere but the `engine` module.
 #![deny(unsafe_code)]
 
+pub mod access;
 mod admission;
 pub mod busy_poll;
 pub mod backend;

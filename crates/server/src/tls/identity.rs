@@ -32,7 +32,8 @@ pub fn rfc4514(name: &X509NameRef) -> String {
     parts.join(",")
 }
 
-fn escape(value: &str) -> String {
+/// Escapes the characters RFC 4514 says a value must escape.
+pub fn escape(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     let last = value.chars().count().saturating_sub(1);
     for (i, c) in value.chars().enumerate() {
