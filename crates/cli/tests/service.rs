@@ -225,6 +225,9 @@ fn run_passes_the_uri_to_nbdinfo_nbdcopy_and_qemu_img_and_exits_with_the_command
     let private = Path::new(socket).parent().unwrap();
     assert!(!private.exists(), "{} outlived the server", private.display());
     assert!(!log.contains("listening on 127.0.0.1"), "--run opened the default listeners\n{log}");
+    // Each connection's closing line tells what it moved: nbdcopy in, then nbdcopy out.
+    assert!(log.contains("closed export \"\"; read 0 bytes, wrote 4194304 bytes: "), "{log}");
+    assert!(log.contains("closed export \"\"; read 4194304 bytes, wrote 0 bytes: "), "{log}");
 }
 
 #[test]

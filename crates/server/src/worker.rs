@@ -404,7 +404,7 @@ impl Worker {
                 // close_notify through the kernel's TLS, best effort as in user space.
                 let _ = ktls_send_record(entry.fd.as_fd(), ALERT, &CLOSE_NOTIFY);
             }
-            log::info!("{}: closed {}", entry.conn.peer(), entry.label);
+            log::info!("{}: closed {}; {}", entry.conn.peer(), entry.label, entry.conn.audit());
             self.budget.forget(id);
             self.free.push(id.0);
             self.live -= 1;

@@ -143,6 +143,11 @@ pub struct Conn {
 
     metrics: Arc<Metrics>,
     metrics_export: usize,
+    /// For the closing log line: payload bytes read and written for the client, and why
+    /// the connection ended (the first reason given).
+    bytes_read: u64,
+    bytes_written: u64,
+    ended: Option<String>,
 }
 
 impl Conn {
@@ -185,11 +190,20 @@ impl Conn {
             pace: pace::Pace::default(),
             metrics,
             metrics_export,
+            bytes_read: 0,
+            bytes_written: 0,
+            ended: None,
         }
     }
 
     pub fn peer(&self) -> &str {
         &self.peer
+    }
+
+    /// "read 4096 bytes, wrote 0 bytes: client disconnected", for the closing log line.
+    pub fn audit(&self) -> String {
+        let why = self.ended.as_deref().unwrap_or("closed");
+        format!("read {} bytes, wrote {} bytes: {why}", self.bytes_read, self.bytes_written)
     }
 
     /// Sends every read's data from a buffer, never by splice: for a socket whose bytes
@@ -307,6 +321,7 @@ impl Conn {
     fn stop_reading(&mut self, env: &mut Env, why: &str) {
         if self.life == Life::Open {
             log::debug!("{}: {why}", self.peer);
+            self.ended = Some(why.to_owned());
             self.life = Life::Draining;
             if self.recv_in_flight {
                 // A receive may be parked waiting for bytes that will never come; wake it.

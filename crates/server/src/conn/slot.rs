@@ -73,6 +73,11 @@ impl Conn {
             let ok = !s.failed && !self.is_broken();
             let bytes = if ok { s.bytes as u64 } else { 0 };
             let op = metrics_op(s.request.command);
+            match op {
+                metrics::Op::Read => self.bytes_read += bytes,
+                metrics::Op::Write => self.bytes_written += bytes,
+                _ => {}
+            }
             self.metrics.record(self.metrics_export, op, &s.times.phases(env.now), bytes, ok);
             if let Command::Write { fua: true, .. } | Command::Trim { fua: true, .. } | Command::WriteZeroes { fua: true, .. } =
                 s.request.command
