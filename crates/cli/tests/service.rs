@@ -228,6 +228,9 @@ fn run_passes_the_uri_to_nbdinfo_nbdcopy_and_qemu_img_and_exits_with_the_command
     // Each connection's closing line tells what it moved: nbdcopy in, then nbdcopy out.
     assert!(log.contains("closed export \"\"; read 0 bytes, wrote 4194304 bytes: "), "{log}");
     assert!(log.contains("closed export \"\"; read 4194304 bytes, wrote 0 bytes: "), "{log}");
+    // A Unix peer is named by its credentials (SO_PEERCRED): the clients ran as this user.
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+    assert!(log.contains(&format!("nbd.sock uid={uid} pid=")), "{log}");
 }
 
 #[test]

@@ -144,7 +144,12 @@ impl Listener {
             }
             Socket::Unix(l, p, _) => {
                 let (s, _) = l.accept()?;
-                Ok(Some((Stream::Unix(s), format!("unix:{}", p.display()))))
+                // Who is at the other end: the only name a Unix peer has for the log.
+                let peer = match rustix::net::sockopt::socket_peercred(&s) {
+                    Ok(c) => format!("unix:{} uid={} pid={}", p.display(), c.uid.as_raw(), c.pid.as_raw_nonzero()),
+                    Err(_) => format!("unix:{}", p.display()),
+                };
+                Ok(Some((Stream::Unix(s), peer)))
             }
         }
     }
