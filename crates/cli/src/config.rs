@@ -6,9 +6,11 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sluice_server::access::Rule;
 use sluice_server::export::DataPath;
 use sluice_server::Limits;
 
+use crate::serve_access::{rule_list, some_rule_list};
 use crate::serve_export::ExportEntry;
 use crate::serve_settings::{parsed_some, ChunkChoice, KtlsChoice, ListenAddr, LogLevel, TlsChoice};
 
@@ -43,6 +45,11 @@ pub struct FileConfig {
     pub rbd_conf: Option<PathBuf>,
     pub rbd_id: Option<String>,
     pub rbd_keyring: Option<PathBuf>,
+    /// Who may connect and open exports (an export's own lists replace these for it).
+    #[serde(default, deserialize_with = "some_rule_list")]
+    pub allow: Option<Vec<Rule>>,
+    #[serde(default, deserialize_with = "rule_list")]
+    pub deny: Vec<Rule>,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default, rename = "export")]

@@ -19,6 +19,7 @@ mod pid_file;
 mod pool;
 mod pool_status;
 mod serve;
+mod serve_access;
 mod serve_catalog;
 mod serve_export;
 mod serve_run;
@@ -38,7 +39,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve files, block devices, RAM or a null device over NBD.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Show an export's size, flags and block sizes, list exports, or map its allocation.
     Info(info::InfoArgs),
     /// Copy between NBD exports, files and stdin/stdout, in parallel, keeping holes.
@@ -63,7 +64,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Info(args) => info::run(args),
         Command::Copy(args) => copy::run(args),
         Command::Bench(args) => bench::run(args),

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use clap::Args;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
+use sluice_server::access::{Access, Rule};
 use sluice_server::backend::RbdAccess;
 use sluice_server::export::{DataPath, Options};
 use sluice_server::limits::BUSY_POLL_DEFAULT_US;
@@ -21,6 +22,7 @@ use crate::config::{self, FileConfig};
 use crate::exit::{EXIT_FAILURE, EXIT_USAGE};
 use crate::logger;
 use crate::pid_file::PidFile;
+use crate::serve_access;
 use crate::serve_catalog::{self, Catalog, Wanted};
 use crate::serve_export::ExportEntry;
 use crate::serve_run::{self, Captive, PrivateSocket};
@@ -113,6 +115,18 @@ pub struct ServeArgs {
     /// Make every export read-only.
     #[arg(long)]
     read_only: bool,
+
+    /// Let only clients that match RULE in (repeatable; added to the file's `allow`): an
+    /// address or CIDR (10.1.0.0/16, ::1), uid:N or gid:N (Unix socket peers), psk:IDENTITY,
+    /// x509:DN, x509-cn:NAME, or all. Without any allow rule, every client may.
+    #[arg(long, value_name = "RULE")]
+    allow: Vec<Rule>,
+
+    /// Keep clients that match RULE out (repeatable; added to the file's `deny`); deny wins
+    /// over allow. A client refused by address or uid is closed before the handshake; one
+    /// refused an export is told the export does not exist.
+    #[arg(long, value_name = "RULE")]
+    deny: Vec<Rule>,
 
     /// TLS: off, on (offered; plaintext clients are still served) or require (nothing is
     /// served before STARTTLS). Needs --tls-certificates or --tls-psk. Default: off.
@@ -335,7 +349,7 @@ impl Reloader {
         let s = settings(&self.args, self.inherited)?;
         let tls = TlsServer::load(&s.tls).map_err(Usage)?;
         let (catalog, exports) = self.catalog.reopen(s.wanted).map_err(Usage)?;
-        let restart = running.reload(Reload { exports, tls, limits: s.limits }).map_err(Usage)?;
+        let restart = running.reload(Reload { exports, access: s.access, tls, limits: s.limits }).map_err(Usage)?;
         self.catalog = catalog;
         log::set_max_level(s.log_level);
         let keys = restart.into_iter().map(|k| format!("[limits] {k}")).chain(self.fixed.changes(&s.fixed));
@@ -375,6 +389,8 @@ fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
     if s.wanted.is_empty() {
         lines.push("no exports: clients are refused until a reload adds one".into());
     }
+    lines.extend(s.access.describe().into_iter().map(|l| format!("access: {l}")));
+    lines.extend(serve_access::doubts(&s.access, tls.is_some()).into_iter().map(|d| format!("warning: {d}")));
     if let Some(t) = tls {
         lines.push(format!("TLS {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }));
     }
@@ -404,6 +420,9 @@ fn build(args: &ServeArgs, inherited: Vec<(Listener, String)>) -> Result<Built, 
     }
     let inherited: Vec<Listener> = inherited.into_iter().map(|(l, _)| l).collect();
     let tls = TlsServer::load(&s.tls).map_err(Usage)?;
+    for doubt in serve_access::doubts(&s.access, tls.is_some()) {
+        log::warn!("{doubt}");
+    }
     let (catalog, exports) = Catalog::default().reopen(s.wanted).map_err(Usage)?;
     let f = s.fixed.clone();
     let captive_dir = match args.run.is_some() && f.tcp.is_empty() && f.unix.is_empty() && inherited.is_empty() {
@@ -420,6 +439,7 @@ fn build(args: &ServeArgs, inherited: Vec<(Listener, String)>) -> Result<Built, 
         busy_poll_us: f.busy_poll_us,
         limits: s.limits,
         exports,
+        access: s.access,
         metrics: f.metrics,
         tls,
         inherited,
@@ -430,6 +450,7 @@ fn build(args: &ServeArgs, inherited: Vec<(Listener, String)>) -> Result<Built, 
 /// The file and the command line merged, before anything is opened.
 struct Settings {
     wanted: Vec<Wanted>,
+    access: Access,
     tls: TlsSettings,
     limits: Limits,
     log_level: log::LevelFilter,
@@ -473,7 +494,9 @@ fn settings(args: &ServeArgs, inherited: usize) -> Result<Settings, Usage> {
         None => FileConfig::default(),
     };
     let log_level = args.log_level.or(file.log_level).unwrap_or_default().0;
-    let wanted = wanted_exports(args, &file)?;
+    let entries = export_entries(args, &file);
+    let wanted = wanted_exports(args, &file, &entries)?;
+    let access = serve_access::access(file.allow.as_deref(), &file.deny, &args.allow, &args.deny, entries.iter().map(|e| (e.name.clone(), e.rules())).collect());
     file.limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
     let busy_poll_us = match args.busy_poll.or(file.busy_poll) {
         Some(us) => check_busy_poll(us).map_err(Usage)?,
@@ -497,11 +520,11 @@ fn settings(args: &ServeArgs, inherited: usize) -> Result<Settings, Usage> {
         verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
         ktls: args.tls_ktls.or(file.tls_ktls).unwrap_or_default().0,
     };
-    Ok(Settings { wanted, tls, limits: file.limits, log_level, fixed })
+    Ok(Settings { wanted, access, tls, limits: file.limits, log_level, fixed })
 }
 
 /// Each export with its spec and options resolved; a name given twice is an error.
-fn wanted_exports(args: &ServeArgs, file: &FileConfig) -> Result<Vec<Wanted>, Usage> {
+fn wanted_exports(args: &ServeArgs, file: &FileConfig, entries: &[ExportEntry]) -> Result<Vec<Wanted>, Usage> {
     let defaults = Options {
         read_only: args.read_only || file.read_only.unwrap_or(false),
         description: None,
@@ -514,7 +537,7 @@ fn wanted_exports(args: &ServeArgs, file: &FileConfig) -> Result<Vec<Wanted>, Us
         keyring: args.rbd_keyring.clone().or(file.rbd_keyring.clone()),
     };
     let mut wanted: Vec<Wanted> = Vec::new();
-    for entry in export_entries(args, file) {
+    for entry in entries {
         if wanted.iter().any(|w| w.name == entry.name) {
             return Err(Usage(format!("export {:?} is defined twice", entry.name)));
         }

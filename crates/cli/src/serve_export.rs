@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{de, Deserialize, Deserializer};
+use sluice_server::access::{ExportRules, Rule};
 use sluice_server::backend::{RbdAccess, RbdSpec};
 use sluice_server::export::{DataPath, Options};
 use sluice_server::Spec;
 
+use crate::serve_access::{rule_list, some_rule_list};
 use crate::serve_settings::parsed_some;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -32,6 +34,15 @@ pub struct ExportEntry {
     pub rbd_conf: Option<PathBuf>,
     pub rbd_id: Option<String>,
     pub rbd_keyring: Option<PathBuf>,
+    /// Who may open this export, replacing the server's `allow` (serve_access.rs).
+    #[serde(default, deserialize_with = "some_rule_list")]
+    pub allow: Option<Vec<Rule>>,
+    /// Who may not, replacing the server's `deny`.
+    #[serde(default, deserialize_with = "some_rule_list")]
+    pub deny: Option<Vec<Rule>>,
+    /// Clients served this export read-only.
+    #[serde(default, deserialize_with = "rule_list")]
+    pub read_only_for: Vec<Rule>,
 }
 
 impl ExportEntry {
@@ -46,6 +57,9 @@ impl ExportEntry {
             rbd_conf: None,
             rbd_id: None,
             rbd_keyring: None,
+            allow: None,
+            deny: None,
+            read_only_for: Vec::new(),
         }
     }
 
@@ -58,6 +72,11 @@ impl ExportEntry {
             _ if !own.is_empty() => Err(format!("export {:?}: rbd-conf, rbd-id and rbd-keyring apply to rbd: exports only", self.name)),
             spec => Ok(spec.clone()),
         }
+    }
+
+    /// This export's own access rules.
+    pub fn rules(&self) -> ExportRules {
+        ExportRules { allow: self.allow.clone(), deny: self.deny.clone(), read_only_for: self.read_only_for.clone() }
     }
 
     /// This export's options: its own choices over the server-wide `defaults`.

@@ -6,8 +6,11 @@
 //! subject as RFC 4514 text), `x509-cn:NAME`, or `all`. A policy has a deny list and an
 //! optional allow list: deny wins, and no allow list lets everyone in.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
+
+use crate::rfc4514::normal_dn;
 
 /// Longest rule text taken; a DN longer than this is not a certificate subject.
 const RULE_MAX_BYTES: usize = 4096;
@@ -38,6 +41,14 @@ pub struct Client {
     /// The certificate subject as RFC 4514 text (`tls::identity::rfc4514`).
     pub x509: Option<String>,
     pub x509_cn: Option<String>,
+}
+
+impl std::str::FromStr for Rule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Rule, String> {
+        Rule::parse(s)
+    }
 }
 
 impl Rule {
@@ -149,76 +160,6 @@ fn in_net(client: IpAddr, net: IpAddr, prefix: u8) -> bool {
     client.is_ipv4() == net.is_ipv4() && mask(client, prefix) == net
 }
 
-/// A DN in one spelling for comparison: attribute types upper-case, values with their
-/// escapes resolved and compared case-insensitively (X.520's caseIgnoreMatch, which the
-/// usual attributes use), spaces around separators dropped, the values of a multi-valued
-/// RDN in order. Written back as RFC 4514 text.
-pub fn normal_dn(dn: &str) -> Result<String, String> {
-    let mut rdns = Vec::new();
-    for rdn in split_unescaped(dn, ',')? {
-        let mut avas = Vec::new();
-        for ava in split_unescaped(&rdn, '+')? {
-            let (key, value) = ava.split_once('=').ok_or_else(|| format!("{ava:?} is not TYPE=value"))?;
-            let key = key.trim().to_ascii_uppercase();
-            if key.is_empty() {
-                return Err(format!("{ava:?} has no attribute type"));
-            }
-            let value = unescape(value.trim())?.to_lowercase();
-            avas.push(format!("{key}={}", crate::tls::identity::escape(&value)));
-        }
-        avas.sort();
-        rdns.push(avas.join("+"));
-    }
-    Ok(rdns.join(","))
-}
-
-/// Splits at `sep` where it is not escaped by a backslash; the pieces keep their escapes.
-fn split_unescaped(text: &str, sep: char) -> Result<Vec<String>, String> {
-    let mut parts = vec![String::new()];
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => {
-                let next = chars.next().ok_or_else(|| format!("{text:?} ends with a lone backslash"))?;
-                let part = parts.last_mut().expect("never empty");
-                part.push('\\');
-                part.push(next);
-            }
-            c if c == sep => parts.push(String::new()),
-            c => parts.last_mut().expect("never empty").push(c),
-        }
-    }
-    if parts.iter().any(|p| p.trim().is_empty()) {
-        return Err(format!("{text:?} has an empty part"));
-    }
-    Ok(parts)
-}
-
-/// Resolves `\,` style escapes and `\XX` hex pairs (UTF-8 bytes).
-fn unescape(value: &str) -> Result<String, String> {
-    let mut bytes = Vec::with_capacity(value.len());
-    let mut chars = value.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            let mut buf = [0u8; 4];
-            bytes.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            continue;
-        }
-        let first = chars.next().ok_or_else(|| format!("{value:?} ends with a lone backslash"))?;
-        match (first.to_digit(16), chars.peek().and_then(|c| c.to_digit(16))) {
-            (Some(hi), Some(lo)) => {
-                chars.next();
-                bytes.push((hi * 16 + lo) as u8);
-            }
-            _ => {
-                let mut buf = [0u8; 4];
-                bytes.extend_from_slice(first.encode_utf8(&mut buf).as_bytes());
-            }
-        }
-    }
-    String::from_utf8(bytes).map_err(|_| format!("{value:?} is not UTF-8 once unescaped"))
-}
-
 /// Who may use something: deny wins; without an allow list, everyone not denied may.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Policy {
@@ -228,10 +169,131 @@ pub struct Policy {
 
 impl Policy {
     pub fn permits(&self, c: &Client) -> bool {
+        View::of(self).permits(c)
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.allow.is_none() && self.deny.is_empty()
+    }
+}
+
+/// An export's own lists: each one given replaces the server's for this export (an export
+/// with only `deny` keeps the server's `allow`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExportRules {
+    pub allow: Option<Vec<Rule>>,
+    pub deny: Option<Vec<Rule>>,
+    /// Clients served this export read-only.
+    pub read_only_for: Vec<Rule>,
+}
+
+/// What the rules give one client of one export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    Refused,
+    ReadOnly,
+    ReadWrite,
+}
+
+/// Every rule of a server: its own policy and each export's rules, by export name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    pub server: Policy,
+    pub exports: BTreeMap<String, ExportRules>,
+}
+
+impl Access {
+    /// Whether any rule is set: without one, nobody is refused and nothing is read-only.
+    pub fn is_open(&self) -> bool {
+        self.server.is_open() && self.exports.values().all(|e| *e == ExportRules::default())
+    }
+
+    /// The rules as the log states them: one line for the server's, one per export with
+    /// its own ("export \"vm7\": allow psk:node7; read-only for 10.2.0.0/16").
+    pub fn describe(&self) -> Vec<String> {
+        let list = |rules: &[Rule]| rules.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        let lists = |allow: Option<&[Rule]>, deny: Option<&[Rule]>, ro: &[Rule]| {
+            let mut parts = Vec::new();
+            if let Some(a) = allow {
+                parts.push(if a.is_empty() { "allow no one".to_owned() } else { format!("allow {}", list(a)) });
+            }
+            if let Some(d) = deny.filter(|d| !d.is_empty()) {
+                parts.push(format!("deny {}", list(d)));
+            }
+            if !ro.is_empty() {
+                parts.push(format!("read-only for {}", list(ro)));
+            }
+            parts.join("; ")
+        };
+        let mut lines = Vec::new();
+        if !self.server.is_open() {
+            lines.push(format!("server: {}", lists(self.server.allow.as_deref(), Some(&self.server.deny), &[])));
+        }
+        for (name, e) in self.exports.iter().filter(|(_, e)| **e != ExportRules::default()) {
+            lines.push(format!("export {name:?}: {}", lists(e.allow.as_deref(), e.deny.as_deref(), &e.read_only_for)));
+        }
+        lines
+    }
+
+    fn view(&self, export: &str) -> View<'_> {
+        let own = self.exports.get(export);
+        View {
+            allow: own.and_then(|e| e.allow.as_deref()).or(self.server.allow.as_deref()),
+            deny: own.and_then(|e| e.deny.as_deref()).unwrap_or(&self.server.deny),
+        }
+    }
+
+    pub fn grant(&self, export: &str, c: &Client) -> Grant {
+        if !self.view(export).permits(c) {
+            return Grant::Refused;
+        }
+        let read_only = self.exports.get(export).is_some_and(|e| e.read_only_for.iter().any(|r| r.matches(c)));
+        if read_only {
+            Grant::ReadOnly
+        } else {
+            Grant::ReadWrite
+        }
+    }
+
+    /// At accept, knowing only the address or the Unix credentials: false when no export
+    /// (none of `exports`, or the server's policy when there are none) could admit this
+    /// client whatever it shows later. `tls` says whether TLS rules could still match.
+    pub fn may_connect<'a>(&self, exports: impl IntoIterator<Item = &'a str>, c: &Client, tls: bool) -> bool {
+        let mut names = exports.into_iter().peekable();
+        if names.peek().is_none() {
+            return View::of(&self.server).may_permit(c, tls);
+        }
+        names.any(|name| self.view(name).may_permit(c, tls))
+    }
+}
+
+/// The two lists that decide one export.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    allow: Option<&'a [Rule]>,
+    deny: &'a [Rule],
+}
+
+impl<'a> View<'a> {
+    fn of(p: &'a Policy) -> View<'a> {
+        View { allow: p.allow.as_deref(), deny: &p.deny }
+    }
+
+    fn permits(self, c: &Client) -> bool {
         if self.deny.iter().any(|r| r.matches(c)) {
             return false;
         }
-        self.allow.as_ref().is_none_or(|allow| allow.iter().any(|r| r.matches(c)))
+        self.allow.is_none_or(|allow| allow.iter().any(|r| r.matches(c)))
+    }
+
+    /// `permits` with the TLS fields unknown yet: a TLS deny rule cannot refuse, a TLS
+    /// allow rule may still admit (when TLS is offered at all).
+    fn may_permit(self, c: &Client, tls: bool) -> bool {
+        if self.deny.iter().any(|r| r.is_for_connections() && r.matches(c)) {
+            return false;
+        }
+        let admits = |r: &Rule| if r.is_for_connections() { r.matches(c) } else { tls };
+        self.allow.is_none_or(|allow| allow.iter().any(admits))
     }
 }
 
@@ -326,5 +388,51 @@ mod tests {
         assert!(!p.permits(&tcp("192.0.2.1")), "not on the allow list");
         let nobody = Policy { allow: Some(Vec::new()), deny: Vec::new() };
         assert!(!nobody.permits(&tcp("10.1.1.1")), "an empty allow list lets no one in");
+    }
+
+    fn access() -> Access {
+        let mut a = Access { server: Policy { allow: Some(vec![rule("10.0.0.0/8")]), deny: vec![rule("10.9.0.0/16")] }, ..Access::default() };
+        let own = ExportRules { allow: Some(vec![rule("psk:node7")]), ..ExportRules::default() };
+        a.exports.insert("vm7".into(), own);
+        let deny_only = ExportRules { deny: Some(vec![rule("10.1.0.0/16")]), read_only_for: vec![rule("10.2.0.0/16")], ..ExportRules::default() };
+        a.exports.insert("gold".into(), deny_only);
+        a
+    }
+
+    #[test]
+    fn an_exports_list_replaces_only_the_servers_list_of_that_kind() {
+        let a = access();
+        assert_eq!(a.grant("other", &tcp("10.1.1.1")), Grant::ReadWrite);
+        assert_eq!(a.grant("other", &tcp("10.9.1.1")), Grant::Refused);
+        assert_eq!(a.grant("vm7", &tcp("10.1.1.1")), Grant::Refused, "vm7's allow list names only a PSK");
+        let node7 = Client { psk: Some("node7".into()), ..tcp("192.0.2.1") };
+        assert_eq!(a.grant("vm7", &node7), Grant::ReadWrite);
+        // gold replaces the deny list and keeps the server's allow list.
+        assert_eq!(a.grant("gold", &tcp("10.1.1.1")), Grant::Refused);
+        assert_eq!(a.grant("gold", &tcp("10.9.1.1")), Grant::ReadWrite);
+        assert_eq!(a.grant("gold", &tcp("192.0.2.1")), Grant::Refused);
+        assert_eq!(a.grant("gold", &tcp("10.2.3.4")), Grant::ReadOnly);
+        assert!(!a.is_open() && Access::default().is_open());
+        let lines = a.describe();
+        assert_eq!(lines, [
+            "server: allow 10.0.0.0/8; deny 10.9.0.0/16",
+            "export \"gold\": deny 10.1.0.0/16; read-only for 10.2.0.0/16",
+            "export \"vm7\": allow psk:node7",
+        ]);
+    }
+
+    #[test]
+    fn a_connection_is_refused_early_only_when_no_export_could_ever_admit_it() {
+        let a = access();
+        let names = ["other", "vm7", "gold"];
+        assert!(a.may_connect(names, &tcp("10.1.1.1"), false));
+        // 192.0.2.1 fails every address list, but vm7 admits a PSK it may show later.
+        assert!(a.may_connect(names, &tcp("192.0.2.1"), true));
+        assert!(!a.may_connect(names, &tcp("192.0.2.1"), false), "without TLS no PSK can ever be shown");
+        assert!(!a.may_connect(["other"], &tcp("192.0.2.1"), true));
+        // A TLS deny rule cannot refuse a connection before TLS.
+        let p = Policy { allow: None, deny: vec![rule("psk:mallory")] };
+        assert!(View::of(&p).may_permit(&tcp("192.0.2.1"), true));
+        assert!(!a.may_connect(std::iter::empty(), &tcp("10.9.0.1"), true), "no exports: the server's policy decides");
     }
 }

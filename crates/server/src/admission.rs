@@ -2,18 +2,37 @@
 //! connections may hold at once. Both are owned above the connection (the acceptor, the
 //! worker) so that one client can never raise its own allowance.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::engine::ConnId;
 
-/// The connections open now (handshaking or transmitting), and whoever wants to hear when
-/// that number changes (a service manager's status line).
+/// The connections open now (handshaking or transmitting), in all and per client, and
+/// whoever wants to hear when that number changes (a service manager's status line).
 #[derive(Default)]
 pub struct Connections {
     open: AtomicUsize,
+    per_client: Mutex<HashMap<ClientKey, usize>>,
     watcher: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+/// Who a connection counts against for `connections-per-client`: its address, or a Unix
+/// socket peer's uid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClientKey {
+    Addr(IpAddr),
+    Uid(u32),
+}
+
+/// Why no permit was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The server's `connections` are all taken.
+    Full,
+    /// This client holds `connections-per-client` already.
+    ClientFull,
 }
 
 impl Connections {
@@ -33,20 +52,53 @@ impl Connections {
     }
 }
 
-/// One unit of the server-wide connection budget, returned on drop.
-pub struct Permit(Arc<Connections>);
+/// One unit of the server-wide connection budget, and of its client's, returned on drop.
+pub struct Permit(Arc<Connections>, Option<ClientKey>);
 
 impl Permit {
     /// A permit if fewer than `max` are out.
+    #[cfg(test)]
     pub fn try_take(count: &Arc<Connections>, max: usize) -> Option<Permit> {
-        count.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        Permit::take(count, max, None, usize::MAX).ok()
+    }
+
+    /// A permit if fewer than `max` are out in all and fewer than `per_client_max` are
+    /// held by `client`.
+    pub fn take(count: &Arc<Connections>, max: usize, client: Option<ClientKey>, per_client_max: usize) -> Result<Permit, Refusal> {
+        if let Some(key) = client {
+            let mut held = count.per_client.lock().unwrap_or_else(|e| e.into_inner());
+            let n = held.entry(key).or_default();
+            if *n >= per_client_max {
+                return Err(Refusal::ClientFull);
+            }
+            *n += 1;
+        }
+        // From here the permit exists, so its drop gives back the client's count too.
+        let permit = Permit(Arc::clone(count), client);
+        if count.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
+            permit.forget_client();
+            std::mem::forget(permit);
+            return Err(Refusal::Full);
+        }
         count.changed();
-        Some(Permit(Arc::clone(count)))
+        Ok(permit)
+    }
+
+    fn forget_client(&self) {
+        let Some(key) = self.1 else { return };
+        let mut held = self.0.per_client.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&key);
+            }
+        }
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        self.forget_client();
         self.0.open.fetch_sub(1, Ordering::AcqRel);
         self.0.changed();
     }
@@ -128,6 +180,27 @@ mod tests {
         assert!(Permit::try_take(&count, 2).is_some());
         // Two taken, one given back, one taken and given back; the refusal changed nothing.
         assert_eq!(changes.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn one_client_cannot_take_every_slot() {
+        let count = Arc::new(Connections::default());
+        let (ka, kb) = (ClientKey::Addr("192.0.2.1".parse().unwrap()), ClientKey::Uid(1000));
+        let (a, b) = (Some(ka), Some(kb));
+        let a1 = Permit::take(&count, 3, a, 2).unwrap();
+        let a2 = Permit::take(&count, 3, a, 2).unwrap();
+        assert_eq!(Permit::take(&count, 3, a, 2).err(), Some(Refusal::ClientFull));
+        let _b1 = Permit::take(&count, 3, b, 2).unwrap();
+        assert_eq!(Permit::take(&count, 3, b, 2).err(), Some(Refusal::Full), "the server is full first");
+        assert_eq!(count.open(), 3);
+        // The refusal for a full server gave the client's count back: b has one, not two.
+        drop(a1);
+        let _b2 = Permit::take(&count, 3, b, 2).unwrap();
+        assert_eq!(Permit::take(&count, 4, b, 2).err(), Some(Refusal::ClientFull));
+        let a3 = Permit::take(&count, 4, a, 2).expect("a gave one back");
+        drop((a2, a3));
+        let held = count.per_client.lock().unwrap();
+        assert!(!held.contains_key(&ka) && held[&kb] == 2, "a's count went to zero and its entry with it: {held:?}");
     }
 
     #[test]

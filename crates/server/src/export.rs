@@ -260,11 +260,16 @@ impl Export {
 
     /// Transmission flags, before the handshake adds SEND_DF.
     pub fn flags(&self) -> u16 {
+        self.flags_for(self.read_only)
+    }
+
+    /// `flags` for a client served this export read-only (or not, where it may write).
+    fn flags_for(&self, read_only: bool) -> u16 {
         let caps = self.backend.caps();
         // One descriptor (or none) is shared by every connection, so a flush on one is a
         // flush for all: multi-conn is always safe.
         let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_CACHE | FLAG_CAN_MULTI_CONN;
-        if self.read_only {
+        if read_only || self.read_only {
             flags |= FLAG_READ_ONLY;
         } else {
             // Zeroing is always possible (emulated by writing zeros); FAST_ZERO lets a client
@@ -281,6 +286,12 @@ impl Export {
     }
 
     pub fn summary(&self) -> ExportSummary {
+        self.summary_for(self.read_only)
+    }
+
+    /// What the handshake tells a client this export is served to read-only when
+    /// `read_only` (an access rule's `read-only-for`), or as it is otherwise.
+    pub fn summary_for(&self, read_only: bool) -> ExportSummary {
         let caps = self.caps();
         // Unaligned requests work on every local path (bounced or through the page cache),
         // so the minimum is 1 unless the storage itself refuses them (a remote server that
@@ -288,7 +299,7 @@ impl Export {
         let block_min = caps.block_min.unwrap_or(1);
         ExportSummary {
             size: self.backend.size(),
-            flags: self.flags(),
+            flags: self.flags_for(read_only),
             description: self.description.clone(),
             block_min,
             block_preferred: BLOCK_PREFERRED_BYTES.max(caps.direct_align.unwrap_or(0) as u32).max(block_min),

@@ -2,16 +2,18 @@
 //! driven over a blocking socket until transmission starts (yielding the session and its
 //! export) or the client leaves. After STARTTLS the same loop runs over TLS; the TLS
 //! handshake itself runs under the same deadline, and at the end the session is offered
-//! to the kernel's TLS.
+//! to the kernel's TLS. The client sees only the exports the access rules give it.
 
+use std::cell::RefCell;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
-use sluice_proto::{Handshake, Next, Session, TlsMode};
+use sluice_proto::{Catalog, ExportSummary, Handshake, Next, Session, TlsMode};
 
+use crate::access::{Access, Client, Grant};
 use crate::export::{Export, Exports};
 use crate::tls::{self, Encryption, TlsServer, TlsSession};
 
@@ -33,12 +35,57 @@ pub struct Negotiation {
     pub tls_client: Option<String>,
 }
 
+/// The exports as one client may see them: an export the rules refuse it does not exist
+/// (UNKNOWN to INFO and GO, absent from LIST), and one they give it read-only is offered
+/// read-only. What the client is grows when TLS starts.
+pub struct Visible<'a> {
+    exports: &'a Exports,
+    access: &'a Access,
+    client: RefCell<Client>,
+    /// The first export this client asked for and was refused, for the log.
+    refused: RefCell<Option<String>>,
+}
+
+impl<'a> Visible<'a> {
+    pub fn new(exports: &'a Exports, access: &'a Access, client: Client) -> Visible<'a> {
+        Visible { exports, access, client: RefCell::new(client), refused: RefCell::default() }
+    }
+
+    /// The first export the rules refused this client, if any was asked for.
+    pub fn refused(&self) -> Option<String> {
+        self.refused.borrow().clone()
+    }
+
+    fn grant(&self, name: &str) -> Grant {
+        self.access.grant(name, &self.client.borrow())
+    }
+}
+
+impl Catalog for Visible<'_> {
+    fn lookup(&self, name: &str) -> Option<ExportSummary> {
+        let export = self.exports.get(name)?;
+        match self.grant(name) {
+            Grant::Refused => {
+                self.refused.borrow_mut().get_or_insert_with(|| name.to_owned());
+                None
+            }
+            Grant::ReadOnly => Some(export.summary_for(true)),
+            Grant::ReadWrite => Some(export.summary()),
+        }
+    }
+
+    fn list(&self) -> Vec<(String, Option<String>)> {
+        let visible = self.exports.iter().filter(|e| self.grant(&e.name) != Grant::Refused);
+        visible.map(|e| (e.name.clone(), e.description.clone())).collect()
+    }
+}
+
 /// Runs the handshake over `stream` until transmission (Some) or a clean close (None);
 /// every read and write, the TLS handshake's included, must finish within `timeout_ms` of
 /// the start.
 pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
     stream: &mut S,
-    exports: &Exports,
+    exports: &Visible,
     tls: Option<&TlsServer>,
     timeout_ms: u64,
 ) -> io::Result<Option<Negotiation>> {
@@ -72,7 +119,9 @@ pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
                 // The acknowledgement went out in plaintext above; every byte from here on
                 // is read by OpenSSL, none by the option parser.
                 let socket = plain.stream.as_fd().try_clone_to_owned()?;
-                session = Some(tls::accept(server, socket, deadline)?);
+                let started = tls::accept(server, socket, deadline)?;
+                tls::identity::learn(started.ssl(), &mut exports.client.borrow_mut());
+                session = Some(started);
                 next = hs.tls_started();
             }
             Next::Close { reason } => {
@@ -80,7 +129,7 @@ pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
                 return Ok(None);
             }
             Next::Transmission(neg) => {
-                let export = Arc::clone(exports.get(&neg.export).expect("the handshake negotiates only exports that exist"));
+                let export = Arc::clone(exports.exports.get(&neg.export).expect("the handshake negotiates only exports that exist"));
                 let session_state = Session {
                     size: neg.summary.size,
                     flags: neg.flags,

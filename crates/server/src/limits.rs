@@ -33,6 +33,11 @@ pub const INFLIGHT_BYTES_PER_WORKER_DEFAULT: usize = 4 * INFLIGHT_BYTES_PER_CONN
 /// Concurrent client connections, handshaking or transmitting, across the server.
 pub const CONNECTIONS_DEFAULT: usize = 1024;
 
+/// Connections one client (an address, or a Unix peer's uid) may hold at once: an eighth of
+/// the server's, far above what one host uses (the kernel client's `-C`, qemu's and
+/// nbdcopy's multi-conn use 4 to 16), so that one host cannot take every slot.
+pub const CONNECTIONS_PER_CLIENT_DEFAULT: usize = CONNECTIONS_DEFAULT / 8;
+
 /// Time a client has to finish the handshake before it is dropped.
 pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 
@@ -291,6 +296,8 @@ pub struct Limits {
     /// Payload bytes all connections of one worker thread may hold; bounds server memory.
     pub inflight_bytes_per_worker: usize,
     pub connections: usize,
+    /// Connections one address (or one Unix peer's uid) may hold at once.
+    pub connections_per_client: usize,
     pub handshake_timeout_ms: u64,
     /// Most registered buffer memory per worker thread.
     pub buffer_pool_bytes_per_worker: usize,
@@ -307,6 +314,7 @@ impl Default for Limits {
             inflight_bytes_per_connection: INFLIGHT_BYTES_PER_CONNECTION_DEFAULT,
             inflight_bytes_per_worker: INFLIGHT_BYTES_PER_WORKER_DEFAULT,
             connections: CONNECTIONS_DEFAULT,
+            connections_per_client: CONNECTIONS_PER_CLIENT_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             buffer_pool_bytes_per_worker: BUFFER_POOL_BYTES_PER_WORKER_DEFAULT,
             buffer_pool_quiet_ms: BUFFER_POOL_QUIET_MS_DEFAULT,
@@ -316,7 +324,7 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The keys whose change a reload cannot apply: every budget but the connection count
+    /// The keys whose change a reload cannot apply: every budget but the connection counts
     /// and the handshake timeout is given to the workers when they start.
     pub fn changes_needing_restart(&self, next: &Limits) -> Vec<&'static str> {
         let fixed = [
@@ -345,6 +353,9 @@ impl Limits {
         }
         if self.connections == 0 {
             return Err("connections must be at least 1".into());
+        }
+        if self.connections_per_client == 0 {
+            return Err("connections-per-client must be at least 1".into());
         }
         Ok(())
     }

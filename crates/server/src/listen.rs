@@ -14,10 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::admission::{Connections, Permit};
+use crate::access::{Access, Client};
+use crate::admission::{ClientKey, Connections, Permit, Refusal};
 use crate::export::Exports;
-use crate::handshake::{negotiate, Negotiation, Timeouts};
+use crate::handshake::{negotiate, Negotiation, Timeouts, Visible};
 use crate::limits::{Limits, ACCEPT_RETRY_DELAY_MS};
+use crate::metrics::{Metrics, Refused};
 use crate::tls::TlsServer;
 use crate::worker::{NewConnection, WorkerHandle};
 
@@ -128,7 +130,7 @@ impl Listener {
 
     /// Waits for a client or the stop: None once stopped. A client that left the queue
     /// before it was taken (or a socket the manager made non-blocking) is `WouldBlock`.
-    fn accept(&self) -> io::Result<Option<(Stream, String)>> {
+    fn accept(&self) -> io::Result<Option<Accepted>> {
         use rustix::event::{PollFd, PollFlags};
         let socket = self.socket_fd();
         let mut fds = [PollFd::new(&socket, PollFlags::IN), PollFd::new(&self.wake, PollFlags::IN)];
@@ -140,16 +142,21 @@ impl Listener {
             Socket::Tcp(l) => {
                 let (s, addr) = l.accept()?;
                 s.set_nodelay(true)?;
-                Ok(Some((Stream::Tcp(s), addr.to_string())))
+                let client = Client { addr: Some(addr.ip().to_canonical()), ..Client::default() };
+                Ok(Some(Accepted { stream: Stream::Tcp(s), peer: addr.to_string(), client }))
             }
             Socket::Unix(l, p, _) => {
                 let (s, _) = l.accept()?;
-                // Who is at the other end: the only name a Unix peer has for the log.
-                let peer = match rustix::net::sockopt::socket_peercred(&s) {
-                    Ok(c) => format!("unix:{} uid={} pid={}", p.display(), c.uid.as_raw(), c.pid.as_raw_nonzero()),
-                    Err(_) => format!("unix:{}", p.display()),
+                // Who is at the other end: the only name a Unix peer has, for the log and
+                // for the access rules (a peer whose credentials are unknown matches none).
+                let (peer, client) = match rustix::net::sockopt::socket_peercred(&s) {
+                    Ok(c) => (
+                        format!("unix:{} uid={} pid={}", p.display(), c.uid.as_raw(), c.pid.as_raw_nonzero()),
+                        Client { uid: Some(c.uid.as_raw()), gid: Some(c.gid.as_raw()), ..Client::default() },
+                    ),
+                    Err(_) => (format!("unix:{}", p.display()), Client::default()),
                 };
-                Ok(Some((Stream::Unix(s), peer)))
+                Ok(Some(Accepted { stream: Stream::Unix(s), peer, client }))
             }
         }
     }
@@ -168,6 +175,20 @@ impl Drop for Listener {
         if let Socket::Unix(_, _, Some(path)) = &self.socket {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+/// A connection just accepted: its socket, its name for the log, and what the access
+/// rules can know of it before the handshake.
+struct Accepted {
+    stream: Stream,
+    peer: String,
+    client: Client,
+}
+
+impl Accepted {
+    fn key(&self) -> Option<ClientKey> {
+        self.client.addr.map(ClientKey::Addr).or(self.client.uid.map(ClientKey::Uid))
     }
 }
 
@@ -241,10 +262,12 @@ impl Write for Stream {
     }
 }
 
-/// What new connections are served: the exports, TLS and the acceptor's limits. A reload
-/// swaps it whole; a connection keeps the export it opened, so one that was removed drains.
+/// What new connections are served: the exports, who may use them, TLS and the acceptor's
+/// limits. A reload swaps it whole; a connection keeps the export it opened, so one that
+/// was removed drains.
 pub struct Served {
     pub exports: Arc<Exports>,
+    pub access: Arc<Access>,
     pub tls: Option<Arc<TlsServer>>,
     pub limits: Limits,
 }
@@ -256,16 +279,18 @@ pub struct Acceptor {
     pub shutdown: Arc<AtomicBool>,
     next_worker: AtomicUsize,
     connections: Arc<Connections>,
+    metrics: Arc<Metrics>,
 }
 
 impl Acceptor {
-    pub fn new(served: Served, workers: Vec<WorkerHandle>, shutdown: Arc<AtomicBool>) -> Acceptor {
+    pub fn new(served: Served, workers: Vec<WorkerHandle>, shutdown: Arc<AtomicBool>, metrics: Arc<Metrics>) -> Acceptor {
         Acceptor {
             served: RwLock::new(Arc::new(served)),
             workers,
             shutdown,
             next_worker: AtomicUsize::new(0),
             connections: Arc::default(),
+            metrics,
         }
     }
 
@@ -287,8 +312,8 @@ impl Acceptor {
     /// Accepts until shutdown.
     pub fn accept_loop(self: Arc<Self>, listener: Arc<Listener>) {
         while !self.shutdown.load(Ordering::Relaxed) {
-            let (stream, peer) = match listener.accept() {
-                Ok(Some(s)) => s,
+            let accepted = match listener.accept() {
+                Ok(Some(a)) => a,
                 Ok(None) => return,
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
                 Err(e) => {
@@ -302,22 +327,52 @@ impl Acceptor {
                 }
             };
             let served = self.served();
-            let Some(permit) = Permit::try_take(&self.connections, served.limits.connections) else {
-                log::warn!("{peer}: refused, {} connections already open", served.limits.connections);
-                continue;
-            };
+            let Some(permit) = self.admit(&accepted, &served) else { continue };
             let me = Arc::clone(&self);
             let spawned = std::thread::Builder::new()
                 .name("sluice-handshake".into())
-                .spawn(move || me.handshake(stream, peer, permit, &served));
+                .spawn(move || me.handshake(accepted, permit, &served));
             if let Err(e) = spawned {
                 log::warn!("cannot start a handshake thread: {e}");
             }
         }
     }
 
-    fn handshake(&self, mut stream: Stream, peer: String, permit: Permit, served: &Served) {
-        match negotiate(&mut stream, &served.exports, served.tls.as_deref(), served.limits.handshake_timeout_ms) {
+    /// A permit for this connection, or None (logged and counted) when the rules admit the
+    /// client to no export or a connection limit is reached; the socket then just closes.
+    fn admit(&self, accepted: &Accepted, served: &Served) -> Option<Permit> {
+        let Accepted { peer, client, .. } = accepted;
+        let names = served.exports.iter().map(|e| e.name.as_str());
+        if !served.access.may_connect(names, client, served.tls.is_some()) {
+            log::info!("{peer}: refused by the access rules");
+            self.metrics.refused.count(Refused::Access);
+            return None;
+        }
+        let limits = &served.limits;
+        match Permit::take(&self.connections, limits.connections, accepted.key(), limits.connections_per_client) {
+            Ok(permit) => Some(permit),
+            Err(Refusal::Full) => {
+                log::warn!("{peer}: refused, {} connections already open", limits.connections);
+                self.metrics.refused.count(Refused::Connections);
+                None
+            }
+            Err(Refusal::ClientFull) => {
+                log::warn!("{peer}: refused, this client has {} connections open already (connections-per-client)", limits.connections_per_client);
+                self.metrics.refused.count(Refused::ConnectionsPerClient);
+                None
+            }
+        }
+    }
+
+    fn handshake(&self, accepted: Accepted, permit: Permit, served: &Served) {
+        let Accepted { mut stream, peer, client } = accepted;
+        let visible = Visible::new(&served.exports, &served.access, client);
+        let negotiated = negotiate(&mut stream, &visible, served.tls.as_deref(), served.limits.handshake_timeout_ms);
+        if let (Some(name), false) = (visible.refused(), matches!(negotiated, Ok(Some(_)))) {
+            log::info!("{peer}: refused export {name:?} by the access rules");
+            self.metrics.refused.count(Refused::Export);
+        }
+        match negotiated {
             Ok(Some(Negotiation { session, export, tls, tls_client })) => {
                 let fd = match stream.into_fd() {
                     Ok(fd) => fd,

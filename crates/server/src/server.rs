@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::access::Access;
 use crate::export::{Export, Exports};
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Endpoint, Listener, Served};
@@ -26,6 +27,8 @@ pub struct Config {
     pub busy_poll_us: u64,
     pub limits: Limits,
     pub exports: Exports,
+    /// Who may connect, and which exports each client may open.
+    pub access: Access,
     /// Where to serve Prometheus metrics over HTTP, if anywhere.
     pub metrics: Option<SocketAddr>,
     /// TLS, loaded and checked (`TlsServer::load`); None serves plaintext only.
@@ -143,8 +146,9 @@ impl Server {
         if let Some(t) = &config.tls {
             log_tls(t);
         }
-        let served = Served { exports: Arc::new(config.exports), tls: config.tls, limits: config.limits };
-        let acceptor = Arc::new(Acceptor::new(served, handles, Arc::clone(&shutdown)));
+        log_access(&config.access);
+        let served = Served { exports: Arc::new(config.exports), access: Arc::new(config.access), tls: config.tls, limits: config.limits };
+        let acceptor = Arc::new(Acceptor::new(served, handles, Arc::clone(&shutdown), Arc::clone(&metrics)));
         for l in &listeners {
             log::info!("listening on {}", l.describe());
             let (a, l) = (Arc::clone(&acceptor), Arc::clone(l));
@@ -186,6 +190,12 @@ fn start_workers(
     Ok((handles, joins))
 }
 
+fn log_access(access: &Access) {
+    for line in access.describe() {
+        log::info!("access: {line}");
+    }
+}
+
 fn log_export(e: &Export) {
     let ro = if e.read_only { ", read-only" } else { "" };
     let path = if e.caps().instant { String::new() } else { format!(", {} data path", e.data_path) };
@@ -212,6 +222,7 @@ fn pool_sources(exports: &Exports) -> Vec<PoolSource> {
 /// What a reload serves from now on.
 pub struct Reload {
     pub exports: Exports,
+    pub access: Access,
     pub tls: Option<Arc<TlsServer>>,
     pub limits: Limits,
 }
@@ -271,7 +282,11 @@ impl Running {
             log_tls(t);
         }
         let restart = self.workers_limits.changes_needing_restart(&next.limits);
-        let before = self.acceptor.swap(Served { exports: Arc::new(next.exports), tls: next.tls, limits: next.limits });
+        if *self.acceptor.served().access != next.access {
+            log_access(&next.access);
+        }
+        let served = Served { exports: Arc::new(next.exports), access: Arc::new(next.access), tls: next.tls, limits: next.limits };
+        let before = self.acceptor.swap(served);
         let now = self.exports();
         for e in now.iter().filter(|e| !before.exports.get(&e.name).is_some_and(|b| Arc::ptr_eq(b, e))) {
             log_export(e);

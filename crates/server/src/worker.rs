@@ -368,8 +368,8 @@ impl Worker {
                 (self.entries.len() - 1) as u32
             });
             let metrics = Arc::clone(&self.metrics);
+            let label = label(&new.export, new.session.read_only(), new.tls_client.as_deref());
             let mut conn = Conn::new(new.peer, Arc::clone(&new.export), new.session, self.limits, metrics);
-            let label = label(&new.export, new.tls_client.as_deref());
             let (tls, ktls) = secure(&mut conn, &label, new.tls);
             self.entries[index as usize] =
                 Some(Entry { conn, fd: new.fd, tls, ktls, export: new.export, label, _permit: new.permit });
@@ -418,9 +418,10 @@ const ALERT: u8 = 21;
 const CLOSE_NOTIFY: [u8; 2] = [1, 0];
 
 /// `export "vm7" (read-only) over TLSv1.3 psk:node7`: what the log says of a connection
-/// when it opens and when it closes.
-fn label(export: &Export, tls_client: Option<&str>) -> String {
-    let ro = if export.read_only { " (read-only)" } else { "" };
+/// when it opens and when it closes. Read-only as this client is served it (the export's
+/// own setting, or an access rule's `read-only-for`).
+fn label(export: &Export, read_only: bool, tls_client: Option<&str>) -> String {
+    let ro = if read_only { " (read-only)" } else { "" };
     let tls = tls_client.map(|t| format!(" over {t}")).unwrap_or_default();
     format!("export {:?}{ro}{tls}", export.name)
 }

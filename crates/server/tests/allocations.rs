@@ -96,6 +96,7 @@ fn no_allocation_per_request() {
         busy_poll_us: 0,
         limits: Limits::default(),
         exports,
+        access: Default::default(),
         metrics: None,
         tls: None,
         inherited: Vec::new(),

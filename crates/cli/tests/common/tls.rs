@@ -70,6 +70,21 @@ impl Keys {
         self.path("client-ca-only")
     }
 
+    /// A client directory like `client_dir`, with a certificate from the same CA whose
+    /// subject has `template`'s names (certtool's keys: `cn = "bob"`, `organization = ...`).
+    /// Its key is RSA: qemu wants a client certificate's key usage to allow key
+    /// encipherment, which an ECDSA key cannot have.
+    pub fn client_dir_for(&self, name: &str, template: &str) -> PathBuf {
+        let dir = self.path(&format!("client-{name}"));
+        let ca = self.ca_dir();
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::copy(ca.join("ca-cert.pem"), dir.join("ca-cert.pem")).unwrap();
+        tool("certtool", &["--generate-privkey", "--key-type=rsa", "--bits=2048", "--outfile", path_str(&dir.join("client-key.pem"))]);
+        let template = format!("{template}\ntls_www_client\nsigning_key\nencryption_key\nexpiration_days = 3650\n");
+        certificate(&dir.join("client-cert.pem"), &dir.join("client-key.pem"), Some(&ca), &template);
+        dir
+    }
+
     /// Trusts the right CA but shows a certificate from the unrelated one, which a server
     /// with verify-peer refuses.
     pub fn untrusted_client_dir(&self) -> PathBuf {

@@ -425,6 +425,18 @@ impl Client {
         Client::new(Stream::Tcp(s))
     }
 
+    /// Connects to `dest` from the source address `source` (bound first), as a client on
+    /// another host of the loopback network would.
+    pub fn tcp_from(source: std::net::IpAddr, dest: std::net::SocketAddr) -> io::Result<Client> {
+        use rustix::net::{AddressFamily, SocketType};
+        let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None)?;
+        rustix::net::bind(&fd, &std::net::SocketAddr::new(source, 0))?;
+        rustix::net::connect(&fd, &dest)?;
+        let s = TcpStream::from(fd);
+        s.set_nodelay(true)?;
+        Ok(Client::new(Stream::Tcp(s)))
+    }
+
     fn new(stream: Stream) -> Client {
         stream.set_timeouts(IO_TIMEOUT);
         // Handles with bytes in both halves, so a byte-order slip shows.

@@ -138,6 +138,7 @@ impl Collector for Metrics {
         out.extend(super::watch::families(&self.boards, &names));
         out.extend(super::pool::families(&self.pools.lock().unwrap_or_else(|e| e.into_inner())));
         out.extend(super::buffers::families(&self.buffers));
+        out.extend(super::refused::families(&self.refused));
         out
     }
 }
@@ -276,10 +277,11 @@ mod tests {
     fn render_has_each_family_once_and_escapes_export_names() {
         let m = Metrics::new(&names(&["", "a\"b\\c\nd", "plain"]));
         let text = rendered(&m);
-        // The buffer pools' families follow, built at scrape time (metrics/buffers.rs).
+        // The buffer pools' and refusals' families follow, built at scrape time
+        // (metrics/buffers.rs, metrics/refused.rs).
         let headers: Vec<_> = text
             .lines()
-            .filter(|l| l.starts_with('#') && !l.contains(" sluice_buffer_"))
+            .filter(|l| l.starts_with('#') && !l.contains(" sluice_buffer_") && !l.contains(" sluice_connections_refused_total "))
             .filter(|l| !l.contains(" sluice_requests_slow ") && !l.contains(" sluice_request_oldest_seconds "))
             .collect();
         let expected: Vec<_> = HEADERS
@@ -290,7 +292,7 @@ mod tests {
         for line in text.lines() {
             assert!(line.starts_with("# ") || line.starts_with("sluice_"), "stray line {line:?}");
         }
-        assert!(text.ends_with("_total 0\n"), "no trailer after the last sample");
+        assert!(text.ends_with("\"} 0\n"), "no trailer after the last sample");
         assert!(text.contains(r#"sluice_connections{export="a\"b\\c\nd"} 0"#));
         assert!(text.contains(r#"sluice_requests_total{export="",op="block_status"} 0"#));
         assert!(text.contains(r#"sluice_request_phase_seconds_count{export="plain",op="trim",phase="queue"} 0"#));
@@ -308,11 +310,12 @@ mod tests {
     }
 
     #[test]
-    fn no_exports_render_only_the_buffer_pools() {
+    fn no_exports_render_only_the_server_wide_families() {
         let text = rendered(&Metrics::new(&[]));
         let series: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
-        assert_eq!(series.len(), 4, "{text}");
-        assert!(series.iter().all(|l| l.starts_with("sluice_buffer_")), "{text}");
+        assert_eq!(series.len(), 8, "{text}");
+        let server_wide = |l: &&str| l.starts_with("sluice_buffer_") || l.starts_with("sluice_connections_refused_total{");
+        assert!(series.iter().all(server_wide), "{text}");
     }
 
     #[test]

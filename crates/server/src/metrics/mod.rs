@@ -7,9 +7,11 @@ mod endpoint;
 mod exposition;
 mod pool;
 mod recorder;
+mod refused;
 mod watch;
 
 pub use endpoint::{serve_http, MetricsServer};
 pub use pool::{PoolProbe, PoolSource};
 pub use recorder::{Metrics, Op, Phases};
+pub use refused::{Refusals, Refused};
 pub use watch::{Board, Look};

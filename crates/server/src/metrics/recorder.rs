@@ -130,6 +130,8 @@ pub struct Metrics {
     pub buffers: Arc<BufferStats>,
     /// What each worker last saw of requests held at a backend.
     pub(super) boards: Boards,
+    /// Connections turned away, by reason.
+    pub refused: super::Refusals,
 }
 
 impl Metrics {
@@ -148,6 +150,7 @@ impl Metrics {
             pools: Mutex::new(pools),
             buffers: Arc::default(),
             boards: Boards::new(capacity),
+            refused: Default::default(),
         };
         for name in export_names {
             metrics.add_export(name).expect("room for the first exports");

@@ -136,11 +136,12 @@ fn check(settings: &TlsSettings) -> Result<bool, String> {
 /// OpenSSL calls this for TLS 1.2 PSK suites and for TLS 1.3 external PSKs, which it
 /// pairs with SHA-256 suites as GnuTLS does.
 fn set_psk(b: &mut SslContextBuilder, keys: HashMap<String, Vec<u8>>) {
-    b.set_psk_server_callback(move |_, identity, out| {
+    b.set_psk_server_callback(move |ssl, identity, out| {
         let id = identity.map(String::from_utf8_lossy).unwrap_or_default();
         match keys.get(id.as_ref()) {
             Some(key) if key.len() <= out.len() => {
                 out[..key.len()].copy_from_slice(key);
+                super::identity::remember_psk(ssl, &id);
                 Ok(key.len())
             }
             _ => {

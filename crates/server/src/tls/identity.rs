@@ -1,19 +1,54 @@
 //! Who a TLS client is, as the log (and access rules) name it: the protocol version and
 //! the client's PSK identity or certificate subject.
 
-use openssl::ssl::SslRef;
+use std::sync::OnceLock;
+
+use openssl::ex_data::Index;
+use openssl::nid::Nid;
+use openssl::ssl::{Ssl, SslRef};
 use openssl::x509::X509NameRef;
+
+use crate::access::Client;
+use crate::rfc4514::escape;
 
 /// "TLSv1.3 psk:alice", "TLSv1.3 x509:CN=node7,O=Example", or "TLSv1.3" for a client
 /// that showed neither.
 pub fn describe(ssl: &SslRef) -> String {
     let version = ssl.version_str();
-    if let Some(id) = ssl.psk_identity() {
-        return format!("{version} psk:{}", String::from_utf8_lossy(id));
+    if let Some(id) = psk_identity(ssl) {
+        return format!("{version} psk:{id}");
     }
     match ssl.peer_certificate() {
         Some(cert) => format!("{version} x509:{}", rfc4514(cert.subject_name())),
         None => version.to_owned(),
+    }
+}
+
+/// Where the PSK callback leaves the identity whose key it gave: OpenSSL's own record of it
+/// (SSL_get_psk_identity) is empty right after a TLS 1.3 handshake, when the rules need it.
+fn psk_index() -> Index<Ssl, String> {
+    static INDEX: OnceLock<Index<Ssl, String>> = OnceLock::new();
+    *INDEX.get_or_init(|| Ssl::new_ex_index().expect("OpenSSL has room for one more index"))
+}
+
+/// Called by the PSK callback with the identity whose key it found.
+pub fn remember_psk(ssl: &mut SslRef, identity: &str) {
+    ssl.set_ex_data(psk_index(), identity.to_owned());
+}
+
+fn psk_identity(ssl: &SslRef) -> Option<String> {
+    let remembered = ssl.ex_data(psk_index()).cloned();
+    remembered.or_else(|| ssl.psk_identity().map(|id| String::from_utf8_lossy(id).into_owned()))
+}
+
+/// What access rules may know of a TLS client: its PSK identity, or its certificate's
+/// subject and common name (the most specific CN when there are several).
+pub fn learn(ssl: &SslRef, client: &mut Client) {
+    client.psk = psk_identity(ssl);
+    if let Some(cert) = ssl.peer_certificate() {
+        let subject = cert.subject_name();
+        client.x509 = Some(rfc4514(subject));
+        client.x509_cn = subject.entries_by_nid(Nid::COMMONNAME).last().and_then(|e| e.data().to_string().ok()).map(|s| s.to_string());
     }
 }
 
@@ -30,20 +65,6 @@ pub fn rfc4514(name: &X509NameRef) -> String {
         .collect();
     parts.reverse();
     parts.join(",")
-}
-
-/// Escapes the characters RFC 4514 says a value must escape.
-pub fn escape(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    let last = value.chars().count().saturating_sub(1);
-    for (i, c) in value.chars().enumerate() {
-        let edge_space = c == ' ' && (i == 0 || i == last);
-        if matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';') || edge_space || (i == 0 && c == '#') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]
