@@ -338,3 +338,27 @@ fn check_shows_the_rules_and_doubts_tls_rules_without_tls() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an address"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn with_tls_offered_a_plaintext_client_matches_no_tls_rule() {
+    require!("certtool", "psktool");
+    let keys = Keys::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let file = config(dir.path(), "tls = \"on\"\n[[export]]\nname = \"vm7\"\nspec = \"memory:1M\"\nallow = [\"x509-cn:alice\", \"psk:alice\"]\n[[export]]\nname = \"open\"\nspec = \"memory:1M\"\n");
+    let s = start_with(&file, &["--tls-certificates", keys.server_dir().to_str().unwrap()]);
+    let names = |c: &mut Client| -> Vec<String> {
+        let list = c.ask(OPT_LIST, &[]);
+        list.iter().filter(|r| r.kind == REP_SERVER).map(|r| String::from_utf8_lossy(&r.data[4..]).into_owned()).collect()
+    };
+    let mut c = Client::tcp(s.port);
+    c.start();
+    assert_eq!(names(&mut c), ["open"], "plaintext: vm7 is not listed");
+    assert_eq!(c.ask(OPT_INFO, &info_data("vm7", &[])).last().unwrap().kind, REP_ERR_UNKNOWN);
+    // Under TLS without a client certificate, still nobody the rules name.
+    assert_eq!(c.ask(OPT_STARTTLS, &[]).last().unwrap().kind, REP_ACK);
+    c.start_tls(&keys.ca_dir()).expect("TLS handshake");
+    assert_eq!(names(&mut c), ["open"], "TLS without a certificate: vm7 is not listed");
+    assert_eq!(c.ask(OPT_GO, &info_data("vm7", &[])).last().unwrap().kind, REP_ERR_UNKNOWN);
+    let e = c.go("open", true, false);
+    assert_eq!(e.size, 1 << 20);
+}
