@@ -56,7 +56,7 @@ impl Client {
     /// Connects with `options`: several connections for multi-conn, and reconnecting.
     pub async fn connect_with(uri: &Uri, options: &Options) -> Result<Client, Error> {
         if let Address::Pool(path) = &uri.address {
-            let (export, driver) = crate::pool::open(path, options).await?;
+            let (export, driver) = crate::pool::open(path, options, options.degraded).await?;
             return Ok(Client { inner: Arc::new(Inner { export, transport: Transport::Pool(driver) }) });
         }
         let first = handshake::open(uri, options, options.connect_timeout).await?;

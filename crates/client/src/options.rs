@@ -18,6 +18,11 @@ pub struct Options {
     /// Re-establish a connection that drops, and resend the requests it cut off. `None`
     /// (the default): a dropped connection stays down and its requests fail.
     pub reconnect: Option<Reconnect>,
+    /// For a `pool:` URI: assemble a redundant pool even when members cannot be reached,
+    /// as long as every set keeps an in-sync copy; the missing ones are tried again in the
+    /// background and rebuilt when they answer. Only for members known to hold nothing
+    /// newer than the others (mdadm's `--run`).
+    pub degraded: bool,
 }
 
 impl Default for Options {
@@ -28,6 +33,7 @@ impl Default for Options {
             block_status: true,
             connect_timeout: Duration::from_millis(CONNECT_TIMEOUT_MS),
             reconnect: None,
+            degraded: false,
         }
     }
 }

@@ -24,8 +24,8 @@ pub(crate) struct PoolDriver<M: Member> {
 
 impl<M: Member> PoolDriver<M> {
     /// Starts driving an assembled coordinator whose clock started at `start`; `members`
-    /// are connected, in the pool file's order.
-    pub(crate) fn start(coord: Coordinator, members: Vec<M>, uris: Vec<Uri>, options: M::Options, start: Instant, member_timeout_ms: u64) -> PoolDriver<M> {
+    /// are in the pool file's order, None for one the pool was assembled without.
+    pub(crate) fn start(coord: Coordinator, members: Vec<Option<M>>, uris: Vec<Uri>, options: M::Options, start: Instant, member_timeout_ms: u64) -> PoolDriver<M> {
         let (shared, woken) = Shared::new(coord, members, uris, options, start);
         tokio::spawn(supervise(Arc::downgrade(&shared), woken));
         // Assembling may already have asked for work (superblocks to write, resync).

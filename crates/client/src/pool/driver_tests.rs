@@ -26,7 +26,7 @@ async fn mirror(fakes: &[Fake]) -> PoolDriver<Fake> {
     let found = read_all(fakes).await.into_iter().map(Some).collect();
     let coord = Coordinator::assemble(&spec, found, session(), false, 0).unwrap();
     let uris = spec.members.iter().map(|m| Uri::parse(m).unwrap()).collect();
-    PoolDriver::start(coord, fakes.to_vec(), uris, (), Instant::now(), spec.member_timeout_ms)
+    PoolDriver::start(coord, fakes.iter().cloned().map(Some).collect(), uris, (), Instant::now(), spec.member_timeout_ms)
 }
 
 async fn read_all(fakes: &[Fake]) -> Vec<Found> {
@@ -81,5 +81,28 @@ async fn a_failing_member_is_dropped_and_the_write_lands_on_the_other() {
     assert_eq!(states, [MemberState::InSync, MemberState::Missing]);
     let Ok(Outcome::Read(got)) = pool.call(CMD_READ, 0, 0, 4096, &[], vec![vec![0; 4096]]).await else { panic!("read failed") };
     assert_eq!(got, vec![data]);
+    pool.disconnect().await;
+}
+
+#[tokio::test]
+async fn a_pool_assembled_without_a_member_serves_from_the_others() {
+    let fakes = fakes();
+    let spec = PoolSpec::parse("layout = \"mirror\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]").unwrap();
+    let found = read_all(&fakes).await;
+    for (f, image) in fakes.iter().zip(format(&spec, &found, [7; 16], false).unwrap()) {
+        f.put(0, &image);
+    }
+    let found = vec![Some(read_found(&fakes[0]).await.unwrap()), None];
+    let coord = Coordinator::assemble(&spec, found, session(), true, 0).unwrap();
+    let uris = spec.members.iter().map(|m| Uri::parse(m).unwrap()).collect();
+    let pool = PoolDriver::start(coord, vec![Some(fakes[0].clone()), None], uris, (), Instant::now(), spec.member_timeout_ms);
+    let data = vec![0x3c; 4096];
+    assert!(matches!(write(&pool, 8192, &data, true).await, Ok(Outcome::Done)));
+    assert_eq!(fakes[0].bytes(META_BYTES + 8192, 4096), data);
+    assert!(fakes[1].calls().iter().all(|c| !matches!(c, super::fake::Call::Write { .. })), "the missing member got a write: {:?}", fakes[1].calls());
+    let Ok(Outcome::Read(got)) = pool.call(CMD_READ, 0, 8192, 4096, &[], vec![vec![0; 4096]]).await else { panic!("read failed") };
+    assert_eq!(got, vec![data]);
+    let states: Vec<MemberState> = pool.status().members.iter().map(|m| m.state).collect();
+    assert_eq!(states, [MemberState::InSync, MemberState::Missing]);
     pool.disconnect().await;
 }

@@ -9,41 +9,66 @@ use super::session::session;
 use crate::error::Error;
 use crate::export::Export;
 use crate::limits::{POOL_BLOCK_MAX_BYTES, POOL_BLOCK_MIN_BYTES, POOL_BLOCK_PREFERRED_BYTES};
-use sluice_pool::{Coordinator, PoolSpec};
+use crate::uri::Uri;
+use sluice_pool::{Coordinator, Found, PoolSpec};
 use sluice_proto::wire::*;
 use std::path::Path;
 use std::time::Instant;
 
-/// Opens the pool `path` describes; every member must answer.
-pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options) -> Result<(Export, PoolDriver<M>), Error> {
+/// Opens the pool `path` describes. Every member must answer, unless `degraded`: then a
+/// redundant pool is assembled without those that do not, as long as every set keeps an
+/// in-sync copy.
+pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options, degraded: bool) -> Result<(Export, PoolDriver<M>), Error> {
     let named = |e: Error| match e {
         Error::Pool(m) => Error::Pool(format!("pool {}: {m}", path.display())),
         other => other,
     };
     let spec = PoolSpec::load(path).map_err(Error::Pool)?;
     let uris = member_uris(&spec).map_err(named)?;
-    let mut members = Vec::with_capacity(uris.len());
-    for m in connect_all(&uris, |u| M::connect(u, options)).await {
-        members.push(m.map_err(named)?);
-    }
-    let found = read_all(&members, &uris).await.map_err(named)?;
-    let found = take_over(&spec, &members, &uris, found).await?;
+    let members = reach(&spec, &uris, options, degraded).await.map_err(named)?;
+    let (present, present_uris): (Vec<M>, Vec<_>) = members.iter().zip(&uris).filter_map(|(m, u)| Some((m.clone()?, u.clone()))).unzip();
+    let found = read_all(&present, &present_uris).await.map_err(named)?;
+    let mut found = take_over(&spec, &present, &present_uris, found).await?.into_iter();
+    let found: Vec<Option<Found>> = members.iter().map(|m| m.as_ref().and_then(|_| found.next())).collect();
     let start = Instant::now();
-    let coord = Coordinator::assemble(&spec, found.into_iter().map(Some).collect(), session(), false, 0)
-        .map_err(|e| Error::Refused(format!("pool {}: {e}", path.display())))?;
-    let export = export(path, &spec, coord.size(), &members);
+    let coord = Coordinator::assemble(&spec, found, session(), degraded, 0).map_err(|e| Error::Refused(format!("pool {}: {e}", path.display())))?;
+    let missing: Vec<String> = members.iter().zip(&uris).filter(|(m, _)| m.is_none()).map(|(_, u)| u.to_string()).collect();
+    if !missing.is_empty() {
+        log::warn!("pool {}: DEGRADED: assembled without {}; they are tried again in the background and rebuilt when they answer", path.display(), missing.join(", "));
+    }
+    let export = export(path, &spec, coord.size(), members.iter().flatten());
     let driver = PoolDriver::start(coord, members, uris, options.clone(), start, spec.member_timeout_ms);
     Ok((export, driver))
 }
 
+/// Connects to every member; one that cannot be reached is None when `degraded` allows
+/// it (a redundant layout), and otherwise an error that says how to go on without it.
+async fn reach<M: Member>(spec: &PoolSpec, uris: &[Uri], options: &M::Options, degraded: bool) -> Result<Vec<Option<M>>, Error> {
+    let mut members = Vec::with_capacity(uris.len());
+    for m in connect_all(uris, |u| M::connect(u, options)).await {
+        members.push(match m {
+            Ok(m) => Some(m),
+            Err(e) if degraded && spec.layout.redundant() => {
+                log::warn!("{e}");
+                None
+            }
+            Err(Error::Pool(m)) if spec.layout.redundant() => {
+                return Err(Error::Pool(format!("{m} (--degraded assembles the pool without it, if it holds nothing newer than the others)")))
+            }
+            Err(e) => return Err(e),
+        });
+    }
+    Ok(members)
+}
+
 /// The volume as an export: what any client of one coherent volume may use. Blocks are
 /// no smaller than any member's, so that no member refuses a piece of a request.
-fn export<M: Member>(path: &Path, spec: &PoolSpec, size: u64, members: &[M]) -> Export {
-    let block_min = members.iter().map(|m| m.export().block_min).fold(POOL_BLOCK_MIN_BYTES, u32::max);
+fn export<'a, M: Member>(path: &Path, spec: &PoolSpec, size: u64, members: impl Iterator<Item = &'a M> + Clone) -> Export {
+    let block_min = members.clone().map(|m| m.export().block_min).fold(POOL_BLOCK_MIN_BYTES, u32::max);
     let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_CAN_MULTI_CONN;
     // A write must reach every copy, so one member that refuses writes makes the pool
     // refuse them.
-    if members.iter().any(|m| m.export().read_only()) {
+    if members.clone().any(|m| m.export().read_only()) {
         flags |= FLAG_READ_ONLY;
     }
     Export {
@@ -69,7 +94,7 @@ mod tests {
     fn the_export_is_one_coherent_volume() {
         let spec = PoolSpec::parse("layout = \"mirror\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]").unwrap();
         let members = [Fake::new(1 << 21, false, false, false), Fake::new(1 << 21, true, true, true)];
-        let e = export(Path::new("/etc/p.toml"), &spec, 1 << 20, &members);
+        let e = export(Path::new("/etc/p.toml"), &spec, 1 << 20, members.iter());
         assert_eq!((e.name.as_str(), e.size, e.block_min, e.block_preferred, e.block_max), ("/etc/p.toml", 1 << 20, 512, 4096, 32 << 20));
         assert!(e.can_flush() && e.can_fua() && e.can_trim() && e.can_zero() && e.can_multi_conn());
         assert!(!e.read_only() && !e.can_cache() && !e.can_fast_zero() && e.structured && !e.base_allocation);
@@ -80,7 +105,7 @@ mod tests {
     fn the_largest_member_block_and_any_read_only_member_count() {
         let spec = PoolSpec::parse("layout = \"stripe\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\"]").unwrap();
         let members = [Fake::new(1 << 21, true, true, true).with_flags(0, 4096), Fake::new(1 << 21, true, true, true).with_flags(FLAG_READ_ONLY, 1)];
-        let e = export(Path::new("p"), &spec, 1 << 20, &members);
+        let e = export(Path::new("p"), &spec, 1 << 20, members.iter());
         assert_eq!((e.block_min, e.block_preferred), (4096, 4096));
         assert!(e.read_only());
     }

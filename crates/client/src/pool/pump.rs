@@ -65,10 +65,19 @@ enum Sink {
 }
 
 impl<M: Member> Shared<M> {
-    pub(crate) fn new(coord: Coordinator, members: Vec<M>, uris: Vec<Uri>, options: M::Options, start: Instant) -> (Arc<Self>, mpsc::UnboundedReceiver<Wake>) {
-        let slots = members.into_iter().map(|m| Slot { client: Some(m), ops: HashMap::new(), reconnecting: false }).collect();
-        let core = Core { coord, requests: HashMap::new(), copies: HashMap::new(), members: slots, armed: None, closed: false };
+    /// `members[i]` is None for a member the pool was assembled without (degraded): it
+    /// is tried again at once, as one that was dropped.
+    pub(crate) fn new(coord: Coordinator, members: Vec<Option<M>>, uris: Vec<Uri>, options: M::Options, start: Instant) -> (Arc<Self>, mpsc::UnboundedReceiver<Wake>) {
         let (wake, woken) = mpsc::unbounded_channel();
+        let mut slots = Vec::with_capacity(members.len());
+        for (i, client) in members.into_iter().enumerate() {
+            let reconnecting = client.is_none();
+            if reconnecting {
+                let _ = wake.send(Wake::Reconnect(i));
+            }
+            slots.push(Slot { client, ops: HashMap::new(), reconnecting });
+        }
+        let core = Core { coord, requests: HashMap::new(), copies: HashMap::new(), members: slots, armed: None, closed: false };
         let shared = Shared { core: Mutex::new(core), start, uris, options, wake, stopped: watch::Sender::new(false) };
         (Arc::new(shared), woken)
     }

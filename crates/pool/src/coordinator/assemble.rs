@@ -18,8 +18,14 @@ impl Coordinator {
             return Err(format!("{} members found for {} in the pool file", found.len(), spec.members.len()));
         }
         let missing: Vec<&str> = (0..found.len()).filter(|&i| found[i].is_none()).map(|i| spec.members[i].as_str()).collect();
+        if !missing.is_empty() && !spec.layout.redundant() {
+            return Err(format!("cannot reach member(s) {}; a stripe keeps one copy of every unit, so it cannot be served without them", missing.join(", ")));
+        }
         if !missing.is_empty() && !degraded {
-            return Err(format!("cannot reach member(s) {}; assemble degraded only if you know they hold nothing newer", missing.join(", ")));
+            return Err(format!(
+                "cannot reach member(s) {}; --degraded assembles without them, but only do that if you know they hold nothing newer than the others",
+                missing.join(", ")
+            ));
         }
         for (i, f) in found.iter().enumerate() {
             if f.as_ref().is_some_and(|f| f.read_only) {
@@ -86,6 +92,7 @@ impl Coordinator {
             stopping: Stopping::Running,
         };
         c.place_members(&auth, &sbs);
+        c.check_every_set_has_a_copy()?;
         if spec.layout.redundant() && auth.owner.session != 0 {
             // The last coordinator did not stop cleanly: copies may differ where it was writing.
             c.reconcile_dirty();
@@ -127,6 +134,18 @@ impl Coordinator {
                 self.add_job(JobKind::Rebuild, m, todo);
             }
         }
+    }
+
+    /// A set with no in-sync member has no copy to serve its units from: the missing
+    /// members are the only ones that may hold them.
+    fn check_every_set_has_a_copy(&self) -> Result<(), String> {
+        for set in 0..self.map.sets {
+            if !self.map.members_of(set).any(|m| self.members[m].in_sync()) {
+                let names: Vec<String> = self.map.members_of(set).map(|m| format!("{} ({})", self.spec.members[m], self.member_state(m).name())).collect();
+                return Err(format!("no member of set {set} is in sync ({}): the pool cannot be served until one returns", names.join(", ")));
+            }
+        }
+        Ok(())
     }
 
     /// After a crash: every in-sync member but the first of its set gets the dirty regions

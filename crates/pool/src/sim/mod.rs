@@ -29,6 +29,8 @@ pub struct Report {
     pub requests: u64,
     pub faults: u64,
     pub coordinator_crashes: u64,
+    /// Coordinators assembled with a member left out (`--degraded`).
+    pub degraded_starts: u64,
     pub resynced_bytes: u64,
 }
 
@@ -291,11 +293,46 @@ impl World {
         }
         self.copies.clear();
         self.sessions += 1;
-        let found = self.members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
-        self.coord = Coordinator::assemble(&self.spec, found, session(self.sessions), false, self.now)?;
+        let found: Vec<Option<Found>> = self.members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
+        if !self.assemble_degraded(&found)? {
+            self.coord = Coordinator::assemble(&self.spec, found, session(self.sessions), false, self.now)?;
+        }
         let states: Vec<MemberState> = self.coord.status().members.iter().map(|m| m.state).collect();
         self.log.push(format!("{} assembled again: {states:?}", self.now));
         Ok(())
+    }
+
+    /// Sometimes the new coordinator starts without one member (`--degraded`), as an
+    /// operator does who knows it holds nothing newer than the others: its superblock's
+    /// event count is no higher than theirs. The member is taken back later, like one
+    /// that was dropped. False when no member was left out (or the pool refused).
+    fn assemble_degraded(&mut self, found: &[Option<Found>]) -> Result<bool, String> {
+        if !self.spec.layout.redundant() || self.rng.below(3) != 0 {
+            return Ok(false);
+        }
+        let m = self.rng.below(self.members.len() as u64) as usize;
+        let events = |i: usize| Superblock::decode(&self.members[i].meta).ok().flatten().map_or(0, |sb| sb.events);
+        let newest_other = (0..self.members.len()).filter(|&i| i != m).map(events).max().unwrap_or(0);
+        if events(m) > newest_other {
+            return Ok(false);
+        }
+        let mut partial = found.to_vec();
+        partial[m] = None;
+        match Coordinator::assemble(&self.spec, partial, session(self.sessions), true, self.now) {
+            Ok(c) => {
+                self.coord = c;
+                self.members[m].dropped = true;
+                self.members[m].retry_at = self.now + 100 + self.rng.below(1000);
+                self.report.degraded_starts += 1;
+                self.log.push(format!("{} assembled degraded, without member {m}", self.now));
+                Ok(true)
+            }
+            Err(e) if e.contains("is in sync") => {
+                self.log.push(format!("{} degraded assembly without member {m} refused: {e}", self.now));
+                Ok(false)
+            }
+            Err(e) => Err(format!("degraded assembly without member {m}: {e}")),
+        }
     }
 
     /// Members the coordinator dropped are taken back once they answer and have drained
@@ -470,10 +507,12 @@ mod tests {
             totals.requests += r.requests;
             totals.faults += r.faults;
             totals.coordinator_crashes += r.coordinator_crashes;
+            totals.degraded_starts += r.degraded_starts;
             totals.resynced_bytes += r.resynced_bytes;
         }
         // The runs must actually have exercised failures, not just passed quietly.
         assert!(totals.faults > seeds / 2 && totals.coordinator_crashes > 0 && totals.resynced_bytes > 0, "{totals:?}");
+        assert!(seeds < 20 || totals.degraded_starts > 0, "no run started degraded: {totals:?}");
     }
 }
 

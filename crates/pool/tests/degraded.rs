@@ -1,0 +1,95 @@
+//! Degraded assembly: a redundant pool starts with members missing only when asked to, and
+//! only while every set still has an in-sync copy; a stripe never does.
+
+use sluice_pool::coordinator::format;
+use sluice_pool::*;
+
+const MB: u64 = 1 << 20;
+
+fn spec(layout: Layout, members: usize, copies: usize) -> PoolSpec {
+    PoolSpec {
+        layout,
+        stripe_unit: if layout == Layout::Mirror { u64::MAX } else { 64 << 10 },
+        copies,
+        members: (0..members).map(|i| format!("nbd://node{i}/disk")).collect(),
+        member_timeout_ms: 6_000,
+        resync_rate_bytes_per_s: 0,
+    }
+}
+
+/// Every member formatted for `spec`, as each would be found.
+fn formatted(spec: &PoolSpec) -> Vec<Found> {
+    let blank: Vec<Found> = spec.members.iter().map(|_| Found { size: MB + 16 * MB, meta: vec![0; MB as usize], read_only: false }).collect();
+    let metas = format(spec, &blank, [3; 16], false).unwrap();
+    blank.into_iter().zip(metas).map(|(mut f, m)| { f.meta[..m.len()].copy_from_slice(&m); f }).collect()
+}
+
+fn without(found: &[Found], gone: &[usize]) -> Vec<Option<Found>> {
+    found.iter().enumerate().map(|(i, f)| (!gone.contains(&i)).then(|| f.clone())).collect()
+}
+
+fn session() -> Session {
+    Session { id: 4, pid: 1, host: "gateway".into() }
+}
+
+#[test]
+fn a_missing_member_needs_the_flag_and_the_refusal_names_it() {
+    let s = spec(Layout::Mirror, 2, 2);
+    let found = formatted(&s);
+    let e = Coordinator::assemble(&s, without(&found, &[1]), session(), false, 0).err().unwrap();
+    assert!(e.contains("nbd://node1/disk") && e.contains("--degraded"), "{e}");
+    let c = Coordinator::assemble(&s, without(&found, &[1]), session(), true, 0).unwrap();
+    let states: Vec<&str> = c.status().members.iter().map(|m| m.state.name()).collect();
+    assert_eq!(states, ["in-sync", "missing"]);
+    assert_eq!(c.size(), 16 * MB);
+}
+
+#[test]
+fn every_set_must_keep_an_in_sync_copy() {
+    let s = spec(Layout::Raid10, 4, 2);
+    let found = formatted(&s);
+    // One of each set gone: served degraded.
+    assert!(Coordinator::assemble(&s, without(&found, &[0, 3]), session(), true, 0).is_ok());
+    // Both of set 0 gone: nothing can serve its units.
+    let e = Coordinator::assemble(&s, without(&found, &[0, 1]), session(), true, 0).err().unwrap();
+    assert!(e.contains("no member of set 0 is in sync") && e.contains("nbd://node0/disk (missing)"), "{e}");
+}
+
+#[test]
+fn a_member_left_out_is_rebuilt_when_it_returns() {
+    // node0 serves alone, degraded, and records node1's absence in its superblock. (node1
+    // alone could not tell that it missed writes: that is why degraded assembly is asked
+    // for by name, as mdadm's --run is.)
+    let s = spec(Layout::Mirror, 2, 2);
+    let mut found = formatted(&s);
+    let mut c = Coordinator::assemble(&s, without(&found, &[1]), session(), true, 0).unwrap();
+    // The degraded coordinator writes node1's absence into node0's superblock.
+    let mut n = 0;
+    while let Some(a) = c.poll() {
+        n += 1;
+        assert!(n < 10_000, "runaway actions");
+        if let Action::Member { op, member, cmd: MemberCmd::Write { offset, .. }, data: Data::Bytes(b) } = a {
+            assert_eq!(member, 0);
+            found[0].meta[offset as usize..offset as usize + b.len()].copy_from_slice(&b);
+            c.handle(op, OpOutcome::Done, 0);
+        } else if let Action::Member { op, .. } = a {
+            c.handle(op, OpOutcome::Done, 0);
+        }
+    }
+    drop(c);
+    // node0 comes back alone with the newer superblock: fine. Both back: node1 is rebuilt.
+    let c = Coordinator::assemble(&s, without(&found, &[1]), session(), true, 0).unwrap();
+    assert_eq!(c.status().members[0].state.name(), "in-sync");
+    let c = Coordinator::assemble(&s, without(&found, &[]), session(), false, 0).unwrap();
+    assert_ne!(c.status().members[1].state.name(), "in-sync", "node1 missed writes: it is rebuilt, not trusted");
+}
+
+#[test]
+fn a_stripe_is_never_served_without_a_member() {
+    let s = spec(Layout::Stripe, 2, 1);
+    let found = formatted(&s);
+    for degraded in [false, true] {
+        let e = Coordinator::assemble(&s, without(&found, &[1]), session(), degraded, 0).err().unwrap();
+        assert!(e.contains("a stripe keeps one copy") && !e.contains("--degraded"), "{e}");
+    }
+}
