@@ -42,6 +42,17 @@ pub struct TlsArgs {
     tls_hostname: Option<String>,
 }
 
+/// What the client subcommands take for `pool:` URIs.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct PoolArgs {
+    /// For a pool: URI of a mirror or raid10 pool: assemble it even when members cannot be
+    /// reached, as long as every set keeps an in-sync copy. The missing members are tried
+    /// again in the background and rebuilt when they answer. Only for members known to
+    /// hold nothing newer than the others (mdadm's --run).
+    #[arg(long)]
+    pub degraded: bool,
+}
+
 fn parse_bool(s: &str) -> Result<bool, String> {
     sluice_client::parse_bool(s).ok_or_else(|| format!("{s:?} is not true or false"))
 }

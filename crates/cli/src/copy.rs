@@ -15,7 +15,7 @@ mod os;
 #[path = "copy_progress.rs"]
 mod progress;
 
-use crate::client_cli::{self, exit_code, TlsArgs};
+use crate::client_cli::{self, exit_code, PoolArgs, TlsArgs};
 use copy_dest::{Dest, FileZeros, Target};
 use copy_source::{Planner, Source, SourceKind, What};
 use failure::Failure;
@@ -100,6 +100,10 @@ pub struct CopyArgs {
     #[arg(long)]
     no_sparse: bool,
 
+    /// Applies to SRC and DST alike, whichever are pool: URIs.
+    #[command(flatten)]
+    pool: PoolArgs,
+
     /// Apply to SRC and DST alike, whichever are nbds:// or nbds+unix:// URIs.
     #[command(flatten)]
     tls: TlsArgs,
@@ -142,6 +146,8 @@ impl Endpoint {
 }
 
 pub fn run(args: CopyArgs) -> ExitCode {
+    // What the library warns of (a pool assembled degraded, a URI key it ignores) is shown.
+    crate::logger::init(log::LevelFilter::Warn);
     // Both arguments are checked before anything is opened, so a typo costs nothing.
     let parsed = Endpoint::parse(&args.src).and_then(|s| Ok((s, Endpoint::parse(&args.dst)?)));
     let parsed = parsed.and_then(|(mut src, mut dst)| {
@@ -374,6 +380,7 @@ fn request_max(kind: &SourceKind) -> u64 {
 async fn copy(args: &CopyArgs, src_ep: Endpoint, dst_ep: Endpoint) -> Result<(), Failure> {
     let options = Options {
         connections: args.connections,
+        degraded: args.pool.degraded,
         ..Options::default()
     };
     let source = open_source(&args.src, src_ep, &options).await?;

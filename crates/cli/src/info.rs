@@ -1,7 +1,7 @@
 //! `sluice info`: what a server says about an export (size, flags, block sizes, what was
 //! negotiated), the list of its exports, or an export's allocation map from base:allocation.
 
-use crate::client_cli::{self, fail, TlsArgs};
+use crate::client_cli::{self, fail, PoolArgs, TlsArgs};
 use indicatif::HumanBytes;
 use serde_json::{json, Value};
 use sluice_client::{Client, Error, Export, Options, Uri};
@@ -41,22 +41,28 @@ pub struct InfoArgs {
     json: bool,
 
     #[command(flatten)]
+    pool: PoolArgs,
+
+    #[command(flatten)]
     tls: TlsArgs,
 }
 
 pub fn run(args: InfoArgs) -> ExitCode {
+    // What the library warns of (a pool assembled degraded, a URI key it ignores) is shown.
+    crate::logger::init(log::LevelFilter::Warn);
     let uri = match args.tls.uri(&args.uri) {
         Ok(u) => u,
         Err(e) => return fail("info", &e),
     };
     let rt = client_cli::runtime();
+    let options = Options { degraded: args.pool.degraded, ..Options::default() };
     let result = rt.block_on(async {
         if args.list {
             list(&uri, args.json).await
         } else if args.map {
-            map(&uri, args.json).await
+            map(&uri, &options, args.json).await
         } else {
-            show(&uri, args.json).await
+            show(&uri, &options, args.json).await
         }
     });
     match result {
@@ -130,8 +136,8 @@ fn print_json(v: &Value) {
     );
 }
 
-async fn show(uri: &Uri, as_json: bool) -> Result<(), Error> {
-    let client = client_cli::connect(uri, &Options::default()).await?;
+async fn show(uri: &Uri, options: &Options, as_json: bool) -> Result<(), Error> {
+    let client = client_cli::connect(uri, options).await?;
     let e = client.export().clone();
     client.disconnect().await;
     if as_json {
@@ -265,8 +271,8 @@ async fn allocation_map(client: &Client) -> Result<Vec<Run>, Error> {
     Ok(runs)
 }
 
-async fn map(uri: &Uri, as_json: bool) -> Result<(), Error> {
-    let client = client_cli::connect(uri, &Options::default()).await?;
+async fn map(uri: &Uri, options: &Options, as_json: bool) -> Result<(), Error> {
+    let client = client_cli::connect(uri, options).await?;
     let runs = allocation_map(&client).await?;
     client.disconnect().await;
     if as_json {

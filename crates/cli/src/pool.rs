@@ -38,10 +38,11 @@ enum PoolCommand {
   sluice pool init --force pool:vol.toml    # members that carried another pool's data")]
     Init(InitArgs),
     /// Show the pool's state as its members record it: layout, size, events, dirty
-    /// regions, and each member's state.
+    /// regions, each member's state, and whether a start could assemble it now.
     #[command(after_help = "EXAMPLES:
   sluice pool status pool:/etc/sluice/vol.toml
-  sluice pool status --json pool:vol.toml | jq '.members[].state'")]
+  sluice pool status --json pool:vol.toml | jq '.members[].state'
+  sluice pool status --degraded pool:vol.toml   # could it start without a dead member?")]
     Status(StatusArgs),
 }
 
@@ -65,6 +66,11 @@ struct StatusArgs {
     /// Print JSON instead of text (the schema is in docs/pool.md).
     #[arg(long)]
     json: bool,
+
+    /// Say whether a degraded start (serve, copy or info with --degraded) could assemble
+    /// the pool from the members that answer now, instead of a start with every member.
+    #[arg(long)]
+    degraded: bool,
 }
 
 pub fn run(args: PoolArgs) -> ExitCode {
@@ -82,9 +88,9 @@ pub fn run(args: PoolArgs) -> ExitCode {
             PoolCommand::Init(a) => pool::init(&spec, a.force)
                 .await
                 .map(|s| pool_status::initialized(&s)),
-            PoolCommand::Status(a) => pool::status(&spec)
+            PoolCommand::Status(a) => pool::status_and_assembly(&spec, a.degraded)
                 .await
-                .map(|s| pool_status::print(&s, a.json)),
+                .map(|(s, assembly)| pool_status::print(&s, &assembly, a.json)),
         }
     });
     match result {

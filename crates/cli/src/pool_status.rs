@@ -17,12 +17,20 @@ pub fn initialized(s: &Status) {
     );
 }
 
-pub fn print(s: &Status, as_json: bool) {
+/// The pool's state, and whether a start (degraded or not, as asked) could assemble it.
+pub fn print(s: &Status, assembly: &Result<(), String>, as_json: bool) {
     if as_json {
-        let text = serde_json::to_string_pretty(&to_json(s)).expect("JSON from plain values");
+        let mut v = to_json(s);
+        v["assembly"] = json!({"ok": assembly.is_ok(), "refusal": assembly.as_ref().err()});
+        let text = serde_json::to_string_pretty(&v).expect("JSON from plain values");
         println!("{text}");
     } else {
         print!("{}", to_text(s));
+        match assembly {
+            Ok(()) if s.members.iter().any(|m| m.state == MemberState::Missing) => println!("assembly: possible, degraded"),
+            Ok(()) => println!("assembly: possible"),
+            Err(e) => println!("assembly: refused: {e}"),
+        }
     }
 }
 

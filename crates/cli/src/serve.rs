@@ -72,9 +72,10 @@ pub struct ServeArgs {
     /// Add a named export (repeatable). SPEC is a path, memory:SIZE, null:SIZE, an NBD URI
     /// (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH) to re-export, pool:FILE, or a
     /// Ceph RBD image rbd:POOL/[NAMESPACE/]IMAGE[@SNAPSHOT] (a snapshot is read-only);
-    /// options follow after commas: `ro`, `data-path=PATH`, for RBD `rbd-conf=FILE`,
-    /// `rbd-id=ID` and `rbd-keyring=FILE`, and `description=TEXT` (last, may contain commas).
-    #[arg(long, value_name = "NAME=SPEC[,ro][,data-path=PATH][,rbd-...=VALUE][,description=TEXT]")]
+    /// options follow after commas: `ro`, `degraded` (a pool: may start with members
+    /// missing, see --degraded), `data-path=PATH`, for RBD `rbd-conf=FILE`, `rbd-id=ID` and
+    /// `rbd-keyring=FILE`, and `description=TEXT` (last, may contain commas).
+    #[arg(long, value_name = "NAME=SPEC[,ro][,degraded][,data-path=PATH][,rbd-...=VALUE][,description=TEXT]")]
     export: Vec<ExportEntry>,
 
     /// Ceph configuration file for rbd: exports that name none. Default: where Ceph's
@@ -115,6 +116,13 @@ pub struct ServeArgs {
     /// Make every export read-only.
     #[arg(long)]
     read_only: bool,
+
+    /// Assemble every pool: export (mirror or raid10) even when some of its members cannot
+    /// be reached, as long as every set keeps an in-sync copy; the missing members are
+    /// tried again in the background and rebuilt when they answer. Only for members known
+    /// to hold nothing newer than the others (mdadm's --run). One export: `,degraded`.
+    #[arg(long)]
+    degraded: bool,
 
     /// Let only clients that match RULE in (repeatable; added to the file's `allow`): an
     /// address or CIDR (10.1.0.0/16, ::1), uid:N or gid:N (Unix socket peers), psk:IDENTITY,
@@ -530,6 +538,7 @@ fn wanted_exports(args: &ServeArgs, file: &FileConfig, entries: &[ExportEntry]) 
         description: None,
         data_path: args.data_path.or(file.data_path).unwrap_or_default(),
         chunking: args.chunk.or(file.chunk).unwrap_or_default().0,
+        degraded: args.degraded,
     };
     let rbd = RbdAccess {
         conf: args.rbd_conf.clone().or(file.rbd_conf.clone()),

@@ -1,6 +1,6 @@
 //! An export as the operator describes it, before it is opened: an `[[export]]` table of
-//! the configuration file or an `--export NAME=SPEC[,ro][,data-path=PATH][,rbd-conf=FILE]
-//! [,rbd-id=ID][,rbd-keyring=FILE][,description=TEXT]` option, both parsed into the same type.
+//! the configuration file or an `--export NAME=SPEC[,ro][,degraded][,data-path=PATH]
+//! [,rbd-conf=FILE][,rbd-id=ID][,rbd-keyring=FILE][,description=TEXT]` option, both parsed into the same type.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -34,6 +34,9 @@ pub struct ExportEntry {
     pub rbd_conf: Option<PathBuf>,
     pub rbd_id: Option<String>,
     pub rbd_keyring: Option<PathBuf>,
+    /// For a `pool:` export: assemble it even with members missing.
+    #[serde(default)]
+    pub degraded: bool,
     /// Who may open this export, replacing the server's `allow` (serve_access.rs).
     #[serde(default, deserialize_with = "some_rule_list")]
     pub allow: Option<Vec<Rule>>,
@@ -57,6 +60,7 @@ impl ExportEntry {
             rbd_conf: None,
             rbd_id: None,
             rbd_keyring: None,
+            degraded: false,
             allow: None,
             deny: None,
             read_only_for: Vec::new(),
@@ -64,8 +68,12 @@ impl ExportEntry {
     }
 
     /// The spec to open: an RBD image's access settings are this entry's, then `defaults`.
-    /// Access settings on any other kind of export are an error.
+    /// Access settings on any other kind of export are an error, as is `degraded` on
+    /// anything but a pool.
     pub fn spec(&self, defaults: &RbdAccess) -> Result<Spec, String> {
+        if self.degraded && !matches!(&self.spec, Spec::Remote(s) if s.starts_with("pool:")) {
+            return Err(format!("export {:?}: degraded applies to pool: exports only", self.name));
+        }
         let own = RbdAccess { conf: self.rbd_conf.clone(), id: self.rbd_id.clone(), keyring: self.rbd_keyring.clone() };
         match &self.spec {
             Spec::Rbd(r) => Ok(Spec::Rbd(RbdSpec { access: own.or(defaults), ..r.clone() })),
@@ -86,6 +94,7 @@ impl ExportEntry {
             description: self.description.clone(),
             data_path: self.data_path.unwrap_or(defaults.data_path),
             chunking: defaults.chunking,
+            degraded: self.degraded || (defaults.degraded && matches!(&self.spec, Spec::Remote(s) if s.starts_with("pool:"))),
         }
     }
 }
@@ -114,6 +123,7 @@ impl FromStr for ExportEntry {
         for option in parts {
             match option {
                 "ro" | "read-only" => entry.read_only = true,
+                "degraded" => entry.degraded = true,
                 "" => {}
                 other => match other.split_once('=') {
                     Some(("data-path", p)) => entry.data_path = Some(p.parse::<DataPath>().map_err(|e| e.to_string())?),
@@ -121,7 +131,7 @@ impl FromStr for ExportEntry {
                     Some(("rbd-id", id)) if !id.is_empty() => entry.rbd_id = Some(id.to_owned()),
                     Some(("rbd-keyring", p)) if !p.is_empty() => entry.rbd_keyring = Some(PathBuf::from(p)),
                     _ => {
-                        let known = "ro, data-path=, rbd-conf=, rbd-id=, rbd-keyring=, description=";
+                        let known = "ro, degraded, data-path=, rbd-conf=, rbd-id=, rbd-keyring=, description=";
                         return Err(format!("unknown or empty option {other:?} (known: {known})"));
                     }
                 },
@@ -149,6 +159,19 @@ mod tests {
     }
 
     #[test]
+    fn degraded_is_for_pools_only() {
+        let defaults = Options { degraded: true, ..Options::default() };
+        let pool: ExportEntry = "vol=pool:/etc/sluice/vol.toml,degraded".parse().unwrap();
+        assert!(pool.degraded && pool.spec(&RbdAccess::default()).is_ok() && pool.options(&Options::default()).degraded);
+        let plain: ExportEntry = "vol=pool:/etc/sluice/vol.toml".parse().unwrap();
+        assert!(plain.options(&defaults).degraded, "--degraded reaches every pool export");
+        let file: ExportEntry = "disk=/dev/vdb".parse().unwrap();
+        assert!(!file.options(&defaults).degraded, "--degraded does not touch other exports");
+        let bad: ExportEntry = "disk=/dev/vdb,degraded".parse().unwrap();
+        assert!(bad.spec(&RbdAccess::default()).unwrap_err().contains("pool: exports only"));
+    }
+
+    #[test]
     fn rbd_options_ride_with_the_spec_over_the_server_wide_ones() {
         let e: ExportEntry = "vm=rbd:rbd/vm1,ro,rbd-id=vm,rbd-keyring=/k".parse().unwrap();
         let defaults = RbdAccess { conf: Some("/etc/ceph/c.conf".into()), id: Some("admin".into()), keyring: None };
@@ -162,7 +185,7 @@ mod tests {
 
     #[test]
     fn an_exports_own_choices_win_over_the_defaults() {
-        let defaults = Options { read_only: false, description: None, data_path: DataPath::Splice, chunking: Chunking::Fixed(4096) };
+        let defaults = Options { read_only: false, description: None, data_path: DataPath::Splice, chunking: Chunking::Fixed(4096), degraded: false };
         let own: ExportEntry = "a=memory:1M,ro,data-path=copy".parse().unwrap();
         let o = own.options(&defaults);
         assert_eq!((o.read_only, o.data_path, o.chunking), (true, DataPath::Copy, Chunking::Fixed(4096)));

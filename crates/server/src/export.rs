@@ -181,6 +181,9 @@ pub struct Options {
     pub description: Option<String>,
     pub data_path: DataPath,
     pub chunking: Chunking,
+    /// A `pool:` export is assembled even with members missing (see the client's
+    /// `Options::degraded`).
+    pub degraded: bool,
 }
 
 pub struct Export {
@@ -197,7 +200,7 @@ pub struct Export {
 
 impl Export {
     pub fn open(name: &str, spec: &Spec, options: Options) -> std::io::Result<Export> {
-        let Options { mut read_only, description, mut data_path, mut chunking } = options;
+        let Options { mut read_only, description, mut data_path, mut chunking, degraded } = options;
         let backend: Box<dyn Backend> = match spec {
             Spec::Path(p) => {
                 let mut b = FileBackend::open(p, read_only)?;
@@ -220,7 +223,7 @@ impl Export {
             }
             Spec::Null(size) => Box::new(NullBackend::new(*size)),
             Spec::Remote(s) => {
-                let b = RemoteBackend::open(s)?;
+                let b = RemoteBackend::open(s, degraded)?;
                 if b.read_only() && !read_only {
                     log::info!("export {name:?}: {s} is read-only, so this export is too");
                     read_only = true;

@@ -10,7 +10,7 @@ use crate::options::Options;
 use crate::error::Error;
 use crate::uri::Uri;
 use sluice_pool::coordinator::{format, survey};
-use sluice_pool::{MemberCmd, PoolSpec, Status};
+use sluice_pool::{Coordinator, Found, MemberCmd, PoolSpec, Status};
 use std::path::Path;
 
 /// Reads and checks a pool file (what `pool:PATH` names).
@@ -64,6 +64,21 @@ pub async fn init(spec: &PoolSpec, force: bool) -> Result<Status, Error> {
 /// The pool's state as its members' metadata records it, without assembling the pool:
 /// members that do not answer count as missing.
 pub async fn status(spec: &PoolSpec) -> Result<Status, Error> {
+    Ok(status_and_assembly(spec, false).await?.0)
+}
+
+/// `status`, and whether a coordinator could assemble the pool from what answers now (with
+/// members missing when `degraded`): Ok, or the refusal a start would meet.
+pub async fn status_and_assembly(spec: &PoolSpec, degraded: bool) -> Result<(Status, Result<(), String>), Error> {
+    let found = survey_members(spec).await?;
+    let status = survey(spec, &found).map_err(Error::Refused)?;
+    let session = sluice_pool::Session { id: 1, pid: std::process::id(), host: "status".into() };
+    let assembly = Coordinator::assemble(spec, found, session, degraded, 0).map(drop);
+    Ok((status, assembly))
+}
+
+/// What each member's metadata area holds; None for a member that does not answer.
+async fn survey_members(spec: &PoolSpec) -> Result<Vec<Option<Found>>, Error> {
     let uris = member_uris(spec)?;
     // A stopped member accepts connections and then says nothing: give each the time the
     // pool itself gives a member.
@@ -91,5 +106,5 @@ pub async fn status(spec: &PoolSpec) -> Result<Status, Error> {
         }
         found.push(f.ok());
     }
-    survey(spec, &found).map_err(Error::Refused)
+    Ok(found)
 }

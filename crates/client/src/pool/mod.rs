@@ -25,7 +25,7 @@ mod pump;
 mod requests;
 mod session;
 
-pub use admin::{init, load, status};
+pub use admin::{init, load, status, status_and_assembly};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
 pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Status};

@@ -64,15 +64,16 @@ impl Remote {
 
 impl RemoteBackend {
     /// Connects to `spec` (an NBD URI, or anything else `Uri::parse` takes), with several
-    /// connections when the server allows multi-conn.
-    pub fn open(spec: &str) -> io::Result<RemoteBackend> {
+    /// connections when the server allows multi-conn; a pool with members missing when
+    /// `degraded` allows it.
+    pub fn open(spec: &str, degraded: bool) -> io::Result<RemoteBackend> {
         let uri = Uri::parse(spec).map_err(open_error)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(REMOTE_RUNTIME_THREADS)
             .thread_name("sluice-remote")
             .enable_all()
             .build()?;
-        let options = Options { connections: REMOTE_CONNECTIONS, ..Options::default() };
+        let options = Options { connections: REMOTE_CONNECTIONS, degraded, ..Options::default() };
         let client = runtime.block_on(Client::connect_with(&uri, &options)).map_err(open_error)?;
         let ex = client.export();
         let caps = Caps {
