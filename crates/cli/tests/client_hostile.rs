@@ -3,7 +3,7 @@
 //! end in a clean error, within a time bound, with no panic.
 
 use sluice_client::{Client, Error};
-use sluice_proto::reply;
+use sluice_proto::reply::{self, ReplyTo};
 use sluice_proto::wire::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -92,8 +92,8 @@ fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool) -> Option
 fn next_request(s: &mut TcpStream) -> Option<Request> {
     let b = read_exact(s, REQUEST_BYTES)?;
     let raw = sluice_proto::RawRequest::decode(b[..].try_into().unwrap()).ok()?;
-    read_exact(s, raw.payload_len() as usize)?;
-    Some(Request { kind: raw.kind, handle: raw.handle, offset: raw.offset, len: raw.length })
+    read_exact(s, raw.payload_len(false) as usize)?;
+    Some(Request { kind: raw.kind, handle: raw.handle, offset: raw.offset, len: raw.length as u32 })
 }
 
 /// Starts a fake server that handshakes, then runs `script` on the first request and keeps
@@ -146,7 +146,7 @@ fn assert_protocol_error(script: Script, what: &str) {
 }
 
 fn data_chunk(s: &mut TcpStream, handle: u64, offset: u64, data: &[u8], done: bool) {
-    let _ = s.write_all(&reply::offset_data_header(handle, offset, data.len() as u32, done));
+    let _ = s.write_all(&reply::offset_data_header(ReplyTo::compact(handle), offset, data.len() as u32, done));
     let _ = s.write_all(data);
 }
 
@@ -180,7 +180,7 @@ fn overlapping_chunks() {
 fn overlapping_hole_and_data() {
     assert_protocol_error(
         |s, r| {
-            let _ = s.write_all(&reply::offset_hole(r.handle, r.offset + 2048, 2048, false));
+            let _ = s.write_all(&reply::offset_hole(ReplyTo::compact(r.handle), r.offset + 2048, 2048, false));
             data_chunk(s, r.handle, r.offset + 1024, &[2; 2048], true);
         },
         "hole overlap",
@@ -192,7 +192,7 @@ fn huge_data_length() {
     // Claims 4 GiB of data for a 4 KiB read: refused from the header, nothing allocated.
     assert_protocol_error(
         |s, r| {
-            let _ = s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_OFFSET_DATA, true, u32::MAX));
+            let _ = s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_OFFSET_DATA, true, u32::MAX as u64));
             let _ = s.write_all(&r.offset.to_be_bytes());
         },
         "huge data",
@@ -201,12 +201,12 @@ fn huge_data_length() {
 
 #[test]
 fn huge_error_chunk() {
-    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_ERROR, true, 0x7fff_ffff))), "huge error");
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_ERROR, true, 0x7fff_ffff))), "huge error");
 }
 
 #[test]
 fn unknown_chunk_type() {
-    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, 77, true, 0))), "unknown type");
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), 77, true, 0))), "unknown type");
 }
 
 #[test]
@@ -231,7 +231,7 @@ fn bad_reply_magic() {
 
 #[test]
 fn none_chunk_with_payload() {
-    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_NONE, true, 4))), "NONE with payload");
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_NONE, true, 4))), "NONE with payload");
 }
 
 #[test]
@@ -239,7 +239,7 @@ fn error_offset_outside_the_request() {
     assert_protocol_error(
         |s, r| {
             let mut out = Vec::new();
-            reply::error_chunk(&mut out, r.handle, sluice_proto::Errno::Io, "x", Some(r.offset + r.len as u64));
+            reply::error_chunk(&mut out, ReplyTo::compact(r.handle), sluice_proto::Errno::Io, "x", Some(r.offset + r.len as u64));
             let _ = s.write_all(&out);
         },
         "error offset",
@@ -250,7 +250,7 @@ fn error_offset_outside_the_request() {
 fn hole_chunk_with_wrong_size() {
     assert_protocol_error(
         |s, r| {
-            let _ = s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_OFFSET_HOLE, true, 11));
+            let _ = s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_OFFSET_HOLE, true, 11));
             let _ = s.write_all(&[0; 11]);
         },
         "hole size",
@@ -260,7 +260,7 @@ fn hole_chunk_with_wrong_size() {
 #[test]
 fn close_in_the_middle_of_data() {
     let port = fake(|s, r| {
-        let _ = s.write_all(&reply::offset_data_header(r.handle, r.offset, 4096, true));
+        let _ = s.write_all(&reply::offset_data_header(ReplyTo::compact(r.handle), r.offset, 4096, true));
         let _ = s.write_all(&[1; 100]);
         let _ = s.shutdown(std::net::Shutdown::Both);
     });
@@ -277,7 +277,7 @@ fn unknown_error_type_fails_only_the_request() {
         let mut p = 28u32.to_be_bytes().to_vec();
         p.extend_from_slice(&2u16.to_be_bytes());
         p.extend_from_slice(b"no");
-        let _ = s.write_all(&reply::chunk_header(r.handle, 0x8007, true, p.len() as u32));
+        let _ = s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), 0x8007, true, p.len() as u64));
         let _ = s.write_all(&p);
     });
     match read_from(port) {
@@ -291,7 +291,7 @@ fn honest_out_of_order_chunks_with_a_hole_are_accepted() {
     // The control case: the same fake server, telling the truth in a strange order.
     let port = fake(|s, r| {
         data_chunk(s, r.handle, r.offset + 3072, &[3; 1024], false);
-        let _ = s.write_all(&reply::offset_hole(r.handle, r.offset + 1024, 2048, false));
+        let _ = s.write_all(&reply::offset_hole(ReplyTo::compact(r.handle), r.offset + 1024, 2048, false));
         data_chunk(s, r.handle, r.offset, &[1; 1024], true);
     });
     let got = read_from(port).expect("honest reply refused");
@@ -426,7 +426,7 @@ fn scattered_tiny_chunks_hit_the_fragment_cap() {
     let port = fake(|s, r| {
         let mut out = Vec::new();
         for i in 0..(r.len as u64 / 2) {
-            out.extend_from_slice(&reply::offset_hole(r.handle, r.offset + 2 * i, 1, false));
+            out.extend_from_slice(&reply::offset_hole(ReplyTo::compact(r.handle), r.offset + 2 * i, 1, false));
         }
         let _ = s.write_all(&out);
     });
@@ -439,7 +439,7 @@ fn a_large_block_status_reply_is_accepted() {
     // qemu-nbd sends up to 2^17 extents in one chunk: more than a MiB of payload.
     let port = fake(|s, r| {
         let n = 1u32 << 17;
-        let mut out = reply::chunk_header(r.handle, REPLY_TYPE_BLOCK_STATUS, true, 4 + 8 * n).to_vec();
+        let mut out = reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_BLOCK_STATUS, true, 4 + 8 * n as u64).to_vec();
         out.extend_from_slice(&CONTEXT.to_be_bytes());
         for i in 0..n {
             out.extend_from_slice(&1u32.to_be_bytes());
@@ -512,7 +512,7 @@ fn eshutdown_means_no_new_requests_then_disc() {
         handshake(&mut s).unwrap();
         let r = next_request(&mut s).unwrap();
         let mut out = Vec::new();
-        reply::error_chunk(&mut out, r.handle, sluice_proto::Errno::Shutdown, "going away", None);
+        reply::error_chunk(&mut out, ReplyTo::compact(r.handle), sluice_proto::Errno::Shutdown, "going away", None);
         s.write_all(&out).unwrap();
         // What the client sends next must be DISC: no new request after ESHUTDOWN.
         let _ = tx.send(next_request(&mut s).map(|r| r.kind));

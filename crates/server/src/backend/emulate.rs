@@ -172,9 +172,9 @@ impl Exec {
                 let direct = self.direct_align.is_some_and(|a| (offset as usize | len | self.done).is_multiple_of(a));
                 StorageOp::Write { offset, buf, at: self.done, len, fua: fua && self.caps.fua, direct }
             }
-            (Stage::Main, Command::Trim { range, .. }) => StorageOp::Trim { offset: range.offset, len: range.length as u64 },
+            (Stage::Main, Command::Trim { range, .. }) => StorageOp::Trim { offset: range.offset, len: range.length },
             (Stage::Main, Command::WriteZeroes { range, may_trim, fast, .. }) => {
-                StorageOp::Zero { offset: range.offset, len: range.length as u64, may_trim, fast }
+                StorageOp::Zero { offset: range.offset, len: range.length, may_trim, fast }
             }
             (Stage::ZeroFill, Command::WriteZeroes { range, fua, .. }) => {
                 let len = (range.length as usize - self.done).min(ZERO_FILL_CHUNK_BYTES);
@@ -184,7 +184,7 @@ impl Exec {
                 let offset = range.offset + self.done as u64;
                 StorageOp::Write { offset, buf, at: 0, len, fua: fua && self.caps.fua, direct: false }
             }
-            (Stage::Main, Command::Cache { range }) => StorageOp::Cache { offset: range.offset, len: range.length as u64 },
+            (Stage::Main, Command::Cache { range }) => StorageOp::Cache { offset: range.offset, len: range.length },
             (stage, command) => unreachable!("no storage operation for {command:?} in {stage:?}"),
         };
         Step::Submit(op)
@@ -211,7 +211,7 @@ mod tests {
     }
 
     fn zeroes(len: u32, fua: bool, may_trim: bool, fast: bool) -> Command {
-        Command::WriteZeroes { range: Range { offset: 4096, length: len }, fua, may_trim, fast }
+        Command::WriteZeroes { range: Range { offset: 4096, length: len as u64 }, fua, may_trim, fast }
     }
 
     /// Runs a command to its end, answering each operation with `answer`.
