@@ -101,11 +101,12 @@ impl RawRequest {
         b
     }
 
-    /// Bytes of payload that follow this header on the wire, valid or not: a compact
-    /// WRITE's length, or an extended request's length when it carries PAYLOAD_LEN.
+    /// Bytes of payload that follow this header on the wire, valid or not: a WRITE's
+    /// length, or with extended headers the length of any request with PAYLOAD_LEN. (A
+    /// WRITE carries its payload with or without the flag: qemu 10 sends none, libnbd does.)
     pub fn payload_len(&self, extended: bool) -> u64 {
-        let carries = if extended { self.flags & CMD_FLAG_PAYLOAD_LEN != 0 } else { self.kind == CMD_WRITE };
-        if carries {
+        let flagged = extended && self.flags & CMD_FLAG_PAYLOAD_LEN != 0;
+        if self.kind == CMD_WRITE || flagged {
             self.length
         } else {
             0
@@ -211,18 +212,12 @@ fn allowed_flags(kind: u16, s: &Session) -> Option<u16> {
     Some(CMD_FLAG_FUA | own | if s.extended { CMD_FLAG_PAYLOAD_LEN } else { 0 })
 }
 
-/// The framing rules of extended headers that no error reply can answer (doc/proto.md,
-/// "Request message"): a payload longer than the maximum is hung up on rather than read,
-/// and a WRITE without PAYLOAD_LEN leaves no way to know where the next header starts.
+/// The framing rule of extended headers that no error reply answers (doc/proto.md,
+/// "Request message"): a payload longer than the maximum, which a 64-bit length makes
+/// possible, is hung up on rather than read.
 fn framing(raw: &RawRequest, s: &Session) -> Result<(), Refusal> {
-    if !s.extended {
-        return Ok(());
-    }
-    if raw.payload_len(true) > s.payload_max_bytes as u64 {
+    if s.extended && raw.payload_len(true) > s.payload_max_bytes as u64 {
         return Err(Refusal::Disconnect("payload longer than the maximum payload"));
-    }
-    if raw.kind == CMD_WRITE && raw.flags & CMD_FLAG_PAYLOAD_LEN == 0 {
-        return Err(Refusal::Disconnect("extended WRITE without PAYLOAD_LEN"));
     }
     Ok(())
 }

@@ -434,8 +434,7 @@ fn check_validation(raw: &RawRequest, s: &Session) {
         Err(Refusal::Disconnect(why)) => {
             // Only the framing rules of extended headers end a connection.
             assert!(s.extended, "{raw:?} ended a compact connection: {why}");
-            let too_long = raw.payload_len(true) > max;
-            assert!(too_long || (raw.kind == CMD_WRITE && !flag(CMD_FLAG_PAYLOAD_LEN)), "{raw:?}: {why}");
+            assert!(raw.payload_len(true) > max, "{raw:?}: {why}");
         }
         Err(Refusal::Reply(rej)) => {
             assert_eq!(rej.handle, raw.handle);
