@@ -58,13 +58,39 @@ fn assert_extended_in_log(s: &Sluice) -> String {
 }
 
 #[test]
-fn qemu_io_runs_every_command_over_extended_headers() {
+fn qemu_io_runs_every_command_over_extended_headers_on_every_data_path() {
     require!("qemu-io", "qemu-img");
     let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("disk.img");
-    sparse(&disk, 64 << 20, &[]);
-    let s = debug_sluice(&[&format!("disk={}", disk.display())]);
-    let uri = s.uri_for("disk");
+    let paths = ["copy", "direct", "splice", "splice-direct"];
+    let specs: Vec<String> = paths
+        .iter()
+        .map(|p| {
+            let file = dir.path().join(format!("{p}.img"));
+            sparse(&file, 64 << 20, &[]);
+            format!("{p}={},data-path={p}", file.display())
+        })
+        .collect();
+    // 64 KiB chunks: a 1 MiB read goes out as 16 pipelined OFFSET_DATA chunks.
+    let mut args = vec!["--log-level", "debug", "--chunk", "64K"];
+    for spec in &specs {
+        args.extend(["--export", spec]);
+    }
+    let s = Sluice::start(&args);
+    for p in paths {
+        qemu_io_every_command(&s.uri_for(p));
+        let on_disk = read_at(&dir.path().join(format!("{p}.img")), 0, 4000);
+        assert!(on_disk[..1000].iter().all(|&b| b == 0xab) && on_disk[1000..].iter().all(|&b| b == 0xcd), "{p}");
+        assert!(read_at(&dir.path().join(format!("{p}.img")), 17 << 20, 65536).iter().all(|&b| b == 0x12), "{p}");
+    }
+    eprintln!("{}", assert_extended_in_log(&s));
+    let connections = s.log_text().matches(EXTENDED_LINE).count();
+    assert!(connections >= 2 * paths.len(), "{connections} connections with extended headers");
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+/// Write, read, FUA, zero (with and without holes), discard, pipelined writes, flush and
+/// map through qemu-io, then block status through qemu-img map.
+fn qemu_io_every_command(uri: &str) {
     let commands = [
         "write -P 0xab 0 1M",
         "read -P 0xab 0 1M",
@@ -86,19 +112,14 @@ fn qemu_io_runs_every_command_over_extended_headers() {
     for c in &commands {
         args.extend(["-c", c]);
     }
-    args.push(&uri);
+    args.push(uri);
     let out = qemu("qemu-io", &args);
-    assert!(!out.contains("failed") && !out.contains("error"), "qemu-io:\n{out}");
+    assert!(!out.contains("failed") && !out.contains("error"), "qemu-io on {uri}:\n{out}");
     // Block status: the data qemu wrote and the holes around it, as qemu reads them.
-    let map = qemu("qemu-img", &["map", "-f", "raw", "--output=json", &uri]);
-    let first: serde_json::Value = serde_json::from_str(&map).unwrap_or_else(|e| panic!("{e}: {map}"));
-    assert_eq!((first[0]["start"].as_u64(), first[0]["data"].as_bool()), (Some(0), Some(true)), "{map}");
-    assert!(first.as_array().unwrap().iter().any(|e| e["zero"] == true && e["data"] == false), "no hole in {map}");
-    eprintln!("{}", assert_extended_in_log(&s));
-    let on_disk = read_at(&disk, 0, 4000);
-    assert!(on_disk[..1000].iter().all(|&b| b == 0xab) && on_disk[1000..].iter().all(|&b| b == 0xcd));
-    assert!(read_at(&disk, 17 << 20, 65536).iter().all(|&b| b == 0x12));
-    assert_eq!(s.stop().code(), Some(0));
+    let map = qemu("qemu-img", &["map", "-f", "raw", "--output=json", uri]);
+    let extents: serde_json::Value = serde_json::from_str(&map).unwrap_or_else(|e| panic!("{e}: {map}"));
+    assert_eq!((extents[0]["start"].as_u64(), extents[0]["data"].as_bool()), (Some(0), Some(true)), "{map}");
+    assert!(extents.as_array().unwrap().iter().any(|e| e["zero"] == true && e["data"] == false), "no hole in {map}");
 }
 
 #[test]
