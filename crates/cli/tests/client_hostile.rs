@@ -46,12 +46,13 @@ fn option_reply(s: &mut TcpStream, opt: u32, kind: u32, payload: &[u8]) {
 
 /// An honest fixed-newstyle handshake with structured replies and base:allocation.
 fn handshake(s: &mut TcpStream) -> Option<()> {
-    handshake_with(s, 1, false)
+    handshake_with(s, 1, false, false)
 }
 
 /// The handshake, advertising a minimum block size of `block_min`; with `meta_fails`,
-/// SET_META_CONTEXT names the context and then fails (so no context is selected).
-fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool) -> Option<()> {
+/// SET_META_CONTEXT names the context and then fails (so no context is selected); with
+/// `extended`, extended headers are agreed (else refused as unknown).
+fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool, extended: bool) -> Option<()> {
     let mut g = NBDMAGIC.to_be_bytes().to_vec();
     g.extend_from_slice(&IHAVEOPT.to_be_bytes());
     g.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
@@ -63,6 +64,7 @@ fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool) -> Option
         read_exact(s, be32(&h[12..]) as usize)?;
         match opt {
             OPT_STRUCTURED_REPLY => option_reply(s, opt, REP_ACK, &[]),
+            OPT_EXTENDED_HEADERS if extended => option_reply(s, opt, REP_ACK, &[]),
             OPT_SET_META_CONTEXT => {
                 let mut p = CONTEXT.to_be_bytes().to_vec();
                 p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
@@ -90,28 +92,32 @@ fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool) -> Option
 }
 
 fn next_request(s: &mut TcpStream) -> Option<Request> {
-    let b = read_exact(s, REQUEST_BYTES)?;
-    let raw = sluice_proto::RawRequest::decode(b[..].try_into().unwrap()).ok()?;
-    read_exact(s, raw.payload_len(false) as usize)?;
+    next_request_as(s, false)
+}
+
+fn next_request_as(s: &mut TcpStream, extended: bool) -> Option<Request> {
+    let b = read_exact(s, sluice_proto::request::header_bytes(extended))?;
+    let raw = sluice_proto::RawRequest::decode_as(&b, extended).ok()?;
+    read_exact(s, raw.payload_len(extended) as usize)?;
     Some(Request { kind: raw.kind, handle: raw.handle, offset: raw.offset, len: raw.length as u32 })
 }
 
 /// Starts a fake server that handshakes, then runs `script` on the first request and keeps
 /// the connection open (reading and ignoring) until the client goes away.
 fn fake(script: Script) -> u16 {
-    fake_with(1, false, script)
+    fake_with(1, false, false, script)
 }
 
-fn fake_with(block_min: u32, meta_fails: bool, script: Script) -> u16 {
+fn fake_with(block_min: u32, meta_fails: bool, extended: bool, script: Script) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        if handshake_with(&mut s, block_min, meta_fails).is_none() {
+        if handshake_with(&mut s, block_min, meta_fails, extended).is_none() {
             return;
         }
-        let Some(r) = next_request(&mut s) else { return };
+        let Some(r) = next_request_as(&mut s, extended) else { return };
         script(&mut s, r);
         let mut sink = [0u8; 4096];
         while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
@@ -139,7 +145,11 @@ fn read_from(port: u16) -> Result<Vec<u8>, Error> {
 }
 
 fn assert_protocol_error(script: Script, what: &str) {
-    match read_from(fake(script)) {
+    assert_protocol_error_from(fake(script), what);
+}
+
+fn assert_protocol_error_from(port: u16, what: &str) {
+    match read_from(port) {
         Err(Error::Protocol(m)) => eprintln!("{what}: {m}"),
         other => panic!("{what}: expected a protocol error, got {:?}", other.map(|v| v.len())),
     }
@@ -456,7 +466,7 @@ fn a_large_block_status_reply_is_accepted() {
 fn minimum_block_size_is_kept() {
     // The server asks for 4096-byte blocks: an unaligned read goes out widened to whole
     // blocks, and an unaligned write is refused before it is sent.
-    let port = fake_with(4096, false, |s, r| {
+    let port = fake_with(4096, false, false, |s, r| {
         assert_eq!((r.kind, r.offset, r.len), (CMD_READ, 0, 8192), "the read was not widened to whole blocks");
         let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
         data_chunk(s, r.handle, 0, &data, true);
@@ -475,7 +485,7 @@ fn minimum_block_size_is_kept() {
 
 #[test]
 fn a_failed_set_meta_context_selects_no_context() {
-    let port = fake_with(1, true, |_, _| {});
+    let port = fake_with(1, true, false, |_, _| {});
     let (base_allocation, extents) = with_client(port, async |c| (c.export().base_allocation, c.block_status(0, 4096).await));
     assert!(!base_allocation, "context kept after SET_META_CONTEXT failed");
     // Without the context no BLOCK_STATUS is sent: the whole range is reported as data.
@@ -525,4 +535,49 @@ fn eshutdown_means_no_new_requests_then_disc() {
     assert!(matches!(first, Err(Error::Server { errno: 108, .. })), "{:?}", first.map(|v| v.len()));
     assert!(second.is_err(), "a request was accepted after ESHUTDOWN");
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), Some(CMD_DISC));
+}
+
+// ---------------------------------------------------------------------------------------
+// Extended headers
+// ---------------------------------------------------------------------------------------
+
+fn extended_to(r: &Request) -> ReplyTo {
+    ReplyTo { handle: r.handle, offset: r.offset, extended: true }
+}
+
+#[test]
+fn extended_headers_carry_an_honest_read() {
+    let port = fake_with(1, false, true, |s, r| {
+        let _ = s.write_all(&reply::offset_data_header(extended_to(&r), r.offset, 4096, true));
+        let _ = s.write_all(&[0x5e; 4096]);
+    });
+    assert_eq!(read_from(port).expect("an honest extended reply refused"), vec![0x5e; 4096]);
+}
+
+#[test]
+fn a_compact_reply_under_extended_headers() {
+    let port = fake_with(1, false, true, |s, r| drop(s.write_all(&reply::simple(r.handle, None))));
+    assert_protocol_error_from(port, "simple reply under extended headers");
+    let port = fake_with(1, false, true, |s, r| data_chunk(s, r.handle, r.offset, &[1; 4096], true));
+    assert_protocol_error_from(port, "structured chunk under extended headers");
+}
+
+#[test]
+fn an_extended_reply_without_extended_headers() {
+    assert_protocol_error(
+        |s, r| {
+            let _ = s.write_all(&reply::offset_data_header(extended_to(&r), r.offset, 4096, true));
+            let _ = s.write_all(&[1; 4096]);
+        },
+        "extended chunk, compact session",
+    );
+}
+
+#[test]
+fn a_huge_extended_error_chunk() {
+    // A 64-bit payload length: refused from the header, nothing allocated.
+    let port = fake_with(1, false, true, |s, r| {
+        let _ = s.write_all(&reply::chunk_header(extended_to(&r), REPLY_TYPE_ERROR, true, 1 << 40));
+    });
+    assert_protocol_error_from(port, "huge extended error chunk");
 }

@@ -216,6 +216,32 @@ fn sluice_info_and_copy_use_extended_headers_with_qemu_nbd() {
     assert!(read_at(&image, 0, 3 << 20) == head, "what sluice wrote through qemu-nbd differs");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_library_maps_and_zeroes_past_4_gib_and_falls_back_without_extended_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.img");
+    sparse(&big, 8 * GIB, &[(5 * GIB, &[7; 4096])]);
+    let s = debug_sluice(&[&format!("big={}", big.display())]);
+    let c = sluice_client::Client::connect(&s.uri_for("big")).await.unwrap();
+    assert!(c.export().extended, "{:?}", c.export());
+    let map = c.block_status(0, 8 * GIB).await.unwrap();
+    assert_eq!((map[0].length, map[0].hole, map[1].offset), (5 * GIB, true, 5 * GIB), "{map:?}");
+    c.write_zeroes(4 * GIB, 2 * GIB, false, true, true).await.unwrap();
+    c.trim(0, 8 * GIB, false).await.unwrap();
+    c.disconnect().await;
+    assert!(read_at(&big, 5 * GIB, 4096).iter().all(|&b| b == 0));
+    let log = s.log_text();
+    assert_eq!(log.matches(EXTENDED_LINE).count(), 1, "{log}");
+    assert_eq!(s.stop().code(), Some(0));
+    // The same library refused extended headers falls back to structured replies.
+    let old = Sluice::start(&["--export", &format!("big={}", big.display())]);
+    let options = sluice_client::Options { extended: false, ..Default::default() };
+    let c = sluice_client::Client::connect_with(&sluice_client::Uri::parse(&old.uri_for("big")).unwrap(), &options).await.unwrap();
+    assert!(c.export().structured && !c.export().extended);
+    assert_eq!(c.block_status(0, 8 * GIB).await.unwrap()[0].length, GIB, "a compact request stops at 1 GiB");
+    c.disconnect().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // The raw protocol
 // ---------------------------------------------------------------------------------------
