@@ -143,6 +143,7 @@ async fn show(uri: &Uri, options: &Options, as_json: bool) -> Result<(), Error> 
     if as_json {
         let mut m = export_json(&e);
         m.insert("structured_replies".into(), json!(e.structured));
+        m.insert("extended_headers".into(), json!(e.extended));
         m.insert("base_allocation".into(), json!(e.base_allocation));
         m.insert("tls".into(), json!(e.tls));
         print_json(&Value::Object(m));
@@ -159,6 +160,7 @@ async fn show(uri: &Uri, options: &Options, as_json: bool) -> Result<(), Error> 
         e.block_min, e.block_preferred, e.block_max
     );
     println!("structured replies: {}", yes_no(e.structured));
+    println!("extended headers:   {}", yes_no(e.extended));
     println!("base:allocation:    {}", yes_no(e.base_allocation));
     println!("TLS:                {}", e.tls.as_deref().unwrap_or("no"));
     Ok(())

@@ -3,7 +3,7 @@
 //! end in a clean error, within a time bound, with no panic.
 
 use sluice_client::{Client, Error};
-use sluice_proto::reply;
+use sluice_proto::reply::{self, ReplyTo};
 use sluice_proto::wire::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -46,12 +46,13 @@ fn option_reply(s: &mut TcpStream, opt: u32, kind: u32, payload: &[u8]) {
 
 /// An honest fixed-newstyle handshake with structured replies and base:allocation.
 fn handshake(s: &mut TcpStream) -> Option<()> {
-    handshake_with(s, 1, false)
+    handshake_with(s, 1, false, false)
 }
 
 /// The handshake, advertising a minimum block size of `block_min`; with `meta_fails`,
-/// SET_META_CONTEXT names the context and then fails (so no context is selected).
-fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool) -> Option<()> {
+/// SET_META_CONTEXT names the context and then fails (so no context is selected); with
+/// `extended`, extended headers are agreed (else refused as unknown).
+fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool, extended: bool) -> Option<()> {
     let mut g = NBDMAGIC.to_be_bytes().to_vec();
     g.extend_from_slice(&IHAVEOPT.to_be_bytes());
     g.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
@@ -63,6 +64,7 @@ fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool) -> Option
         read_exact(s, be32(&h[12..]) as usize)?;
         match opt {
             OPT_STRUCTURED_REPLY => option_reply(s, opt, REP_ACK, &[]),
+            OPT_EXTENDED_HEADERS if extended => option_reply(s, opt, REP_ACK, &[]),
             OPT_SET_META_CONTEXT => {
                 let mut p = CONTEXT.to_be_bytes().to_vec();
                 p.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
@@ -90,28 +92,32 @@ fn handshake_with(s: &mut TcpStream, block_min: u32, meta_fails: bool) -> Option
 }
 
 fn next_request(s: &mut TcpStream) -> Option<Request> {
-    let b = read_exact(s, REQUEST_BYTES)?;
-    let raw = sluice_proto::RawRequest::decode(b[..].try_into().unwrap()).ok()?;
-    read_exact(s, raw.payload_len() as usize)?;
-    Some(Request { kind: raw.kind, handle: raw.handle, offset: raw.offset, len: raw.length })
+    next_request_as(s, false)
+}
+
+fn next_request_as(s: &mut TcpStream, extended: bool) -> Option<Request> {
+    let b = read_exact(s, sluice_proto::request::header_bytes(extended))?;
+    let raw = sluice_proto::RawRequest::decode_as(&b, extended).ok()?;
+    read_exact(s, raw.payload_len(extended) as usize)?;
+    Some(Request { kind: raw.kind, handle: raw.handle, offset: raw.offset, len: raw.length as u32 })
 }
 
 /// Starts a fake server that handshakes, then runs `script` on the first request and keeps
 /// the connection open (reading and ignoring) until the client goes away.
 fn fake(script: Script) -> u16 {
-    fake_with(1, false, script)
+    fake_with(1, false, false, script)
 }
 
-fn fake_with(block_min: u32, meta_fails: bool, script: Script) -> u16 {
+fn fake_with(block_min: u32, meta_fails: bool, extended: bool, script: Script) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        if handshake_with(&mut s, block_min, meta_fails).is_none() {
+        if handshake_with(&mut s, block_min, meta_fails, extended).is_none() {
             return;
         }
-        let Some(r) = next_request(&mut s) else { return };
+        let Some(r) = next_request_as(&mut s, extended) else { return };
         script(&mut s, r);
         let mut sink = [0u8; 4096];
         while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
@@ -139,14 +145,18 @@ fn read_from(port: u16) -> Result<Vec<u8>, Error> {
 }
 
 fn assert_protocol_error(script: Script, what: &str) {
-    match read_from(fake(script)) {
+    assert_protocol_error_from(fake(script), what);
+}
+
+fn assert_protocol_error_from(port: u16, what: &str) {
+    match read_from(port) {
         Err(Error::Protocol(m)) => eprintln!("{what}: {m}"),
         other => panic!("{what}: expected a protocol error, got {:?}", other.map(|v| v.len())),
     }
 }
 
 fn data_chunk(s: &mut TcpStream, handle: u64, offset: u64, data: &[u8], done: bool) {
-    let _ = s.write_all(&reply::offset_data_header(handle, offset, data.len() as u32, done));
+    let _ = s.write_all(&reply::offset_data_header(ReplyTo::compact(handle), offset, data.len() as u32, done));
     let _ = s.write_all(data);
 }
 
@@ -180,7 +190,7 @@ fn overlapping_chunks() {
 fn overlapping_hole_and_data() {
     assert_protocol_error(
         |s, r| {
-            let _ = s.write_all(&reply::offset_hole(r.handle, r.offset + 2048, 2048, false));
+            let _ = s.write_all(&reply::offset_hole(ReplyTo::compact(r.handle), r.offset + 2048, 2048, false));
             data_chunk(s, r.handle, r.offset + 1024, &[2; 2048], true);
         },
         "hole overlap",
@@ -192,7 +202,7 @@ fn huge_data_length() {
     // Claims 4 GiB of data for a 4 KiB read: refused from the header, nothing allocated.
     assert_protocol_error(
         |s, r| {
-            let _ = s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_OFFSET_DATA, true, u32::MAX));
+            let _ = s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_OFFSET_DATA, true, u32::MAX as u64));
             let _ = s.write_all(&r.offset.to_be_bytes());
         },
         "huge data",
@@ -201,12 +211,12 @@ fn huge_data_length() {
 
 #[test]
 fn huge_error_chunk() {
-    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_ERROR, true, 0x7fff_ffff))), "huge error");
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_ERROR, true, 0x7fff_ffff))), "huge error");
 }
 
 #[test]
 fn unknown_chunk_type() {
-    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, 77, true, 0))), "unknown type");
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), 77, true, 0))), "unknown type");
 }
 
 #[test]
@@ -231,7 +241,7 @@ fn bad_reply_magic() {
 
 #[test]
 fn none_chunk_with_payload() {
-    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_NONE, true, 4))), "NONE with payload");
+    assert_protocol_error(|s, r| drop(s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_NONE, true, 4))), "NONE with payload");
 }
 
 #[test]
@@ -239,7 +249,7 @@ fn error_offset_outside_the_request() {
     assert_protocol_error(
         |s, r| {
             let mut out = Vec::new();
-            reply::error_chunk(&mut out, r.handle, sluice_proto::Errno::Io, "x", Some(r.offset + r.len as u64));
+            reply::error_chunk(&mut out, ReplyTo::compact(r.handle), sluice_proto::Errno::Io, "x", Some(r.offset + r.len as u64));
             let _ = s.write_all(&out);
         },
         "error offset",
@@ -250,7 +260,7 @@ fn error_offset_outside_the_request() {
 fn hole_chunk_with_wrong_size() {
     assert_protocol_error(
         |s, r| {
-            let _ = s.write_all(&reply::chunk_header(r.handle, REPLY_TYPE_OFFSET_HOLE, true, 11));
+            let _ = s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_OFFSET_HOLE, true, 11));
             let _ = s.write_all(&[0; 11]);
         },
         "hole size",
@@ -260,7 +270,7 @@ fn hole_chunk_with_wrong_size() {
 #[test]
 fn close_in_the_middle_of_data() {
     let port = fake(|s, r| {
-        let _ = s.write_all(&reply::offset_data_header(r.handle, r.offset, 4096, true));
+        let _ = s.write_all(&reply::offset_data_header(ReplyTo::compact(r.handle), r.offset, 4096, true));
         let _ = s.write_all(&[1; 100]);
         let _ = s.shutdown(std::net::Shutdown::Both);
     });
@@ -277,7 +287,7 @@ fn unknown_error_type_fails_only_the_request() {
         let mut p = 28u32.to_be_bytes().to_vec();
         p.extend_from_slice(&2u16.to_be_bytes());
         p.extend_from_slice(b"no");
-        let _ = s.write_all(&reply::chunk_header(r.handle, 0x8007, true, p.len() as u32));
+        let _ = s.write_all(&reply::chunk_header(ReplyTo::compact(r.handle), 0x8007, true, p.len() as u64));
         let _ = s.write_all(&p);
     });
     match read_from(port) {
@@ -291,7 +301,7 @@ fn honest_out_of_order_chunks_with_a_hole_are_accepted() {
     // The control case: the same fake server, telling the truth in a strange order.
     let port = fake(|s, r| {
         data_chunk(s, r.handle, r.offset + 3072, &[3; 1024], false);
-        let _ = s.write_all(&reply::offset_hole(r.handle, r.offset + 1024, 2048, false));
+        let _ = s.write_all(&reply::offset_hole(ReplyTo::compact(r.handle), r.offset + 1024, 2048, false));
         data_chunk(s, r.handle, r.offset, &[1; 1024], true);
     });
     let got = read_from(port).expect("honest reply refused");
@@ -426,7 +436,7 @@ fn scattered_tiny_chunks_hit_the_fragment_cap() {
     let port = fake(|s, r| {
         let mut out = Vec::new();
         for i in 0..(r.len as u64 / 2) {
-            out.extend_from_slice(&reply::offset_hole(r.handle, r.offset + 2 * i, 1, false));
+            out.extend_from_slice(&reply::offset_hole(ReplyTo::compact(r.handle), r.offset + 2 * i, 1, false));
         }
         let _ = s.write_all(&out);
     });
@@ -439,7 +449,7 @@ fn a_large_block_status_reply_is_accepted() {
     // qemu-nbd sends up to 2^17 extents in one chunk: more than a MiB of payload.
     let port = fake(|s, r| {
         let n = 1u32 << 17;
-        let mut out = reply::chunk_header(r.handle, REPLY_TYPE_BLOCK_STATUS, true, 4 + 8 * n).to_vec();
+        let mut out = reply::chunk_header(ReplyTo::compact(r.handle), REPLY_TYPE_BLOCK_STATUS, true, 4 + 8 * n as u64).to_vec();
         out.extend_from_slice(&CONTEXT.to_be_bytes());
         for i in 0..n {
             out.extend_from_slice(&1u32.to_be_bytes());
@@ -456,7 +466,7 @@ fn a_large_block_status_reply_is_accepted() {
 fn minimum_block_size_is_kept() {
     // The server asks for 4096-byte blocks: an unaligned read goes out widened to whole
     // blocks, and an unaligned write is refused before it is sent.
-    let port = fake_with(4096, false, |s, r| {
+    let port = fake_with(4096, false, false, |s, r| {
         assert_eq!((r.kind, r.offset, r.len), (CMD_READ, 0, 8192), "the read was not widened to whole blocks");
         let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
         data_chunk(s, r.handle, 0, &data, true);
@@ -475,7 +485,7 @@ fn minimum_block_size_is_kept() {
 
 #[test]
 fn a_failed_set_meta_context_selects_no_context() {
-    let port = fake_with(1, true, |_, _| {});
+    let port = fake_with(1, true, false, |_, _| {});
     let (base_allocation, extents) = with_client(port, async |c| (c.export().base_allocation, c.block_status(0, 4096).await));
     assert!(!base_allocation, "context kept after SET_META_CONTEXT failed");
     // Without the context no BLOCK_STATUS is sent: the whole range is reported as data.
@@ -512,7 +522,7 @@ fn eshutdown_means_no_new_requests_then_disc() {
         handshake(&mut s).unwrap();
         let r = next_request(&mut s).unwrap();
         let mut out = Vec::new();
-        reply::error_chunk(&mut out, r.handle, sluice_proto::Errno::Shutdown, "going away", None);
+        reply::error_chunk(&mut out, ReplyTo::compact(r.handle), sluice_proto::Errno::Shutdown, "going away", None);
         s.write_all(&out).unwrap();
         // What the client sends next must be DISC: no new request after ESHUTDOWN.
         let _ = tx.send(next_request(&mut s).map(|r| r.kind));
@@ -525,4 +535,49 @@ fn eshutdown_means_no_new_requests_then_disc() {
     assert!(matches!(first, Err(Error::Server { errno: 108, .. })), "{:?}", first.map(|v| v.len()));
     assert!(second.is_err(), "a request was accepted after ESHUTDOWN");
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), Some(CMD_DISC));
+}
+
+// ---------------------------------------------------------------------------------------
+// Extended headers
+// ---------------------------------------------------------------------------------------
+
+fn extended_to(r: &Request) -> ReplyTo {
+    ReplyTo { handle: r.handle, offset: r.offset, extended: true }
+}
+
+#[test]
+fn extended_headers_carry_an_honest_read() {
+    let port = fake_with(1, false, true, |s, r| {
+        let _ = s.write_all(&reply::offset_data_header(extended_to(&r), r.offset, 4096, true));
+        let _ = s.write_all(&[0x5e; 4096]);
+    });
+    assert_eq!(read_from(port).expect("an honest extended reply refused"), vec![0x5e; 4096]);
+}
+
+#[test]
+fn a_compact_reply_under_extended_headers() {
+    let port = fake_with(1, false, true, |s, r| drop(s.write_all(&reply::simple(r.handle, None))));
+    assert_protocol_error_from(port, "simple reply under extended headers");
+    let port = fake_with(1, false, true, |s, r| data_chunk(s, r.handle, r.offset, &[1; 4096], true));
+    assert_protocol_error_from(port, "structured chunk under extended headers");
+}
+
+#[test]
+fn an_extended_reply_without_extended_headers() {
+    assert_protocol_error(
+        |s, r| {
+            let _ = s.write_all(&reply::offset_data_header(extended_to(&r), r.offset, 4096, true));
+            let _ = s.write_all(&[1; 4096]);
+        },
+        "extended chunk, compact session",
+    );
+}
+
+#[test]
+fn a_huge_extended_error_chunk() {
+    // A 64-bit payload length: refused from the header, nothing allocated.
+    let port = fake_with(1, false, true, |s, r| {
+        let _ = s.write_all(&reply::chunk_header(extended_to(&r), REPLY_TYPE_ERROR, true, 1 << 40));
+    });
+    assert_protocol_error_from(port, "huge extended error chunk");
 }

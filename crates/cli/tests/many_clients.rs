@@ -60,7 +60,7 @@ impl Client {
     fn send(&mut self, kind: u16, offset: u64, data: &[u8], length: u32) -> u64 {
         let handle = self.next_handle;
         self.next_handle += 1;
-        let header = RawRequest { flags: 0, kind, handle, offset, length }.encode();
+        let header = RawRequest { flags: 0, kind, handle, offset, length: length.into() }.encode();
         self.s.write_all(&header).unwrap();
         self.s.write_all(data).unwrap();
         handle

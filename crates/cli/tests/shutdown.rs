@@ -157,7 +157,7 @@ fn writes_acknowledged_around_sigterm_are_in_the_file() {
     let sender = std::thread::spawn(move || {
         for i in 0..WRITES {
             let header =
-                RawRequest { flags: 0, kind: CMD_WRITE, handle: i as u64, offset: (i * CHUNK) as u64, length: CHUNK as u32 }
+                RawRequest { flags: 0, kind: CMD_WRITE, handle: i as u64, offset: (i * CHUNK) as u64, length: CHUNK as u64 }
                     .encode();
             if writer.write_all(&header).is_err() || writer.write_all(&pattern(CHUNK, i as u64)).is_err() {
                 return i;

@@ -106,10 +106,15 @@ impl Client {
 
     /// Sends one request, checked and no larger than the export allows, on the least
     /// loaded connection, or to the pool.
-    async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+    /// `len` passes 32 bits only when the export negotiated extended headers, which a pool
+    /// never does.
+    async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u64, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
         match &self.inner.transport {
             Transport::Conns(links) => links.call(cmd, flags, offset, len, payload, bufs).await,
-            Transport::Pool(pool) => pool.call(cmd, flags, offset, len, payload, bufs).await,
+            Transport::Pool(pool) => {
+                let len = u32::try_from(len).expect("a pool's requests stay within 32 bits");
+                pool.call(cmd, flags, offset, len, payload, bufs).await
+            }
         }
     }
 
@@ -191,7 +196,7 @@ impl Client {
         if total == 0 {
             return Ok(bufs);
         }
-        match self.call(CMD_READ, 0, offset, total as u32, &[], bufs).await? {
+        match self.call(CMD_READ, 0, offset, total, &[], bufs).await? {
             Outcome::Read(b) => Ok(b),
             _ => Err(Error::Protocol("read answered without data".into())),
         }
@@ -224,7 +229,7 @@ impl Client {
             if total == 0 {
                 return Ok(());
             }
-            self.call(CMD_WRITE, flags, offset, total as u32, data, Vec::new()).await?;
+            self.call(CMD_WRITE, flags, offset, total, data, Vec::new()).await?;
             return Ok(());
         }
         // Split into requests of at most `max` bytes, each a list of sub-slices, all sent at once.
@@ -250,7 +255,7 @@ impl Client {
         }
         let calls = requests.iter().map(|(off, slices)| {
             let len: usize = slices.iter().map(|s| s.len()).sum();
-            async move { self.call(CMD_WRITE, flags, *off, len as u32, slices, Vec::new()).await }
+            async move { self.call(CMD_WRITE, flags, *off, len as u64, slices, Vec::new()).await }
         });
         for r in join_all(calls).await {
             r?;
@@ -297,7 +302,7 @@ impl Client {
         if hi <= lo {
             return Ok(());
         }
-        self.ranged(CMD_TRIM, flags, lo, hi - lo, RANGE_REQUEST_MAX_BYTES).await
+        self.ranged(CMD_TRIM, flags, lo, hi - lo, self.range_step()).await
     }
 
     /// Writes zeros over the range. `may_trim` lets the server punch a hole instead of
@@ -321,7 +326,7 @@ impl Client {
         self.check_range(offset, len)?;
         self.check_aligned(offset, len)?;
         // The maximum block size bounds WRITE_ZEROES too, unless it is a fast zero.
-        let step = if fast { RANGE_REQUEST_MAX_BYTES } else { self.data_request_step() };
+        let step = if fast { self.range_step() } else { self.data_request_step() };
         self.ranged(CMD_WRITE_ZEROES, flags, offset, len, step).await
     }
 
@@ -339,18 +344,28 @@ impl Client {
     }
 
     /// Split size for commands the maximum block size bounds (CACHE, WRITE_ZEROES).
-    fn data_request_step(&self) -> u32 {
-        self.inner.export.request_max_bytes().min(RANGE_REQUEST_MAX_BYTES)
+    fn data_request_step(&self) -> u64 {
+        self.inner.export.request_max_bytes().min(RANGE_REQUEST_MAX_BYTES) as u64
+    }
+
+    /// Split size for commands nothing but the export bounds (TRIM, fast WRITE_ZEROES,
+    /// BLOCK_STATUS): one request for any range once extended headers carry 64-bit lengths.
+    fn range_step(&self) -> u64 {
+        if self.inner.export.extended {
+            u64::MAX
+        } else {
+            RANGE_REQUEST_MAX_BYTES as u64
+        }
     }
 
     /// A command that only names a range, split into requests of at most `step` bytes
     /// (a whole number of minimum blocks), all in flight together.
-    async fn ranged(&self, cmd: u16, flags: u16, offset: u64, len: u64, step: u32) -> Result<(), Error> {
-        let b = self.inner.export.block_min;
-        let step = (step / b * b).max(b) as u64;
+    async fn ranged(&self, cmd: u16, flags: u16, offset: u64, len: u64, step: u64) -> Result<(), Error> {
+        let b = self.inner.export.block_min as u64;
+        let step = (step / b * b).max(b);
         let calls = (0..len.div_ceil(step)).map(|i| {
             let at = offset + i * step;
-            let n = (len - i * step).min(step) as u32;
+            let n = (len - i * step).min(step);
             async move { self.call(cmd, flags, at, n, &[], Vec::new()).await }
         });
         for r in join_all(calls).await {
@@ -364,7 +379,7 @@ impl Client {
     /// `offset + len`. Without base:allocation, the whole range is reported as data.
     pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, Error> {
         self.check_range(offset, len)?;
-        let len = len.min(RANGE_REQUEST_MAX_BYTES as u64);
+        let len = len.min(self.range_step());
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -376,7 +391,7 @@ impl Client {
         let b = ex.block_min as u64;
         let lo = offset / b * b;
         let hi = (offset + len).next_multiple_of(b).min(ex.size);
-        let descriptors = match self.call(CMD_BLOCK_STATUS, 0, lo, (hi - lo) as u32, &[], Vec::new()).await? {
+        let descriptors = match self.call(CMD_BLOCK_STATUS, 0, lo, hi - lo, &[], Vec::new()).await? {
             Outcome::Extents(e) => e,
             _ => return Err(Error::Protocol("block status answered without extents".into())),
         };
@@ -388,7 +403,7 @@ impl Client {
                 // A server may describe past the request; what lies beyond is not ours to use.
                 break;
             }
-            let mut length = (length as u64).min(end - at);
+            let mut length = length.min(end - at);
             if at < offset {
                 // The part of the first block before the range.
                 let before = (offset - at).min(length);

@@ -20,7 +20,7 @@ pub(crate) enum Outcome {
     Done,
     Read(Vec<Vec<u8>>),
     /// (length, flags) descriptors from base:allocation.
-    Extents(Vec<(u32, u32)>),
+    Extents(Vec<(u64, u32)>),
 }
 
 /// A request that failed, with a read's buffers handed back (partly filled, perhaps) so
@@ -38,14 +38,15 @@ struct Pending {
     cmd: u16,
     flags: u16,
     offset: u64,
-    len: u32,
+    /// 64 bits with extended headers; a read's always fits in 32.
+    len: u64,
     /// Read destination: zero-filled buffers whose lengths add up to `len`.
     bufs: Vec<Vec<u8>>,
     /// Byte ranges (relative to `offset`) already filled by data or hole chunks, for the
     /// overlap and coverage checks.
     covered: Vec<(u32, u32)>,
     covered_bytes: u64,
-    extents: Option<Vec<(u32, u32)>>,
+    extents: Option<Vec<(u64, u32)>>,
     error: Option<Error>,
     /// Taken when the answer is sent; a request dropped before that still answers.
     done: Option<oneshot::Sender<Answer>>,
@@ -111,6 +112,8 @@ pub(crate) struct Connection {
     writer: SharedWriter,
     state: Arc<Mutex<State>>,
     reader: tokio::task::JoinHandle<()>,
+    /// Extended headers: every request goes out in the 32-byte framing.
+    extended: bool,
 }
 
 impl Drop for Connection {
@@ -119,18 +122,19 @@ impl Drop for Connection {
         // A client dropped without `disconnect()` still leaves the polite way when it can:
         // NBD_CMD_DISC from a task, if a runtime is there to run it (best effort).
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let writer = self.writer.clone();
-            runtime.spawn(async move { send_disc(&writer).await });
+            let (writer, extended) = (self.writer.clone(), self.extended);
+            runtime.spawn(async move { send_disc(&writer, extended).await });
         }
     }
 }
 
 /// Sends NBD_CMD_DISC and closes the write side, unless it is closed already. Nothing is
 /// ever sent after it: the writer is taken out for good.
-async fn send_disc(writer: &SharedWriter) {
+async fn send_disc(writer: &SharedWriter, extended: bool) {
     if let Some(mut w) = writer.lock().await.take() {
         let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: u64::MAX, offset: 0, length: 0 };
-        let _ = w.write_all(&disc.encode()).await;
+        let (b, n) = header(disc, extended);
+        let _ = w.write_all(&b[..n]).await;
         let _ = w.shutdown().await;
     }
 }
@@ -139,18 +143,31 @@ async fn send_disc(writer: &SharedWriter) {
 #[derive(Clone, Copy)]
 struct Session {
     structured: bool,
+    extended: bool,
     base_allocation_id: Option<u32>,
 }
 
+/// A request header in the framing the session uses; extended WRITEs say their payload.
+fn header(raw: RawRequest, extended: bool) -> ([u8; EXTENDED_REQUEST_BYTES], usize) {
+    let mut b = [0u8; EXTENDED_REQUEST_BYTES];
+    if extended {
+        let payload = if raw.kind == CMD_WRITE { CMD_FLAG_PAYLOAD_LEN } else { 0 };
+        b = RawRequest { flags: raw.flags | payload, ..raw }.encode_extended();
+        return (b, EXTENDED_REQUEST_BYTES);
+    }
+    b[..REQUEST_BYTES].copy_from_slice(&raw.encode());
+    (b, REQUEST_BYTES)
+}
+
 impl Connection {
-    /// Starts transmission on a negotiated connection: `structured` and
+    /// Starts transmission on a negotiated connection: `structured`, `extended` and
     /// `base_allocation_id` are what the handshake agreed.
-    pub(crate) fn start(reader: Reader, writer: Writer, structured: bool, base_allocation_id: Option<u32>) -> Connection {
+    pub(crate) fn start(reader: Reader, writer: Writer, structured: bool, extended: bool, base_allocation_id: Option<u32>) -> Connection {
         let state = Arc::new(Mutex::new(State::default()));
-        let session = Session { structured, base_allocation_id };
+        let session = Session { structured, extended, base_allocation_id };
         let writer = Arc::new(tokio::sync::Mutex::new(Some(writer)));
         let task = tokio::spawn(read_replies(reader, state.clone(), writer.clone(), session));
-        Connection { writer, state, reader: task }
+        Connection { writer, state, reader: task, extended }
     }
 
     /// Requests sent and not yet answered, or None once the connection takes no more
@@ -180,8 +197,10 @@ impl Connection {
 
     /// Sends one request and waits for its reply. `payload` follows the header (writes);
     /// `bufs` receive a read's data, and come back on failure too.
-    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Failed> {
-        debug_assert!(cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len as u64);
+    /// A length past 32 bits needs extended headers (the caller checks the export).
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u64, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Failed> {
+        debug_assert!(cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len);
+        debug_assert!(self.extended || len <= u32::MAX as u64, "a {len}-byte request without extended headers");
         let (tx, rx) = oneshot::channel();
         let handle = {
             let mut st = self.state.lock().unwrap();
@@ -198,7 +217,8 @@ impl Connection {
         // If this future is dropped before the request is fully written, the entry must go,
         // and a half-written request leaves the stream unusable.
         let mut guard = SendGuard { conn: self, handle, written: 0, finished: false };
-        let header = RawRequest { flags, kind: cmd, handle, offset, length: len }.encode();
+        let (header, header_len) = header(RawRequest { flags, kind: cmd, handle, offset, length: len }, self.extended);
+        let header = &header[..header_len];
         {
             let mut lock = self.writer.lock().await;
             let Some(w) = lock.as_mut() else {
@@ -211,7 +231,7 @@ impl Connection {
                 return self.answer(rx).await;
             };
             // Header and payload in one writev; no allocation for the usual one-slice payload.
-            let mut few = [IoSlice::new(&header), IoSlice::new(&[])];
+            let mut few = [IoSlice::new(header), IoSlice::new(&[])];
             let mut many = Vec::new();
             let mut slices: &mut [IoSlice<'_>] = if payload.len() <= 1 {
                 if let Some(p) = payload.first() {
@@ -219,7 +239,7 @@ impl Connection {
                 }
                 &mut few[..1 + payload.len()]
             } else {
-                many.push(IoSlice::new(&header));
+                many.push(IoSlice::new(header));
                 many.extend(payload.iter().map(|s| IoSlice::new(s)));
                 &mut many[..]
             };
@@ -277,7 +297,7 @@ impl Connection {
                 st.dead = Some(Error::Closed);
             }
         }
-        send_disc(&self.writer).await;
+        send_disc(&self.writer, self.extended).await;
     }
 }
 
@@ -331,7 +351,7 @@ async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer: SharedWri
         };
         if leave {
             // The soft disconnect ESHUTDOWN asks for.
-            send_disc(&writer).await;
+            send_disc(&writer, session.extended).await;
             break Error::Closed;
         }
     };
@@ -398,6 +418,7 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
     let mut magic = [0u8; 4];
     read_exact(r, &mut magic).await?;
     match wire_c::reply_magic(&magic) {
+        SIMPLE_REPLY_MAGIC | STRUCTURED_REPLY_MAGIC if session.extended => protocol("a compact reply under extended headers"),
         SIMPLE_REPLY_MAGIC => {
             let mut rest = [0u8; SIMPLE_REPLY_BYTES - 4];
             read_exact(r, &mut rest).await?;
@@ -430,49 +451,59 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
             }
             Ok(())
         }
+        EXTENDED_REPLY_MAGIC if session.extended => {
+            let mut rest = [0u8; EXTENDED_REPLY_BYTES - 4];
+            read_exact(r, &mut rest).await?;
+            chunk_reply(r, state, session, wire_c::ChunkHeader::decode_extended(&rest)).await
+        }
         STRUCTURED_REPLY_MAGIC if session.structured => {
             let mut rest = [0u8; CHUNK_HEADER_BYTES - 4];
             read_exact(r, &mut rest).await?;
-            let h = wire_c::ChunkHeader::decode(&rest);
-            let mut p = take(state, h.handle)?;
-            if let Err(e) = chunk(r, &mut p, &h, session).await {
-                finish(state, p, Err(e.clone()));
-                return Err(e);
-            }
-            if h.done() {
-                let result = complete(&mut p);
-                match result {
-                    Err(e @ Error::Protocol(_)) => {
-                        finish(state, p, Err(e.clone()));
-                        return Err(e);
-                    }
-                    other => {
-                        note_shutdown(state, &other);
-                        finish(state, p, other);
-                    }
-                }
-            } else {
-                let mut st = state.lock().unwrap();
-                if st.failed {
-                    // The connection failed while this chunk was read: fail_all has run and
-                    // will not see the entry, so finish it here.
-                    let e = st.dead.clone().unwrap_or(Error::Closed);
-                    drop(st);
-                    finish(state, p, Err(e));
-                } else {
-                    st.pending.insert(h.handle, p);
-                }
-            }
-            Ok(())
+            chunk_reply(r, state, session, wire_c::ChunkHeader::decode(&rest)).await
         }
         STRUCTURED_REPLY_MAGIC => protocol("structured reply chunk without structured replies negotiated"),
+        EXTENDED_REPLY_MAGIC => protocol("extended reply chunk without extended headers negotiated"),
         other => protocol(format!("bad reply magic {other:#010x}")),
     }
 }
 
+/// One structured or extended chunk, its header read: its payload goes to its request.
+async fn chunk_reply(r: &mut Reader, state: &Mutex<State>, session: Session, h: wire_c::ChunkHeader) -> Result<(), Error> {
+    let mut p = take(state, h.handle)?;
+    if let Err(e) = chunk(r, &mut p, &h, session).await {
+        finish(state, p, Err(e.clone()));
+        return Err(e);
+    }
+    if h.done() {
+        let result = complete(&mut p);
+        match result {
+            Err(e @ Error::Protocol(_)) => {
+                finish(state, p, Err(e.clone()));
+                return Err(e);
+            }
+            other => {
+                note_shutdown(state, &other);
+                finish(state, p, other);
+            }
+        }
+    } else {
+        let mut st = state.lock().unwrap();
+        if st.failed {
+            // The connection failed while this chunk was read: fail_all has run and
+            // will not see the entry, so finish it here.
+            let e = st.dead.clone().unwrap_or(Error::Closed);
+            drop(st);
+            finish(state, p, Err(e));
+        } else {
+            st.pending.insert(h.handle, p);
+        }
+    }
+    Ok(())
+}
+
 /// Reads and checks one structured chunk's payload into its request.
 async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session: Session) -> Result<(), Error> {
-    let end = p.offset + p.len as u64;
+    let end = p.offset + p.len;
     match h.kind {
         REPLY_TYPE_OFFSET_DATA => {
             if p.cmd != CMD_READ {
@@ -484,7 +515,8 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
             let mut o = [0u8; 8];
             read_exact(r, &mut o).await?;
             let at = u64::from_be_bytes(o);
-            let n = h.len - 8;
+            // At most the read's length, which fits in 32 bits.
+            let n = (h.len - 8) as u32;
             let rel = place(p, at, n, end, "OFFSET_DATA")?;
             // Straight from the socket into the caller's buffers.
             let mut skip = rel as usize;
@@ -516,16 +548,21 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
             // The buffers were zero-filled and this range is new, so it already reads as zeros.
             place(p, at, n, end, "OFFSET_HOLE")?;
         }
-        REPLY_TYPE_BLOCK_STATUS => {
+        REPLY_TYPE_BLOCK_STATUS_EXT if !session.extended => return protocol("BLOCK_STATUS_EXT chunk without extended headers"),
+        REPLY_TYPE_BLOCK_STATUS | REPLY_TYPE_BLOCK_STATUS_EXT => {
             if p.cmd != CMD_BLOCK_STATUS {
                 return protocol("BLOCK_STATUS chunk for a request that is not block status");
             }
-            if h.len > BLOCK_STATUS_PAYLOAD_MAX_BYTES {
+            if h.len > BLOCK_STATUS_PAYLOAD_MAX_BYTES as u64 {
                 return protocol(format!("BLOCK_STATUS chunk of {} bytes (limit {BLOCK_STATUS_PAYLOAD_MAX_BYTES})", h.len));
             }
             let mut payload = vec![0u8; h.len as usize];
             read_exact(r, &mut payload).await?;
-            let (id, extents) = wire_c::decode_block_status(&payload)?;
+            let (id, extents) = if h.kind == REPLY_TYPE_BLOCK_STATUS_EXT {
+                wire_c::decode_block_status_ext(&payload)?
+            } else {
+                wire_c::decode_block_status(&payload)?
+            };
             if Some(id) != session.base_allocation_id {
                 return protocol(format!("BLOCK_STATUS for metadata context {id}, which was not negotiated"));
             }
@@ -565,7 +602,7 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
 
 /// Reads a non-data chunk's payload, refusing sizes no honest server sends.
 async fn small_payload(r: &mut Reader, h: &wire_c::ChunkHeader) -> Result<Vec<u8>, Error> {
-    if h.len > CHUNK_PAYLOAD_MAX_BYTES {
+    if h.len > CHUNK_PAYLOAD_MAX_BYTES as u64 {
         return protocol(format!("reply chunk of {} bytes (limit {CHUNK_PAYLOAD_MAX_BYTES})", h.len));
     }
     let mut payload = vec![0u8; h.len as usize];
@@ -619,7 +656,7 @@ fn complete(p: &mut Pending) -> Result<Outcome, Error> {
         return Err(e);
     }
     match p.cmd {
-        CMD_READ if p.covered_bytes != p.len as u64 => protocol(format!(
+        CMD_READ if p.covered_bytes != p.len => protocol(format!(
             "read of {} bytes at {} answered with only {} bytes and no error",
             p.len, p.offset, p.covered_bytes
         )),

@@ -32,6 +32,9 @@ pub struct Export {
     pub block_max: u32,
     /// Structured replies were negotiated.
     pub structured: bool,
+    /// Extended headers were negotiated: 64-bit lengths for TRIM, WRITE_ZEROES, CACHE and
+    /// BLOCK_STATUS, and 32-byte headers both ways.
+    pub extended: bool,
     /// base:allocation was negotiated: block status reports holes and zeros.
     pub base_allocation: bool,
     /// The connection is TLS: its version and cipher suite, as OpenSSL names them
@@ -99,8 +102,8 @@ impl Export {
         } else if (self.block_min, self.block_preferred, self.block_max) != (now.block_min, now.block_preferred, now.block_max) {
             let before = format!("{}/{}/{}", self.block_min, self.block_preferred, self.block_max);
             Some(format!("its block sizes were {before} and are now {}/{}/{}", now.block_min, now.block_preferred, now.block_max))
-        } else if (self.structured, self.base_allocation) != (now.structured, now.base_allocation) {
-            Some("structured replies or base:allocation were not negotiated as before".into())
+        } else if (self.structured, self.extended, self.base_allocation) != (now.structured, now.extended, now.base_allocation) {
+            Some("structured replies, extended headers or base:allocation were not negotiated as before".into())
         } else {
             None
         }
@@ -114,7 +117,7 @@ mod tests {
     fn export() -> Export {
         let flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_TRIM;
         let (block_min, block_preferred, block_max) = (512, 4096, 1 << 20);
-        Export { name: "d".into(), description: None, size: 1 << 20, flags, block_min, block_preferred, block_max, structured: true, base_allocation: true, tls: None }
+        Export { name: "d".into(), description: None, size: 1 << 20, flags, block_min, block_preferred, block_max, structured: true, extended: false, base_allocation: true, tls: None }
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub(crate) async fn open_for_kernel(uri: &Uri, timeout: Duration) -> Result<ForK
         let (socket, server) = begin(uri, true).await?;
         let (mut r, mut w, lent) = socket.lend();
         let identity = identity(&mut r, &mut w, &uri.export).await.map_err(|e| server.dropped(e))?;
-        let n = negotiate(&mut r, &mut w, &server, &uri.export, false, false).await.map_err(|e| server.dropped(e))?;
+        let n = negotiate(&mut r, &mut w, &server, &uri.export, &KERNEL_OPTIONS).await.map_err(|e| server.dropped(e))?;
         if !r.buffer().is_empty() {
             return Err(Error::Protocol(format!("the server sent {} bytes after NBD_OPT_GO before any request", r.buffer().len())));
         }
@@ -81,6 +81,16 @@ async fn identity(r: &mut Reader, w: &mut Writer, export: &str) -> Result<Option
 }
 
 /// What the handshake settled, beyond the export itself.
+/// The kernel's driver reads only simple replies: nothing else is asked for it.
+const KERNEL_OPTIONS: Options = Options {
+    connections: 1,
+    structured: false,
+    extended: false,
+    block_status: false,
+    connect_timeout: std::time::Duration::from_millis(CONNECT_TIMEOUT_MS),
+    reconnect: None,
+};
+
 pub(crate) struct Negotiated {
     pub export: Export,
     pub base_allocation_id: Option<u32>,
@@ -92,9 +102,9 @@ pub(crate) async fn open(uri: &Uri, options: &Options, timeout: Duration) -> Res
     let work = async {
         let (socket, server) = begin(uri, false).await?;
         let (mut r, mut w) = socket.split();
-        let n = negotiate(&mut r, &mut w, &server, &uri.export, options.structured, options.block_status).await;
+        let n = negotiate(&mut r, &mut w, &server, &uri.export, options).await;
         let n = n.map_err(|e| server.dropped(e))?;
-        let conn = Connection::start(r, w, n.export.structured, n.base_allocation_id);
+        let conn = Connection::start(r, w, n.export.structured, n.export.extended, n.base_allocation_id);
         Ok((n.export, conn))
     };
     tokio::time::timeout(timeout, work).await.unwrap_or(Err(Error::Timeout))
@@ -248,24 +258,42 @@ async fn fatal(r: &mut Reader, w: &mut Writer, rep: &OptionReply, payload: &[u8]
     Err(e)
 }
 
-/// Negotiates transmission of `export` on a fresh connection.
-async fn negotiate(r: &mut Reader, w: &mut Writer, server: &Server, export: &str, want_structured: bool, want_block_status: bool) -> Result<Negotiated, Error> {
+/// Asks for `option` (STRUCTURED_REPLY or EXTENDED_HEADERS, which take no data): whether
+/// the server agreed. Any error reply but the fatal ones is a refusal to go on without.
+async fn ask(r: &mut Reader, w: &mut Writer, option: u32) -> Result<bool, Error> {
     let mut out = Vec::new();
-
-    let mut structured = false;
-    if want_structured {
-        wire_c::option(&mut out, OPT_STRUCTURED_REPLY, &[]);
-        send(w, &mut out).await?;
-        let (rep, p) = reply(r, OPT_STRUCTURED_REPLY).await?;
-        fatal(r, w, &rep, &p).await?;
-        structured = rep.kind == REP_ACK;
-        if !structured && !rep.is_error() {
-            return Err(Error::Protocol(format!("unexpected reply type {:#x} to STRUCTURED_REPLY", rep.kind)));
-        }
+    wire_c::option(&mut out, option, &[]);
+    send(w, &mut out).await?;
+    let (rep, p) = reply(r, option).await?;
+    fatal(r, w, &rep, &p).await?;
+    if rep.kind != REP_ACK && !rep.is_error() {
+        return Err(Error::Protocol(format!("unexpected reply type {:#x} to option {option}", rep.kind)));
     }
+    if rep.is_error() {
+        log::debug!("option {option} refused: {}", wire_c::option_error_name(rep.kind));
+    }
+    Ok(rep.kind == REP_ACK)
+}
+
+/// The reply style `options` ask for: extended headers when the server has them (they
+/// imply structured replies), else structured replies. Returns (structured, extended).
+async fn reply_style(r: &mut Reader, w: &mut Writer, options: &Options) -> Result<(bool, bool), Error> {
+    if !options.structured {
+        return Ok((false, false));
+    }
+    if options.extended && ask(r, w, OPT_EXTENDED_HEADERS).await? {
+        return Ok((true, true));
+    }
+    Ok((ask(r, w, OPT_STRUCTURED_REPLY).await?, false))
+}
+
+/// Negotiates transmission of `export` on a fresh connection.
+async fn negotiate(r: &mut Reader, w: &mut Writer, server: &Server, export: &str, options: &Options) -> Result<Negotiated, Error> {
+    let mut out = Vec::new();
+    let (structured, extended) = reply_style(r, w, options).await?;
 
     let mut base_allocation_id = None;
-    if structured && want_block_status {
+    if structured && options.block_status {
         wire_c::meta_context_request(&mut out, OPT_SET_META_CONTEXT, export, &[META_BASE_ALLOCATION]);
         send(w, &mut out).await?;
         let mut finished = false;
@@ -303,8 +331,11 @@ async fn negotiate(r: &mut Reader, w: &mut Writer, server: &Server, export: &str
     wire_c::info_request(&mut out, OPT_GO, export, &infos);
     send(w, &mut out).await?;
     let mut ex = blank_export(export, structured, server.tls.clone());
+    ex.extended = extended;
     match collect_info(r, OPT_GO, &mut ex).await {
         Ok(InfoOutcome::Ok) => {}
+        // EXPORT_NAME is forbidden once extended headers are on; no such server exists.
+        Ok(InfoOutcome::Unsupported) if extended => return Err(Error::Protocol("the server has extended headers but not NBD_OPT_GO".into())),
         Ok(InfoOutcome::Unsupported) => export_name(r, w, server.flags, &mut ex).await?,
         Err(e @ (Error::UnknownExport(_) | Error::Refused(_) | Error::Tls(_))) => {
             // The server is still in option haggling; leave it the polite way.
@@ -327,6 +358,7 @@ fn blank_export(name: &str, structured: bool, tls: Option<String>) -> Export {
         block_preferred: 4096,
         block_max: REQUEST_DEFAULT_MAX_BYTES,
         structured,
+        extended: false,
         base_allocation: false,
         tls,
     }

@@ -97,7 +97,7 @@ impl Links {
     /// Sends one request and waits for its reply, as `Connection::call`. With reconnecting
     /// on, a request the connection's drop cut off is sent again once a connection is up;
     /// NBD orders nothing among requests in flight, so that is as safe as the first send.
-    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], mut bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u64, payload: &[IoSlice<'_>], mut bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
         let mut attempts = 0;
         loop {
             let (link, conn) = self.pick().await?;
@@ -118,7 +118,7 @@ impl Links {
             }
             log::debug!("resending a request (command {cmd}) cut off by a drop: {}", failed.error);
             bufs = failed.bufs;
-            debug_assert!(cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len as u64);
+            debug_assert!(cmd != CMD_READ || bufs.iter().map(|b| b.len() as u64).sum::<u64>() == len);
             for b in &mut bufs {
                 b.fill(0);
             }

@@ -11,6 +11,10 @@ pub struct Options {
     pub connections: usize,
     /// Ask for structured replies (needed for block status and chunked reads).
     pub structured: bool,
+    /// Ask for extended headers first (64-bit lengths for everything but READ and WRITE),
+    /// falling back to structured replies when the server refuses them. Only asked for
+    /// together with `structured`.
+    pub extended: bool,
     /// Ask for base:allocation, so `block_status` can report holes.
     pub block_status: bool,
     /// Time allowed to connect and finish the handshake, per connection.
@@ -30,6 +34,7 @@ impl Default for Options {
         Options {
             connections: 1,
             structured: true,
+            extended: true,
             block_status: true,
             connect_timeout: Duration::from_millis(CONNECT_TIMEOUT_MS),
             reconnect: None,

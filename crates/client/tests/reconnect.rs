@@ -5,6 +5,8 @@
 
 use sluice_client::{Client, Error, Options, Reconnect, Uri};
 use sluice_proto::wire::*;
+use sluice_proto::reply::ReplyTo;
+use sluice_proto::request::header_bytes;
 use sluice_proto::{reply, Catalog, Errno, ExportSummary, Handshake, Next, RawRequest};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -106,8 +108,9 @@ impl Catalog for OneExport {
     }
 }
 
-/// The server side of the handshake; whether structured replies were agreed.
-async fn handshake(s: &mut TcpStream, size: u64) -> Option<bool> {
+/// The server side of the handshake; whether structured replies and extended headers were
+/// agreed.
+async fn handshake(s: &mut TcpStream, size: u64) -> Option<(bool, bool)> {
     s.write_all(&Handshake::greeting()).await.ok()?;
     let (mut machine, mut next, mut out) = (Handshake::new(), Handshake::start(), Vec::new());
     loop {
@@ -119,7 +122,7 @@ async fn handshake(s: &mut TcpStream, size: u64) -> Option<bool> {
                 s.write_all(&out).await.ok()?;
                 out.clear();
             }
-            Next::Transmission(n) => return Some(n.structured),
+            Next::Transmission(n) => return Some((n.structured, n.extended)),
             // A machine made without TLS never asks for it.
             Next::Close { .. } | Next::StartTls => return None,
         }
@@ -127,23 +130,28 @@ async fn handshake(s: &mut TcpStream, size: u64) -> Option<bool> {
 }
 
 async fn connection(mut s: TcpStream, n: usize, size: u64, plan: Plan, disk: Arc<Mutex<Vec<u8>>>, seen: mpsc::UnboundedSender<(usize, u16)>) {
-    let Some(structured) = handshake(&mut s, size).await else { return };
+    let Some((structured, extended)) = handshake(&mut s, size).await else { return };
     loop {
-        let mut h = [0u8; REQUEST_BYTES];
+        let mut h = vec![0u8; header_bytes(extended)];
         if s.read_exact(&mut h).await.is_err() {
             return;
         }
-        let r = RawRequest::decode(&h).unwrap();
-        let mut payload = vec![0u8; r.payload_len() as usize];
+        let r = RawRequest::decode_as(&h, extended).unwrap();
+        let mut payload = vec![0u8; r.payload_len(extended) as usize];
         if s.read_exact(&mut payload).await.is_err() || r.kind == CMD_DISC {
             return;
         }
         let _ = seen.send((n, r.kind));
         let out = match plan {
             Plan::CloseOn(k) if k == r.kind => return,
+            Plan::ShutdownOn(k) if k == r.kind && extended => {
+                let mut out = Vec::new();
+                reply::error_chunk(&mut out, to(&r, true), Errno::Shutdown, "", None);
+                out
+            }
             Plan::ShutdownOn(k) if k == r.kind => reply::simple(r.handle, Some(Errno::Shutdown)).to_vec(),
             Plan::GarbageOn(k) if k == r.kind => vec![0xff; SIMPLE_REPLY_BYTES],
-            _ => answer(&r, &payload, &disk, structured),
+            _ => answer(&r, &payload, &disk, structured, extended),
         };
         if s.write_all(&out).await.is_err() || plan == Plan::CloseAfter(r.kind) {
             return;
@@ -151,17 +159,22 @@ async fn connection(mut s: TcpStream, n: usize, size: u64, plan: Plan, disk: Arc
     }
 }
 
-fn answer(r: &RawRequest, payload: &[u8], disk: &Mutex<Vec<u8>>, structured: bool) -> Vec<u8> {
-    let range = r.offset as usize..(r.offset + r.length as u64) as usize;
+fn to(r: &RawRequest, extended: bool) -> ReplyTo {
+    ReplyTo { handle: r.handle, offset: r.offset, extended }
+}
+
+fn answer(r: &RawRequest, payload: &[u8], disk: &Mutex<Vec<u8>>, structured: bool, extended: bool) -> Vec<u8> {
+    let range = r.offset as usize..(r.offset + r.length) as usize;
     let mut disk = disk.lock().unwrap();
+    let done = if extended { reply::done_none(to(r, true)).to_vec() } else { reply::simple(r.handle, None).to_vec() };
     match r.kind {
-        CMD_READ if structured => [&reply::offset_data_header(r.handle, r.offset, r.length, true)[..], &disk[range]].concat(),
+        CMD_READ if structured => [&reply::offset_data_header(to(r, extended), r.offset, r.length as u32, true)[..], &disk[range]].concat(),
         CMD_READ => [&reply::simple(r.handle, None)[..], &disk[range]].concat(),
         CMD_WRITE => {
             disk[range].copy_from_slice(payload);
-            reply::simple(r.handle, None).to_vec()
+            done
         }
-        _ => reply::simple(r.handle, None).to_vec(),
+        _ => done,
     }
 }
 

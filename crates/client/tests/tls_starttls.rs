@@ -100,9 +100,11 @@ fn options_over_tls(tls: &mut SslStream<TcpStream>, seen: &mut Seen) {
     loop {
         let (opt, _) = option(tls).expect("an option over TLS");
         seen.options.push(opt);
-        // Without structured replies every reply is simple, reads included.
+        // Without structured replies (or extended headers) every reply is simple, reads
+        // included.
         if opt != OPT_GO {
-            option_reply(tls, opt, if opt == OPT_STRUCTURED_REPLY { REP_ERR_UNSUP } else { REP_ACK }, &[]);
+            let refused = matches!(opt, OPT_STRUCTURED_REPLY | OPT_EXTENDED_HEADERS);
+            option_reply(tls, opt, if refused { REP_ERR_UNSUP } else { REP_ACK }, &[]);
             continue;
         }
         let mut info = INFO_EXPORT.to_be_bytes().to_vec();
@@ -171,7 +173,7 @@ async fn starttls_comes_first_and_everything_after_goes_over_tls() {
     client.flush().await.unwrap();
     client.disconnect().await;
     let seen = seen(server).await;
-    assert_eq!(seen[0].options, [OPT_STARTTLS, TLS, OPT_STRUCTURED_REPLY, OPT_GO]);
+    assert_eq!(seen[0].options, [OPT_STARTTLS, TLS, OPT_EXTENDED_HEADERS, OPT_STRUCTURED_REPLY, OPT_GO]);
     assert_eq!(seen[0].commands, [CMD_FLUSH, CMD_DISC]);
     assert!(seen[0].close_notify, "the client left without close_notify");
 }
@@ -198,7 +200,7 @@ async fn reconnecting_starts_tls_again() {
     assert!(data.iter().all(|&b| b == 0x5a));
     client.disconnect().await;
     let seen = seen(server).await;
-    assert_eq!(seen[1].options, [OPT_STARTTLS, TLS, OPT_STRUCTURED_REPLY, OPT_GO], "the second connection is TLS too");
+    assert_eq!(seen[1].options, [OPT_STARTTLS, TLS, OPT_EXTENDED_HEADERS, OPT_STRUCTURED_REPLY, OPT_GO], "the second connection is TLS too");
     assert_eq!(seen[1].commands, [CMD_READ, CMD_DISC]);
     assert!(seen[1].close_notify);
 }

@@ -116,6 +116,7 @@ pub fn option_error_name(kind: u32) -> &'static str {
         REP_ERR_SHUTDOWN => "the server is shutting down",
         REP_ERR_BLOCK_SIZE_REQD => "the server requires block size negotiation",
         REP_ERR_TOO_BIG => "request too big",
+        REP_ERR_EXT_HEADER_REQD => "extended headers are required",
         _ => "unknown error",
     }
 }
@@ -210,18 +211,24 @@ pub fn decode_simple(rest: &[u8; SIMPLE_REPLY_BYTES - 4]) -> (u32, u64) {
     (be32(rest, 0), be64(rest, 4))
 }
 
-/// A structured chunk header after its magic.
+/// A structured or extended chunk header after its magic. `offset` is what an extended
+/// header echoes of the request (0 in a compact one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkHeader {
     pub flags: u16,
     pub kind: u16,
     pub handle: u64,
-    pub len: u32,
+    pub offset: u64,
+    pub len: u64,
 }
 
 impl ChunkHeader {
     pub fn decode(rest: &[u8; CHUNK_HEADER_BYTES - 4]) -> ChunkHeader {
-        ChunkHeader { flags: be16(rest, 0), kind: be16(rest, 2), handle: be64(rest, 4), len: be32(rest, 12) }
+        ChunkHeader { flags: be16(rest, 0), kind: be16(rest, 2), handle: be64(rest, 4), offset: 0, len: be32(rest, 12) as u64 }
+    }
+
+    pub fn decode_extended(rest: &[u8; EXTENDED_REPLY_BYTES - 4]) -> ChunkHeader {
+        ChunkHeader { flags: be16(rest, 0), kind: be16(rest, 2), handle: be64(rest, 4), offset: be64(rest, 12), len: be64(rest, 20) }
     }
 
     pub fn done(&self) -> bool {
@@ -275,13 +282,27 @@ pub fn decode_error_chunk(kind: u16, p: &[u8]) -> Result<ErrorChunk, Malformed> 
 }
 
 /// A BLOCK_STATUS payload: context id, then (length, flags) descriptors.
-pub fn decode_block_status(p: &[u8]) -> Result<(u32, Vec<(u32, u32)>), Malformed> {
+pub fn decode_block_status(p: &[u8]) -> Result<(u32, Vec<(u64, u32)>), Malformed> {
     if p.len() < 12 || !(p.len() - 4).is_multiple_of(8) {
         return malformed(format!("BLOCK_STATUS chunk of {} bytes is not 4 + 8n with n >= 1", p.len()));
     }
     let id = be32(p, 0);
-    let extents = p[4..].chunks_exact(8).map(|d| (be32(d, 0), be32(d, 4))).collect();
+    let extents = p[4..].chunks_exact(8).map(|d| (be32(d, 0) as u64, be32(d, 4))).collect();
     Ok((id, extents))
+}
+
+/// A BLOCK_STATUS_EXT payload: context id, descriptor count, then (64-bit length, 64-bit
+/// flags) descriptors. Flags past bit 31 mean nothing in base:allocation and are dropped.
+pub fn decode_block_status_ext(p: &[u8]) -> Result<(u32, Vec<(u64, u32)>), Malformed> {
+    if p.len() < 24 || !(p.len() - 8).is_multiple_of(16) {
+        return malformed(format!("BLOCK_STATUS_EXT chunk of {} bytes is not 8 + 16n with n >= 1", p.len()));
+    }
+    let count = be32(p, 4) as usize;
+    if count != (p.len() - 8) / 16 {
+        return malformed(format!("BLOCK_STATUS_EXT counts {count} descriptors in {} bytes", p.len()));
+    }
+    let extents = p[8..].chunks_exact(16).map(|d| (be64(d, 0), be64(d, 8) as u32)).collect();
+    Ok((be32(p, 0), extents))
 }
 
 #[cfg(test)]
@@ -334,7 +355,7 @@ mod tests {
     #[test]
     fn error_chunks_round_trip_with_the_server_encoder() {
         let mut out = Vec::new();
-        reply::error_chunk(&mut out, 7, crate::Errno::Io, "disk on fire", Some(4096));
+        reply::error_chunk(&mut out, reply::ReplyTo::compact(7), crate::Errno::Io, "disk on fire", Some(4096));
         let h = ChunkHeader::decode(out[4..20].try_into().unwrap());
         assert_eq!((h.handle, h.kind, h.done()), (7, REPLY_TYPE_ERROR_OFFSET, true));
         let e = decode_error_chunk(h.kind, &out[20..]).unwrap();
@@ -350,7 +371,8 @@ mod tests {
     #[test]
     fn block_status_shapes() {
         let mut out = Vec::new();
-        reply::block_status(&mut out, 1, 9, &[reply::Extent { length: 4096, flags: 3 }, reply::Extent { length: 512, flags: 0 }]);
+        let extents = [reply::Extent { length: 4096, flags: 3 }, reply::Extent { length: 512, flags: 0 }];
+        reply::block_status(&mut out, reply::ReplyTo::compact(1), 9, &extents);
         let (id, e) = decode_block_status(&out[20..]).unwrap();
         assert_eq!((id, e), (9, vec![(4096, 3), (512, 0)]));
         assert!(decode_block_status(&out[20..30]).is_err());
@@ -358,8 +380,48 @@ mod tests {
     }
 
     #[test]
+    fn extended_headers_round_trip_with_the_server_encoder() {
+        let to = reply::ReplyTo { handle: 7, offset: 1 << 40, extended: true };
+        let b = reply::offset_data_header(to, (1 << 40) + 512, 4096, true);
+        assert_eq!(b.len(), EXTENDED_REPLY_BYTES + 8);
+        assert_eq!(reply_magic(b[..4].try_into().unwrap()), EXTENDED_REPLY_MAGIC);
+        let h = ChunkHeader::decode_extended(b[4..32].try_into().unwrap());
+        assert_eq!((h.handle, h.kind, h.offset, h.len, h.done()), (7, REPLY_TYPE_OFFSET_DATA, 1 << 40, 4104, true));
+        let none = reply::done_none(to);
+        assert_eq!(ChunkHeader::decode_extended(none[4..32].try_into().unwrap()).len, 0);
+    }
+
+    #[test]
+    fn block_status_ext_shapes() {
+        let mut out = Vec::new();
+        let to = reply::ReplyTo { handle: 1, offset: 0, extended: true };
+        let big = reply::Extent { length: 5 << 30, flags: 3 };
+        reply::block_status(&mut out, to, 9, &[big, reply::Extent { length: 512, flags: 0 }]);
+        let h = ChunkHeader::decode_extended(out[4..32].try_into().unwrap());
+        assert_eq!((h.kind, h.len), (REPLY_TYPE_BLOCK_STATUS_EXT, 8 + 32));
+        let p = &out[32..];
+        assert_eq!(decode_block_status_ext(p), Ok((9, vec![(5 << 30, 3), (512, 0)])));
+        assert!(decode_block_status_ext(&p[..24]).is_err(), "count says 2, one descriptor follows");
+        assert!(decode_block_status_ext(&p[..8]).is_err(), "no descriptors");
+        assert!(decode_block_status_ext(&p[..30]).is_err(), "not 8 + 16n");
+        let mut zero_count = p.to_vec();
+        zero_count[4..8].copy_from_slice(&0u32.to_be_bytes());
+        assert!(decode_block_status_ext(&zero_count).is_err());
+    }
+
+    #[test]
+    fn compact_block_status_never_claims_more_than_32_bits() {
+        let mut out = Vec::new();
+        let big = reply::Extent { length: 5 << 30, flags: 3 };
+        reply::block_status(&mut out, reply::ReplyTo::compact(1), 9, &[big, reply::Extent { length: 512, flags: 0 }]);
+        let (_, e) = decode_block_status(&out[20..]).unwrap();
+        assert_eq!(e.len(), 1, "the reply ends at the extent that did not fit");
+        assert_eq!(e, vec![(u32::MAX as u64 & !0xffff, 3)], "cut to whole 64 KiB blocks");
+    }
+
+    #[test]
     fn hole_payload_length() {
-        let b = reply::offset_hole(1, 8192, 4096, true);
+        let b = reply::offset_hole(reply::ReplyTo::compact(1), 8192, 4096, true);
         assert_eq!(decode_offset_hole(&b[20..]), Ok((8192, 4096)));
         assert!(decode_offset_hole(&b[20..31]).is_err());
     }

@@ -41,6 +41,8 @@ pub struct Negotiated {
     /// Flags as sent to the client, SEND_DF included when it applies.
     pub flags: u16,
     pub structured: bool,
+    /// Extended headers were negotiated; `structured` is then true as well.
+    pub extended: bool,
     pub base_allocation: Option<u32>,
 }
 
@@ -92,6 +94,7 @@ pub struct Handshake {
     tls_active: bool,
     no_zeroes: bool,
     structured: bool,
+    extended: bool,
     /// Export named by the last SET_META_CONTEXT and whether it selected base:allocation.
     meta: Option<(String, bool)>,
     options_seen: u32,
@@ -115,6 +118,7 @@ impl Handshake {
             tls_active: false,
             no_zeroes: false,
             structured: false,
+            extended: false,
             meta: None,
             options_seen: 0,
         }
@@ -126,6 +130,7 @@ impl Handshake {
     pub fn tls_started(&mut self) -> Next {
         self.tls_active = true;
         self.structured = false;
+        self.extended = false;
         self.meta = None;
         self.state = State::OptionHeader;
         Next::Read(OPTION_HEADER_BYTES)
@@ -242,21 +247,31 @@ impl Handshake {
                 option_reply(out, option, REP_ACK, &[]);
             }
             OPT_STARTTLS => return self.starttls(data, out),
-            OPT_STRUCTURED_REPLY => {
-                if !data.is_empty() {
-                    option_reply(out, option, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data");
-                } else if self.structured {
-                    option_reply(out, option, REP_ERR_INVALID, b"structured replies already negotiated");
-                } else {
-                    self.structured = true;
-                    option_reply(out, option, REP_ACK, &[]);
-                }
-            }
+            OPT_STRUCTURED_REPLY | OPT_EXTENDED_HEADERS => self.reply_style(option, data, out),
             OPT_INFO | OPT_GO => return self.info_or_go(option, data, catalog, out),
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.meta_context(option, data, catalog, out),
             _ => option_reply(out, option, REP_ERR_UNSUP, b"option not supported"),
         }
         again
+    }
+
+    /// STRUCTURED_REPLY and EXTENDED_HEADERS (doc/proto.md, "Extended headers"): extended
+    /// headers imply structured replies and may follow them; structured replies asked for
+    /// after extended headers are refused with EXT_HEADER_REQD, as qemu does.
+    fn reply_style(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) {
+        let extended = option == OPT_EXTENDED_HEADERS;
+        let (kind, msg): (u32, &[u8]) = if !data.is_empty() {
+            (REP_ERR_INVALID, b"this option takes no data")
+        } else if self.extended && !extended {
+            (REP_ERR_EXT_HEADER_REQD, b"extended headers already negotiated")
+        } else if self.extended || (self.structured && !extended) {
+            (REP_ERR_INVALID, b"already negotiated")
+        } else {
+            self.structured = true;
+            self.extended = extended;
+            (REP_ACK, b"")
+        };
+        option_reply(out, option, kind, msg);
     }
 
     fn starttls(&mut self, data: &[u8], out: &mut Vec<u8>) -> Next {
@@ -280,6 +295,10 @@ impl Handshake {
     fn export_name(&mut self, data: &[u8], catalog: &dyn Catalog, out: &mut Vec<u8>) -> Next {
         // EXPORT_NAME ends the handshake whatever happens, so no later input is parsed.
         self.state = State::Finished;
+        if self.extended {
+            // The spec forbids it once extended headers are on, and it has no error reply.
+            return close("EXPORT_NAME after extended headers were negotiated");
+        }
         // No error reply exists for EXPORT_NAME: a bad name ends the connection.
         let Some(name) = string(data) else { return close("export name is not UTF-8 or too long") };
         let Some(summary) = catalog.lookup(name) else { return close(format!("unknown export {name:?}")) };
@@ -432,6 +451,7 @@ impl Handshake {
             flags: self.flags(&summary),
             summary,
             structured: self.structured,
+            extended: self.extended,
             base_allocation,
         }
     }

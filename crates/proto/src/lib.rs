@@ -15,4 +15,4 @@ pub mod wire;
 
 pub use errno::Errno;
 pub use handshake::{Catalog, ExportSummary, Handshake, Negotiated, Next, TlsMode};
-pub use request::{validate, BadMagic, Command, Range, RawRequest, Rejection, Request, Session};
+pub use request::{validate, BadMagic, Command, Range, RawRequest, Refusal, Rejection, Request, Session};

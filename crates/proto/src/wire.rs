@@ -13,6 +13,10 @@ pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// Prefix of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Prefix of every request once extended headers were negotiated.
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+/// Prefix of every reply chunk once extended headers were negotiated.
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 // Handshake flags (server → client, 16 bits).
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -33,6 +37,7 @@ pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
 pub const OPT_LIST_META_CONTEXT: u32 = 9;
 pub const OPT_SET_META_CONTEXT: u32 = 10;
+pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 // Option reply types. Errors have bit 31 set.
 pub const REP_ACK: u32 = 1;
@@ -49,6 +54,7 @@ pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERR | 7;
 pub const REP_ERR_BLOCK_SIZE_REQD: u32 = REP_ERR | 8;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;
+pub const REP_ERR_EXT_HEADER_REQD: u32 = REP_ERR | 10;
 
 // Information types inside NBD_REP_INFO.
 pub const INFO_EXPORT: u16 = 0;
@@ -85,6 +91,8 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub const CMD_FLAG_DF: u16 = 1 << 2;
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
+/// Extended headers only: the length counts payload bytes that follow the header.
+pub const CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
 
 // Structured reply chunk flags and types.
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
@@ -92,6 +100,8 @@ pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// 64-bit extents; the only block status chunk once extended headers were negotiated.
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 
@@ -111,7 +121,9 @@ pub const GREETING_BYTES: usize = 18;
 pub const CLIENT_FLAGS_BYTES: usize = 4;
 pub const OPTION_HEADER_BYTES: usize = 16;
 pub const REQUEST_BYTES: usize = 28;
+pub const EXTENDED_REQUEST_BYTES: usize = 32;
 pub const SIMPLE_REPLY_BYTES: usize = 16;
 pub const CHUNK_HEADER_BYTES: usize = 20;
+pub const EXTENDED_REPLY_BYTES: usize = 32;
 /// Zero padding after an EXPORT_NAME reply unless NO_ZEROES was negotiated.
 pub const EXPORT_NAME_PADDING_BYTES: usize = 124;

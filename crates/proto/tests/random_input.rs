@@ -173,30 +173,39 @@ fn session(rng: &mut Rng) -> Session {
         // Every combination of advertised features, READ_ONLY included.
         flags: rng.next() as u16,
         structured: rng.percent(50),
+        extended: false,
         base_allocation: rng.percent(50).then_some(context_id),
         payload_max_bytes,
     }
 }
 
-fn request_bytes(rng: &mut Rng, s: &Session) -> [u8; REQUEST_BYTES] {
+/// A session that may have negotiated extended headers (which imply structured replies).
+fn any_session(rng: &mut Rng) -> Session {
+    let s = session(rng);
+    let extended = rng.percent(40);
+    Session { extended, structured: s.structured || extended, ..s }
+}
+
+fn request_bytes(rng: &mut Rng, s: &Session) -> Vec<u8> {
     let kind = if rng.percent(90) { rng.below(9) as u16 } else { rng.next() as u16 };
-    let flags = if rng.percent(70) { rng.below(32) as u16 } else { rng.next() as u16 };
-    let max = s.payload_max_bytes;
+    let flags = if rng.percent(70) { rng.below(64) as u16 } else { rng.next() as u16 };
+    let max = s.payload_max_bytes as u64;
     let random = rng.next();
-    let length = rng.pick(&[0, 1, 512, 4096, max, max.wrapping_add(1), u32::MAX, random as u32]);
-    let len = length as u64;
+    let wide = if s.extended { u64::MAX } else { u32::MAX as u64 };
+    let length = rng.pick(&[0, 1, 512, 4096, max, max + 1, u32::MAX as u64, 1 << 33, u64::MAX, random]) & wide;
     let offset = rng.pick(&[
         0,
         s.size,
-        s.size.wrapping_sub(len),
-        s.size.wrapping_sub(len).wrapping_add(1),
+        s.size.wrapping_sub(length),
+        s.size.wrapping_sub(length).wrapping_add(1),
         s.size.wrapping_sub(1),
         u64::MAX,
-        u64::MAX - len,
+        u64::MAX - length,
         random,
         random % s.size.saturating_add(1),
     ]);
-    let mut b = RawRequest { flags, kind, handle: rng.next(), offset, length }.encode();
+    let raw = RawRequest { flags, kind, handle: rng.next(), offset, length };
+    let mut b = if s.extended { raw.encode_extended().to_vec() } else { raw.encode().to_vec() };
     if rng.percent(5) {
         b[rng.below(4) as usize] ^= 1 << rng.below(8);
     }
@@ -204,7 +213,7 @@ fn request_bytes(rng: &mut Rng, s: &Session) -> [u8; REQUEST_BYTES] {
 }
 
 fn request_input(rng: &mut Rng) -> Vec<u8> {
-    let s = session(rng);
+    let s = any_session(rng);
     let mut input = harness::encode_session(&s).to_vec();
     for _ in 0..=rng.below(8) {
         input.extend(request_bytes(rng, &s));
@@ -229,7 +238,7 @@ fn session_encoding_round_trips() {
     // The generators rely on the harness reading back the session they wrote.
     let mut rng = Rng::new(0x5eed_0003);
     for _ in 0..1000 {
-        let s = session(&mut rng);
+        let s = any_session(&mut rng);
         assert_eq!(harness::decode_session(&harness::encode_session(&s)), s);
     }
 }

@@ -3,10 +3,12 @@
 
 use sluice_proto::errno::Errno;
 use sluice_proto::limits::STRING_MAX_BYTES;
-use sluice_proto::reply::{self, Extent, OFFSET_DATA_HEADER_BYTES};
+use sluice_proto::reply::{self, Extent, ReplyTo};
 use sluice_proto::wire::*;
 
 const HANDLE: u64 = 0x0102_0304_0506_0708;
+const TO: ReplyTo = ReplyTo::compact(HANDLE);
+const OFFSET_DATA_HEADER_BYTES: usize = CHUNK_HEADER_BYTES + 8;
 const HANDLE_BYTES: [u8; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 /// 0x67446698.
 const SIMPLE_MAGIC: [u8; 4] = [0x67, 0x44, 0x66, 0x98];
@@ -75,11 +77,11 @@ fn simple_reply_carries_each_error_code() {
 
 #[test]
 fn chunk_header_lays_out_flags_type_handle_and_length() {
-    let done = reply::chunk_header(HANDLE, REPLY_TYPE_BLOCK_STATUS, true, 0x0a0b_0c0d);
+    let done = reply::chunk_header(TO, REPLY_TYPE_BLOCK_STATUS, true, 0x0a0b_0c0d);
     let expected = cat(&[&STRUCTURED_MAGIC, &[0, 1], &[0, 5], &HANDLE_BYTES, &[0x0a, 0x0b, 0x0c, 0x0d]]);
     assert_eq!(done.to_vec(), expected);
 
-    let more = reply::chunk_header(HANDLE, REPLY_TYPE_ERROR_OFFSET, false, 0);
+    let more = reply::chunk_header(TO, REPLY_TYPE_ERROR_OFFSET, false, 0);
     let expected = cat(&[&STRUCTURED_MAGIC, &[0, 0], &[0x80, 0x02], &HANDLE_BYTES, &[0, 0, 0, 0]]);
     assert_eq!(more.to_vec(), expected);
 }
@@ -87,13 +89,13 @@ fn chunk_header_lays_out_flags_type_handle_and_length() {
 #[test]
 fn done_none_is_an_empty_final_chunk_of_type_none() {
     let expected = cat(&[&STRUCTURED_MAGIC, &[0, 1], &[0, 0], &HANDLE_BYTES, &[0, 0, 0, 0]]);
-    assert_eq!(reply::done_none(HANDLE).to_vec(), expected);
+    assert_eq!(reply::done_none(TO).to_vec(), expected);
 }
 
 #[test]
 fn offset_data_header_counts_the_offset_in_the_chunk_length() {
     // 4096 data bytes + 8 offset bytes = 0x1008.
-    let h = reply::offset_data_header(HANDLE, 0x1122_3344_5566_7788, 4096, false);
+    let h = reply::offset_data_header(TO, 0x1122_3344_5566_7788, 4096, false);
     let expected = cat(&[
         &STRUCTURED_MAGIC,
         &[0, 0],
@@ -105,14 +107,14 @@ fn offset_data_header_counts_the_offset_in_the_chunk_length() {
     assert_eq!(h.to_vec(), expected);
     assert_eq!(OFFSET_DATA_HEADER_BYTES, 28);
 
-    let last = reply::offset_data_header(HANDLE, 0, 1, true);
+    let last = reply::offset_data_header(TO, 0, 1, true);
     assert_eq!(last[4..6], [0, 1], "DONE flag");
     assert_eq!(last[16..20], [0, 0, 0, 9]);
 }
 
 #[test]
 fn offset_hole_is_a_twelve_byte_payload_of_offset_and_size() {
-    let h = reply::offset_hole(HANDLE, 0x8000, 0x0200, true);
+    let h = reply::offset_hole(TO, 0x8000, 0x0200, true);
     let expected = cat(&[
         &STRUCTURED_MAGIC,
         &[0, 1],
@@ -128,7 +130,7 @@ fn offset_hole_is_a_twelve_byte_payload_of_offset_and_size() {
 #[test]
 fn error_chunk_without_offset_is_type_error() {
     let mut out = Vec::new();
-    reply::error_chunk(&mut out, HANDLE, Errno::Inval, "bad", None);
+    reply::error_chunk(&mut out, TO, Errno::Inval, "bad", None);
     // error(4) msg_len(2) msg(3) = 9.
     let expected = cat(&[
         &STRUCTURED_MAGIC,
@@ -146,7 +148,7 @@ fn error_chunk_without_offset_is_type_error() {
 #[test]
 fn error_chunk_with_offset_is_type_error_offset_with_the_offset_last() {
     let mut out = Vec::new();
-    reply::error_chunk(&mut out, HANDLE, Errno::Io, "io", Some(0x1000));
+    reply::error_chunk(&mut out, TO, Errno::Io, "io", Some(0x1000));
     // error(4) msg_len(2) msg(2) offset(8) = 16.
     let expected = cat(&[
         &STRUCTURED_MAGIC,
@@ -165,14 +167,14 @@ fn error_chunk_with_offset_is_type_error_offset_with_the_offset_last() {
 #[test]
 fn error_chunk_with_an_empty_message_is_six_bytes() {
     let mut out = Vec::new();
-    reply::error_chunk(&mut out, HANDLE, Errno::NoSpc, "", None);
+    reply::error_chunk(&mut out, TO, Errno::NoSpc, "", None);
     assert_eq!(out[16..], [0, 0, 0, 6, 0, 0, 0, 28, 0, 0]);
 }
 
 #[test]
 fn error_chunk_appends_to_what_is_already_in_the_buffer() {
     let mut out = vec![0xee; 3];
-    reply::error_chunk(&mut out, HANDLE, Errno::Perm, "x", None);
+    reply::error_chunk(&mut out, TO, Errno::Perm, "x", None);
     assert_eq!(out[..3], [0xee; 3]);
     assert_eq!(out[3..7], STRUCTURED_MAGIC);
 }
@@ -190,7 +192,7 @@ fn error_chunk_message_is_cut_to_the_string_limit() {
     let long = "m".repeat(STRING_MAX_BYTES + 100);
     for offset in [None, Some(7)] {
         let mut out = Vec::new();
-        reply::error_chunk(&mut out, HANDLE, Errno::Io, &long, offset);
+        reply::error_chunk(&mut out, TO, Errno::Io, &long, offset);
         let (len, msg_len, msg) = error_message(&out);
         assert_eq!(msg_len, STRING_MAX_BYTES);
         assert_eq!(msg, &long[..STRING_MAX_BYTES]);
@@ -202,7 +204,7 @@ fn error_chunk_message_is_cut_to_the_string_limit() {
 fn error_chunk_message_of_exactly_the_limit_is_kept_whole() {
     let exact = "é".repeat(STRING_MAX_BYTES / 2);
     let mut out = Vec::new();
-    reply::error_chunk(&mut out, HANDLE, Errno::Io, &exact, None);
+    reply::error_chunk(&mut out, TO, Errno::Io, &exact, None);
     assert_eq!(error_message(&out).2, exact);
 }
 
@@ -218,7 +220,7 @@ fn error_chunk_message_is_cut_at_a_utf8_boundary() {
     ] {
         let message = format!("{}{ch}tail", "a".repeat(pad));
         let mut out = Vec::new();
-        reply::error_chunk(&mut out, HANDLE, Errno::Io, &message, Some(0));
+        reply::error_chunk(&mut out, TO, Errno::Io, &message, Some(0));
         let (_, msg_len, msg) = error_message(&out);
         assert_eq!(msg_len, pad, "{ch} after {pad} bytes");
         assert_eq!(msg, "a".repeat(pad));
@@ -231,7 +233,7 @@ fn error_chunk_message_is_cut_at_a_utf8_boundary() {
 fn block_status_chunk_lists_context_then_length_and_flags_pairs() {
     let mut out = Vec::new();
     let extents = [Extent { length: 4096, flags: STATE_HOLE | STATE_ZERO }, Extent { length: 0x2000, flags: 0 }];
-    reply::block_status(&mut out, HANDLE, 1, &extents);
+    reply::block_status(&mut out, TO, 1, &extents);
     // context(4) + 2 × (length(4) flags(4)) = 20.
     let expected = cat(&[
         &STRUCTURED_MAGIC,
@@ -251,6 +253,6 @@ fn block_status_chunk_lists_context_then_length_and_flags_pairs() {
 #[test]
 fn block_status_chunk_with_one_extent_is_twelve_payload_bytes() {
     let mut out = Vec::new();
-    reply::block_status(&mut out, 0, 0xdead_beef, &[Extent { length: 1, flags: STATE_ZERO }]);
+    reply::block_status(&mut out, ReplyTo::compact(0), 0xdead_beef, &[Extent { length: 1, flags: STATE_ZERO }]);
     assert_eq!(out[16..], [0, 0, 0, 12, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1, 0, 0, 0, 2]);
 }

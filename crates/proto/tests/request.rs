@@ -3,7 +3,7 @@
 
 use sluice_proto::errno::Errno;
 use sluice_proto::limits::REQUEST_PAYLOAD_MAX_BYTES;
-use sluice_proto::request::{validate, BadMagic, Command, Range, RawRequest, Rejection, Request, Session};
+use sluice_proto::request::{validate, BadMagic, Command, Range, RawRequest, Refusal, Rejection, Request, Session};
 use sluice_proto::wire::*;
 
 const SIZE: u64 = 1 << 20;
@@ -22,18 +22,20 @@ fn full_session() -> Session {
             | FLAG_SEND_CACHE
             | FLAG_SEND_FAST_ZERO,
         structured: true,
+        extended: false,
         base_allocation: Some(7),
         payload_max_bytes: REQUEST_PAYLOAD_MAX_BYTES,
     }
 }
 
 fn raw(kind: u16, flags: u16, offset: u64, length: u32) -> RawRequest {
-    RawRequest { flags, kind, handle: HANDLE, offset, length }
+    RawRequest { flags, kind, handle: HANDLE, offset, length: length.into() }
 }
 
 fn rejected(r: &RawRequest, s: &Session) -> Rejection {
     match validate(r, s) {
-        Err(rejection) => rejection,
+        Err(Refusal::Reply(rejection)) => rejection,
+        Err(Refusal::Disconnect(why)) => panic!("{r:?} ended the connection: {why}"),
         Ok(req) => panic!("{r:?} was accepted as {req:?}"),
     }
 }
@@ -116,7 +118,7 @@ fn encode_then_decode_is_the_identity() {
 fn only_writes_carry_a_payload() {
     for kind in ALL_COMMANDS.into_iter().chain([8, 0xffff]) {
         let expected = if kind == CMD_WRITE { 4096 } else { 0 };
-        assert_eq!(raw(kind, 0, 0, 4096).payload_len(), expected, "command {kind}");
+        assert_eq!(raw(kind, 0, 0, 4096).payload_len(false), expected, "command {kind}");
     }
 }
 
@@ -148,9 +150,9 @@ fn every_flag_combination_is_accepted_exactly_when_documented_for_the_command() 
             if flags & !allowed == 0 {
                 assert!(result.is_ok(), "command {kind} flags {flags:#06x}: {result:?}");
             } else {
-                let rejection = result.expect_err("undocumented flag accepted");
+                let rejection = result.expect_err("undocumented flag accepted").rejection().unwrap();
                 assert_eq!(rejection.errno, Errno::Inval, "command {kind} flags {flags:#06x}");
-                assert_eq!(rejection.discard, r.payload_len());
+                assert_eq!(rejection.discard, r.payload_len(false));
             }
         }
     }

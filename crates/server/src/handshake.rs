@@ -134,6 +134,7 @@ pub fn negotiate<S: Read + Write + Timeouts + AsFd>(
                     size: neg.summary.size,
                     flags: neg.flags,
                     structured: neg.structured,
+                    extended: neg.extended,
                     base_allocation: neg.base_allocation,
                     payload_max_bytes: REQUEST_PAYLOAD_MAX_BYTES,
                 };

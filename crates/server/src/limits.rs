@@ -113,6 +113,10 @@ pub const TLS_OUTPUT_MAX_BYTES: usize = TLS_SEND_ROUND_BYTES + 64 * 1024;
 /// Largest write issued when emulating WRITE_ZEROES by writing zeros.
 pub const ZERO_FILL_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// Largest range one storage CACHE operation names: io_uring's fadvise carries a 32-bit
+/// length, so a 64-bit CACHE (extended headers) goes to the storage in pieces of this.
+pub const CACHE_PIECE_MAX_BYTES: u64 = 1 << 30;
+
 /// Most pieces one read is split into; a huge read uses chunks larger than configured.
 /// The chunk number of a storage operation is a u16.
 pub const CHUNKS_PER_READ_MAX: usize = 256;
@@ -270,7 +274,8 @@ const _: () = assert!(BUFFER_POOL_SLAB_MAX_BYTES.is_power_of_two() && BUFFER_POO
 const _: () = assert!(BUFFER_POOL_SLABS_MAX <= u16::MAX as usize);
 const _: () = assert!(HUGE_PAGE_BYTES.is_multiple_of(PAGE_BYTES) && BUFFER_POOL_GROW_STEP_BYTES.is_multiple_of(HUGE_PAGE_BYTES));
 const _: () = assert!(INFLIGHT_REQUESTS_PER_CONNECTION_DEFAULT <= u16::MAX as usize);
-const _: () = assert!(RECV_BUFFER_BYTES >= 2 * sluice_proto::wire::REQUEST_BYTES);
+const _: () = assert!(RECV_BUFFER_BYTES >= 2 * sluice_proto::wire::EXTENDED_REQUEST_BYTES);
+const _: () = assert!(CACHE_PIECE_MAX_BYTES <= u32::MAX as u64);
 const _: () = assert!(BUSY_POLL_DEFAULT_US <= BUSY_POLL_MAX_US && BUSY_POLL_MIN_NS < 1000 * BUSY_POLL_MAX_US);
 const _: () = assert!(SLOW_WATCH_INTERVAL_MIN_MS <= SLOW_WATCH_INTERVAL_MAX_MS);
 const _: () = assert!(SLOW_WATCH_INTERVAL_MAX_MS <= SLOW_REQUEST_MS_DEFAULT);

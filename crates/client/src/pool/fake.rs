@@ -51,6 +51,7 @@ impl Fake {
             block_preferred: 4096,
             block_max: 32 << 20,
             structured: true,
+            extended: false,
             base_allocation: false,
             tls: None,
         };

@@ -80,6 +80,7 @@ fn export<'a, M: Member>(path: &Path, spec: &PoolSpec, size: u64, members: impl 
         block_preferred: POOL_BLOCK_PREFERRED_BYTES.max(block_min),
         block_max: POOL_BLOCK_MAX_BYTES,
         structured: true,
+        extended: false,
         base_allocation: false,
         tls: None,
     }

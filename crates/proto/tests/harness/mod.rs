@@ -10,7 +10,7 @@ use sluice_proto::errno::Errno;
 use sluice_proto::handshake::{Catalog, ExportSummary, Handshake, Negotiated, Next};
 use sluice_proto::limits::{OPTIONS_PER_HANDSHAKE_MAX, OPTION_DATA_MAX_BYTES, STRING_MAX_BYTES};
 use sluice_proto::reply;
-use sluice_proto::request::{validate, Command, RawRequest, Session};
+use sluice_proto::request::{validate, Command, RawRequest, Refusal, Session};
 use sluice_proto::wire::*;
 
 // =======================================================================================
@@ -140,6 +140,10 @@ fn check_option_outcome(option: u32, data: &[u8], out: &[u8], next: &Next, no_ze
             check_reply_sequence(option, &replies, *structured);
             if option == OPT_STRUCTURED_REPLY && replies[0].0 == REP_ACK {
                 assert!(!*structured, "structured replies acknowledged twice");
+                *structured = true;
+            }
+            if option == OPT_EXTENDED_HEADERS && replies[0].0 == REP_ACK {
+                // Extended headers imply structured replies (and may upgrade them).
                 *structured = true;
             }
         }
@@ -296,12 +300,13 @@ fn check_negotiated(n: &Negotiated, structured: bool) {
 pub const SESSION_BYTES: usize = 19;
 
 /// The session layout the request harness reads: size(8) flags(2) bits(1) context_id(4)
-/// payload_max(4). `bits`: 1 = structured, 2 = base:allocation selected.
+/// payload_max(4). `bits`: 1 = structured, 2 = base:allocation selected, 4 = extended
+/// headers (then structured too).
 pub fn encode_session(s: &Session) -> [u8; SESSION_BYTES] {
     let mut b = [0u8; SESSION_BYTES];
     b[0..8].copy_from_slice(&s.size.to_be_bytes());
     b[8..10].copy_from_slice(&s.flags.to_be_bytes());
-    b[10] = s.structured as u8 | (s.base_allocation.is_some() as u8) << 1;
+    b[10] = s.structured as u8 | (s.base_allocation.is_some() as u8) << 1 | (s.extended as u8) << 2;
     b[11..15].copy_from_slice(&s.base_allocation.unwrap_or(0).to_be_bytes());
     b[15..19].copy_from_slice(&s.payload_max_bytes.to_be_bytes());
     b
@@ -311,7 +316,8 @@ pub fn decode_session(b: &[u8; SESSION_BYTES]) -> Session {
     Session {
         size: u64::from_be_bytes(b[0..8].try_into().unwrap()),
         flags: u16::from_be_bytes(b[8..10].try_into().unwrap()),
-        structured: b[10] & 1 != 0,
+        structured: b[10] & 5 != 0,
+        extended: b[10] & 4 != 0,
         base_allocation: (b[10] & 2 != 0).then(|| u32::from_be_bytes(b[11..15].try_into().unwrap())),
         payload_max_bytes: u32::from_be_bytes(b[15..19].try_into().unwrap()),
     }
@@ -319,7 +325,9 @@ pub fn decode_session(b: &[u8; SESSION_BYTES]) -> Session {
 
 /// Flags the spec documents for a command, given what the session advertised.
 fn documented_flags(kind: u16, s: &Session) -> u16 {
+    let payload_len = if s.extended { CMD_FLAG_PAYLOAD_LEN } else { 0 };
     CMD_FLAG_FUA
+        | payload_len
         | match kind {
             CMD_READ if s.flags & FLAG_SEND_DF != 0 => CMD_FLAG_DF,
             CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
@@ -329,21 +337,26 @@ fn documented_flags(kind: u16, s: &Session) -> u16 {
 }
 
 /// Reads a session from the start of `input`, then decodes and validates each following
-/// 28-byte chunk against it.
+/// request header (28 bytes, or 32 with extended headers) against it.
 pub fn request(input: &[u8]) {
     let Some((head, body)) = input.split_first_chunk::<SESSION_BYTES>() else { return };
     let session = decode_session(head);
-    for chunk in body.chunks_exact(REQUEST_BYTES) {
-        let chunk: &[u8; REQUEST_BYTES] = chunk.try_into().unwrap();
+    let (size, want) = if session.extended {
+        (EXTENDED_REQUEST_BYTES, EXTENDED_REQUEST_MAGIC)
+    } else {
+        (REQUEST_BYTES, REQUEST_MAGIC)
+    };
+    for chunk in body.chunks_exact(size) {
         let magic = u32::from_be_bytes(chunk[0..4].try_into().unwrap());
-        match RawRequest::decode(chunk) {
+        match RawRequest::decode_as(chunk, session.extended) {
             Err(bad) => {
-                assert_ne!(magic, REQUEST_MAGIC);
+                assert_ne!(magic, want);
                 assert_eq!(bad.0, magic);
             }
             Ok(raw) => {
-                assert_eq!(magic, REQUEST_MAGIC);
-                assert_eq!(&raw.encode(), chunk, "encode inverts decode");
+                assert_eq!(magic, want);
+                let again = if session.extended { raw.encode_extended().to_vec() } else { raw.encode().to_vec() };
+                assert_eq!(again, chunk, "encode inverts decode");
                 check_validation(&raw, &session);
             }
         }
@@ -351,8 +364,9 @@ pub fn request(input: &[u8]) {
 }
 
 fn check_validation(raw: &RawRequest, s: &Session) {
-    let in_bounds = raw.offset.checked_add(raw.length as u64).is_some_and(|end| end <= s.size);
+    let in_bounds = raw.offset.checked_add(raw.length).is_some_and(|end| end <= s.size);
     let flag = |f: u16| raw.flags & f != 0;
+    let max = s.payload_max_bytes as u64;
     match validate(raw, s) {
         Ok(req) => {
             assert_eq!(req.handle, raw.handle);
@@ -363,12 +377,14 @@ fn check_validation(raw: &RawRequest, s: &Session) {
             let range = match req.command {
                 Command::Read { range, whole } => {
                     assert_eq!((raw.kind, whole), (CMD_READ, flag(CMD_FLAG_DF)));
-                    assert!(raw.length <= s.payload_max_bytes);
+                    assert!(raw.length <= max);
+                    assert!(!flag(CMD_FLAG_PAYLOAD_LEN), "a read with a payload accepted");
                     Some(range)
                 }
                 Command::Write { range, fua } => {
                     assert_eq!((raw.kind, fua), (CMD_WRITE, flag(CMD_FLAG_FUA)));
-                    assert!(raw.length <= s.payload_max_bytes);
+                    assert!(raw.length <= max);
+                    assert_eq!(raw.payload_len(s.extended), raw.length, "a write's payload is its length");
                     Some(range)
                 }
                 Command::Trim { range, fua } => {
@@ -415,10 +431,16 @@ fn check_validation(raw: &RawRequest, s: &Session) {
                 assert!(range.end() <= s.size);
             }
         }
-        Err(rej) => {
+        Err(Refusal::Disconnect(why)) => {
+            // Only the framing rules of extended headers end a connection.
+            assert!(s.extended, "{raw:?} ended a compact connection: {why}");
+            assert!(raw.payload_len(true) > max, "{raw:?}: {why}");
+        }
+        Err(Refusal::Reply(rej)) => {
             assert_eq!(rej.handle, raw.handle);
-            // The payload of a rejected write is still on the wire and must be skipped.
-            let expected_discard = if raw.kind == CMD_WRITE { raw.length } else { 0 };
+            // The payload of a rejected request is still on the wire and must be skipped.
+            let expected_discard = raw.payload_len(s.extended);
+            assert!(expected_discard <= max || !s.extended, "a payload past the maximum is never read");
             assert_eq!(rej.discard, expected_discard, "{raw:?} -> {rej:?}");
             let write_kind = matches!(raw.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
             match rej.errno {
@@ -428,7 +450,7 @@ fn check_validation(raw: &RawRequest, s: &Session) {
                     assert!(matches!(raw.kind, CMD_WRITE | CMD_WRITE_ZEROES) && !in_bounds, "ENOSPC for {raw:?}")
                 }
                 Errno::Overflow => assert!(
-                    raw.kind == CMD_READ && flag(CMD_FLAG_DF) && raw.length > s.payload_max_bytes,
+                    raw.kind == CMD_READ && flag(CMD_FLAG_DF) && raw.length > max,
                     "EOVERFLOW for {raw:?}"
                 ),
                 other => panic!("validate answered {other} to {raw:?}"),
@@ -437,8 +459,9 @@ fn check_validation(raw: &RawRequest, s: &Session) {
             let simple = reply::simple(rej.handle, Some(rej.errno));
             assert_eq!(simple[4..8], rej.errno.code().to_be_bytes());
             let mut chunk = Vec::new();
-            reply::error_chunk(&mut chunk, rej.handle, rej.errno, rej.reason, None);
-            assert_eq!(chunk.len(), CHUNK_HEADER_BYTES + 6 + rej.reason.len());
+            let to = reply::ReplyTo { handle: rej.handle, offset: raw.offset, extended: s.extended };
+            reply::error_chunk(&mut chunk, to, rej.errno, rej.reason, None);
+            assert_eq!(chunk.len(), to.header_bytes() + 6 + rej.reason.len());
         }
     }
 }
@@ -499,6 +522,10 @@ pub fn server_message(input: &[u8]) {
             if let Ok((_, extents)) = decode_block_status(p) {
                 assert!(!extents.is_empty() && extents.len() * 8 + 4 == p.len());
             }
+            if let Ok((_, extents)) = decode_block_status_ext(p) {
+                assert!(!extents.is_empty() && extents.len() * 16 + 8 == p.len());
+                assert_eq!(u32::from_be_bytes(p[4..8].try_into().unwrap()) as usize, extents.len());
+            }
         }
         _ => {
             if let Ok((_, len)) = decode_offset_hole(p) {
@@ -508,6 +535,10 @@ pub fn server_message(input: &[u8]) {
             if let Ok(h) = <&[u8; CHUNK_HEADER_BYTES - 4]>::try_from(p) {
                 let c = ChunkHeader::decode(h);
                 assert_eq!(c.done(), c.flags & REPLY_FLAG_DONE != 0);
+            }
+            if let Ok(h) = <&[u8; EXTENDED_REPLY_BYTES - 4]>::try_from(p) {
+                let c = ChunkHeader::decode_extended(h);
+                assert_eq!(c.len, u64::from_be_bytes(p[20..28].try_into().unwrap()));
             }
         }
     }

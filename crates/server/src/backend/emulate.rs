@@ -12,7 +12,7 @@ use sluice_proto::{Command, Errno};
 use super::interface::{Caps, StorageOp};
 use crate::engine::{Buf, Held, Pool};
 use crate::errors::errno_from_os;
-use crate::limits::ZERO_FILL_CHUNK_BYTES;
+use crate::limits::{CACHE_PIECE_MAX_BYTES, ZERO_FILL_CHUNK_BYTES};
 
 /// Why a command failed, as the client will be told.
 #[derive(Debug)]
@@ -57,7 +57,7 @@ enum Stage {
 pub struct Exec {
     command: Command,
     stage: Stage,
-    /// Bytes written so far (a write, or zero-fill).
+    /// Bytes written so far (a write, or zero-fill), or cached (pieces of a CACHE).
     done: usize,
     /// The write's payload, or the zero-fill buffer.
     buf: Option<Buf>,
@@ -130,6 +130,13 @@ impl Exec {
                 self.sync_if(fua && !self.caps.fua, pool)
             }
             (Stage::Main, Command::Trim { fua, .. } | Command::WriteZeroes { fua, .. }) => self.sync_if(fua, pool),
+            (Stage::Main, Command::Cache { range }) => {
+                self.done += Self::cache_piece(range, self.done) as usize;
+                if (self.done as u64) < range.length {
+                    return self.next(pool);
+                }
+                Step::Done
+            }
             _ => Step::Done,
         }
     }
@@ -172,9 +179,9 @@ impl Exec {
                 let direct = self.direct_align.is_some_and(|a| (offset as usize | len | self.done).is_multiple_of(a));
                 StorageOp::Write { offset, buf, at: self.done, len, fua: fua && self.caps.fua, direct }
             }
-            (Stage::Main, Command::Trim { range, .. }) => StorageOp::Trim { offset: range.offset, len: range.length as u64 },
+            (Stage::Main, Command::Trim { range, .. }) => StorageOp::Trim { offset: range.offset, len: range.length },
             (Stage::Main, Command::WriteZeroes { range, may_trim, fast, .. }) => {
-                StorageOp::Zero { offset: range.offset, len: range.length as u64, may_trim, fast }
+                StorageOp::Zero { offset: range.offset, len: range.length, may_trim, fast }
             }
             (Stage::ZeroFill, Command::WriteZeroes { range, fua, .. }) => {
                 let len = (range.length as usize - self.done).min(ZERO_FILL_CHUNK_BYTES);
@@ -184,10 +191,17 @@ impl Exec {
                 let offset = range.offset + self.done as u64;
                 StorageOp::Write { offset, buf, at: 0, len, fua: fua && self.caps.fua, direct: false }
             }
-            (Stage::Main, Command::Cache { range }) => StorageOp::Cache { offset: range.offset, len: range.length as u64 },
+            (Stage::Main, Command::Cache { range }) => {
+                StorageOp::Cache { offset: range.offset + self.done as u64, len: Self::cache_piece(range, self.done) }
+            }
             (stage, command) => unreachable!("no storage operation for {command:?} in {stage:?}"),
         };
         Step::Submit(op)
+    }
+
+    /// The piece of a CACHE after `done` bytes: what is left, at most CACHE_PIECE_MAX_BYTES.
+    fn cache_piece(range: sluice_proto::Range, done: usize) -> u64 {
+        (range.length - done as u64).min(CACHE_PIECE_MAX_BYTES)
     }
 
     /// A backend kept a write's buffer: a bug in the backend, reported as an I/O error.
@@ -211,7 +225,7 @@ mod tests {
     }
 
     fn zeroes(len: u32, fua: bool, may_trim: bool, fast: bool) -> Command {
-        Command::WriteZeroes { range: Range { offset: 4096, length: len }, fua, may_trim, fast }
+        Command::WriteZeroes { range: Range { offset: 4096, length: len as u64 }, fua, may_trim, fast }
     }
 
     /// Runs a command to its end, answering each operation with `answer`.
@@ -224,7 +238,8 @@ mod tests {
                 StorageOp::Write { buf, len, .. } => (format!("write {len}"), Held::Buf(buf)),
                 StorageOp::Flush => ("flush".into(), Held::Nothing),
                 StorageOp::Zero { .. } => ("zero".into(), Held::Nothing),
-                StorageOp::Trim { .. } => ("trim".into(), Held::Nothing),
+                StorageOp::Trim { len, .. } => (format!("trim {len}"), Held::Nothing),
+                StorageOp::Cache { offset, len } => (format!("cache {offset}+{len}"), Held::Nothing),
                 _ => ("other".into(), Held::Nothing),
             };
             seen.push(name);
@@ -281,12 +296,26 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_past_32_bits_goes_to_storage_in_pieces_and_a_trim_whole() {
+        let mut pool = pool();
+        let range = Range { offset: 4096, length: 2 * CACHE_PIECE_MAX_BYTES + 512 };
+        let mut exec = Exec::new(Command::Cache { range }, None, caps(true, true, true), None);
+        let (seen, step) = drive(&mut exec, &mut pool, |_| 0);
+        let (one, two) = (CACHE_PIECE_MAX_BYTES, 4096 + CACHE_PIECE_MAX_BYTES);
+        assert_eq!(seen, [format!("cache 4096+{one}"), format!("cache {two}+{one}"), format!("cache {}+512", two + one)]);
+        assert!(matches!(step, Step::Done));
+        let trim = Command::Trim { range: Range { offset: 0, length: 6 << 30 }, fua: false };
+        let mut exec = Exec::new(trim, None, caps(true, true, true), None);
+        assert_eq!(drive(&mut exec, &mut pool, |_| 0).0, [format!("trim {}", 6u64 << 30)], "fallocate takes 64 bits");
+    }
+
+    #[test]
     fn a_refused_trim_is_accepted_and_fua_still_flushes() {
         let mut pool = pool();
         let trim = Command::Trim { range: Range { offset: 0, length: 4096 }, fua: true };
         let mut exec = Exec::new(trim, None, caps(true, true, true), None);
         let (seen, step) = drive(&mut exec, &mut pool, |op| if matches!(op, StorageOp::Trim { .. }) { -libc::EOPNOTSUPP } else { 0 });
-        assert_eq!(seen, ["trim", "flush"]);
+        assert_eq!(seen, ["trim 4096", "flush"]);
         assert!(matches!(step, Step::Done));
     }
 

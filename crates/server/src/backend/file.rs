@@ -115,12 +115,12 @@ impl FileBackend {
         Ok(rustix::io::pwrite(self.fd.as_fd(), data, offset)?)
     }
 
-    pub(super) fn extents(&self, offset: u64, len: u32, one: bool, out: &mut Vec<Extent>) -> io::Result<()> {
+    pub(super) fn extents(&self, offset: u64, len: u64, one: bool, out: &mut Vec<Extent>) -> io::Result<()> {
         if !self.caps.extents {
             out.push(Extent { length: len, flags: 0 });
             return Ok(());
         }
-        let end = offset + len as u64;
+        let end = offset + len;
         let mut pos = offset;
         while pos < end && out.len() < EXTENTS_PER_REPLY_MAX {
             let data = match rustix::fs::seek(self.fd.as_fd(), rustix::fs::SeekFrom::Data(pos)) {
@@ -140,7 +140,7 @@ impl FileBackend {
                 let hole = rustix::fs::seek(self.fd.as_fd(), rustix::fs::SeekFrom::Hole(pos))?;
                 (hole.clamp(pos + 1, end), 0)
             };
-            out.push(Extent { length: (next - pos) as u32, flags });
+            out.push(Extent { length: next - pos, flags });
             pos = next;
             if one {
                 break;

@@ -49,7 +49,7 @@ pub enum StorageOp {
     /// A hint to bring the range into the cache.
     Cache { offset: u64, len: u64 },
     /// Appends allocation extents covering a prefix of the range; `one` wants just one.
-    Extents { offset: u64, len: u32, one: bool, out: Vec<Extent> },
+    Extents { offset: u64, len: u64, one: bool, out: Vec<Extent> },
 }
 
 /// An operation's result: bytes moved (or 0), or a negative errno, with what it held.

@@ -28,7 +28,7 @@ mod tests {
         b.write_at_once(&[7u8; 4096], 65536).unwrap();
         let mut out = Vec::new();
         b.extents(0, 1 << 20, false, &mut out).unwrap();
-        let total: u64 = out.iter().map(|e| e.length as u64).sum();
+        let total: u64 = out.iter().map(|e| e.length).sum();
         assert_eq!(total, 1 << 20);
         assert_eq!(out[0], Extent { length: 65536, flags: STATE_HOLE | STATE_ZERO });
         assert_eq!(out[1].flags, 0);

@@ -42,7 +42,7 @@ pub struct RbdBackend {
 /// One block status request for the extents thread.
 struct Query {
     offset: u64,
-    len: u32,
+    len: u64,
     one: bool,
     done: Completer,
 }
@@ -159,12 +159,12 @@ fn spawn_extents(image: Arc<RbdImage>) -> io::Result<Sender<Query>> {
 
 /// Descriptors covering a prefix of the range: data where objects exist, holes that read
 /// as zeros where they do not. A map librbd has marked invalid is not trusted: all data.
-fn allocation(image: &RbdImage, offset: u64, len: u32, one: bool) -> io::Result<Vec<Extent>> {
+fn allocation(image: &RbdImage, offset: u64, len: u64, one: bool) -> io::Result<Vec<Extent>> {
     let mut map = Descriptors::new(offset, len, if one { 1 } else { EXTENTS_PER_REPLY_MAX });
     if image.flags()? & FLAGS_MAP_INVALID != 0 {
-        map.add(offset, len as u64, true);
+        map.add(offset, len, true);
     } else {
-        image.allocated(offset, len as u64, &mut |at, n, exists| map.add(at, n, exists))?;
+        image.allocated(offset, len, &mut |at, n, exists| map.add(at, n, exists))?;
     }
     Ok(map.finish())
 }
@@ -183,8 +183,8 @@ struct Descriptors {
 }
 
 impl Descriptors {
-    fn new(offset: u64, len: u32, max: usize) -> Descriptors {
-        Descriptors { at: offset, end: offset + len as u64, max, out: Vec::new(), full: false }
+    fn new(offset: u64, len: u64, max: usize) -> Descriptors {
+        Descriptors { at: offset, end: offset + len, max, out: Vec::new(), full: false }
     }
 
     /// Takes a piece; false once no more descriptors fit.
@@ -206,7 +206,7 @@ impl Descriptors {
         if upto <= self.at || self.full {
             return;
         }
-        let length = (upto - self.at) as u32;
+        let length = upto - self.at;
         let fits = self.out.len() < self.max;
         match self.out.last_mut() {
             Some(last) if last.flags == flags => last.length += length,
@@ -271,7 +271,7 @@ impl Backend for RbdBackend {
 mod tests {
     use super::*;
 
-    fn map(offset: u64, len: u32, max: usize, pieces: &[(u64, u64, bool)]) -> Vec<(u32, u32)> {
+    fn map(offset: u64, len: u64, max: usize, pieces: &[(u64, u64, bool)]) -> Vec<(u64, u32)> {
         let mut d = Descriptors::new(offset, len, max);
         for &(at, n, exists) in pieces {
             if !d.add(at, n, exists) {
@@ -311,7 +311,7 @@ mod tests {
         assert_eq!(map(0, 24 << 20, 1, &[(0, 4 * M, true), (4 * M, 4 * M, true)]), vec![(8 << 20, 0)]);
         assert_eq!(map(0, 24 << 20, 2, &pieces), vec![(4 << 20, 0), (4 << 20, HOLE)]);
         let all = map(0, 24 << 20, 16, &pieces);
-        assert_eq!(all.iter().map(|d| d.0 as u64).sum::<u64>(), 24 * M);
+        assert_eq!(all.iter().map(|d| d.0).sum::<u64>(), 24 * M);
         assert_eq!(all.len(), 6);
     }
 }

@@ -121,12 +121,12 @@ fn open_error(e: Error) -> io::Error {
 }
 
 /// Appends the client's extents as base:allocation descriptors (at most `one`, or the
-/// reply's bound). The client never reports past the range asked for, which fits a u32.
-fn descriptors(found: Vec<sluice_client::Extent>, one: bool, len: u32, out: &mut Vec<Extent>) {
+/// reply's bound). The client never reports past the range asked for.
+fn descriptors(found: Vec<sluice_client::Extent>, one: bool, len: u64, out: &mut Vec<Extent>) {
     let max = if one { 1 } else { EXTENTS_PER_REPLY_MAX };
     for e in found.into_iter().filter(|e| e.length > 0).take(max) {
         let flags = if e.hole { STATE_HOLE } else { 0 } | if e.zero { STATE_ZERO } else { 0 };
-        out.push(Extent { length: e.length.min(len as u64) as u32, flags });
+        out.push(Extent { length: e.length.min(len), flags });
     }
     if out.is_empty() {
         // Data is always a true answer.
@@ -202,7 +202,7 @@ impl Backend for RemoteBackend {
                 // Parked with an empty list, which comes back even if the call is cancelled.
                 let done = ring.defer(id, Held::Extents(Vec::new()), 0);
                 self.spawn(done, async move {
-                    let found = remote.client.block_status(offset, len as u64).await;
+                    let found = remote.client.block_status(offset, len).await;
                     let (result, _) = remote.done(found.map(|found| descriptors(found, one, len, &mut out)));
                     (result, Payload::Extents(out))
                 });

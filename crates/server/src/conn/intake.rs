@@ -2,8 +2,8 @@
 //! of each request, admission against the slot and byte budgets, and the payload of a
 //! rejected write read and dropped so the stream stays in step.
 
-use sluice_proto::wire::REQUEST_BYTES;
-use sluice_proto::{validate, Command, RawRequest, Request};
+use sluice_proto::request::header_bytes;
+use sluice_proto::{validate, Command, RawRequest, Refusal, Request};
 
 use super::state::{Receiving, Slot};
 use super::{Conn, Env, Io};
@@ -90,14 +90,14 @@ impl Conn {
                 // The worker's buffers are all spoken for; resume when some come back.
                 return self.emit(Io::AwaitBudget);
             }
-            if avail < REQUEST_BYTES {
+            let size = header_bytes(self.session.extended);
+            if avail < size {
                 break;
             }
             let rbuf = self.rbuf.as_ref().expect("the receive buffer is home while headers are parsed");
-            let header: &[u8; REQUEST_BYTES] =
-                rbuf.as_slice()[self.rstart..self.rstart + REQUEST_BYTES].try_into().expect("a header's length");
-            self.rstart += REQUEST_BYTES;
-            let raw = match RawRequest::decode(header) {
+            let header = &rbuf.as_slice()[self.rstart..self.rstart + size];
+            self.rstart += size;
+            let raw = match RawRequest::decode_as(header, self.session.extended) {
                 Ok(raw) => raw,
                 Err(e) => {
                     log::warn!("{}: {e}; disconnecting", self.peer);
@@ -126,15 +126,21 @@ impl Conn {
     fn request(&mut self, env: &mut Env, raw: RawRequest) -> bool {
         let request = match validate(&raw, &self.session) {
             Ok(r) => r,
-            Err(rej) => {
+            Err(Refusal::Disconnect(why)) => {
+                log::warn!("{}: {:?}: {why}; disconnecting", self.peer, raw);
+                self.stop_reading(env, "protocol error");
+                return true;
+            }
+            Err(Refusal::Reply(rej)) => {
                 log::debug!("{}: {:?} rejected: {} ({})", self.peer, raw, rej.errno, rej.reason);
                 let mut s = Slot::new(Request { handle: raw.handle, command: Command::Flush }, env.now);
                 s.rejection = Some((rej.errno, rej.reason));
+                s.offset = raw.offset;
                 let slot = self.occupy(s);
                 if rej.discard > 0 {
                     // Clients match replies only to requests they finished sending: answer
                     // once the payload has been read and dropped.
-                    self.discard = rej.discard as u64;
+                    self.discard = rej.discard;
                     self.after_discard = Some(slot);
                 } else {
                     self.reply_rejected(env, slot);
@@ -146,7 +152,9 @@ impl Conn {
             self.stop_reading(env, "client disconnected");
             return true;
         }
-        let slot = self.occupy(Slot::new(request, env.now));
+        let mut s = Slot::new(request, env.now);
+        s.offset = raw.offset;
+        let slot = self.occupy(s);
         self.metrics.request_started(self.metrics_export);
         match request.command {
             Command::Read { range, .. } => {

@@ -155,6 +155,12 @@ impl Conn {
         let slots_max = limits.inflight_requests_per_connection;
         let metrics_export = metrics.export_index(&export.name).expect("metrics know every export");
         metrics.connection_opened(metrics_export);
+        let style = match (session.extended, session.structured) {
+            (true, _) => "extended headers",
+            (false, true) => "structured replies",
+            (false, false) => "simple replies",
+        };
+        log::debug!("{peer}: transmission with {style}");
         Conn {
             peer,
             caps: export.caps(),
@@ -358,3 +364,5 @@ impl Drop for Conn {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_extended;

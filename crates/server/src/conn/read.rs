@@ -282,7 +282,7 @@ impl Conn {
 
     /// Structured replies: every ready chunk goes out now as its own OFFSET_DATA chunk.
     fn flush_chunks(&mut self, env: &mut Env, slot: u16, last: bool) {
-        let handle = self.slot(slot).request.handle;
+        let to = self.reply_to(slot);
         let ready = self.chunks[slot as usize].iter().filter(|c| c.state == ChunkState::Ready).count();
         let mut queued = 0;
         for i in 0..self.chunks[slot as usize].len() {
@@ -292,7 +292,7 @@ impl Conn {
             queued += 1;
             let done = last && queued == ready;
             let c = &mut self.chunks[slot as usize][i];
-            let head = reply::offset_data_header(handle, c.file_offset + c.skip as u64, c.want as u32, done);
+            let head = reply::offset_data_header(to, c.file_offset + c.skip as u64, c.want as u32, done);
             let part = Self::chunk_part(slot, c, &head);
             self.queue_part(env, slot, part, done);
             if done {
@@ -305,8 +305,8 @@ impl Conn {
     /// Simple and DF replies: chunks go out in order, after one header, and no other reply
     /// may come between them.
     fn flush_contiguous(&mut self, env: &mut Env, slot: u16, last: bool) {
+        let to = self.reply_to(slot);
         let s = self.slot(slot);
-        let handle = s.request.handle;
         let Command::Read { range: Range { offset, length }, .. } = s.request.command else {
             unreachable!("chunks belong to reads")
         };
@@ -325,8 +325,9 @@ impl Conn {
             }
             self.slot_mut(slot).next_in_order += 1;
             let head = match (i, self.session.structured) {
-                (0, false) => Head::Simple(reply::simple(handle, None)),
-                (0, true) => Head::Data(reply::offset_data_header(handle, offset, length, true)),
+                (0, false) => Head::Simple(reply::simple(to.handle, None)),
+                // A read's length is within the payload maximum, so 32 bits.
+                (0, true) => Head::Data(reply::offset_data_header(to, offset, length as u32, true)),
                 _ => Head::None,
             };
             let part = Self::chunk_part(slot, &mut self.chunks[slot as usize][i], head.bytes());

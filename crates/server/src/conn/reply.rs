@@ -3,7 +3,7 @@
 //! a DF read's single OFFSET_DATA chunk) that has started going out holds back every other
 //! reply until its last part is queued.
 
-use sluice_proto::reply::{self, Extent};
+use sluice_proto::reply::{self, Extent, ReplyTo};
 use sluice_proto::wire::SIMPLE_REPLY_BYTES;
 use sluice_proto::{Command, Errno};
 
@@ -13,7 +13,7 @@ use crate::engine::Part;
 /// The header in front of a contiguous read's first chunk.
 pub(super) enum Head {
     Simple([u8; SIMPLE_REPLY_BYTES]),
-    Data([u8; reply::OFFSET_DATA_HEADER_BYTES]),
+    Data(reply::Head),
     None,
 }
 
@@ -28,12 +28,19 @@ impl Head {
 }
 
 impl Conn {
-    /// Success with no data: every command but a non-empty read.
+    /// Whom a slot's reply chunks answer, in the framing the session negotiated.
+    pub(super) fn reply_to(&self, slot: u16) -> ReplyTo {
+        let s = self.slot(slot);
+        ReplyTo { handle: s.request.handle, offset: s.offset, extended: self.session.extended }
+    }
+
+    /// Success with no data: every command but a non-empty read. With extended headers
+    /// there are no simple replies: a NONE chunk says it.
     pub(super) fn reply_ok(&mut self, env: &mut Env, slot: u16) {
         let handle = self.slot(slot).request.handle;
         let zero_length_read = matches!(self.slot(slot).request.command, Command::Read { .. });
-        let part = if zero_length_read && self.session.structured {
-            Part::new(slot as u32, &reply::done_none(handle), None, Vec::new())
+        let part = if (zero_length_read && self.session.structured) || self.session.extended {
+            Part::new(slot as u32, &reply::done_none(self.reply_to(slot)), None, Vec::new())
         } else {
             Part::new(slot as u32, &reply::simple(handle, None), None, Vec::new())
         };
@@ -47,19 +54,19 @@ impl Conn {
     }
 
     pub(super) fn reply_block_status(&mut self, env: &mut Env, slot: u16, context_id: u32, extents: &[Extent]) {
-        let handle = self.slot(slot).request.handle;
+        let to = self.reply_to(slot);
         let mut extra = self.spare_vecs.pop().unwrap_or_default();
-        reply::block_status(&mut extra, handle, context_id, extents);
+        reply::block_status(&mut extra, to, context_id, extents);
         self.queue_part(env, slot, Part::new(slot as u32, &[], None, extra), true);
     }
 
     pub(super) fn reply_error(&mut self, env: &mut Env, slot: u16, errno: Errno, message: &str, offset: Option<u64>) {
-        let s = self.slot_mut(slot);
-        let handle = s.request.handle;
-        s.failed = true;
+        let to = self.reply_to(slot);
+        self.slot_mut(slot).failed = true;
+        let handle = to.handle;
         let part = if self.session.structured {
             let mut extra = self.spare_vecs.pop().unwrap_or_default();
-            reply::error_chunk(&mut extra, handle, errno, message, offset);
+            reply::error_chunk(&mut extra, to, errno, message, offset);
             Part::new(slot as u32, &[], None, extra)
         } else {
             Part::new(slot as u32, &reply::simple(handle, Some(errno)), None, Vec::new())

@@ -18,6 +18,8 @@ pub(super) enum Receiving {
 
 pub(super) struct Slot {
     pub(super) request: Request,
+    /// The offset the client sent, valid or not: an extended reply header echoes it.
+    pub(super) offset: u64,
     /// A write's payload, until the command starts.
     pub(super) buf: Option<Buf>,
     /// A command other than READ while it runs through the backend.
@@ -52,6 +54,7 @@ impl Slot {
     pub(super) fn new(request: Request, now: Instant) -> Slot {
         Slot {
             request,
+            offset: 0,
             buf: None,
             exec: None,
             ops: 0,

@@ -18,7 +18,7 @@ use crate::limits::{Limits, CHUNK_AUTO_MIN_BYTES, CHUNK_WINDOW_COUNT};
 use crate::metrics::Metrics;
 
 /// Storage whose operations the tests complete by hand; `splice` says it can fill pipes.
-struct Later {
+pub(super) struct Later {
     splice: bool,
 }
 
@@ -39,15 +39,15 @@ impl Backend for Later {
     }
 }
 
-struct Rig {
-    conn: Conn,
+pub(super) struct Rig {
+    pub(super) conn: Conn,
     pool: Pool,
     pipes: Pipes,
     budget: Budget,
     recv: Option<(Buf, usize)>,
-    storage: Vec<(Tag, StorageOp)>,
-    wire: Vec<u8>,
-    shut_read: bool,
+    pub(super) storage: Vec<(Tag, StorageOp)>,
+    pub(super) wire: Vec<u8>,
+    pub(super) shut_read: bool,
     /// The core's clock: tests move it to stand for time spent in storage and on the wire.
     now: Instant,
     /// Sends take their bytes at this rate (bytes per second); None: at once.
@@ -64,6 +64,11 @@ impl Rig {
     }
 
     fn build(structured: bool, chunking: Chunking, data_path: DataPath, pipes: Pipes) -> Rig {
+        Rig::build_with(chunking, data_path, pipes, |s| s.structured = structured)
+    }
+
+    /// A rig whose session `adjust` changes from the compact default.
+    pub(super) fn build_with(chunking: Chunking, data_path: DataPath, pipes: Pipes, adjust: impl FnOnce(&mut Session)) -> Rig {
         let export = Export {
             name: String::new(),
             description: None,
@@ -74,7 +79,8 @@ impl Rig {
             backend: Box::new(Later { splice: data_path.uses_splice() }),
         };
         let flags = export.flags() | FLAG_SEND_DF;
-        let session = Session { size: SIZE, flags, structured, base_allocation: None, payload_max_bytes: 32 << 20 };
+        let mut session = Session { size: SIZE, flags, structured: false, extended: false, base_allocation: None, payload_max_bytes: 32 << 20 };
+        adjust(&mut session);
         let metrics = Metrics::new(&[String::new()]);
         let conn = Conn::new("test".into(), Arc::new(export), session, Limits::default(), metrics);
         let mut rig = Rig {
@@ -94,7 +100,7 @@ impl Rig {
     }
 
     /// Runs an event, then carries out sends at once (whole) and keeps the rest pending.
-    fn with(&mut self, event: impl FnOnce(&mut Conn, &mut Env)) {
+    pub(super) fn with(&mut self, event: impl FnOnce(&mut Conn, &mut Env)) {
         let mut env = Env { now: self.now, pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget };
         event(&mut self.conn, &mut env);
         while let Some(io) = self.conn.poll_io() {
@@ -116,14 +122,14 @@ impl Rig {
         self.now = env.now;
     }
 
-    fn deliver(&mut self, bytes: &[u8]) {
+    pub(super) fn deliver(&mut self, bytes: &[u8]) {
         let (mut buf, at) = self.recv.take().expect("the core is receiving");
         buf.as_mut_slice()[at..at + bytes.len()].copy_from_slice(bytes);
         self.with(|c, env| c.handle_recv(env, bytes.len() as i32, buf));
     }
 
     /// Completes the pending storage operation with this tag, filling reads with `fill`.
-    fn complete(&mut self, tag: Tag, fill: u8) {
+    pub(super) fn complete(&mut self, tag: Tag, fill: u8) {
         let i = self.storage.iter().position(|(t, _)| *t == tag).expect("such an operation is pending");
         let (_, op) = self.storage.remove(i);
         let (result, held) = match op {
@@ -139,7 +145,7 @@ impl Rig {
 }
 
 fn request(kind: u16, flags: u16, handle: u64, offset: u64, length: u32) -> [u8; REQUEST_BYTES] {
-    RawRequest { flags, kind, handle, offset, length }.encode()
+    RawRequest { flags, kind, handle, offset, length: length.into() }.encode()
 }
 
 fn tag(slot: u16, chunk: u16) -> Tag {
@@ -182,14 +188,14 @@ fn structured_read_chunks_leave_in_completion_order() {
     assert_eq!(rig.storage.len(), 3, "one storage read per 4 KiB chunk, all at once");
     let slot = rig.storage[0].0.slot;
     rig.complete(tag(slot, 2), 0xcc);
-    let head = sluice_proto::reply::offset_data_header(5, 8192 + 2 * 4096, 4096, false);
-    assert_eq!(rig.wire[..head.len()], head, "the last chunk, first");
+    let head = sluice_proto::reply::offset_data_header(sluice_proto::reply::ReplyTo::compact(5), 8192 + 2 * 4096, 4096, false);
+    assert_eq!(rig.wire[..head.len()], *head, "the last chunk, first");
     assert!(rig.wire[head.len()..].iter().all(|&b| b == 0xcc));
     rig.complete(tag(slot, 0), 0xaa);
     rig.complete(tag(slot, 1), 0xbb);
-    let done = sluice_proto::reply::offset_data_header(5, 8192 + 4096, 4096, true);
+    let done = sluice_proto::reply::offset_data_header(sluice_proto::reply::ReplyTo::compact(5), 8192 + 4096, 4096, true);
     let at = rig.wire.len() - 4096 - done.len();
-    assert_eq!(rig.wire[at..at + done.len()], done, "the final chunk carries DONE");
+    assert_eq!(rig.wire[at..at + done.len()], *done, "the final chunk carries DONE");
 }
 
 #[test]

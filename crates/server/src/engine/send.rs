@@ -7,8 +7,9 @@ use std::collections::VecDeque;
 use super::buffer::Buf;
 use super::pipe::Pipe;
 
-/// Bytes of a reply header stored inline in a send part; the largest, OFFSET_HOLE, is 32.
-pub const INLINE_HEAD_BYTES: usize = 32;
+/// Bytes of a reply header stored inline in a send part: the largest, an OFFSET_HOLE with
+/// an extended header, is 44.
+pub const INLINE_HEAD_BYTES: usize = sluice_proto::reply::HEAD_MAX_BYTES;
 
 /// One reply on its way out: an inline header, then data (a window of a buffer, or bytes
 /// waiting in a pipe to be spliced after the header), then optional extra bytes (block

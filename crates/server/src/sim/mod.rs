@@ -56,6 +56,8 @@ pub struct Report {
     pub steps: usize,
     pub answered: usize,
     pub clean: bool,
+    /// The session used extended headers.
+    pub extended: bool,
 }
 
 /// Everything outside the core: the worker's resources and the client's view.
@@ -90,6 +92,7 @@ const SIZE_BYTES: u64 = 4 << 20;
 /// Runs one simulated connection to its end; Err says which rule the core broke.
 pub fn run(mut rng: Rng) -> Result<Report, String> {
     let structured = rng.below(4) != 0;
+    let framing = client::Framing { structured, extended: structured && rng.below(3) == 0 };
     let export = Arc::new(random_export(&mut rng));
     let limits = Limits {
         inflight_requests_per_connection: 1 + rng.below(12) as usize,
@@ -102,11 +105,12 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
         size: SIZE_BYTES,
         flags,
         structured,
+        extended: framing.extended,
         base_allocation: structured.then_some(1),
         payload_max_bytes: REQUEST_PAYLOAD_MAX_BYTES,
     };
     let count = 1 + rng.below(120) as usize;
-    let (input, sent) = client::requests(&mut rng, SIZE_BYTES, structured, count);
+    let (input, sent) = client::requests(&mut rng, SIZE_BYTES, framing, count);
     let pool = Pool::new(1 << 20, std::time::Duration::from_secs(5), Default::default());
     let mut world = World {
         rng,
@@ -119,7 +123,7 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
         input,
         delivered: 0,
         sent,
-        checker: Checker::new(structured),
+        checker: Checker::new(framing),
         recv: None,
         send: None,
         splice: None,
@@ -351,7 +355,7 @@ impl World {
                 return Err(format!("request {handle} ({s:?}) was never answered"));
             }
         }
-        Ok(Report { steps, answered: answered.len(), clean })
+        Ok(Report { steps, answered: answered.len(), clean, extended: self.checker.framing.extended })
     }
 }
 
@@ -363,11 +367,13 @@ mod tests {
     fn seeded_runs_keep_every_rule() {
         let mut clean = 0;
         let mut answered = 0;
+        let mut extended = 0;
         for seed in 0..400 {
             match run(Rng::seeded(seed)) {
                 Ok(r) => {
                     clean += r.clean as usize;
                     answered += r.answered;
+                    extended += (r.clean && r.extended) as usize;
                 }
                 Err(e) => panic!("seed {seed}: {e}"),
             }
@@ -375,6 +381,7 @@ mod tests {
         // The runs must exercise the clean path and answer many requests, or they test little.
         assert!(clean > 100, "only {clean} clean runs");
         assert!(answered > 5_000, "only {answered} requests answered");
+        assert!(extended > 30, "only {extended} clean runs with extended headers");
     }
 
     #[test]

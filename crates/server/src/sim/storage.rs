@@ -26,7 +26,7 @@ pub fn check_op(op: &StorageOp, size: u64, align: Option<usize>) -> Result<(), S
         StorageOp::Trim { offset, len } | StorageOp::Zero { offset, len, .. } | StorageOp::Cache { offset, len } => {
             (*offset, *len, false)
         }
-        StorageOp::Extents { offset, len, .. } => (*offset, *len as u64, false),
+        StorageOp::Extents { offset, len, .. } => (*offset, *len, false),
         StorageOp::Flush => return Ok(()),
     };
     if offset.checked_add(len).is_none_or(|end| end > size) {
@@ -72,7 +72,7 @@ pub fn carry_out(op: StorageOp, rng: &mut Rng) -> Result<(Outcome, bool), String
             Outcome { result: -libc::EOPNOTSUPP, held: Held::Nothing }
         }
         StorageOp::Extents { len, mut out, .. } => {
-            let first = 1 + rng.below(len as u64) as u32;
+            let first = 1 + rng.below(len);
             out.push(Extent { length: first, flags: 0 });
             if first < len && rng.below(2) == 0 {
                 out.push(Extent { length: len - first, flags: 3 });
