@@ -89,6 +89,7 @@ const KERNEL_OPTIONS: Options = Options {
     block_status: false,
     connect_timeout: std::time::Duration::from_millis(CONNECT_TIMEOUT_MS),
     reconnect: None,
+    degraded: false,
 };
 
 pub(crate) struct Negotiated {
