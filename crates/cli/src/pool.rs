@@ -44,6 +44,15 @@ enum PoolCommand {
   sluice pool status --json pool:vol.toml | jq '.members[].state'
   sluice pool status --degraded pool:vol.toml   # could it start without a dead member?")]
     Status(StatusArgs),
+    /// Put another server in a member's place: NEW is checked and its metadata area
+    /// blanked, the pool file's members entry is rewritten (comments and layout kept), and
+    /// NEW is rebuilt from the other copies of its set: here, when no coordinator serves
+    /// the pool, else by the serving one once it is reloaded (SIGHUP). Works whether OLD
+    /// is dead or alive; refused for a stripe and for the last in-sync copy of a set.
+    #[command(after_help = "EXAMPLES:
+  sluice pool replace pool:/etc/sluice/vol.toml nbd://10.0.0.2/disk nbd://10.0.0.9/disk
+  systemctl reload sluice     # when a server serves the pool: it rebuilds the new member")]
+    Replace(ReplaceArgs),
 }
 
 #[derive(clap::Args)]
@@ -73,10 +82,30 @@ struct StatusArgs {
     degraded: bool,
 }
 
+#[derive(clap::Args)]
+struct ReplaceArgs {
+    /// The pool: pool:PATH, PATH being its pool file.
+    #[arg(value_name = "pool:PATH")]
+    pool: String,
+
+    /// The member to replace, as the pool file names it.
+    #[arg(value_name = "OLD")]
+    old: String,
+
+    /// The NBD URI of the server that takes its place.
+    #[arg(value_name = "NEW")]
+    new: String,
+
+    /// Overwrite NEW even when it carries pool metadata (its pool loses that member).
+    #[arg(long)]
+    force: bool,
+}
+
 pub fn run(args: PoolArgs) -> ExitCode {
     let (arg, cmd) = match &args.command {
         PoolCommand::Init(a) => (&a.pool, "pool init"),
         PoolCommand::Status(a) => (&a.pool, "pool status"),
+        PoolCommand::Replace(a) => (&a.pool, "pool replace"),
     };
     let spec = match load(arg) {
         Ok(spec) => spec,
@@ -91,12 +120,32 @@ pub fn run(args: PoolArgs) -> ExitCode {
             PoolCommand::Status(a) => pool::status_and_assembly(&spec, a.degraded)
                 .await
                 .map(|(s, assembly)| pool_status::print(&s, &assembly, a.json)),
+            PoolCommand::Replace(a) => replace(a).await,
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(cmd, &e),
     }
+}
+
+async fn replace(a: &ReplaceArgs) -> Result<(), Error> {
+    let path = a.pool.strip_prefix("pool:").unwrap_or(&a.pool);
+    let shown = std::cell::Cell::new(u64::MAX);
+    let progress = |done: u64, total: u64| {
+        let percent = (done * 100).checked_div(total).unwrap_or(0);
+        if shown.replace(percent) != percent {
+            eprintln!("rebuilding {}: {percent}%", a.new);
+        }
+    };
+    match pool::replace(std::path::Path::new(path), &a.old, &a.new, a.force, progress).await? {
+        pool::Replaced::Rebuilt => println!("replaced {} by {} in {path}; {} is in sync", a.old, a.new, a.new),
+        pool::Replaced::Served(by) => println!(
+            "replaced {} by {} in {path}; {by}: reload that server (systemctl reload sluice, or SIGHUP) and it rebuilds {}",
+            a.old, a.new, a.new
+        ),
+    }
+    Ok(())
 }
 
 /// The pool file `pool:PATH` names, read and checked.

@@ -357,8 +357,10 @@ impl Reloader {
         let s = settings(&self.args, self.inherited)?;
         let tls = TlsServer::load(&s.tls).map_err(Usage)?;
         let (catalog, exports) = self.catalog.reopen(s.wanted).map_err(Usage)?;
+        let pool_moves = self.catalog.pool_moves(&catalog).map_err(Usage)?;
         let restart = running.reload(Reload { exports, access: s.access, tls, limits: s.limits }).map_err(Usage)?;
         self.catalog = catalog;
+        serve_catalog::apply_pool_moves(pool_moves);
         log::set_max_level(s.log_level);
         let keys = restart.into_iter().map(|k| format!("[limits] {k}")).chain(self.fixed.changes(&s.fixed));
         for key in keys {

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use sluice_client::Uri;
 use sluice_server::export::Options;
 use sluice_server::{Export, Exports, Spec};
 
@@ -58,6 +59,66 @@ impl Catalog {
             next.open.push(Opened { wanted: w, export });
         }
         Ok((next, exports))
+    }
+}
+
+/// Members a served pool's file now names in other places, checked against the running
+/// pool: applied once the rest of a reload has gone through.
+pub struct PoolMoves {
+    export: Arc<Export>,
+    moves: Vec<(usize, Uri)>,
+}
+
+impl Catalog {
+    /// For every pool export that `next` keeps from `self`: the members its file now names
+    /// in other places (`sluice pool replace` edits the file), each checked against the
+    /// running pool. A pool file changed in any other way refuses the reload.
+    pub fn pool_moves(&self, next: &Catalog) -> Result<Vec<PoolMoves>, String> {
+        let kept = next.open.iter().filter(|o| self.open.iter().any(|x| Arc::ptr_eq(&x.export, &o.export)));
+        let mut all = Vec::new();
+        for o in kept {
+            let Spec::Remote(s) = &o.wanted.spec else { continue };
+            let (Some(path), Some(client)) = (s.strip_prefix("pool:"), o.export.backend.pool_client()) else { continue };
+            let moves = moves(path, client).map_err(|e| format!("export {:?}: {s}: {e}", o.wanted.name))?;
+            if !moves.is_empty() {
+                all.push(PoolMoves { export: Arc::clone(&o.export), moves });
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// Where the file at `path` names other members than the running pool has, each checked.
+fn moves(path: &str, client: &sluice_client::Client) -> Result<Vec<(usize, Uri)>, String> {
+    let spec = sluice_client::pool::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
+    let now = client.pool_members().unwrap_or_default();
+    let status = client.pool_status().ok_or("not a pool")?;
+    let same = spec.layout == status.layout && spec.copies == status.copies && spec.members.len() == now.len();
+    if !same || (spec.layout != sluice_client::pool::Layout::Mirror && spec.stripe_unit != status.stripe_unit) {
+        return Err("only member addresses can change while the pool is served (layout, copies, stripe unit and member count take a restart)".into());
+    }
+    let mut moves = Vec::new();
+    for (i, (wanted, current)) in spec.members.iter().zip(&now).enumerate() {
+        let uri = Uri::parse(wanted).map_err(|e| format!("member {} ({wanted}): {e}", i + 1))?;
+        if uri != *current {
+            client.replace_pool_member(i, &uri, true).map_err(|e| format!("member {} cannot be replaced by {wanted} now: {e}", i + 1))?;
+            moves.push((i, uri));
+        }
+    }
+    Ok(moves)
+}
+
+/// Puts each new member in its place; a pool that refuses now (its state moved since the
+/// check) is logged, and the file and the running pool then differ until the next reload.
+pub fn apply_pool_moves(all: Vec<PoolMoves>) {
+    for p in all {
+        let Some(client) = p.export.backend.pool_client() else { continue };
+        for (i, uri) in p.moves {
+            match client.replace_pool_member(i, &uri, false) {
+                Ok(()) => log::info!("export {:?}: pool member {} is now {uri}; it is rebuilt once it answers", p.export.name, i + 1),
+                Err(e) => log::error!("export {:?}: pool member {} was not replaced by {uri}: {e}", p.export.name, i + 1),
+            }
+        }
     }
 }
 

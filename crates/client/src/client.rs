@@ -95,15 +95,6 @@ impl Client {
         }
     }
 
-    /// The live state of the pool this client uses (members, resync progress, dirty
-    /// regions); `None` for a plain export.
-    pub fn pool_status(&self) -> Option<sluice_pool::Status> {
-        match &self.inner.transport {
-            Transport::Conns(_) => None,
-            Transport::Pool(pool) => Some(pool.status()),
-        }
-    }
-
     /// Sends one request, checked and no larger than the export allows, on the least
     /// loaded connection, or to the pool.
     /// `len` passes 32 bits only when the export negotiated extended headers, which a pool
@@ -462,4 +453,37 @@ async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) 
     })
     .await;
     results.into_iter().map(|r| r.unwrap()).collect()
+}
+
+/// What a client of a pool (`pool:` URI) can ask of the pool itself.
+impl Client {
+    /// For a pool: where its members are now, in the pool file's order.
+    pub fn pool_members(&self) -> Option<Vec<Uri>> {
+        match &self.inner.transport {
+            Transport::Conns(_) => None,
+            Transport::Pool(pool) => Some(pool.member_uris()),
+        }
+    }
+
+    /// For a pool: puts the server at `uri` in member `index`'s place. The old member is
+    /// dropped; the new one is connected in the background and rebuilt in full from the
+    /// other copies of its set. With `check_only`, only says whether that could be done now.
+    /// Refused for a stripe, for the only in-sync member of a set, and for anything but a
+    /// pool.
+    pub fn replace_pool_member(&self, index: usize, uri: &Uri, check_only: bool) -> Result<(), Error> {
+        match &self.inner.transport {
+            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Pool(pool) if check_only => pool.can_replace(index),
+            Transport::Pool(pool) => pool.replace(index, uri.clone()),
+        }
+    }
+
+    /// The live state of the pool this client uses (members, resync progress, dirty
+    /// regions); `None` for a plain export.
+    pub fn pool_status(&self) -> Option<sluice_pool::Status> {
+        match &self.inner.transport {
+            Transport::Conns(_) => None,
+            Transport::Pool(pool) => Some(pool.status()),
+        }
+    }
 }

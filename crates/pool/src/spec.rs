@@ -67,6 +67,17 @@ pub struct PoolSpec {
     pub resync_rate_bytes_per_s: u64,
 }
 
+/// A pool file's text with the member `old` replaced by `new`, and nothing else changed:
+/// comments, spacing, the order of keys and the other members stay as the operator wrote
+/// them.
+pub fn replace_member_in_text(text: &str, old: &str, new: &str) -> Result<String, String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| e.to_string())?;
+    let members = doc.get_mut("members").and_then(|m| m.as_array_mut()).ok_or("the pool file has no members list")?;
+    let at = members.iter().position(|v| v.as_str() == Some(old)).ok_or_else(|| format!("{old} is not in the members list"))?;
+    members.replace(at, new);
+    Ok(doc.to_string())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct File {
@@ -184,6 +195,16 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replaced_member_keeps_the_files_comments_and_layout() {
+        let text = "# the volume of rack 2\nlayout = \"mirror\"   # two copies\nmembers = [\n    \"nbd://node1/disk\",  # row A\n    \"nbd://node2/disk\",  # row B\n]\nresync-rate = \"100M\"\n";
+        let out = replace_member_in_text(text, "nbd://node2/disk", "nbd://node9/disk").unwrap();
+        assert_eq!(out, text.replace("node2", "node9"));
+        assert!(PoolSpec::parse(&out).unwrap().members[1] == "nbd://node9/disk");
+        let e = replace_member_in_text(text, "nbd://node3/disk", "nbd://node9/disk").unwrap_err();
+        assert!(e.contains("not in the members list"), "{e}");
+    }
 
     fn members(n: usize) -> String {
         let list: Vec<String> = (0..n).map(|i| format!("\"nbd://h{i}/d\"")).collect();

@@ -44,7 +44,7 @@ async fn reconnect<M: Member>(pool: Weak<Shared<M>>, member: usize) {
     let mut delay_ms = POOL_RECONNECT_FIRST_MS;
     loop {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-        let Some((uri, options)) = pool.upgrade().filter(|s| !s.look(|core| core.closed)).map(|s| (s.uris[member].clone(), s.options.clone())) else {
+        let Some((uri, options)) = pool.upgrade().filter(|s| !s.look(|core| core.closed)).map(|s| (s.look(|core| core.uris[member].clone()), s.options.clone())) else {
             return;
         };
         let attempt = async {
@@ -54,11 +54,13 @@ async fn reconnect<M: Member>(pool: Weak<Shared<M>>, member: usize) {
         };
         match attempt.await {
             Ok((m, found)) => {
-                log::info!("pool member {uri} answers again");
-                if let Some(s) = pool.upgrade() {
-                    s.member_back(member, m, found);
+                let Some(s) = pool.upgrade() else { return };
+                if s.member_back(member, &uri, m, found) {
+                    log::info!("pool member {uri} answers again");
+                    return;
                 }
-                return;
+                // Replaced while this attempt ran: the new address is tried next.
+                delay_ms = POOL_RECONNECT_FIRST_MS;
             }
             Err(e) => {
                 log::debug!("pool member {uri} still does not answer: {e}");

@@ -73,6 +73,22 @@ impl<M: Member> PoolDriver<M> {
         }
     }
 
+    /// Puts the server at `uri` in `member`'s place (see `Shared::replace`). Refused for a
+    /// stripe, and for the only in-sync member of a set.
+    pub(crate) fn replace(&self, member: usize, uri: Uri) -> Result<(), Error> {
+        self.shared.replace(member, uri)
+    }
+
+    /// Where the members are now, in the pool file's order.
+    pub(crate) fn member_uris(&self) -> Vec<Uri> {
+        self.shared.look(|core| core.uris.clone())
+    }
+
+    /// Whether `member` could be replaced now: Ok, or why not.
+    pub(crate) fn can_replace(&self, member: usize) -> Result<(), Error> {
+        self.shared.look(|core| core.coord.can_replace(member)).map_err(Error::Refused)
+    }
+
     /// The pool's state now: members, resync progress, dirty regions.
     pub(crate) fn status(&self) -> Status {
         self.shared.look(|core| core.coord.status())

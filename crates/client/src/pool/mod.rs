@@ -6,7 +6,7 @@
 //! members with backoff.
 //!
 //! `Client::connect_with` opens a pool like any export, so every user of `Client` can use
-//! one; `init` and `status` are what `sluice pool` does.
+//! one; `init`, `status` and `replace` are what `sluice pool` does.
 
 mod admin;
 mod background;
@@ -22,10 +22,12 @@ mod member_client;
 mod member_io;
 mod open;
 mod pump;
+mod replace;
 mod requests;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
+pub use replace::{replace, Replaced};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
 pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Status};

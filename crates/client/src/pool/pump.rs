@@ -29,10 +29,12 @@ pub(crate) struct Shared<M: Member> {
     core: Mutex<Core<M>>,
     /// Time zero of the coordinator's clock.
     start: Instant,
-    pub(crate) uris: Vec<Uri>,
     pub(crate) options: M::Options,
     wake: mpsc::UnboundedSender<Wake>,
     stopped: watch::Sender<bool>,
+    /// The runtime member I/O runs on, so that the pool can be told things from any
+    /// thread (a reload replacing a member runs on a signal thread).
+    runtime: tokio::runtime::Handle,
 }
 
 pub(crate) struct Core<M> {
@@ -41,6 +43,8 @@ pub(crate) struct Core<M> {
     /// Resync buffers, from the read that fills them to their `Release`.
     copies: HashMap<CopyId, Arc<Vec<u8>>>,
     members: Vec<Slot<M>>,
+    /// Where each member is; one changes when a member is replaced.
+    pub(crate) uris: Vec<Uri>,
     /// The wake-up the background task sleeps towards.
     armed: Option<u64>,
     /// A stop began: no new requests, no reconnecting.
@@ -77,8 +81,9 @@ impl<M: Member> Shared<M> {
             }
             slots.push(Slot { client, ops: HashMap::new(), reconnecting });
         }
-        let core = Core { coord, requests: HashMap::new(), copies: HashMap::new(), members: slots, armed: None, closed: false };
-        let shared = Shared { core: Mutex::new(core), start, uris, options, wake, stopped: watch::Sender::new(false) };
+        let core = Core { coord, requests: HashMap::new(), copies: HashMap::new(), members: slots, uris, armed: None, closed: false };
+        let runtime = tokio::runtime::Handle::current();
+        let shared = Shared { core: Mutex::new(core), start, options, wake, stopped: watch::Sender::new(false), runtime };
         (Arc::new(shared), woken)
     }
 
@@ -141,7 +146,7 @@ impl<M: Member> Shared<M> {
             return;
         };
         let shared = self.clone();
-        let task = tokio::spawn(async move {
+        let task = self.runtime.spawn(async move {
             let result = member_io::run(&client, cmd, payload).await;
             shared.finish(member, op, sink, result);
         });
@@ -154,7 +159,7 @@ impl<M: Member> Shared<M> {
             core.members[member].ops.remove(&op);
             let outcome = match result {
                 Ok(bytes) => core.deliver(sink, bytes),
-                Err(e) => OpOutcome::Failed(format!("{}: {e}", self.uris[member])),
+                Err(e) => OpOutcome::Failed(format!("{}: {e}", core.uris[member])),
             };
             core.coord.handle(op, outcome, now);
         })
@@ -166,7 +171,7 @@ impl<M: Member> Shared<M> {
             op.abort();
         }
         if let Some(client) = slot.client.take() {
-            close(client);
+            self.close(client);
         }
         if !slot.reconnecting && !core.closed {
             slot.reconnecting = true;
@@ -174,16 +179,37 @@ impl<M: Member> Shared<M> {
         }
     }
 
-    /// A dropped member answers again, with `found` in its metadata area.
-    pub(crate) fn member_back(self: &Arc<Self>, member: usize, client: M, found: Found) {
+    /// A dropped member answers again at `uri`, with `found` in its metadata area. False
+    /// when the member was replaced meanwhile (another server is now in its place): the
+    /// connection is closed and the caller goes on trying the new address.
+    pub(crate) fn member_back(self: &Arc<Self>, member: usize, uri: &Uri, client: M, found: Found) -> bool {
         self.run(|core, now| {
+            if core.uris[member] != *uri && !core.closed {
+                self.close(client);
+                return false;
+            }
             core.members[member].reconnecting = false;
             if core.closed {
-                close(client);
-                return;
+                self.close(client);
+                return true;
             }
             core.members[member].client = Some(client);
             core.coord.member_back(member, found, now);
+            true
+        })
+    }
+
+    /// Puts the server at `uri` in `member`'s place: the old one is dropped, and the new one
+    /// is connected (with backoff, as a returning member) and rebuilt in full.
+    pub(crate) fn replace(self: &Arc<Self>, member: usize, uri: Uri) -> Result<(), Error> {
+        self.run(|core, now| {
+            if core.closed {
+                return Err(Error::Closed);
+            }
+            core.coord.replace_member(member, now).map_err(Error::Refused)?;
+            log::info!("pool member {} replaced by {uri}", core.uris[member]);
+            core.uris[member] = uri;
+            Ok(())
         })
     }
 
@@ -204,11 +230,13 @@ impl<M: Member> Shared<M> {
     }
 }
 
-/// Disconnects a member in the background; one that stalls is given up on after a while.
-fn close<M: Member>(client: M) {
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(Duration::from_secs(1), client.disconnect()).await;
-    });
+impl<M: Member> Shared<M> {
+    /// Disconnects a member in the background; one that stalls is given up on after a while.
+    fn close(&self, client: M) {
+        self.runtime.spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.disconnect()).await;
+        });
+    }
 }
 
 impl<M> Core<M> {

@@ -47,6 +47,18 @@ impl Coordinator {
         let map = Map { layout: spec.layout, unit: auth.stripe_unit, copies: spec.copies, sets: spec.sets(), member_bytes: auth.member_bytes };
         let regions = auth.regions();
         let bits = dirty_union(&sbs, &found, &auth);
+        let dirty = bits.iter().map(|w| w.count_ones() as u64).sum::<u64>();
+        if !missing.is_empty() && auth.owner.session != 0 && dirty > 0 {
+            // md's "dirty degraded" rule: copies may differ where the last coordinator was
+            // writing, and the missing member may be the copy an earlier coordinator served
+            // those regions from; without it, reads could change under a client.
+            return Err(format!(
+                "the pool was not stopped cleanly ({} pid {} owned it) and copies may differ in {dirty} region(s) it was writing; a degraded start without {} could serve other data there than was read before: bring them back first",
+                auth.owner.host,
+                auth.owner.pid,
+                missing.join(", ")
+            ));
+        }
         let blocks = 1 + bitmap_blocks(regions) as usize;
         let members = (0..found.len())
             .map(|i| Member {

@@ -91,6 +91,40 @@ impl Coordinator {
         self.jobs_lost_member(member);
     }
 
+    /// Why `member` cannot be replaced now, if it cannot: a stripe has no other copy to
+    /// rebuild a new member from, nor has a set whose only in-sync member it is.
+    pub(super) fn replace_refusal(&self, member: usize) -> Option<String> {
+        if member >= self.members.len() {
+            return Some(format!("there is no member {member}"));
+        }
+        if !self.redundant() {
+            return Some("a stripe keeps one copy of every unit, so there is nothing to rebuild a new member from".into());
+        }
+        let set = self.map.set_of(member);
+        if !self.map.members_of(set).any(|x| x != member && self.members[x].in_sync()) {
+            return Some(format!("no other member of its set is in sync, so there is nothing to rebuild a new member from (set {set})"));
+        }
+        None
+    }
+
+    /// A new member takes `member`'s place: the old one is dropped if connected, and the
+    /// place is recorded missing with no history, so the new one is rebuilt in full from
+    /// its set when the driver hands it back (`member_back`).
+    pub(super) fn replace(&mut self, member: usize) {
+        if self.members[member].connected {
+            self.fail_member(member, "replaced");
+        } else {
+            // Not connected: its operations were settled when it went, and the driver has
+            // no connection to it; the drop restarts the driver's reconnecting (to the new
+            // member, once it knows the new address).
+            self.actions.push_back(Action::Drop { member });
+        }
+        self.members[member].role = Role::Missing { since: u64::MAX };
+        self.events += 1;
+        self.gen[0] += 1;
+        self.log_member(member, "replaced: the new member is rebuilt in full from its set once it answers");
+    }
+
     /// A dropped member answers again with `found` in its metadata area.
     pub(super) fn rejoin(&mut self, member: usize, found: Found) {
         let sb = match Superblock::decode(&found.meta) {

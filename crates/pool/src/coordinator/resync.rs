@@ -324,8 +324,17 @@ impl Coordinator {
                 if busy || flushing {
                     return false;
                 }
+                // Copies a crash left unequal and not yet reconciled must not be taken for
+                // equal by the next coordinator: it finds the pool owned, as after a crash,
+                // and reconciles them again.
+                let reconciling = self.jobs.iter().flatten().any(|j| j.kind == JobKind::Reconcile);
                 self.jobs.iter_mut().for_each(|j| *j = None);
-                if !self.redundant() || self.fenced.is_some() {
+                if reconciling && self.fenced.is_none() {
+                    self.actions.push_back(Action::Log {
+                        text: "stopping before the copies a crash left unequal were reconciled: the pool stays owned, and the next start reconciles them".into(),
+                    });
+                }
+                if !self.redundant() || self.fenced.is_some() || reconciling {
                     self.stopping = Stopping::Stopped;
                     return true;
                 }

@@ -11,6 +11,7 @@
 
 mod member;
 mod model;
+mod restart;
 
 use std::collections::BTreeMap;
 
@@ -31,6 +32,10 @@ pub struct Report {
     pub coordinator_crashes: u64,
     /// Coordinators assembled with a member left out (`--degraded`).
     pub degraded_starts: u64,
+    /// Members replaced by blank ones.
+    pub replacements: u64,
+    /// Coordinators stopped cleanly and assembled again mid-run.
+    pub clean_restarts: u64,
     pub resynced_bytes: u64,
 }
 
@@ -107,7 +112,9 @@ pub fn run(rng: Rng) -> Result<Report, String> {
     };
     w.pump()?;
     for _ in 0..STEPS {
-        w.step(true)?;
+        if let Err(e) = w.step(true) {
+            return Err(w.explain(e));
+        }
     }
     w.settle().map_err(|e| w.explain(e))?;
     w.verify().map_err(|e| w.explain(e))?;
@@ -232,7 +239,7 @@ impl World {
     fn fault(&mut self) -> Result<(), String> {
         self.report.faults += 1;
         if self.rng.below(6) == 0 {
-            return self.crash_coordinator();
+            return if self.rng.below(3) == 0 { self.restart_cleanly() } else { self.crash_coordinator() };
         }
         let status = self.coord.status();
         let redundant = self.spec.layout.redundant();
@@ -248,6 +255,9 @@ impl World {
         }
         let m = candidates[self.rng.below(candidates.len() as u64) as usize];
         let until = self.now + 100 + self.rng.below(1_500);
+        if redundant && self.rng.below(8) == 0 {
+            return self.replace(m);
+        }
         match self.rng.below(3) {
             0 => {
                 let power = redundant && self.rng.below(2) == 0;
@@ -265,74 +275,6 @@ impl World {
             }
         }
         Ok(())
-    }
-
-    /// The coordinator dies: what it had sent was processed or not; unanswered writes may
-    /// or may not have landed. A new one is assembled once every member answers.
-    fn crash_coordinator(&mut self) -> Result<(), String> {
-        self.log.push(format!("{} coordinator crashes", self.now));
-        self.report.coordinator_crashes += 1;
-        self.report.resynced_bytes += self.coord.status().resynced_bytes;
-        for m in &mut self.members {
-            for p in std::mem::take(&mut m.queue) {
-                if self.rng.below(2) == 0 {
-                    m.apply(&p);
-                }
-            }
-            m.health = Health::Up;
-            m.dropped = false;
-            m.fail_next = false;
-            m.conn += 1;
-        }
-        for (_, r) in std::mem::take(&mut self.reqs) {
-            // Unanswered writes may or may not have landed; unanswered reads are nobody's.
-            match r.cmd {
-                Command::Read { offset, len } => self.model.release(offset, len),
-                _ => self.finish_request(r, false)?,
-            }
-        }
-        self.copies.clear();
-        self.sessions += 1;
-        let found: Vec<Option<Found>> = self.members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
-        if !self.assemble_degraded(&found)? {
-            self.coord = Coordinator::assemble(&self.spec, found, session(self.sessions), false, self.now)?;
-        }
-        let states: Vec<MemberState> = self.coord.status().members.iter().map(|m| m.state).collect();
-        self.log.push(format!("{} assembled again: {states:?}", self.now));
-        Ok(())
-    }
-
-    /// Sometimes the new coordinator starts without one member (`--degraded`), as an
-    /// operator does who knows it holds nothing newer than the others: its superblock's
-    /// event count is no higher than theirs. The member is taken back later, like one
-    /// that was dropped. False when no member was left out (or the pool refused).
-    fn assemble_degraded(&mut self, found: &[Option<Found>]) -> Result<bool, String> {
-        if !self.spec.layout.redundant() || self.rng.below(3) != 0 {
-            return Ok(false);
-        }
-        let m = self.rng.below(self.members.len() as u64) as usize;
-        let events = |i: usize| Superblock::decode(&self.members[i].meta).ok().flatten().map_or(0, |sb| sb.events);
-        let newest_other = (0..self.members.len()).filter(|&i| i != m).map(events).max().unwrap_or(0);
-        if events(m) > newest_other {
-            return Ok(false);
-        }
-        let mut partial = found.to_vec();
-        partial[m] = None;
-        match Coordinator::assemble(&self.spec, partial, session(self.sessions), true, self.now) {
-            Ok(c) => {
-                self.coord = c;
-                self.members[m].dropped = true;
-                self.members[m].retry_at = self.now + 100 + self.rng.below(1000);
-                self.report.degraded_starts += 1;
-                self.log.push(format!("{} assembled degraded, without member {m}", self.now));
-                Ok(true)
-            }
-            Err(e) if e.contains("is in sync") => {
-                self.log.push(format!("{} degraded assembly without member {m} refused: {e}", self.now));
-                Ok(false)
-            }
-            Err(e) => Err(format!("degraded assembly without member {m}: {e}")),
-        }
     }
 
     /// Members the coordinator dropped are taken back once they answer and have drained
@@ -440,6 +382,24 @@ impl World {
         Err(format!("the pool did not settle in {SETTLE_STEPS_MAX} steps"))
     }
 
+    /// Stops the coordinator cleanly: requests in flight finish, and it says it is stopped.
+    fn stop_cleanly(&mut self) -> Result<(), String> {
+        self.coord.stop(self.now);
+        self.pump()?;
+        for _ in 0..SETTLE_STEPS_MAX {
+            if self.coord.is_stopped() {
+                return Ok(());
+            }
+            if self.members.iter().all(|m| m.queue.is_empty()) {
+                let t = self.coord.next_wakeup().unwrap_or(self.now).max(self.now + 1);
+                self.log.push(format!("{} stop: idle, time jumps to {t}", self.now));
+                self.now = t;
+            }
+            self.step(false)?;
+        }
+        Err("the clean stop did not finish".into())
+    }
+
     /// With everything healed: every sector reads back, copies agree, and a clean stop
     /// releases the pool.
     fn verify(&mut self) -> Result<(), String> {
@@ -468,22 +428,7 @@ impl World {
                 }
             }
         }
-        self.coord.stop(self.now);
-        self.pump()?;
-        for _ in 0..SETTLE_STEPS_MAX {
-            if self.coord.is_stopped() {
-                break;
-            }
-            if self.members.iter().all(|m| m.queue.is_empty()) {
-                let t = self.coord.next_wakeup().unwrap_or(self.now).max(self.now + 1);
-                self.log.push(format!("{} stop: idle, time jumps to {t}", self.now));
-                self.now = t;
-            }
-            self.step(false)?;
-        }
-        if !self.coord.is_stopped() {
-            return Err("the clean stop did not finish".into());
-        }
+        self.stop_cleanly()?;
         for (i, m) in self.members.iter().enumerate() {
             match Superblock::decode(&m.meta[..META_BYTES as usize]) {
                 Ok(Some(sb)) if sb.owner.session == 0 || !self.spec.layout.redundant() => {}
@@ -508,11 +453,13 @@ mod tests {
             totals.faults += r.faults;
             totals.coordinator_crashes += r.coordinator_crashes;
             totals.degraded_starts += r.degraded_starts;
+            totals.replacements += r.replacements;
             totals.resynced_bytes += r.resynced_bytes;
         }
         // The runs must actually have exercised failures, not just passed quietly.
         assert!(totals.faults > seeds / 2 && totals.coordinator_crashes > 0 && totals.resynced_bytes > 0, "{totals:?}");
         assert!(seeds < 20 || totals.degraded_starts > 0, "no run started degraded: {totals:?}");
+        assert!(seeds < 20 || totals.replacements > 0, "no run replaced a member: {totals:?}");
     }
 }
 

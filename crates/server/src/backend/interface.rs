@@ -88,4 +88,10 @@ pub trait Backend: Send + Sync {
     fn pool_status(&self) -> Option<sluice_client::pool::Status> {
         None
     }
+
+    /// The client of the pool behind this backend, for a reload that moves its members;
+    /// `None` for anything but a pool.
+    fn pool_client(&self) -> Option<&sluice_client::Client> {
+        None
+    }
 }

@@ -147,6 +147,10 @@ impl Backend for RemoteBackend {
         self.remote.client.pool_status()
     }
 
+    fn pool_client(&self) -> Option<&sluice_client::Client> {
+        (self.kind == "pool").then_some(&self.remote.client)
+    }
+
     fn size(&self) -> u64 {
         self.remote.client.size()
     }
