@@ -48,8 +48,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Expose an export as a single file through FUSE (for losetup, mkfs, mount).
     Mount(mount::MountArgs),
-    /// Create a pool (one volume striped and mirrored over several NBD servers) or show
-    /// its state.
+    /// Create a pool (one volume striped and mirrored over several NBD servers), show its
+    /// state, or put another server in a member's place.
     Pool(pool::PoolArgs),
     /// Attach an export as a kernel block device (/dev/nbdN) that rides through server
     /// restarts, or list the attached devices.
