@@ -101,9 +101,14 @@ fn moves(path: &str, client: &sluice_client::Client) -> Result<Vec<(usize, Uri)>
     for (i, (wanted, current)) in spec.members.iter().zip(&now).enumerate() {
         let uri = Uri::parse(wanted).map_err(|e| format!("member {} ({wanted}): {e}", i + 1))?;
         if uri != *current {
-            client.replace_pool_member(i, &uri, true).map_err(|e| format!("member {} cannot be replaced by {wanted} now: {e}", i + 1))?;
             moves.push((i, uri));
         }
+    }
+    // All together: two moves in one set may each be possible alone and not both.
+    let places: Vec<usize> = moves.iter().map(|(i, _)| *i).collect();
+    if !places.is_empty() {
+        let named: Vec<String> = places.iter().map(|i| (i + 1).to_string()).collect();
+        client.check_pool_replacements(&places).map_err(|e| format!("member(s) {} cannot be replaced now: {e}", named.join(", ")))?;
     }
     Ok(moves)
 }
@@ -114,7 +119,7 @@ pub fn apply_pool_moves(all: Vec<PoolMoves>) {
     for p in all {
         let Some(client) = p.export.backend.pool_client() else { continue };
         for (i, uri) in p.moves {
-            match client.replace_pool_member(i, &uri, false) {
+            match client.replace_pool_member(i, &uri) {
                 Ok(()) => log::info!("export {:?}: pool member {} is now {uri}; it is rebuilt once it answers", p.export.name, i + 1),
                 Err(e) => log::error!("export {:?}: pool member {} was not replaced by {uri}: {e}", p.export.name, i + 1),
             }

@@ -362,3 +362,49 @@ fn with_tls_offered_a_plaintext_client_matches_no_tls_rule() {
     let e = c.go("open", true, false);
     assert_eq!(e.size, 1 << 20);
 }
+
+/// Connects over TCP, sends STARTTLS, and runs a TLS 1.3 handshake offering only `suite`,
+/// with `identity` and `key` as the client's pre-shared key (the server's certificate is
+/// not checked); then asks GO for `export` and returns the final reply's type.
+fn go_with_psk(s: &Sluice, suite: &str, identity: &'static str, key: Vec<u8>, export: &str) -> u32 {
+    use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode, SslVersion};
+    let mut c = Client::tcp(s.port);
+    c.start();
+    assert_eq!(c.ask(OPT_STARTTLS, &[]).last().unwrap().kind, REP_ACK);
+    let Stream::Tcp(tcp) = std::mem::replace(&mut c.stream, Stream::Upgrading) else { panic!("a TCP client") };
+    let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    b.set_verify(SslVerifyMode::NONE);
+    b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+    b.set_ciphersuites(suite).unwrap();
+    b.set_psk_client_callback(move |_, _hint, id, out| {
+        id[..identity.len()].copy_from_slice(identity.as_bytes());
+        id[identity.len()] = 0;
+        out[..key.len()].copy_from_slice(&key);
+        Ok(key.len())
+    });
+    let connector = b.build().configure().unwrap().verify_hostname(false).use_server_name_indication(false);
+    match connector.connect("localhost", tcp) {
+        Ok(tls) => c.stream = Stream::Tls(Box::new(tls)),
+        Err(_) => return u32::MAX,
+    }
+    c.ask(OPT_GO, &info_data(export, &[])).last().unwrap().kind
+}
+
+#[test]
+fn a_psk_identity_counts_only_when_the_client_proved_it_holds_the_key() {
+    require!("certtool", "psktool");
+    let keys = Keys::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let file = config(dir.path(), "tls = \"require\"\n[[export]]\nname = \"vm7\"\nspec = \"memory:1M\"\nallow = [\"psk:alice\"]\n");
+    let s = start_with(&file, &["--tls-certificates", keys.server_dir().to_str().unwrap(), "--tls-psk", keys.psk_file().to_str().unwrap()]);
+    let psk = std::fs::read_to_string(keys.psk_file()).unwrap();
+    let hex = psk.lines().find_map(|l| l.strip_prefix("alice:")).expect("alice's key").trim().to_owned();
+    let key: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+    // The key holder, with the SHA-256 suite PSKs pair with: served.
+    assert_eq!(go_with_psk(&s, "TLS_AES_128_GCM_SHA256", "alice", key.clone(), "vm7"), REP_ACK);
+    // Naming alice without her key, with a suite whose hash makes OpenSSL drop the PSK
+    // unchecked and fall back to the certificate: TLS may succeed, but not as alice.
+    let forged = go_with_psk(&s, "TLS_AES_256_GCM_SHA384", "alice", vec![0x5a; 32], "vm7");
+    assert!(forged == REP_ERR_UNKNOWN || forged == u32::MAX, "a client without alice's key opened vm7 (reply {forged:#x})");
+    assert_eq!(s.log_text().matches("opened export \"vm7\"").count(), 1, "only the key holder opened vm7:\n{}", s.log_text());
+}

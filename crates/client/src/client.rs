@@ -467,14 +467,21 @@ impl Client {
 
     /// For a pool: puts the server at `uri` in member `index`'s place. The old member is
     /// dropped; the new one is connected in the background and rebuilt in full from the
-    /// other copies of its set. With `check_only`, only says whether that could be done now.
-    /// Refused for a stripe, for the only in-sync member of a set, and for anything but a
-    /// pool.
-    pub fn replace_pool_member(&self, index: usize, uri: &Uri, check_only: bool) -> Result<(), Error> {
+    /// other copies of its set. Refused for a stripe, for the only in-sync member of a set,
+    /// and for anything but a pool.
+    pub fn replace_pool_member(&self, index: usize, uri: &Uri) -> Result<(), Error> {
         match &self.inner.transport {
             Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
-            Transport::Pool(pool) if check_only => pool.can_replace(index),
             Transport::Pool(pool) => pool.replace(index, uri.clone()),
+        }
+    }
+
+    /// For a pool: whether the members at `indexes` could all be replaced now (each set
+    /// keeping an in-sync member that stays): Ok, or why not.
+    pub fn check_pool_replacements(&self, indexes: &[usize]) -> Result<(), Error> {
+        match &self.inner.transport {
+            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Pool(pool) => pool.can_replace(indexes),
         }
     }
 

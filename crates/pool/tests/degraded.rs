@@ -123,7 +123,7 @@ fn a_pool_left_dirty_by_a_crash_is_not_started_degraded() {
     // The coordinator dies here: its region is still dirty, its session still the owner.
     drop(c);
     let e = Coordinator::assemble(&s, without(&found, &[1]), session(), true, 0).err().unwrap();
-    assert!(e.contains("not stopped cleanly") && e.contains("nbd://node1/disk"), "{e}");
+    assert!(e.contains("did not stop cleanly") && e.contains("nbd://node1/disk"), "{e}");
     // With every member back, the pool reconciles and serves.
     assert!(Coordinator::assemble(&s, without(&found, &[]), session(), false, 0).is_ok());
 }

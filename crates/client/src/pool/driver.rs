@@ -84,9 +84,9 @@ impl<M: Member> PoolDriver<M> {
         self.shared.look(|core| core.uris.clone())
     }
 
-    /// Whether `member` could be replaced now: Ok, or why not.
-    pub(crate) fn can_replace(&self, member: usize) -> Result<(), Error> {
-        self.shared.look(|core| core.coord.can_replace(member)).map_err(Error::Refused)
+    /// Whether `members` could all be replaced now: Ok, or why not.
+    pub(crate) fn can_replace(&self, members: &[usize]) -> Result<(), Error> {
+        self.shared.look(|core| core.coord.can_replace(members)).map_err(Error::Refused)
     }
 
     /// The pool's state now: members, resync progress, dirty regions.

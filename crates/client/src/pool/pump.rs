@@ -156,7 +156,11 @@ impl<M: Member> Shared<M> {
     /// A member operation's task is done.
     fn finish(self: &Arc<Self>, member: usize, op: OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>) {
         self.run(|core, now| {
-            core.members[member].ops.remove(&op);
+            if core.members[member].ops.remove(&op).is_none() {
+                // Settled already: the member was dropped (its operations failed with it) and
+                // this task finished before its abort took. Its bytes are nobody's now.
+                return;
+            }
             let outcome = match result {
                 Ok(bytes) => core.deliver(sink, bytes),
                 Err(e) => OpOutcome::Failed(format!("{}: {e}", core.uris[member])),
@@ -206,7 +210,7 @@ impl<M: Member> Shared<M> {
             if core.closed {
                 return Err(Error::Closed);
             }
-            core.coord.replace_member(member, now).map_err(Error::Refused)?;
+            core.coord.replace_member(member, &uri.to_string(), now).map_err(Error::Refused)?;
             log::info!("pool member {} replaced by {uri}", core.uris[member]);
             core.uris[member] = uri;
             Ok(())

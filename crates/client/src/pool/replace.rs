@@ -44,7 +44,13 @@ pub async fn replace(path: &Path, old: &str, new: &str, force: bool, progress: i
     let text = std::fs::read_to_string(path).map_err(|e| Error::Pool(format!("cannot read {}: {e}", path.display())))?;
     let edited = sluice_pool::spec::replace_member_in_text(&text, old, new).map_err(Error::Pool)?;
     write_in_place(path, &edited)?;
-    rebuild(path, new, progress).await
+    rebuild(path, new, progress).await.map_err(|e| {
+        let why = format!("the pool file now names {new} in {old}'s place, but the pool could not be assembled here to rebuild it ({e}); start the pool (with --degraded if a member is missing) and it rebuilds {new}");
+        match e {
+            Error::Refused(_) => Error::Refused(why),
+            _ => Error::Pool(why),
+        }
+    })
 }
 
 /// A stripe has no other copy to rebuild from, nor has a set whose only in-sync member
@@ -92,16 +98,30 @@ async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error>
     result
 }
 
-/// Writes `text` to `path` through a temporary file beside it and a rename, so that a
-/// crash leaves the old file or the new one, never half of one.
+/// Writes `text` to `path` (the file a symbolic link points to, when it is one) through a
+/// temporary file beside it, synced, then renamed over it, so that a crash leaves the old
+/// file or the new one, never half of one; the file keeps its mode and owner.
 fn write_in_place(path: &Path, text: &str) -> Result<(), Error> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let fail = |e: std::io::Error| Error::Pool(format!("cannot write {}: {e}", path.display()));
-    let tmp = path.with_extension("toml.sluice-new");
-    std::fs::write(&tmp, text).map_err(fail)?;
-    if let Ok(meta) = std::fs::metadata(path) {
-        std::fs::set_permissions(&tmp, meta.permissions()).map_err(fail)?;
+    let path = std::fs::canonicalize(path).map_err(fail)?;
+    let meta = std::fs::metadata(&path).map_err(fail)?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let name = path.file_name().map_or_else(Default::default, |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{name}.sluice-{}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(meta.mode() & 0o7777).open(&tmp)?;
+        std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid()))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    std::fs::rename(&tmp, path).map_err(fail)
+    written.map_err(fail)
 }
 
 /// Assembles the pool here and waits until the new member is in sync, then stops cleanly;

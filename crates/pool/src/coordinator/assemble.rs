@@ -53,7 +53,7 @@ impl Coordinator {
             // writing, and the missing member may be the copy an earlier coordinator served
             // those regions from; without it, reads could change under a client.
             return Err(format!(
-                "the pool was not stopped cleanly ({} pid {} owned it) and copies may differ in {dirty} region(s) it was writing; a degraded start without {} could serve other data there than was read before: bring them back first",
+                "the pool's last coordinator ({} pid {}) did not stop cleanly (it crashed, or stopped before reconciling the copies an earlier crash left unequal), so copies may differ in {dirty} region(s); a degraded start without {} could serve other data there than was read before: bring them back first",
                 auth.owner.host,
                 auth.owner.pid,
                 missing.join(", ")

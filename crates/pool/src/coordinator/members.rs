@@ -91,18 +91,21 @@ impl Coordinator {
         self.jobs_lost_member(member);
     }
 
-    /// Why `member` cannot be replaced now, if it cannot: a stripe has no other copy to
-    /// rebuild a new member from, nor has a set whose only in-sync member it is.
-    pub(super) fn replace_refusal(&self, member: usize) -> Option<String> {
-        if member >= self.members.len() {
-            return Some(format!("there is no member {member}"));
+    /// Why `members` cannot all be replaced now, if they cannot: a stripe has no other copy
+    /// to rebuild a new member from, nor has a set left without an in-sync member that
+    /// stays.
+    pub(super) fn replace_refusal(&self, members: &[usize]) -> Option<String> {
+        if let Some(m) = members.iter().find(|&&m| m >= self.members.len()) {
+            return Some(format!("there is no member {m}"));
         }
         if !self.redundant() {
             return Some("a stripe keeps one copy of every unit, so there is nothing to rebuild a new member from".into());
         }
-        let set = self.map.set_of(member);
-        if !self.map.members_of(set).any(|x| x != member && self.members[x].in_sync()) {
-            return Some(format!("no other member of its set is in sync, so there is nothing to rebuild a new member from (set {set})"));
+        for &m in members {
+            let set = self.map.set_of(m);
+            if !self.map.members_of(set).any(|x| !members.contains(&x) && self.members[x].in_sync()) {
+                return Some(format!("no member of set {set} that stays is in sync, so there is nothing to rebuild a new member from"));
+            }
         }
         None
     }

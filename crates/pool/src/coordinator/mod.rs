@@ -127,19 +127,21 @@ impl Coordinator {
         self.advance();
     }
 
-    /// Whether `member` could be replaced now: Ok, or why not (see `replace_member`).
-    pub fn can_replace(&self, member: usize) -> Result<(), String> {
-        self.replace_refusal(member).map_or(Ok(()), Err)
+    /// Whether `members` could all be replaced now: Ok, or why not (see `replace_member`).
+    pub fn can_replace(&self, members: &[usize]) -> Result<(), String> {
+        self.replace_refusal(members).map_or(Ok(()), Err)
     }
 
-    /// Puts a new member in `member`'s place (the pool file now names another server
-    /// there): the old one is dropped, and the new one, connected by the driver and handed
+    /// Puts a new member, at `uri`, in `member`'s place (the pool file now names another
+    /// server there): the old one is dropped, and the new one, connected by the driver and handed
     /// over with `member_back`, is rebuilt in full from the other copies of its set.
     /// Refused for a stripe, and for the only in-sync member of a set.
-    pub fn replace_member(&mut self, member: usize, now: u64) -> Result<(), String> {
-        self.can_replace(member)?;
+    pub fn replace_member(&mut self, member: usize, uri: &str, now: u64) -> Result<(), String> {
+        self.can_replace(&[member])?;
         self.now = self.now.max(now);
         self.replace(member);
+        // Logs and status name the member where it is now.
+        self.spec.members[member] = uri.to_owned();
         self.advance();
         Ok(())
     }

@@ -13,7 +13,7 @@ impl World {
     pub(super) fn replace(&mut self, m: usize) -> Result<(), String> {
         self.log.push(format!("{} member {m} is replaced by a blank one", self.now));
         self.report.replacements += 1;
-        self.coord.replace_member(m, self.now)?;
+        self.coord.replace_member(m, &format!("sim://member{m}"), self.now)?;
         let conn = self.members[m].conn + 1;
         self.members[m] = SimMember::new(MEMBER_DATA_BYTES);
         let new = &mut self.members[m];
@@ -104,7 +104,7 @@ impl World {
                 self.log.push(format!("{} assembled degraded, without member {m}", self.now));
                 Ok(true)
             }
-            Err(e) if e.contains("is in sync") || e.contains("not stopped cleanly") => {
+            Err(e) if e.contains("is in sync") || e.contains("did not stop cleanly") => {
                 self.log.push(format!("{} degraded assembly without member {m} refused: {e}", self.now));
                 Ok(false)
             }

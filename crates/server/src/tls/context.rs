@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use openssl::pkey::PKey;
-use openssl::ssl::{SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslVerifyMode, SslVersion};
+use openssl::ssl::{SslContext, SslContextBuilder, SslFiletype, SslMethod, SslOptions, SslSessionCacheMode, SslVerifyMode, SslVersion};
 use openssl::x509::store::X509Lookup;
 use openssl::x509::verify::X509VerifyFlags;
 use sluice_ktls::secrets;
@@ -81,6 +81,10 @@ impl TlsServer {
         // a time and leaves what follows in the socket for the kernel.
         b.set_options(SslOptions::NO_RENEGOTIATION | SslOptions::NO_TICKET | SslOptions::CIPHER_SERVER_PREFERENCE);
         b.set_num_tickets(0).map_err(fail)?;
+        // No session cache either: with no resumption at all, a TLS 1.3 session counts as
+        // "reused" only when an external PSK was accepted, which is how the access rules
+        // know the PSK identity is proven (identity.rs).
+        b.set_session_cache_mode(SslSessionCacheMode::OFF);
         b.set_cipher_list(TLS12_CIPHERS).map_err(fail)?;
         b.set_ciphersuites(tls13_suites()).map_err(fail)?;
         if let Some(dir) = certificates {

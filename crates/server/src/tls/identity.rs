@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use openssl::ex_data::Index;
 use openssl::nid::Nid;
-use openssl::ssl::{Ssl, SslRef};
+use openssl::ssl::{Ssl, SslRef, SslVersion};
 use openssl::x509::X509NameRef;
 
 use crate::access::Client;
@@ -26,6 +26,9 @@ pub fn describe(ssl: &SslRef) -> String {
 
 /// Where the PSK callback leaves the identity whose key it gave: OpenSSL's own record of it
 /// (SSL_get_psk_identity) is empty right after a TLS 1.3 handshake, when the rules need it.
+/// The callback runs before OpenSSL decides whether to use that key (it drops a PSK whose
+/// hash does not fit the suite, without checking that the client holds the key), so what
+/// it leaves counts only once the handshake shows the PSK was used (`psk_identity`).
 fn psk_index() -> Index<Ssl, String> {
     static INDEX: OnceLock<Index<Ssl, String>> = OnceLock::new();
     *INDEX.get_or_init(|| Ssl::new_ex_index().expect("OpenSSL has room for one more index"))
@@ -36,9 +39,16 @@ pub fn remember_psk(ssl: &mut SslRef, identity: &str) {
     ssl.set_ex_data(psk_index(), identity.to_owned());
 }
 
+/// The PSK identity the client proved it holds the key of, if it authenticated with one.
+/// TLS 1.3: the session was "reused", which (with no tickets and no session cache) only an
+/// external PSK whose binder verified makes it; OpenSSL tries the identities a client offers
+/// in order and stops at the one it uses, so the callback's last identity is that one.
+/// TLS 1.2: OpenSSL records the identity only in a PSK key exchange.
 fn psk_identity(ssl: &SslRef) -> Option<String> {
-    let remembered = ssl.ex_data(psk_index()).cloned();
-    remembered.or_else(|| ssl.psk_identity().map(|id| String::from_utf8_lossy(id).into_owned()))
+    if ssl.version2() == Some(SslVersion::TLS1_3) {
+        return ssl.session_reused().then(|| ssl.ex_data(psk_index()).cloned()).flatten();
+    }
+    ssl.psk_identity().map(|id| String::from_utf8_lossy(id).into_owned())
 }
 
 /// What access rules may know of a TLS client: its PSK identity, or its certificate's
