@@ -125,6 +125,10 @@ impl Coordinator {
             if !self.members[m].connected {
                 let since = match role {
                     Role::Missing { since } => since,
+                    // No history can make an interrupted full rebuild partial (a replaced
+                    // member whose copying a clean stop cut short, left out of a degraded
+                    // start): it lacks whatever was not copied yet, dirty or not.
+                    Role::Rebuilding { full: true, .. } => u64::MAX,
                     _ => auth.events,
                 };
                 self.members[m].role = Role::Missing { since };

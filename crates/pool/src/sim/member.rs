@@ -48,6 +48,9 @@ pub struct SimMember {
     pub retry_at: u64,
     /// Fail the next operation with an I/O error.
     pub fail_next: bool,
+    /// It lost power (and with it writes it had acknowledged but not flushed) and has not
+    /// been rebuilt since.
+    pub power_lost: bool,
     pub size: u64,
 }
 
@@ -74,6 +77,7 @@ impl SimMember {
             dropped: false,
             retry_at: 0,
             fail_next: false,
+            power_lost: false,
             size: META_BYTES + data_bytes,
         }
     }
@@ -166,6 +170,7 @@ impl SimMember {
             }
             self.meta.copy_from_slice(&self.meta_durable);
             self.meta_unflushed = false;
+            self.power_lost = true;
         }
         self.fail_next = false;
         self.health = Health::Down { until };

@@ -239,7 +239,11 @@ impl World {
     fn fault(&mut self) -> Result<(), String> {
         self.report.faults += 1;
         if self.rng.below(6) == 0 {
-            return if self.rng.below(3) == 0 { self.restart_cleanly() } else { self.crash_coordinator() };
+            if self.rng.below(3) == 0 {
+                return self.restart_cleanly();
+            }
+            // Forgetting an unrecorded power loss would be the set's second fault.
+            return if self.power_loss_unrecorded() { Ok(()) } else { self.crash_coordinator() };
         }
         let status = self.coord.status();
         let redundant = self.spec.layout.redundant();
@@ -275,6 +279,28 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// Whether a member lost power and no other member of its set records it yet as
+    /// anything but in sync. Only those others still hold the writes it lost (acknowledged,
+    /// not flushed); a coordinator that crashed then would leave the next one no way to
+    /// tell which copy is stale, and it reconciles from the first in-sync member of a set.
+    fn power_loss_unrecorded(&mut self) -> bool {
+        let status = self.coord.status();
+        let copies = self.spec.copies;
+        for (m, member) in self.members.iter_mut().enumerate() {
+            if status.members[m].state == MemberState::InSync {
+                // Rebuilt since (the last copy flushed before it counted as in sync).
+                member.power_lost = false;
+            }
+        }
+        (0..self.members.len()).filter(|&m| self.members[m].power_lost).any(|m| {
+            let set = m / copies * copies..(m / copies + 1) * copies;
+            !set.filter(|&x| x != m).any(|x| match Superblock::decode(&self.members[x].meta) {
+                Ok(Some(sb)) => sb.roles.get(m).is_some_and(|r| *r != crate::meta::Role::Active),
+                _ => false,
+            })
+        })
     }
 
     /// Members the coordinator dropped are taken back once they answer and have drained

@@ -32,11 +32,26 @@ impl World {
             return Err(format!("{} requests unanswered after a clean stop", self.reqs.len()));
         }
         self.report.clean_restarts += 1;
+        self.report.resynced_bytes += self.coord.status().resynced_bytes;
+        self.end_connections();
+        self.reassemble("after a clean stop")
+    }
+
+    /// The old coordinator's connections are gone. What it had sent on them and a member
+    /// has not carried out yet (everything sent to a member it dropped, a stalled one's
+    /// queue) was processed or not by the time the next coordinator reaches that member:
+    /// as when a dropped member is taken back, nothing of an old connection lands after
+    /// the new coordinator's operations.
+    fn end_connections(&mut self) {
         for m in &mut self.members {
+            for p in std::mem::take(&mut m.queue) {
+                if self.rng.below(2) == 0 {
+                    m.apply(&p);
+                }
+            }
             m.dropped = false;
             m.conn += 1;
         }
-        self.reassemble("after a clean stop")
     }
 
     /// A new coordinator, assembled from what the members hold now (perhaps degraded).
@@ -58,16 +73,10 @@ impl World {
         self.log.push(format!("{} coordinator crashes", self.now));
         self.report.coordinator_crashes += 1;
         self.report.resynced_bytes += self.coord.status().resynced_bytes;
+        self.end_connections();
         for m in &mut self.members {
-            for p in std::mem::take(&mut m.queue) {
-                if self.rng.below(2) == 0 {
-                    m.apply(&p);
-                }
-            }
             m.health = Health::Up;
-            m.dropped = false;
             m.fail_next = false;
-            m.conn += 1;
         }
         for (_, r) in std::mem::take(&mut self.reqs) {
             // Unanswered writes may or may not have landed; unanswered reads are nobody's.
