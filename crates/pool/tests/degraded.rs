@@ -137,7 +137,7 @@ fn a_replaced_member_left_out_mid_rebuild_is_rebuilt_in_full() {
     let mut found = formatted(&s);
     let mut c = Coordinator::assemble(&s, without(&found, &[]), session(), false, 0).unwrap();
     drive(&mut c, &mut found);
-    c.replace_member(1, 0).unwrap();
+    c.replace_member(1, "nbd://node9/disk", 0).unwrap();
     found[1].meta.fill(0);
     c.member_back(1, found[1].clone(), 0);
     drive(&mut c, &mut found);
