@@ -129,7 +129,7 @@ ext4_across_restart() {
     mount "$dev" /mnt/a && { verify_files /mnt/a || status=1; umount /mnt/a; }
     note "sluice attach: $(acked) writes acknowledged across a kill -9 and a restart 3 s later, none failed; $(grep -o 'reconnected after [0-9.]* s' /host/attach-ext4.log | head -n 1)"
     detach_dev "$dev" || status=1
-    kill "$(cat /tmp/pid-10809)"
+    stop_server 10809
     return $status
 }
 
@@ -158,7 +158,7 @@ nbd_client_beside() {
     note "nbd-client -t 15 beside it: the writer $([ $status = 0 ] && echo 'saw no error' || echo "failed: $(grep -iE 'error|failed' /tmp/writer.err | head -n 1)") after $(acked) acknowledged writes; the filesystem: $(dmesg | grep -oE 'EXT4-fs error.*|Remounting filesystem read-only' | tail -n 1)"
     umount -l /mnt/b 2>/dev/null
     nbd-client -d $dev
-    kill "$(cat /tmp/pid-10809)"
+    stop_server 10809
     return 0
 }
 
@@ -213,7 +213,7 @@ multi_conn_across_restart() {
     wait $fio || { echo "fio failed across the restart:"; cat /tmp/fio.out; status=1; }
     grep -q "reconnected after .* (4 connection" /host/attach-mc.log || { echo "no reconnection of 4 connections logged"; cat /host/attach-mc.log; status=1; }
     detach_dev "$dev" || status=1
-    kill "$(cat /tmp/pid-10813)"
+    stop_server 10813
     return $status
 }
 
@@ -229,7 +229,7 @@ pool_gateway_restart() {
     verify_blocks "$dev" || status=1
     note "pool gateway restart: $(acked) block writes acknowledged, none failed; $(grep -o 'reconnected after [0-9.]* s' /host/attach-pool.log | head -n 1)"
     detach_dev "$dev" || status=1
-    kill "$(cat /tmp/pid-10814)"
+    stop_server 10814
     return $status
 }
 
@@ -249,7 +249,7 @@ another_disk_is_refused() {
     timeout 60 dd if=/dev/zero of="$dev" bs=4k count=1 oflag=direct 2>/dev/null && { echo "a write reached the other disk"; status=1; }
     note "another disk under the same name: $(grep -o 'not reconnecting.*' /host/attach-swap.log | head -n 1)"
     detach_dev "$dev" || status=1
-    kill "$(cat /tmp/pid-10815)"
+    stop_server 10815
     return $status
 }
 
@@ -275,7 +275,7 @@ read_only() {
         detach_dev "$dev" || status=1
         [ -e /tmp/guardian.pid ] && { echo "the pid file outlived the guardian"; status=1; }
     done
-    kill "$(cat /tmp/pid-10816)"
+    stop_server 10816
     return $status
 }
 
@@ -293,7 +293,7 @@ tls_across_restart() {
     grep -q "reconnected after" /host/attach-tls.log || { echo "no reconnection logged"; status=1; }
     note "nbds:// through kTLS: $(acked) block writes acknowledged across the restart, none failed"
     detach_dev "$dev" || status=1
-    kill "$(cat /tmp/pid-10817)"
+    stop_server 10817
     return $status
 }
 

@@ -89,6 +89,21 @@ SLUICE=${SLUICE:-/target/release/sluice}
 # serve PORT LOG ARGS...: starts sluice in the background and waits (bounded) until it
 # accepts connections; its pid is in $served and (for callers that ran it inside a check,
 # in a subshell) in /tmp/pid-PORT.
+# Stops the server on PORT (SIGTERM) and waits, at most 15 s, until nothing listens there
+# any more: a server started next on the same port would otherwise fail to bind while
+# serve() found the old one still answering.
+stop_server() {
+    local port=$1 i=0
+    kill "$(cat /tmp/pid-$port)" 2>/dev/null
+    while (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; do
+        i=$((i + 1))
+        if [ $i -gt 150 ]; then
+            echo "the server on port $port still listens 15 s after SIGTERM"; return 1
+        fi
+        sleep 0.1
+    done
+}
+
 serve() {
     local port=$1 log=$2 i=0
     shift 2
