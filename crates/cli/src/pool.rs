@@ -53,6 +53,29 @@ enum PoolCommand {
   sluice pool replace pool:/etc/sluice/vol.toml nbd://10.0.0.2/disk nbd://10.0.0.9/disk
   systemctl reload sluice     # when a server serves the pool: it rebuilds the new member")]
     Replace(ReplaceArgs),
+    /// Add a spare: URI is checked (large enough, writable) and its metadata area blanked,
+    /// and it is added to the pool file's `spares`. A coordinator puts the first spare in
+    /// the place of a member missing for `spare-after` (default 60s) and rebuilds it. A
+    /// server that serves the pool uses it once reloaded (SIGHUP).
+    #[command(name = "add-spare", after_help = "EXAMPLES:
+  sluice pool add-spare pool:/etc/sluice/vol.toml nbd://10.0.0.9/disk
+  systemctl reload sluice     # when a server serves the pool: it takes the spare into account")]
+    AddSpare(AddSpareArgs),
+}
+
+#[derive(clap::Args)]
+struct AddSpareArgs {
+    /// The pool: pool:PATH, PATH being its pool file.
+    #[arg(value_name = "pool:PATH")]
+    pool: String,
+
+    /// The NBD URI of the spare.
+    #[arg(value_name = "URI")]
+    uri: String,
+
+    /// Blank URI's metadata even when it carries pool metadata (its pool loses that member).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(clap::Args)]
@@ -106,6 +129,7 @@ pub fn run(args: PoolArgs) -> ExitCode {
         PoolCommand::Init(a) => (&a.pool, "pool init"),
         PoolCommand::Status(a) => (&a.pool, "pool status"),
         PoolCommand::Replace(a) => (&a.pool, "pool replace"),
+        PoolCommand::AddSpare(a) => (&a.pool, "pool add-spare"),
     };
     let spec = match load(arg) {
         Ok(spec) => spec,
@@ -121,6 +145,15 @@ pub fn run(args: PoolArgs) -> ExitCode {
                 .await
                 .map(|(s, assembly)| pool_status::print(&s, &assembly, a.json)),
             PoolCommand::Replace(a) => replace(a).await,
+            PoolCommand::AddSpare(a) => {
+                let path = a.pool.strip_prefix("pool:").unwrap_or(&a.pool);
+                let served = pool::add_spare(std::path::Path::new(path), &a.uri, a.force).await?;
+                match served {
+                    None => println!("added spare {} to {path}", a.uri),
+                    Some(by) => println!("added spare {} to {path}; {by}: if it serves the pool, reload it (systemctl reload sluice, or SIGHUP) so that it takes the spare into account", a.uri),
+                }
+                Ok(())
+            }
         }
     });
     match result {

@@ -82,6 +82,12 @@ pub fn to_text(s: &Status) -> String {
     for m in &s.members {
         out += &format!("  {:width$}  {}\n", m.uri, state_text(m.state));
     }
+    if !s.spares.is_empty() {
+        out += &format!("spares:   {}\n", s.spares.join(", "));
+    }
+    if s.spares_taken > 0 {
+        out += &format!("taken:    {} spare(s) since this coordinator started\n", s.spares_taken);
+    }
     out
 }
 
@@ -113,6 +119,8 @@ pub fn to_json(s: &Status) -> Value {
         "resynced_bytes": s.resynced_bytes,
         "owner": s.owner,
         "members": members,
+        "spares": s.spares,
+        "spares_taken": s.spares_taken,
     })
 }
 
@@ -136,6 +144,8 @@ mod tests {
             region_bytes: 4 << 20,
             dirty_regions: 3,
             resynced_bytes: 0,
+            spares: Vec::new(),
+            spares_taken: 0,
             owner: None,
             members: vec![
                 member("nbd://a/d", MemberState::InSync),
@@ -187,6 +197,9 @@ members:
         };
         assert_eq!(to_json(&mirror)["stripe_unit"], Value::Null);
         assert!(to_text(&mirror).contains("layout:   mirror, 2 copies\n"));
+        let spared = Status { spares: vec!["nbd://s/d".into()], spares_taken: 1, ..sample() };
+        assert_eq!(to_json(&spared)["spares"][0], "nbd://s/d");
+        assert!(to_text(&spared).ends_with("spares:   nbd://s/d\ntaken:    1 spare(s) since this coordinator started\n"));
     }
 
     #[test]

@@ -63,10 +63,11 @@ impl Catalog {
 }
 
 /// Members a served pool's file now names in other places, checked against the running
-/// pool: applied once the rest of a reload has gone through.
+/// pool, and its spares: applied once the rest of a reload has gone through.
 pub struct PoolMoves {
     export: Arc<Export>,
     moves: Vec<(usize, Uri)>,
+    spares: Spares,
 }
 
 impl Catalog {
@@ -79,17 +80,19 @@ impl Catalog {
         for o in kept {
             let Spec::Remote(s) = &o.wanted.spec else { continue };
             let (Some(path), Some(client)) = (s.strip_prefix("pool:"), o.export.backend.pool_client()) else { continue };
-            let moves = moves(path, client).map_err(|e| format!("export {:?}: {s}: {e}", o.wanted.name))?;
-            if !moves.is_empty() {
-                all.push(PoolMoves { export: Arc::clone(&o.export), moves });
-            }
+            let (moves, spares) = moves(path, client).map_err(|e| format!("export {:?}: {s}: {e}", o.wanted.name))?;
+            all.push(PoolMoves { export: Arc::clone(&o.export), moves, spares });
         }
         Ok(all)
     }
 }
 
-/// Where the file at `path` names other members than the running pool has, each checked.
-fn moves(path: &str, client: &sluice_client::Client) -> Result<Vec<(usize, Uri)>, String> {
+/// Spares as a pool file names them, with `spare-after` in milliseconds.
+type Spares = (Vec<String>, u64);
+
+/// Where the file at `path` names other members than the running pool has, each checked,
+/// and the spares it names.
+fn moves(path: &str, client: &sluice_client::Client) -> Result<(Vec<(usize, Uri)>, Spares), String> {
     let spec = sluice_client::pool::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
     let now = client.pool_members().unwrap_or_default();
     let status = client.pool_status().ok_or("not a pool")?;
@@ -110,7 +113,7 @@ fn moves(path: &str, client: &sluice_client::Client) -> Result<Vec<(usize, Uri)>
         let named: Vec<String> = places.iter().map(|i| (i + 1).to_string()).collect();
         client.check_pool_replacements(&places).map_err(|e| format!("member(s) {} cannot be replaced now: {e}", named.join(", ")))?;
     }
-    Ok(moves)
+    Ok((moves, (spec.spares, spec.spare_after_ms)))
 }
 
 /// Puts each new member in its place; a pool that refuses now (its state moved since the
@@ -118,6 +121,13 @@ fn moves(path: &str, client: &sluice_client::Client) -> Result<Vec<(usize, Uri)>
 pub fn apply_pool_moves(all: Vec<PoolMoves>) {
     for p in all {
         let Some(client) = p.export.backend.pool_client() else { continue };
+        let (spares, after) = p.spares;
+        if client.pool_status().is_some_and(|s| s.spares != spares) {
+            log::info!("export {:?}: pool spares are now [{}], taken after {after} ms missing", p.export.name, spares.join(", "));
+        }
+        if let Err(e) = client.set_pool_spares(spares, after) {
+            log::error!("export {:?}: pool spares not set: {e}", p.export.name);
+        }
         for (i, uri) in p.moves {
             match client.replace_pool_member(i, &uri) {
                 Ok(()) => log::info!("export {:?}: pool member {} is now {uri}; it is rebuilt once it answers", p.export.name, i + 1),

@@ -476,6 +476,18 @@ impl Client {
         }
     }
 
+    /// For a pool: the servers that take the place of a member missing `spare_after_ms`
+    /// (in order), as the pool file names them now.
+    pub fn set_pool_spares(&self, spares: Vec<String>, spare_after_ms: u64) -> Result<(), Error> {
+        match &self.inner.transport {
+            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Pool(pool) => {
+                pool.set_spares(spares, spare_after_ms);
+                Ok(())
+            }
+        }
+    }
+
     /// For a pool: whether the members at `indexes` could all be replaced now (each set
     /// keeping an in-sync member that stays): Ok, or why not.
     pub fn check_pool_replacements(&self, indexes: &[usize]) -> Result<(), Error> {

@@ -23,6 +23,10 @@ pub const REGION_MIN_BYTES: u64 = 4 << 20;
 
 /// md and DRBD time a peer out after a few seconds; Linux's nbd waits 30 s, TCP hours.
 pub const MEMBER_TIMEOUT_DEFAULT_MS: u64 = 5_000;
+/// A member missing this long is replaced by a spare: longer than a reboot or a network
+/// blip takes (those come back and resync only dirty regions), short enough that the pool
+/// is not left without redundancy for long (md takes a spare at once).
+pub const SPARE_AFTER_DEFAULT_MS: u64 = 60_000;
 /// Background resync stays below this, so that it does not starve the volume's users.
 pub const RESYNC_RATE_DEFAULT_BYTES_PER_S: u64 = 128 << 20;
 /// A resync copies this much per step, with writes to the range held back meanwhile.

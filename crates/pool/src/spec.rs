@@ -5,12 +5,14 @@
 //! stripe-unit = "512K"       # stripe and raid10: power of two, >= 4K
 //! copies = 2                 # mirror and raid10 (default 2)
 //! members = ["nbd://10.0.0.1/disk", "nbd://10.0.0.2/disk"]
+//! spares = ["nbd://10.0.0.3/disk"]   # optional: take a missing member's place
+//! spare-after = "60s"        # optional: how long a member may be missing first
 //! ```
 
 use serde::Deserialize;
 
 use crate::limits::{
-    MEMBERS_MAX, MEMBER_TIMEOUT_DEFAULT_MS, RESYNC_RATE_DEFAULT_BYTES_PER_S, STRIPE_UNIT_DEFAULT_BYTES, STRIPE_UNIT_MAX_BYTES,
+    MEMBERS_MAX, MEMBER_TIMEOUT_DEFAULT_MS, SPARE_AFTER_DEFAULT_MS, RESYNC_RATE_DEFAULT_BYTES_PER_S, STRIPE_UNIT_DEFAULT_BYTES, STRIPE_UNIT_MAX_BYTES,
     STRIPE_UNIT_MIN_BYTES,
 };
 
@@ -65,6 +67,9 @@ pub struct PoolSpec {
     pub member_timeout_ms: u64,
     /// Upper bound on background resync traffic.
     pub resync_rate_bytes_per_s: u64,
+    /// Servers that take the place of a member missing for `spare_after_ms`, in order.
+    pub spares: Vec<String>,
+    pub spare_after_ms: u64,
 }
 
 /// A pool file's text with the member `old` replaced by `new`, and nothing else changed:
@@ -87,6 +92,9 @@ struct File {
     members: Vec<String>,
     member_timeout: Option<String>,
     resync_rate: Option<String>,
+    #[serde(default)]
+    spares: Vec<String>,
+    spare_after: Option<String>,
 }
 
 impl PoolSpec {
@@ -158,13 +166,72 @@ impl PoolSpec {
                 Ok(v) => v,
             },
         };
-        Ok(PoolSpec { layout: file.layout, stripe_unit, copies, members: file.members, member_timeout_ms, resync_rate_bytes_per_s })
+        check_spares(file.layout, &file.members, &file.spares)?;
+        let spare_after_ms = match &file.spare_after {
+            None => SPARE_AFTER_DEFAULT_MS,
+            Some(s) => parse_duration_ms(s).map_err(|e| format!("spare-after: {e}"))?,
+        };
+        Ok(PoolSpec {
+            layout: file.layout,
+            stripe_unit,
+            copies,
+            members: file.members,
+            member_timeout_ms,
+            resync_rate_bytes_per_s,
+            spares: file.spares,
+            spare_after_ms,
+        })
     }
 
     /// Mirror sets: each is `copies` consecutive members.
     pub fn sets(&self) -> usize {
         self.members.len() / self.copies
     }
+}
+
+/// Spares are for layouts that can rebuild a member, each listed once and not a member.
+fn check_spares(layout: Layout, members: &[String], spares: &[String]) -> Result<(), String> {
+    if !spares.is_empty() && !layout.redundant() {
+        return Err("spares make no sense for a stripe: it keeps one copy of every unit, so there is nothing to rebuild a spare from".into());
+    }
+    if spares.len() > MEMBERS_MAX {
+        return Err(format!("{} spares; at most {MEMBERS_MAX}", spares.len()));
+    }
+    for (i, s) in spares.iter().enumerate() {
+        if members.contains(s) {
+            return Err(format!("spare {s:?} is also a member"));
+        }
+        if spares[..i].contains(s) {
+            return Err(format!("spare {s:?} is listed twice"));
+        }
+    }
+    Ok(())
+}
+
+/// A pool file's text with `uri` added at the end of `spares` (the list is created when
+/// the file has none), and nothing else changed.
+pub fn add_spare_in_text(text: &str, uri: &str) -> Result<String, String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| e.to_string())?;
+    if doc.get("spares").is_none() {
+        doc["spares"] = toml_edit::value(toml_edit::Array::new());
+    }
+    let spares = doc.get_mut("spares").and_then(|m| m.as_array_mut()).ok_or("the pool file's spares is not a list")?;
+    if spares.iter().any(|v| v.as_str() == Some(uri)) {
+        return Err(format!("{uri} is a spare already"));
+    }
+    spares.push(uri);
+    Ok(doc.to_string())
+}
+
+/// A pool file's text after spare `spare` took member `old`'s place: it is named in the
+/// members list where `old` was, and no longer in `spares`.
+pub fn take_spare_in_text(text: &str, old: &str, spare: &str) -> Result<String, String> {
+    let replaced = replace_member_in_text(text, old, spare)?;
+    let mut doc: toml_edit::DocumentMut = replaced.parse().map_err(|e: toml_edit::TomlError| e.to_string())?;
+    if let Some(spares) = doc.get_mut("spares").and_then(|m| m.as_array_mut()) {
+        spares.retain(|v| v.as_str() != Some(spare));
+    }
+    Ok(doc.to_string())
 }
 
 fn sluice_size(s: &str) -> Result<u64, String> {
@@ -206,6 +273,19 @@ mod tests {
         assert!(e.contains("not in the members list"), "{e}");
     }
 
+    #[test]
+    fn spares_are_added_and_taken_in_the_text() {
+        let text = "layout = \"mirror\"  # rack 2\nmembers = [\"nbd://a/d\", \"nbd://b/d\"]\n";
+        let one = add_spare_in_text(text, "nbd://s1/d").unwrap();
+        let two = add_spare_in_text(&one, "nbd://s2/d").unwrap();
+        assert!(two.starts_with("layout = \"mirror\"  # rack 2\n"), "{two}");
+        let p = PoolSpec::parse(&two).unwrap();
+        assert_eq!((p.spares.clone(), p.spare_after_ms), (vec!["nbd://s1/d".to_string(), "nbd://s2/d".to_string()], 60_000));
+        assert!(add_spare_in_text(&two, "nbd://s2/d").unwrap_err().contains("already"));
+        let taken = PoolSpec::parse(&take_spare_in_text(&two, "nbd://b/d", "nbd://s1/d").unwrap()).unwrap();
+        assert_eq!((taken.members, taken.spares), (vec!["nbd://a/d".to_string(), "nbd://s1/d".to_string()], vec!["nbd://s2/d".to_string()]));
+    }
+
     fn members(n: usize) -> String {
         let list: Vec<String> = (0..n).map(|i| format!("\"nbd://h{i}/d\"")).collect();
         format!("members = [{}]", list.join(", "))
@@ -234,5 +314,9 @@ mod tests {
         assert!(err("layout = \"stripe\"\nmembers = [\"a\", \"a\"]".into()).contains("twice"));
         assert!(err("layout = \"stripe\"\nmembers = []".into()).contains("empty"));
         assert!(err(format!("layout = \"stripe\"\nmember-timeout = \"soon\"\n{}", members(2))).contains("duration"));
+        assert!(err(format!("layout = \"stripe\"\nspares = [\"nbd://s/d\"]\n{}", members(2))).contains("stripe"));
+        assert!(err(format!("layout = \"mirror\"\nspares = [\"nbd://h0/d\"]\n{}", members(2))).contains("also a member"));
+        assert!(err(format!("layout = \"mirror\"\nspares = [\"x\", \"x\"]\n{}", members(2))).contains("twice"));
+        assert!(err(format!("layout = \"mirror\"\nspare-after = \"-1s\"\n{}", members(2))).contains("spare-after"));
     }
 }

@@ -14,6 +14,8 @@ fn spec(layout: Layout, members: usize, copies: usize) -> PoolSpec {
         members: (0..members).map(|i| format!("nbd://node{i}/disk")).collect(),
         member_timeout_ms: 6_000,
         resync_rate_bytes_per_s: 0,
+        spares: Vec::new(),
+        spare_after_ms: 60_000,
     }
 }
 

@@ -11,6 +11,7 @@ use crate::uri::Uri;
 use sluice_pool::{Coordinator, Status};
 use sluice_proto::wire::CMD_WRITE;
 use std::io::IoSlice;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -25,8 +26,9 @@ pub(crate) struct PoolDriver<M: Member> {
 impl<M: Member> PoolDriver<M> {
     /// Starts driving an assembled coordinator whose clock started at `start`; `members`
     /// are in the pool file's order, None for one the pool was assembled without.
-    pub(crate) fn start(coord: Coordinator, members: Vec<Option<M>>, uris: Vec<Uri>, options: M::Options, start: Instant, member_timeout_ms: u64) -> PoolDriver<M> {
-        let (shared, woken) = Shared::new(coord, members, uris, options, start);
+    /// `file` is the pool file, kept in step when a spare takes a member's place.
+    pub(crate) fn start(coord: Coordinator, members: Vec<Option<M>>, uris: Vec<Uri>, options: M::Options, start: Instant, member_timeout_ms: u64, file: Option<PathBuf>) -> PoolDriver<M> {
+        let (shared, woken) = Shared::new(coord, members, uris, options, start, file);
         tokio::spawn(supervise(Arc::downgrade(&shared), woken));
         // Assembling may already have asked for work (superblocks to write, resync).
         shared.run(|_, _| ());
@@ -77,6 +79,11 @@ impl<M: Member> PoolDriver<M> {
     /// stripe, and for the only in-sync member of a set.
     pub(crate) fn replace(&self, member: usize, uri: Uri) -> Result<(), Error> {
         self.shared.replace(member, uri)
+    }
+
+    /// Spares for members missing `spare_after_ms`, as a reloaded pool file names them.
+    pub(crate) fn set_spares(&self, spares: Vec<String>, spare_after_ms: u64) {
+        self.shared.run(|core, now| core.coord.set_spares(spares, spare_after_ms, now));
     }
 
     /// Where the members are now, in the pool file's order.

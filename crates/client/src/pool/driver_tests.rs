@@ -26,7 +26,7 @@ async fn mirror(fakes: &[Fake]) -> PoolDriver<Fake> {
     let found = read_all(fakes).await.into_iter().map(Some).collect();
     let coord = Coordinator::assemble(&spec, found, session(), false, 0).unwrap();
     let uris = spec.members.iter().map(|m| Uri::parse(m).unwrap()).collect();
-    PoolDriver::start(coord, fakes.iter().cloned().map(Some).collect(), uris, (), Instant::now(), spec.member_timeout_ms)
+    PoolDriver::start(coord, fakes.iter().cloned().map(Some).collect(), uris, (), Instant::now(), spec.member_timeout_ms, None)
 }
 
 async fn read_all(fakes: &[Fake]) -> Vec<Found> {
@@ -95,7 +95,7 @@ async fn a_pool_assembled_without_a_member_serves_from_the_others() {
     let found = vec![Some(read_found(&fakes[0]).await.unwrap()), None];
     let coord = Coordinator::assemble(&spec, found, session(), true, 0).unwrap();
     let uris = spec.members.iter().map(|m| Uri::parse(m).unwrap()).collect();
-    let pool = PoolDriver::start(coord, vec![Some(fakes[0].clone()), None], uris, (), Instant::now(), spec.member_timeout_ms);
+    let pool = PoolDriver::start(coord, vec![Some(fakes[0].clone()), None], uris, (), Instant::now(), spec.member_timeout_ms, None);
     let data = vec![0x3c; 4096];
     assert!(matches!(write(&pool, 8192, &data, true).await, Ok(Outcome::Done)));
     assert_eq!(fakes[0].bytes(META_BYTES + 8192, 4096), data);

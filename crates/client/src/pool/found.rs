@@ -15,6 +15,9 @@ pub(crate) fn member_uris(spec: &PoolSpec) -> Result<Vec<Uri>, Error> {
         Ok(u) => Ok(u),
         Err(e) => Err(Error::Pool(format!("member {} ({m}): {e}", i + 1))),
     };
+    for (i, s) in spec.spares.iter().enumerate() {
+        parse(i, s).map_err(|e| Error::Pool(e.to_string().replacen("member", "spare", 1)))?;
+    }
     spec.members.iter().enumerate().map(|(i, m)| parse(i, m)).collect()
 }
 

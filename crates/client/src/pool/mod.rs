@@ -11,6 +11,7 @@
 mod admin;
 mod background;
 mod driver;
+mod file;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
@@ -27,7 +28,7 @@ mod requests;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
-pub use replace::{replace, Replaced};
+pub use replace::{add_spare, replace, Replaced};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
 pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Status};

@@ -37,7 +37,7 @@ pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options, degraded:
         log::warn!("pool {}: DEGRADED: assembled without {}; they are tried again in the background and rebuilt when they answer", path.display(), missing.join(", "));
     }
     let export = export(path, &spec, coord.size(), members.iter().flatten());
-    let driver = PoolDriver::start(coord, members, uris, options.clone(), start, spec.member_timeout_ms);
+    let driver = PoolDriver::start(coord, members, uris, options.clone(), start, spec.member_timeout_ms, Some(path.to_path_buf()));
     Ok((export, driver))
 }
 

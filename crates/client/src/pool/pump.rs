@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::uri::Uri;
 use sluice_pool::{Action, Coordinator, CopyId, Data, Failure, Found, MemberCmd, OpId, OpOutcome, ReqId};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -35,6 +36,8 @@ pub(crate) struct Shared<M: Member> {
     /// The runtime member I/O runs on, so that the pool can be told things from any
     /// thread (a reload replacing a member runs on a signal thread).
     runtime: tokio::runtime::Handle,
+    /// The pool file, edited when a spare takes a member's place.
+    file: Option<PathBuf>,
 }
 
 pub(crate) struct Core<M> {
@@ -71,7 +74,7 @@ enum Sink {
 impl<M: Member> Shared<M> {
     /// `members[i]` is None for a member the pool was assembled without (degraded): it
     /// is tried again at once, as one that was dropped.
-    pub(crate) fn new(coord: Coordinator, members: Vec<Option<M>>, uris: Vec<Uri>, options: M::Options, start: Instant) -> (Arc<Self>, mpsc::UnboundedReceiver<Wake>) {
+    pub(crate) fn new(coord: Coordinator, members: Vec<Option<M>>, uris: Vec<Uri>, options: M::Options, start: Instant, file: Option<PathBuf>) -> (Arc<Self>, mpsc::UnboundedReceiver<Wake>) {
         let (wake, woken) = mpsc::unbounded_channel();
         let mut slots = Vec::with_capacity(members.len());
         for (i, client) in members.into_iter().enumerate() {
@@ -83,7 +86,7 @@ impl<M: Member> Shared<M> {
         }
         let core = Core { coord, requests: HashMap::new(), copies: HashMap::new(), members: slots, uris, armed: None, closed: false };
         let runtime = tokio::runtime::Handle::current();
-        let shared = Shared { core: Mutex::new(core), start, options, wake, stopped: watch::Sender::new(false), runtime };
+        let shared = Shared { core: Mutex::new(core), start, options, wake, stopped: watch::Sender::new(false), runtime, file };
         (Arc::new(shared), woken)
     }
 
@@ -105,6 +108,7 @@ impl<M: Member> Shared<M> {
                 Action::Release { copy } => {
                     core.copies.remove(&copy);
                 }
+                Action::SpareTaken { member, old, uri } => self.spare_taken(&mut core, member, old, uri),
                 Action::Log { text } => log::info!("pool: {text}"),
             }
         }
@@ -215,6 +219,20 @@ impl<M: Member> Shared<M> {
             core.uris[member] = uri;
             Ok(())
         })
+    }
+
+    /// A spare took `member`'s place: it is reconnected at its address, and the pool file
+    /// is edited to say so (in the background: it is file I/O).
+    fn spare_taken(&self, core: &mut Core<M>, member: usize, old: String, uri: String) {
+        match Uri::parse(&uri) {
+            Ok(u) => core.uris[member] = u,
+            // Spares are checked when the pool file is read; this is a bug if it happens.
+            Err(e) => return log::error!("pool: spare {uri} has a bad address ({e}); member {} stays at {old}", member + 1),
+        }
+        log::warn!("pool member {} ({old}) was missing too long: spare {uri} takes its place and is rebuilt in full", member + 1);
+        if let Some(file) = self.file.clone() {
+            self.runtime.spawn_blocking(move || super::file::record_spare(&file, &old, &uri));
+        }
     }
 
     /// Takes every member out for disconnecting, stopping what is in flight on them.

@@ -4,6 +4,7 @@
 //! the pool, once it is reloaded, or here, when no one serves it.
 
 use super::admin::status_and_assembly;
+use super::file::write_in_place;
 use super::found::read_found;
 use crate::client::Client;
 use crate::error::Error;
@@ -53,6 +54,31 @@ pub async fn replace(path: &Path, old: &str, new: &str, force: bool, progress: i
     })
 }
 
+/// Adds the server `uri` to the spares of the pool in `path`, once it is checked like a
+/// new member (large enough, writable, no pool metadata unless `force`) and its metadata
+/// area blanked. Returns who serves the pool, if a live coordinator does: it takes the new
+/// spare into account once reloaded.
+pub async fn add_spare(path: &Path, uri: &str, force: bool) -> Result<Option<String>, Error> {
+    let spec = PoolSpec::load(path).map_err(Error::Pool)?;
+    if !spec.layout.redundant() {
+        return Err(Error::Pool("a stripe keeps one copy of every unit, so there is nothing to rebuild a spare from".into()));
+    }
+    if spec.members.iter().any(|m| m == uri) {
+        return Err(Error::Pool(format!("{uri} is a member of the pool")));
+    }
+    let parsed = Uri::parse(uri)?;
+    if matches!(parsed.address, Address::Pool(_)) {
+        return Err(Error::Pool("a pool cannot be a member of a pool".into()));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Pool(format!("cannot read {}: {e}", path.display())))?;
+    let edited = sluice_pool::spec::add_spare_in_text(&text, uri).map_err(Error::Pool)?;
+    let (status, _) = status_and_assembly(&spec, true).await?;
+    let member_bytes = status.size / (spec.members.len() / spec.copies) as u64;
+    prepare(&parsed, member_bytes, force).await?;
+    write_in_place(path, &edited)?;
+    Ok(status.owner.map(|o| format!("the members name {o} as the pool's coordinator")))
+}
+
 /// A stripe has no other copy to rebuild from, nor has a set whose only in-sync member
 /// is the one to go.
 fn check_set(spec: &PoolSpec, status: &sluice_pool::Status, index: usize) -> Result<(), Error> {
@@ -96,32 +122,6 @@ async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error>
     .await;
     m.disconnect().await;
     result
-}
-
-/// Writes `text` to `path` (the file a symbolic link points to, when it is one) through a
-/// temporary file beside it, synced, then renamed over it, so that a crash leaves the old
-/// file or the new one, never half of one; the file keeps its mode and owner.
-fn write_in_place(path: &Path, text: &str) -> Result<(), Error> {
-    use std::io::Write;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let fail = |e: std::io::Error| Error::Pool(format!("cannot write {}: {e}", path.display()));
-    let path = std::fs::canonicalize(path).map_err(fail)?;
-    let meta = std::fs::metadata(&path).map_err(fail)?;
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path.file_name().map_or_else(Default::default, |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.sluice-{}", std::process::id()));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(meta.mode() & 0o7777).open(&tmp)?;
-        std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid()))?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written.map_err(fail)
 }
 
 /// Assembles the pool here and waits until the new member is in sync, then stops cleanly;

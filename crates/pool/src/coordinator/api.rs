@@ -113,6 +113,10 @@ pub enum Action {
     Drop { member: usize },
     /// The resync buffer is no longer needed.
     Release { copy: CopyId },
+    /// Spare `uri` took member `member`'s place (it was `old`): the pool file must say so
+    /// (its members list names `uri` there, its spares no longer do), and the member is
+    /// now reached at `uri` (the driver is reconnecting it after the `Drop`).
+    SpareTaken { member: usize, old: String, uri: String },
     /// Something an operator should see in the log (a member declared missing, back,
     /// resynced; the pool taken over).
     Log { text: String },
@@ -178,6 +182,9 @@ pub struct Status {
     pub region_bytes: u64,
     /// Regions the write-intent bitmap marks dirty now.
     pub dirty_regions: u64,
+    /// Spares not taken yet, and how many this coordinator took.
+    pub spares: Vec<String>,
+    pub spares_taken: u64,
     /// Bytes copied by resync since this coordinator started.
     pub resynced_bytes: u64,
     /// The coordinator that holds the pool ("HOST pid PID"), if one does.

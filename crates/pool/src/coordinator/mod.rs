@@ -18,6 +18,7 @@ mod assemble;
 mod members;
 mod request;
 mod resync;
+mod spares;
 mod state;
 mod survey;
 
@@ -73,6 +74,7 @@ pub struct Coordinator {
     paced_bytes: u64,
     resynced_bytes: u64,
     stopping: Stopping,
+    spare: state::Spares,
 }
 
 impl Coordinator {
@@ -157,13 +159,14 @@ impl Coordinator {
         }
         self.heartbeat_due();
         self.clean_due();
+        self.take_spares();
         self.advance();
     }
 
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
         let deadline = self.ops.values().map(|o| o.deadline).min();
-        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup()];
+        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup(), self.spare_wakeup()];
         timers.into_iter().flatten().min()
     }
 
@@ -203,6 +206,8 @@ impl Coordinator {
             events: self.events,
             region_bytes: self.region_bytes,
             dirty_regions: self.bits.iter().map(|w| w.count_ones() as u64).sum(),
+            spares: self.spec.spares.clone(),
+            spares_taken: self.spare.taken,
             resynced_bytes: self.resynced_bytes,
             owner: (self.redundant() && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
             members,
@@ -247,6 +252,7 @@ impl Coordinator {
             moved |= self.finish_requests();
             moved |= self.run_jobs();
             moved |= self.step_stop();
+            self.note_missing();
             if !moved {
                 break;
             }

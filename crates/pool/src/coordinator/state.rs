@@ -164,3 +164,17 @@ pub(super) enum Stopping {
     Releasing { gen: u64 },
     Stopped,
 }
+
+/// When each member was first seen missing, and what the spares did.
+#[derive(Debug, Default)]
+pub(super) struct Spares {
+    /// Per member: the time it was first seen not connected, while it stays so.
+    pub missing_since: Vec<Option<u64>>,
+    pub taken: u64,
+}
+
+impl Spares {
+    pub fn new(members: usize) -> Spares {
+        Spares { missing_since: vec![None; members], taken: 0 }
+    }
+}

@@ -162,6 +162,8 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
         region_bytes: auth.region_bytes,
         dirty_regions: dirty.iter().map(|w| w.count_ones() as u64).sum(),
         resynced_bytes: 0,
+        spares: spec.spares.clone(),
+        spares_taken: 0,
         owner: (auth.owner.session != 0).then(|| format!("{} pid {}", auth.owner.host, auth.owner.pid)),
         members,
     })

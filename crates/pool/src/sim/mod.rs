@@ -34,6 +34,8 @@ pub struct Report {
     pub degraded_starts: u64,
     /// Members replaced by blank ones.
     pub replacements: u64,
+    /// Members replaced by a spare after being missing too long.
+    pub spares_taken: u64,
     /// Coordinators stopped cleanly and assembled again mid-run.
     pub clean_restarts: u64,
     pub resynced_bytes: u64,
@@ -72,6 +74,7 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
         _ => (Layout::Raid10, 4, 2),
     };
     let unit = if layout == Layout::Mirror { u64::MAX } else { 4096 << rng.below(6) };
+    let spares = if layout.redundant() { rng.below(3) as usize } else { 0 };
     PoolSpec {
         layout,
         stripe_unit: unit,
@@ -79,6 +82,9 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
         members: (0..members).map(|i| format!("sim://member{i}")).collect(),
         member_timeout_ms: 300,
         resync_rate_bytes_per_s: 64 << 20,
+        spares: (0..spares).map(|i| format!("sim://spare{i}")).collect(),
+        // Within the time a crashed member stays down, sometimes.
+        spare_after_ms: 300 + rng.below(1_200),
     }
 }
 
@@ -356,6 +362,7 @@ impl World {
                 Action::Release { copy } => {
                     self.copies.remove(&copy);
                 }
+                Action::SpareTaken { member, uri, .. } => self.take_spare(member, uri),
                 Action::Log { text } => {
                     let queues: Vec<(usize, Health, bool)> = self.members.iter().map(|m| (m.queue.len(), m.health, m.dropped)).collect();
                     self.log.push(format!("{} {text} {queues:?}", self.now));
@@ -480,12 +487,14 @@ mod tests {
             totals.coordinator_crashes += r.coordinator_crashes;
             totals.degraded_starts += r.degraded_starts;
             totals.replacements += r.replacements;
+            totals.spares_taken += r.spares_taken;
             totals.resynced_bytes += r.resynced_bytes;
         }
         // The runs must actually have exercised failures, not just passed quietly.
         assert!(totals.faults > seeds / 2 && totals.coordinator_crashes > 0 && totals.resynced_bytes > 0, "{totals:?}");
         assert!(seeds < 20 || totals.degraded_starts > 0, "no run started degraded: {totals:?}");
         assert!(seeds < 20 || totals.replacements > 0, "no run replaced a member: {totals:?}");
+        assert!(seeds < 20 || totals.spares_taken > 0, "no run took a spare: {totals:?}");
     }
 }
 
@@ -555,6 +564,8 @@ mod takeover {
             members: vec!["sim://a".into(), "sim://b".into()],
             member_timeout_ms: 300,
             resync_rate_bytes_per_s: 64 << 20,
+            spares: Vec::new(),
+            spare_after_ms: 60_000,
         }
     }
 

@@ -14,13 +14,28 @@ impl World {
         self.log.push(format!("{} member {m} is replaced by a blank one", self.now));
         self.report.replacements += 1;
         self.coord.replace_member(m, &format!("sim://member{m}"), self.now)?;
+        self.blank_member(m);
+        Ok(())
+    }
+
+    /// The coordinator put spare `uri` in member `m`'s place after `m` was missing too long:
+    /// the pool file now says so, and the spare is a blank member the coordinator reaches.
+    pub(super) fn take_spare(&mut self, m: usize, uri: String) {
+        self.log.push(format!("{} spare {uri} takes member {m}'s place", self.now));
+        self.report.spares_taken += 1;
+        self.spec.spares.retain(|s| *s != uri);
+        self.spec.members[m] = uri;
+        self.blank_member(m);
+    }
+
+    /// A new, blank member at `m`'s place, not connected yet.
+    fn blank_member(&mut self, m: usize) {
         let conn = self.members[m].conn + 1;
         self.members[m] = SimMember::new(MEMBER_DATA_BYTES);
         let new = &mut self.members[m];
         new.conn = conn;
         new.dropped = true;
         new.retry_at = self.now + 50 + self.rng.below(500);
-        Ok(())
     }
 
     /// The coordinator stops cleanly (requests in flight finish, the pool is released) and a

@@ -29,6 +29,8 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
     let mut events = Family::new("sluice_pool_events", "The pool's event counter: it moves when a member leaves or returns.", MetricType::GAUGE);
     let mut dirty = Family::new("sluice_pool_dirty_regions", "Regions the write-intent bitmap marks dirty.", MetricType::GAUGE);
     let mut resynced = Family::new("sluice_pool_resynced_bytes_total", "Bytes copied by resync since the server started.", MetricType::COUNTER);
+    let mut spares = Family::new("sluice_pool_spares", "Spares waiting to take a missing member's place.", MetricType::GAUGE);
+    let mut taken = Family::new("sluice_pool_spares_taken_total", "Spares put in a missing member's place since the server started.", MetricType::COUNTER);
     for (export, s) in &statuses {
         for (i, m) in s.members.iter().enumerate() {
             let index = i.to_string();
@@ -47,8 +49,10 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
         events.gauge(&[("export", export)], s.events);
         dirty.gauge(&[("export", export)], s.dirty_regions);
         resynced.counter(&[("export", export)], s.resynced_bytes);
+        spares.gauge(&[("export", export)], s.spares.len() as u64);
+        taken.counter(&[("export", export)], s.spares_taken);
     }
-    [state, done, total, events, dirty, resynced].into_iter().map(|f| f.0).collect()
+    [state, done, total, events, dirty, resynced, spares, taken].into_iter().map(|f| f.0).collect()
 }
 
 /// A family built at scrape time; also used for the buffer pools' (`buffers`).
@@ -113,6 +117,8 @@ mod tests {
             region_bytes: 4 << 20,
             dirty_regions: 3,
             resynced_bytes: 12345,
+            spares: vec!["nbd://s/d".into()],
+            spares_taken: 2,
             owner: None,
             members: vec![
                 MemberStatus { uri: "nbd://a/d".into(), state: MemberState::InSync },
@@ -131,6 +137,7 @@ mod tests {
         assert!(out.contains(r#"sluice_pool_member_resync_done_bytes{export="vol",member="1",uri="nbd://b/d"} 5"#), "{out}");
         assert!(out.contains(r#"sluice_pool_events{export="vol"} 9"#), "{out}");
         assert!(out.contains(r#"sluice_pool_resynced_bytes_total{export="vol"} 12345"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_spares{export="vol"} 1"#) && out.contains(r#"sluice_pool_spares_taken_total{export="vol"} 2"#), "{out}");
     }
 
     #[test]
