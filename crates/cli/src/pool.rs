@@ -164,11 +164,14 @@ pub fn run(args: PoolArgs) -> ExitCode {
 
 async fn replace(a: &ReplaceArgs) -> Result<(), Error> {
     let path = a.pool.strip_prefix("pool:").unwrap_or(&a.pool);
-    let shown = std::cell::Cell::new(u64::MAX);
-    let progress = |done: u64, total: u64| {
+    let shown = std::cell::Cell::new((pool::Copying::Rebuild, u64::MAX));
+    let progress = |what: pool::Copying, done: u64, total: u64| {
         let percent = (done * 100).checked_div(total).unwrap_or(0);
-        if shown.replace(percent) != percent {
-            eprintln!("rebuilding {}: {percent}%", a.new);
+        if shown.replace((what, percent)) != (what, percent) {
+            match what {
+                pool::Copying::WhileOldServes => eprintln!("copying to {} while {} serves: {percent}%", a.new, a.old),
+                pool::Copying::Rebuild => eprintln!("rebuilding {}: {percent}%", a.new),
+            }
         }
     };
     match pool::replace(std::path::Path::new(path), &a.old, &a.new, a.force, progress).await? {

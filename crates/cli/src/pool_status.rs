@@ -82,6 +82,10 @@ pub fn to_text(s: &Status) -> String {
     for m in &s.members {
         out += &format!("  {:width$}  {}\n", m.uri, state_text(m.state));
     }
+    if let Some(r) = &s.replacing {
+        let old = s.members.get(r.member).map_or("?", |m| m.uri.as_str());
+        out += &format!("replacing: {old} by {}, {}% copied while it serves\n", r.uri, percent(r.done, r.total));
+    }
     if !s.spares.is_empty() {
         out += &format!("spares:   {}\n", s.spares.join(", "));
     }
@@ -120,6 +124,7 @@ pub fn to_json(s: &Status) -> Value {
         "owner": s.owner,
         "members": members,
         "spares": s.spares,
+        "replacing": s.replacing.as_ref().map(|r| json!({"member": r.member, "uri": r.uri, "done": r.done, "total": r.total})),
         "spares_taken": s.spares_taken,
     })
 }
@@ -146,6 +151,7 @@ mod tests {
             resynced_bytes: 0,
             spares: Vec::new(),
             spares_taken: 0,
+            replacing: None,
             owner: None,
             members: vec![
                 member("nbd://a/d", MemberState::InSync),
@@ -197,6 +203,9 @@ members:
         };
         assert_eq!(to_json(&mirror)["stripe_unit"], Value::Null);
         assert!(to_text(&mirror).contains("layout:   mirror, 2 copies\n"));
+        let replacing = Status { replacing: Some(sluice_client::pool::Replacing { member: 1, uri: "nbd://n/d".into(), done: 1, total: 4 }), ..sample() };
+        assert_eq!(to_json(&replacing)["replacing"]["uri"], "nbd://n/d");
+        assert!(to_text(&replacing).contains("replacing: nbd://bb/d by nbd://n/d, 25% copied while it serves\n"));
         let spared = Status { spares: vec!["nbd://s/d".into()], spares_taken: 1, ..sample() };
         assert_eq!(to_json(&spared)["spares"][0], "nbd://s/d");
         assert!(to_text(&spared).ends_with("spares:   nbd://s/d\ntaken:    1 spare(s) since this coordinator started\n"));

@@ -1,6 +1,6 @@
 //! `sluice pool replace`: a dead member replaced while no one serves the pool (rebuilt
-//! there and then), a live one replaced under a serving coordinator (rebuilt after its
-//! reload), the pool file edited in place, every byte read back and the copies equal; and
+//! there and then), a live one replaced under a serving coordinator (copied while it
+//! serves, after the reload), one whose set partner dies during that copy, the pool file edited in place, every byte read back and the copies equal; and
 //! the refusals (a stripe, the last copy of a set, a new member that belongs to a pool).
 mod common;
 use common::*;
@@ -67,6 +67,8 @@ fn a_live_member_is_replaced_under_a_serving_coordinator_after_its_reload() {
     wait_until("the reload", std::time::Duration::from_secs(30), || c.log_text().contains("reloaded"), || c.log_text());
     assert!(c.log_text().contains("pool member 3 is now"), "{}", c.log_text());
     p.wait_status("the new member rebuilt", all_in_sync);
+    let log = c.log_text();
+    assert!(log.contains("is being replaced by") && log.contains(&format!("took {old_uri}'s place")), "the live member was not copied from: {log}");
     assert!(read_back(&c.uri()) == data, "the served pool reads back other bytes after the replacement");
     c.stop_clean();
     assert!(p.members[3].data() == new.data(), "the new member differs from its partner");
@@ -101,4 +103,54 @@ fn replacements_that_would_lose_data_are_refused() {
     assert!(!ok && err.contains("a stripe keeps one copy"), "{err}");
     let before = std::fs::read_to_string(&file).unwrap();
     assert!(before.contains(&members[1].uri()), "a refused replacement leaves the pool file alone");
+}
+
+#[test]
+fn a_live_member_keeps_serving_its_set_while_it_is_replaced() {
+    // Member 2 is replaced while served, and its partner (member 3) dies during the copy:
+    // member 2 goes on serving the set alone, and the new member takes its place only once
+    // the partner is back and in sync again. Nothing is lost, and the copies end equal.
+    let mut p = Pool::raid10(MEMBER_DATA, "member-timeout = \"1s\"");
+    let c = p.serve();
+    let data = fill(&c.uri(), 33);
+    let new = Member::new(p.dir.path(), 9, MEMBER_DATA);
+    let (old_uri, new_uri) = (p.members[2].uri(), new.uri());
+    let (ok, out, err) = run(SLUICE, &["pool", "replace", &p.spec, &old_uri, &new_uri]);
+    assert!(ok && out.contains("reload that server"), "pool replace of a served pool: {out}{err}");
+
+    // The copy cannot finish while the new member answers nothing.
+    new.pause();
+    signal(c.pid(), libc::SIGHUP);
+    let limit = std::time::Duration::from_secs(60);
+    wait_until("the copy to begin", limit, || c.log_text().contains("is being replaced by"), || c.log_text());
+    p.members[3].kill();
+    let partner_gone = || c.log_text().lines().any(|l| l.contains("pool member 3 (") && l.contains("declared missing"));
+    wait_until("the partner declared missing", limit, partner_gone, || c.log_text());
+    new.resume();
+    assert!(read_back(&c.uri()) == data, "the set's old member did not serve it alone");
+    let data = fill(&c.uri(), 34);
+    wait_until("the copy through", limit, || c.log_text().contains(&format!("has been copied to {new_uri}")), || c.log_text());
+    assert!(!c.log_text().contains(&format!("took {old_uri}'s place")), "the new member took the place while the set had no other copy: {}", c.log_text());
+
+    p.members[3].start();
+    p.wait_status("the new member in place and every copy in sync", |s| all_in_sync(s) && s["members"][2]["uri"] == new_uri.as_str());
+    assert!(c.log_text().contains(&format!("took {old_uri}'s place")), "{}", c.log_text());
+    assert!(read_back(&c.uri()) == data, "the pool reads back other bytes after the replacement");
+    c.stop_clean();
+    assert!(p.members[3].data() == new.data(), "the new member differs from its partner");
+}
+
+#[test]
+fn a_live_member_is_copied_from_when_no_one_serves_the_pool() {
+    let p = Pool::raid10(MEMBER_DATA, "member-timeout = \"2s\"");
+    let data = fill(&p.spec, 35);
+    let new = Member::new(p.dir.path(), 9, MEMBER_DATA);
+    let (old_uri, new_uri) = (p.members[0].uri(), new.uri());
+    let (ok, out, err) = run(SLUICE, &["pool", "replace", &p.spec, &old_uri, &new_uri]);
+    assert!(ok && out.contains("is in sync"), "pool replace: {out}{err}");
+    assert!(err.contains(&format!("copying to {new_uri} while {old_uri} serves")), "the live member was not copied from: {err}");
+    let status = p.status();
+    assert!(all_in_sync(&status) && status["members"][0]["uri"] == new_uri.as_str(), "{status}");
+    assert!(read_back(&p.spec) == data, "the pool reads back other bytes after the replacement");
+    assert!(p.members[1].data() == new.data(), "the new member differs from its partner");
 }

@@ -22,8 +22,8 @@ pub mod spec;
 pub mod sim;
 
 pub use coordinator::{
-    Action, Command, Coordinator, CopyId, Data, Failure, Found, MemberCmd, MemberState, MemberStatus, OpId, OpOutcome, ReqId,
-    Session, Status,
+    Action, Command, Coordinator, CopyId, Data, Failure, Found, MemberCmd, MemberState, MemberStatus, OpId, OpOutcome, Replacing,
+    ReqId, Session, Status,
 };
 pub use layout::Map;
 pub use meta::{Owner, Role, Superblock};

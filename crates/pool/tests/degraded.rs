@@ -132,14 +132,15 @@ fn a_pool_left_dirty_by_a_crash_is_not_started_degraded() {
 
 #[test]
 fn a_replaced_member_left_out_mid_rebuild_is_rebuilt_in_full() {
-    // node1 is replaced by a blank member, and a clean stop cuts its full rebuild short
+    // node1 dies and is replaced by a blank member, and a clean stop cuts its full rebuild short
     // (the rate lets one chunk through). Left out of the next, degraded, start and handed
     // back later, it lacks everything not copied yet, not only the dirty regions.
     let s = spec(Layout::Mirror, 2, 2);
     let mut found = formatted(&s);
     let mut c = Coordinator::assemble(&s, without(&found, &[]), session(), false, 0).unwrap();
     drive(&mut c, &mut found);
-    c.replace_member(1, "nbd://node9/disk", 0).unwrap();
+    c.member_lost(1, "connection reset", 0);
+    assert_eq!(c.replace_member(1, "nbd://node9/disk", 0).unwrap(), None, "a dead member is not copied from");
     found[1].meta.fill(0);
     c.member_back(1, found[1].clone(), 0);
     drive(&mut c, &mut found);

@@ -44,9 +44,11 @@ async fn reconnect<M: Member>(pool: Weak<Shared<M>>, member: usize) {
     let mut delay_ms = POOL_RECONNECT_FIRST_MS;
     loop {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-        let Some((uri, options)) = pool.upgrade().filter(|s| !s.look(|core| core.closed)).map(|s| (s.look(|core| core.uris[member].clone()), s.options.clone())) else {
-            return;
-        };
+        let Some(s) = pool.upgrade().filter(|s| !s.look(|core| core.closed)) else { return };
+        // A replacement's shadow slot is gone once it took its member's place.
+        let Some(uri) = s.look(|core| core.uris.get(member).cloned()) else { return };
+        let options = s.options.clone();
+        drop(s);
         let attempt = async {
             let m = M::connect(&uri, &options).await?;
             let found = read_found(&m).await?;

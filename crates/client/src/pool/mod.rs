@@ -28,7 +28,7 @@ mod requests;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
-pub use replace::{add_spare, replace, Replaced};
+pub use replace::{add_spare, replace, Copying, Replaced};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
-pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Status};
+pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Replacing, Status};

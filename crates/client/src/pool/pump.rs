@@ -109,6 +109,7 @@ impl<M: Member> Shared<M> {
                     core.copies.remove(&copy);
                 }
                 Action::SpareTaken { member, old, uri } => self.spare_taken(&mut core, member, old, uri),
+                Action::Swap { member, shadow } => self.swap(&mut core, member, shadow),
                 Action::Log { text } => log::info!("pool: {text}"),
             }
         }
@@ -160,7 +161,8 @@ impl<M: Member> Shared<M> {
     /// A member operation's task is done.
     fn finish(self: &Arc<Self>, member: usize, op: OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>) {
         self.run(|core, now| {
-            if core.members[member].ops.remove(&op).is_none() {
+            // (A replacement's shadow slot may be gone since.)
+            if core.members.get_mut(member).and_then(|s| s.ops.remove(&op)).is_none() {
                 // Settled already: the member was dropped (its operations failed with it) and
                 // this task finished before its abort took. Its bytes are nobody's now.
                 return;
@@ -192,12 +194,18 @@ impl<M: Member> Shared<M> {
     /// connection is closed and the caller goes on trying the new address.
     pub(crate) fn member_back(self: &Arc<Self>, member: usize, uri: &Uri, client: M, found: Found) -> bool {
         self.run(|core, now| {
+            if member >= core.members.len() {
+                // A replacement's shadow slot, gone since.
+                self.close(client);
+                return true;
+            }
             if core.uris[member] != *uri && !core.closed {
                 self.close(client);
                 return false;
             }
             core.members[member].reconnecting = false;
-            if core.closed {
+            // Connected meanwhile (a replacement's shadow took the place): one is enough.
+            if core.closed || core.members[member].client.is_some() {
                 self.close(client);
                 return true;
             }
@@ -214,9 +222,20 @@ impl<M: Member> Shared<M> {
             if core.closed {
                 return Err(Error::Closed);
             }
-            core.coord.replace_member(member, &uri.to_string(), now).map_err(Error::Refused)?;
-            log::info!("pool member {} replaced by {uri}", core.uris[member]);
-            core.uris[member] = uri;
+            match core.coord.replace_member(member, &uri.to_string(), now).map_err(Error::Refused)? {
+                None => {
+                    log::info!("pool member {} replaced by {uri}", core.uris[member]);
+                    core.uris[member] = uri;
+                }
+                Some(shadow) => {
+                    // Connected beside the member it replaces, for the copy, until the swap.
+                    debug_assert_eq!(shadow, core.members.len());
+                    log::info!("pool member {} is being replaced by {uri}: copying while it serves", core.uris[member]);
+                    core.members.push(Slot { client: None, ops: HashMap::new(), reconnecting: true });
+                    core.uris.push(uri);
+                    let _ = self.wake.send(Wake::Reconnect(shadow));
+                }
+            }
             Ok(())
         })
     }
@@ -233,6 +252,27 @@ impl<M: Member> Shared<M> {
         if let Some(file) = self.file.clone() {
             self.runtime.spawn_blocking(move || super::file::record_spare(&file, &old, &uri));
         }
+    }
+
+    /// A replacement's shadow takes `member`'s place: its connection (and its operations in
+    /// flight) become the member's, the old member's connection is closed, and the
+    /// shadow's slot goes.
+    fn swap(&self, core: &mut Core<M>, member: usize, shadow: usize) {
+        if shadow + 1 != core.members.len() {
+            debug_assert!(false, "a swap with slot {shadow} of {}", core.members.len());
+            return;
+        }
+        let new = core.members.pop().expect("checked above");
+        let uri = core.uris.pop().expect("one address per slot");
+        let old = std::mem::replace(&mut core.members[member], new);
+        for (_, op) in old.ops {
+            op.abort();
+        }
+        if let Some(client) = old.client {
+            self.close(client);
+        }
+        log::info!("pool member {} is now {uri}", core.uris[member]);
+        core.uris[member] = uri;
     }
 
     /// Takes every member out for disconnecting, stopping what is in flight on them.

@@ -14,6 +14,15 @@ use sluice_pool::limits::META_BYTES;
 use sluice_pool::{MemberState, PoolSpec, Superblock};
 use std::path::Path;
 
+/// What a replacement's progress counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Copying {
+    /// Everything, to the new member, while the old one serves.
+    WhileOldServes,
+    /// What the new member lacks, from the rest of its set, once it took the place.
+    Rebuild,
+}
+
 /// What `replace` did.
 pub enum Replaced {
     /// The pool file names the new member; no coordinator served the pool, so it was
@@ -27,8 +36,10 @@ pub enum Replaced {
 /// Puts the server `new` in the place of member `old` of the pool in `path`. Refused,
 /// before anything is written, for a stripe, for a member whose set has no other in-sync
 /// copy, and for a new member that is too small, read-only, or (without `force`) carries
-/// pool metadata. `progress` is called while the new member is rebuilt here.
-pub async fn replace(path: &Path, old: &str, new: &str, force: bool, progress: impl Fn(u64, u64)) -> Result<Replaced, Error> {
+/// pool metadata. `progress` is called while the new member is rebuilt here. A member in
+/// sync goes on serving while everything is copied to the new one (md's `--replace`), so
+/// its set keeps its copies meanwhile.
+pub async fn replace(path: &Path, old: &str, new: &str, force: bool, progress: impl Fn(Copying, u64, u64)) -> Result<Replaced, Error> {
     let spec = PoolSpec::load(path).map_err(Error::Pool)?;
     let index = spec.members.iter().position(|m| m == old).ok_or_else(|| Error::Pool(format!("{old} is not a member of the pool (its members: {})", spec.members.join(", "))))?;
     if spec.members.iter().any(|m| m == new) {
@@ -44,6 +55,9 @@ pub async fn replace(path: &Path, old: &str, new: &str, force: bool, progress: i
     prepare(&uri, member_bytes, force).await?;
     let text = std::fs::read_to_string(path).map_err(|e| Error::Pool(format!("cannot read {}: {e}", path.display())))?;
     let edited = sluice_pool::spec::replace_member_in_text(&text, old, new).map_err(Error::Pool)?;
+    if status.members[index].state == MemberState::InSync {
+        return hand_over(path, index, &uri, &edited, progress).await;
+    }
     write_in_place(path, &edited)?;
     rebuild(path, new, progress).await.map_err(|e| {
         let why = format!("the pool file now names {new} in {old}'s place, but the pool could not be assembled here to rebuild it ({e}); start the pool (with --degraded if a member is missing) and it rebuilds {new}");
@@ -126,23 +140,63 @@ async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error>
 
 /// Assembles the pool here and waits until the new member is in sync, then stops cleanly;
 /// when a live coordinator serves the pool, leaves the rebuild to it.
-async fn rebuild(path: &Path, new: &str, progress: impl Fn(u64, u64)) -> Result<Replaced, Error> {
-    let uri = Uri { address: Address::Pool(path.to_path_buf()), export: String::new(), tls: None };
-    let pool = match Client::connect_with(&uri, &Options::default()).await {
+async fn rebuild(path: &Path, new: &str, progress: impl Fn(Copying, u64, u64)) -> Result<Replaced, Error> {
+    let pool = match assemble(path).await? {
         Ok(p) => p,
-        Err(Error::Refused(why)) if why.contains("being served") => return Ok(Replaced::Served(why.trim_end_matches("; stop that first").to_owned())),
-        Err(e) => return Err(e),
+        Err(served) => return Ok(served),
     };
+    let done = wait_in_sync(&pool, new, progress).await;
+    pool.disconnect().await;
+    done.map(|()| Replaced::Rebuilt)
+}
+
+/// The pool in `path`, assembled here; or, when a live coordinator serves it, who that is.
+async fn assemble(path: &Path) -> Result<Result<Client, Replaced>, Error> {
+    let uri = Uri { address: Address::Pool(path.to_path_buf()), export: String::new(), tls: None };
+    match Client::connect_with(&uri, &Options::default()).await {
+        Ok(p) => Ok(Ok(p)),
+        Err(Error::Refused(why)) if why.contains("being served") => Ok(Err(Replaced::Served(why.trim_end_matches("; stop that first").to_owned()))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Replaces member `index`, in sync, by `new` while it serves: the pool is assembled with
+/// it, the pool file is edited (first, as for a serving coordinator: a crash during the
+/// copy leaves a file that names the new member, which the next start rebuilds in full),
+/// and everything is copied to the new member before it takes the old one's place.
+async fn hand_over(path: &Path, index: usize, new: &Uri, edited: &str, progress: impl Fn(Copying, u64, u64)) -> Result<Replaced, Error> {
+    let pool = match assemble(path).await? {
+        Ok(p) => p,
+        Err(served) => {
+            write_in_place(path, edited)?;
+            return Ok(served);
+        }
+    };
+    let mut done = write_in_place(path, edited);
+    if done.is_ok() {
+        done = pool.replace_pool_member(index, new);
+    }
+    if done.is_ok() {
+        done = wait_in_sync(&pool, &new.to_string(), progress).await;
+    }
+    pool.disconnect().await;
+    done.map(|()| Replaced::Rebuilt)
+}
+
+/// Waits until the member at `new` is in sync, calling `progress` with the copy's bytes
+/// (while a live replacement copies, then while the rest is rebuilt).
+async fn wait_in_sync(pool: &Client, new: &str, progress: impl Fn(Copying, u64, u64)) -> Result<(), Error> {
     loop {
         let status = pool.pool_status().expect("a pool has a status");
-        let Some(m) = status.members.iter().find(|m| m.uri == new) else { break };
-        match m.state {
-            MemberState::InSync => break,
-            MemberState::Resyncing { done, total } => progress(done, total),
-            _ => progress(0, 0),
+        match (&status.replacing, status.members.iter().find(|m| m.uri == new)) {
+            (Some(r), _) => progress(Copying::WhileOldServes, r.done, r.total),
+            (None, Some(m)) if m.state == MemberState::InSync => return Ok(()),
+            (None, Some(m)) => match m.state {
+                MemberState::Resyncing { done, total } => progress(Copying::Rebuild, done, total),
+                _ => progress(Copying::Rebuild, 0, 0),
+            },
+            (None, None) => return Err(Error::Pool(format!("the pool gave up replacing a member by {new}: see its log"))),
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
-    pool.disconnect().await;
-    Ok(Replaced::Rebuilt)
 }

@@ -117,6 +117,10 @@ pub enum Action {
     /// (its members list names `uri` there, its spares no longer do), and the member is
     /// now reached at `uri` (the driver is reconnecting it after the `Drop`).
     SpareTaken { member: usize, old: String, uri: String },
+    /// The shadow at slot `shadow` takes member `member`'s place (a live replacement is
+    /// through): its connection becomes the member's, the old member's is closed, and the
+    /// shadow's slot is gone.
+    Swap { member: usize, shadow: usize },
     /// Something an operator should see in the log (a member declared missing, back,
     /// resynced; the pool taken over).
     Log { text: String },
@@ -185,9 +189,21 @@ pub struct Status {
     /// Spares not taken yet, and how many this coordinator took.
     pub spares: Vec<String>,
     pub spares_taken: u64,
+    /// A live member being replaced, while everything is copied to its successor.
+    pub replacing: Option<Replacing>,
     /// Bytes copied by resync since this coordinator started.
     pub resynced_bytes: u64,
     /// The coordinator that holds the pool ("HOST pid PID"), if one does.
     pub owner: Option<String>,
     pub members: Vec<MemberStatus>,
+}
+
+/// A live replacement in progress: member `member` goes on serving while `done` of `total`
+/// bytes are copied to the server at `uri`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replacing {
+    pub member: usize,
+    pub uri: String,
+    pub done: u64,
+    pub total: u64,
 }

@@ -103,6 +103,7 @@ impl Coordinator {
             resynced_bytes: 0,
             stopping: Stopping::Running,
             spare: super::state::Spares::new(found.len()),
+            handover: None,
         };
         c.place_members(&auth, &sbs);
         c.check_every_set_has_a_copy()?;

@@ -21,7 +21,7 @@ impl Coordinator {
         self.settle_ok_or_failed(&op, &outcome);
     }
 
-    fn settle_ok_or_failed(&mut self, op: &Op, outcome: &OpOutcome) {
+    pub(super) fn settle_ok_or_failed(&mut self, op: &Op, outcome: &OpOutcome) {
         let ok = !matches!(outcome, OpOutcome::Failed(_));
         match op.purpose {
             Purpose::Piece { .. } | Purpose::Flush { .. } => self.settle_request(op, outcome),
@@ -55,6 +55,9 @@ impl Coordinator {
     /// Declares a member missing: its operations are settled as failed now, the survivors'
     /// superblocks will record it, and the driver drops it.
     pub(super) fn fail_member(&mut self, member: usize, why: &str) {
+        if self.is_shadow(member) {
+            return self.shadow_lost(why);
+        }
         if !self.members[member].connected {
             return;
         }
@@ -100,6 +103,9 @@ impl Coordinator {
         }
         if !self.redundant() {
             return Some("a stripe keeps one copy of every unit, so there is nothing to rebuild a new member from".into());
+        }
+        if let Some(h) = self.handover.as_ref().filter(|h| members.contains(&h.member)) {
+            return Some(format!("member {} is being replaced by {} already", h.member, h.uri));
         }
         for &m in members {
             let set = self.map.set_of(m);

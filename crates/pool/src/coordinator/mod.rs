@@ -15,6 +15,7 @@
 
 mod api;
 mod assemble;
+mod handover;
 mod members;
 mod request;
 mod resync;
@@ -75,6 +76,7 @@ pub struct Coordinator {
     resynced_bytes: u64,
     stopping: Stopping,
     spare: state::Spares,
+    handover: Option<state::Handover>,
 }
 
 impl Coordinator {
@@ -114,7 +116,7 @@ impl Coordinator {
     /// operation, or it closed).
     pub fn member_lost(&mut self, member: usize, why: &str, now: u64) {
         self.now = self.now.max(now);
-        if member < self.members.len() {
+        if member < self.members.len() || self.is_shadow(member) {
             self.fail_member(member, why);
         }
         self.advance();
@@ -123,7 +125,9 @@ impl Coordinator {
     /// A member that was dropped answers again; `found` is what its metadata area holds now.
     pub fn member_back(&mut self, member: usize, found: Found, now: u64) {
         self.now = self.now.max(now);
-        if member < self.members.len() && !self.members[member].connected {
+        if self.is_shadow(member) {
+            self.shadow_back(found);
+        } else if member < self.members.len() && !self.members[member].connected {
             self.rejoin(member, found);
         }
         self.advance();
@@ -134,18 +138,28 @@ impl Coordinator {
         self.replace_refusal(members).map_or(Ok(()), Err)
     }
 
-    /// Puts a new member, at `uri`, in `member`'s place (the pool file now names another
-    /// server there): the old one is dropped, and the new one, connected by the driver and handed
-    /// over with `member_back`, is rebuilt in full from the other copies of its set.
-    /// Refused for a stripe, and for the only in-sync member of a set.
-    pub fn replace_member(&mut self, member: usize, uri: &str, now: u64) -> Result<(), String> {
+    /// Puts a new member, at `uri`, in `member`'s place. When the old one is in sync (and no
+    /// other replacement is copying), it goes on serving while everything is copied to the
+    /// new one, which takes its place once copied (see handover.rs): the answer is then
+    /// `Some(shadow)`, a slot past the members where the driver connects the new server
+    /// and reports it (`member_back`, `member_lost`, operations) until `Action::Swap`.
+    /// Otherwise (`None`) the old one is dropped, and the new one, connected by the driver
+    /// at `member`'s slot and handed over with `member_back`, is rebuilt in full from the
+    /// other copies of its set. Refused for a stripe, and for the only in-sync member of a
+    /// set.
+    pub fn replace_member(&mut self, member: usize, uri: &str, now: u64) -> Result<Option<usize>, String> {
         self.can_replace(&[member])?;
         self.now = self.now.max(now);
+        if self.may_hand_over(member) {
+            let shadow = self.begin_handover(member, uri);
+            self.advance();
+            return Ok(Some(shadow));
+        }
         self.replace(member);
         // Logs and status name the member where it is now.
         self.spec.members[member] = uri.to_owned();
         self.advance();
-        Ok(())
+        Ok(None)
     }
 
     /// Lets time pass: time-outs, heartbeats, cleaning dirty regions, resync pacing. Call it
@@ -208,6 +222,11 @@ impl Coordinator {
             dirty_regions: self.bits.iter().map(|w| w.count_ones() as u64).sum(),
             spares: self.spec.spares.clone(),
             spares_taken: self.spare.taken,
+            replacing: self.handover.as_ref().map(|h| {
+                let job = h.job.and_then(|j| self.jobs[j].as_ref());
+                let (done, total) = job.map_or((0, 0), |j| (j.done_bytes, j.total_bytes));
+                Replacing { member: h.member, uri: h.uri.clone(), done, total }
+            }),
             resynced_bytes: self.resynced_bytes,
             owner: (self.redundant() && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
             members,
@@ -252,6 +271,7 @@ impl Coordinator {
             moved |= self.finish_requests();
             moved |= self.run_jobs();
             moved |= self.step_stop();
+            moved |= self.finish_handover();
             self.note_missing();
             if !moved {
                 break;

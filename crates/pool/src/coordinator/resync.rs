@@ -142,7 +142,7 @@ impl Coordinator {
     pub(super) fn settle_copy_read(&mut self, job: usize, chunk: u64, copy: CopyId, ok: bool) {
         let target = self.jobs.get(job).and_then(Option::as_ref).map(|j| j.target);
         match target {
-            Some(t) if ok && self.members[t].live() && self.fenced.is_none() => {
+            Some(t) if ok && self.target_live(t) && self.fenced.is_none() => {
                 let cmd = MemberCmd::Write { offset: META_BYTES + chunk, len: self.chunk_end(chunk) - chunk, fua: false };
                 self.issue(t, cmd, Data::Copy(copy), Purpose::CopyWrite { job, chunk, copy });
             }
@@ -200,6 +200,9 @@ impl Coordinator {
     pub(super) fn settle_job_flush(&mut self, j: usize, ok: bool) {
         let Some(job) = self.jobs.get(j).and_then(Option::as_ref) else { return };
         let t = job.target;
+        if self.is_shadow(t) {
+            return if ok { self.shadow_copied(j) } else { self.shadow_lost("its flush failed") };
+        }
         if ok && self.members[t].live() {
             self.members[t].role = Role::Active;
             self.events += 1;
@@ -246,7 +249,8 @@ impl Coordinator {
 
     /// Every copy is known to hold every write: dirty bits may be cleaned.
     fn all_in_sync(&self) -> bool {
-        self.members.iter().all(|m| m.in_sync()) && self.jobs.iter().all(Option::is_none)
+        // A replacement's copy needs every region written since it began kept dirty.
+        self.members.iter().all(|m| m.in_sync()) && self.jobs.iter().all(Option::is_none) && self.handover.is_none()
     }
 
     /// Starts cleaning idle dirty regions when it is time.
@@ -329,6 +333,10 @@ impl Coordinator {
                 // and reconciles them again.
                 let reconciling = self.jobs.iter().flatten().any(|j| j.kind == JobKind::Reconcile);
                 self.jobs.iter_mut().for_each(|j| *j = None);
+                if let Some(h) = self.handover.take() {
+                    let text = format!("stopping before the copy to {} was through: it did not take member {}'s place", h.uri, h.member);
+                    self.actions.push_back(Action::Log { text });
+                }
                 if reconciling && self.fenced.is_none() {
                     self.actions.push_back(Action::Log {
                         text: "stopping before the copies a crash left unequal were reconciled: the pool stays owned, and the next start reconciles them".into(),

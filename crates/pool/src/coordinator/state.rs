@@ -178,3 +178,15 @@ impl Spares {
         Spares { missing_since: vec![None; members], taken: 0 }
     }
 }
+
+/// A live member being replaced: its successor is copied to as a shadow (see handover.rs).
+pub(super) struct Handover {
+    pub member: usize,
+    pub uri: String,
+    /// The shadow's slot: past the members, for copy operations only.
+    pub shadow: usize,
+    /// The copy job, while the shadow is connected and being copied to.
+    pub job: Option<usize>,
+    /// Every region was copied and flushed: it takes the place when the set allows.
+    pub copied: bool,
+}

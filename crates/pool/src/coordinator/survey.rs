@@ -164,6 +164,7 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
         resynced_bytes: 0,
         spares: spec.spares.clone(),
         spares_taken: 0,
+        replacing: None,
         owner: (auth.owner.session != 0).then(|| format!("{} pid {}", auth.owner.host, auth.owner.pid)),
         members,
     })

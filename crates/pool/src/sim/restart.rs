@@ -10,12 +10,66 @@ use crate::meta::Superblock;
 impl World {
     /// Member `m` is replaced by a new, blank one at its place (`sluice pool replace`): what
     /// the old one held is gone with it, and the new one must be rebuilt before it serves.
+    /// Sometimes the member is dead first; a live one is copied while it serves.
     pub(super) fn replace(&mut self, m: usize) -> Result<(), String> {
+        if self.shadow.is_some_and(|(x, _)| x == m) {
+            return Ok(());
+        }
+        if self.rng.below(2) == 0 {
+            self.log.push(format!("{} member {m} dies before it is replaced", self.now));
+            self.members[m].crash(&mut self.rng, false, u64::MAX);
+            self.coord.member_lost(m, "connection reset", self.now);
+        }
         self.log.push(format!("{} member {m} is replaced by a blank one", self.now));
         self.report.replacements += 1;
-        self.coord.replace_member(m, &format!("sim://member{m}"), self.now)?;
-        self.blank_member(m);
+        match self.coord.replace_member(m, &format!("sim://member{m}"), self.now)? {
+            None => self.blank_member(m),
+            Some(shadow) => {
+                if shadow != self.members.len() || self.shadow.is_some() {
+                    return Err(format!("a shadow at slot {shadow} with {} members and {:?} already", self.members.len(), self.shadow));
+                }
+                self.log.push(format!("{} member {m} serves while its successor (slot {shadow}) is copied", self.now));
+                self.members.push(SimMember::new(MEMBER_DATA_BYTES));
+                self.blank_member(shadow);
+                self.shadow = Some((m, shadow));
+            }
+        }
         Ok(())
+    }
+
+    /// The shadow takes member `m`'s place; the old member is gone.
+    pub(super) fn swap(&mut self, m: usize, shadow: usize) -> Result<(), String> {
+        if self.shadow != Some((m, shadow)) || shadow + 1 != self.members.len() {
+            return Err(format!("a swap of member {m} with slot {shadow}, expected {:?}", self.shadow));
+        }
+        self.log.push(format!("{} the shadow takes member {m}'s place", self.now));
+        self.report.handovers += 1;
+        self.members[m] = self.members.pop().expect("checked above");
+        self.shadow = None;
+        Ok(())
+    }
+
+    /// A coordinator that goes during a live replacement leaves the pool file naming the
+    /// successor (it was edited first): the old member is out, the successor holds part of
+    /// a copy and blank metadata.
+    fn shadow_in_place(&mut self) {
+        if let Some((m, shadow)) = self.shadow.take() {
+            self.log.push(format!("{} the coordinator went during the copy: the successor is member {m} now", self.now));
+            self.members[m] = self.members.remove(shadow);
+        }
+    }
+
+    /// Whether the coordinator going now would leave a set without an in-sync copy: a live
+    /// replacement's old member is out then, and the others of its set must hold everything.
+    pub(super) fn handover_at_risk(&self) -> bool {
+        let Some((m, _)) = self.shadow else { return false };
+        let status = self.coord.status();
+        let copies = self.spec.copies;
+        let set = m / copies * copies..(m / copies + 1) * copies;
+        set.filter(|&x| x != m).any(|x| {
+            let s = &self.members[x];
+            status.members[x].state != MemberState::InSync || s.power_lost || s.fail_next || s.health != Health::Up
+        })
     }
 
     /// The coordinator put spare `uri` in member `m`'s place after `m` was missing too long:
@@ -58,6 +112,7 @@ impl World {
     /// as when a dropped member is taken back, nothing of an old connection lands after
     /// the new coordinator's operations.
     fn end_connections(&mut self) {
+        self.shadow_in_place();
         for m in &mut self.members {
             for p in std::mem::take(&mut m.queue) {
                 if self.rng.below(2) == 0 {

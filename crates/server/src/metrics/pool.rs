@@ -30,6 +30,8 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
     let mut dirty = Family::new("sluice_pool_dirty_regions", "Regions the write-intent bitmap marks dirty.", MetricType::GAUGE);
     let mut resynced = Family::new("sluice_pool_resynced_bytes_total", "Bytes copied by resync since the server started.", MetricType::COUNTER);
     let mut spares = Family::new("sluice_pool_spares", "Spares waiting to take a missing member's place.", MetricType::GAUGE);
+    let mut copied = Family::new("sluice_pool_replace_copied_bytes", "Bytes copied so far to a server replacing a live member.", MetricType::GAUGE);
+    let mut copy_total = Family::new("sluice_pool_replace_total_bytes", "Bytes that copy takes in all.", MetricType::GAUGE);
     let mut taken = Family::new("sluice_pool_spares_taken_total", "Spares put in a missing member's place since the server started.", MetricType::COUNTER);
     for (export, s) in &statuses {
         for (i, m) in s.members.iter().enumerate() {
@@ -51,8 +53,14 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
         resynced.counter(&[("export", export)], s.resynced_bytes);
         spares.gauge(&[("export", export)], s.spares.len() as u64);
         taken.counter(&[("export", export)], s.spares_taken);
+        if let Some(r) = &s.replacing {
+            let index = r.member.to_string();
+            let labels = [("export", *export), ("member", index.as_str()), ("uri", r.uri.as_str())];
+            copied.gauge(&labels, r.done);
+            copy_total.gauge(&labels, r.total);
+        }
     }
-    [state, done, total, events, dirty, resynced, spares, taken].into_iter().map(|f| f.0).collect()
+    [state, done, total, events, dirty, resynced, spares, taken, copied, copy_total].into_iter().map(|f| f.0).collect()
 }
 
 /// A family built at scrape time; also used for the buffer pools' (`buffers`).
@@ -119,6 +127,7 @@ mod tests {
             resynced_bytes: 12345,
             spares: vec!["nbd://s/d".into()],
             spares_taken: 2,
+            replacing: Some(sluice_client::pool::Replacing { member: 0, uri: "nbd://n/d".into(), done: 7, total: 8 }),
             owner: None,
             members: vec![
                 MemberStatus { uri: "nbd://a/d".into(), state: MemberState::InSync },
@@ -137,6 +146,7 @@ mod tests {
         assert!(out.contains(r#"sluice_pool_member_resync_done_bytes{export="vol",member="1",uri="nbd://b/d"} 5"#), "{out}");
         assert!(out.contains(r#"sluice_pool_events{export="vol"} 9"#), "{out}");
         assert!(out.contains(r#"sluice_pool_resynced_bytes_total{export="vol"} 12345"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_replace_copied_bytes{export="vol",member="0",uri="nbd://n/d"} 7"#), "{out}");
         assert!(out.contains(r#"sluice_pool_spares{export="vol"} 1"#) && out.contains(r#"sluice_pool_spares_taken_total{export="vol"} 2"#), "{out}");
     }
 
