@@ -4,7 +4,7 @@
 //! the pool, once it is reloaded, or here, when no one serves it.
 
 use super::admin::status_and_assembly;
-use super::file::write_in_place;
+use super::file::edit;
 use super::found::read_found;
 use crate::client::Client;
 use crate::error::Error;
@@ -53,12 +53,11 @@ pub async fn replace(path: &Path, old: &str, new: &str, force: bool, progress: i
     check_set(&spec, &status, index)?;
     let member_bytes = status.size / (spec.members.len() / spec.copies) as u64;
     prepare(&uri, member_bytes, force).await?;
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Pool(format!("cannot read {}: {e}", path.display())))?;
-    let edited = sluice_pool::spec::replace_member_in_text(&text, old, new).map_err(Error::Pool)?;
+    let edited = |text: &str| sluice_pool::spec::replace_member_in_text(text, old, new);
     if status.members[index].state == MemberState::InSync {
-        return hand_over(path, index, &uri, &edited, progress).await;
+        return hand_over(path, index, &uri, edited, progress).await;
     }
-    write_in_place(path, &edited)?;
+    edit(path, edited)?;
     rebuild(path, new, progress).await.map_err(|e| {
         let why = format!("the pool file now names {new} in {old}'s place, but the pool could not be assembled here to rebuild it ({e}); start the pool (with --degraded if a member is missing) and it rebuilds {new}");
         match e {
@@ -84,12 +83,13 @@ pub async fn add_spare(path: &Path, uri: &str, force: bool) -> Result<Option<Str
     if matches!(parsed.address, Address::Pool(_)) {
         return Err(Error::Pool("a pool cannot be a member of a pool".into()));
     }
+    // Refused before anything is checked or blanked when it is listed already.
     let text = std::fs::read_to_string(path).map_err(|e| Error::Pool(format!("cannot read {}: {e}", path.display())))?;
-    let edited = sluice_pool::spec::add_spare_in_text(&text, uri).map_err(Error::Pool)?;
+    sluice_pool::spec::add_spare_in_text(&text, uri).map_err(Error::Pool)?;
     let (status, _) = status_and_assembly(&spec, true).await?;
     let member_bytes = status.size / (spec.members.len() / spec.copies) as u64;
     prepare(&parsed, member_bytes, force).await?;
-    write_in_place(path, &edited)?;
+    edit(path, |text| sluice_pool::spec::add_spare_in_text(text, uri))?;
     Ok(status.owner.map(|o| format!("the members name {o} as the pool's coordinator")))
 }
 
@@ -164,15 +164,21 @@ async fn assemble(path: &Path) -> Result<Result<Client, Replaced>, Error> {
 /// it, the pool file is edited (first, as for a serving coordinator: a crash during the
 /// copy leaves a file that names the new member, which the next start rebuilds in full),
 /// and everything is copied to the new member before it takes the old one's place.
-async fn hand_over(path: &Path, index: usize, new: &Uri, edited: &str, progress: impl Fn(Copying, u64, u64)) -> Result<Replaced, Error> {
+async fn hand_over(
+    path: &Path,
+    index: usize,
+    new: &Uri,
+    edited: impl Fn(&str) -> Result<String, String>,
+    progress: impl Fn(Copying, u64, u64),
+) -> Result<Replaced, Error> {
     let pool = match assemble(path).await? {
         Ok(p) => p,
         Err(served) => {
-            write_in_place(path, edited)?;
+            edit(path, edited)?;
             return Ok(served);
         }
     };
-    let mut done = write_in_place(path, edited);
+    let mut done = edit(path, edited);
     if done.is_ok() {
         done = pool.replace_pool_member(index, new);
     }
