@@ -103,7 +103,9 @@ fn moves(path: &str, client: &sluice_client::Client) -> Result<(Vec<(usize, Uri)
     let mut moves = Vec::new();
     for (i, (wanted, current)) in spec.members.iter().zip(&now).enumerate() {
         let uri = Uri::parse(wanted).map_err(|e| format!("member {} ({wanted}): {e}", i + 1))?;
-        if uri != *current {
+        // A live replacement the file already names is under way.
+        let replacing = status.replacing.as_ref().is_some_and(|r| r.member == i && Uri::parse(&r.uri).is_ok_and(|u| u == uri));
+        if uri != *current && !replacing {
             moves.push((i, uri));
         }
     }

@@ -60,6 +60,11 @@ fn spares_that_cannot_serve_are_refused() {
     let (ok, _, err) = run(SLUICE, &["pool", "add-spare", &p.spec, &p.members[0].uri()]);
     assert!(!ok && err.contains("is a member"), "a member as a spare: {err}");
     assert!(!std::fs::read_to_string(pool_file(&p)).unwrap().contains("spares"), "a refused spare was written to the pool file");
+    let spare = Member::new(p.dir.path(), 7, MEMBER_DATA);
+    let (ok, out, err) = run(SLUICE, &["pool", "add-spare", &p.spec, &spare.uri()]);
+    assert!(ok, "pool add-spare: {out}{err}");
+    let (ok, _, err) = run(SLUICE, &["pool", "replace", &p.spec, &p.members[1].uri(), &spare.uri()]);
+    assert!(!ok && err.contains("is a spare of the pool"), "a spare named as a replacement: {err}");
 
     let stripe = p.dir.path().join("stripe.toml");
     std::fs::write(&stripe, format!("layout = \"stripe\"\nmembers = [{:?}]\n", p.members[0].uri())).unwrap();

@@ -88,7 +88,8 @@ impl<M: Member> PoolDriver<M> {
 
     /// Where the members are now, in the pool file's order.
     pub(crate) fn member_uris(&self) -> Vec<Uri> {
-        self.shared.look(|core| core.uris.clone())
+        // Not a live replacement's shadow, past the members.
+        self.shared.look(|core| core.uris[..core.coord.status().members.len()].to_vec())
     }
 
     /// Whether `members` could all be replaced now: Ok, or why not.

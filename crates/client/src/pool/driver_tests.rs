@@ -106,3 +106,16 @@ async fn a_pool_assembled_without_a_member_serves_from_the_others() {
     assert_eq!(states, [MemberState::InSync, MemberState::Missing]);
     pool.disconnect().await;
 }
+
+/// A reload compares the pool file's members with `member_uris` (serve_catalog::moves):
+/// during a live replacement they must still be the members, one per place, or every
+/// reload is refused until the copy is through.
+#[tokio::test]
+async fn member_uris_name_only_the_members_during_a_live_replacement() {
+    let fakes = fakes();
+    let pool = mirror(&fakes).await;
+    pool.replace(1, Uri::parse("nbd://c/x").unwrap()).unwrap();
+    assert!(pool.status().replacing.is_some(), "member 1 is in sync: a live replacement");
+    assert_eq!(pool.member_uris().len(), 2, "{:?}", pool.member_uris());
+    pool.disconnect().await;
+}

@@ -79,3 +79,40 @@ mod tests {
         assert!(e.contains("a spare already"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod review_tests {
+    use super::record_spare;
+
+    /// Two members missing since the same moment are replaced by two spares in one tick:
+    /// the driver edits the pool file for each on its own blocking thread, at once. Both
+    /// edits must land.
+    #[test]
+    fn two_spares_taken_at_once_are_both_recorded() {
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("vol.toml");
+            let text = "layout = \"raid10\"\ncopies = 2\nmembers = [\"nbd://a/d\", \"nbd://b/d\", \"nbd://c/d\", \"nbd://e/d\"]\nspares = [\"nbd://s1/d\", \"nbd://s2/d\"]\n";
+            std::fs::write(&path, text).unwrap();
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let (p1, b1) = (path.clone(), barrier.clone());
+            let t1 = std::thread::spawn(move || {
+                b1.wait();
+                record_spare(&p1, "nbd://a/d", "nbd://s1/d")
+            });
+            let (p2, b2) = (path.clone(), barrier.clone());
+            let t2 = std::thread::spawn(move || {
+                b2.wait();
+                record_spare(&p2, "nbd://c/d", "nbd://s2/d")
+            });
+            t1.join().unwrap();
+            t2.join().unwrap();
+            let spec = sluice_pool::PoolSpec::load(&path).unwrap();
+            assert_eq!(
+                (spec.members.clone(), spec.spares.clone()),
+                (vec!["nbd://s1/d".to_string(), "nbd://b/d".into(), "nbd://s2/d".into(), "nbd://e/d".into()], vec![]),
+                "round {round}: an edit was lost"
+            );
+        }
+    }
+}

@@ -273,6 +273,11 @@ impl<M: Member> Shared<M> {
         }
         log::info!("pool member {} is now {uri}", core.uris[member]);
         core.uris[member] = uri;
+        let slot = &mut core.members[member];
+        if slot.client.is_none() && !slot.reconnecting {
+            slot.reconnecting = true;
+            let _ = self.wake.send(Wake::Reconnect(member));
+        }
     }
 
     /// Takes every member out for disconnecting, stopping what is in flight on them.

@@ -45,6 +45,9 @@ pub async fn replace(path: &Path, old: &str, new: &str, force: bool, progress: i
     if spec.members.iter().any(|m| m == new) {
         return Err(Error::Pool(format!("{new} is a member of the pool already")));
     }
+    if spec.spares.iter().any(|m| m == new) {
+        return Err(Error::Pool(format!("{new} is a spare of the pool: take it out of spares first (a spare takes a missing member's place by itself)")));
+    }
     let uri = Uri::parse(new)?;
     if matches!(uri.address, Address::Pool(_)) {
         return Err(Error::Pool("a pool cannot be a member of a pool".into()));

@@ -49,6 +49,17 @@ impl Coordinator {
             Purpose::CopyRead { job, chunk, copy } => self.settle_copy_read(job, chunk, copy, ok),
             Purpose::CopyWrite { job, chunk, copy } => self.settle_copy_write(job, chunk, copy, ok),
             Purpose::JobFlush { job } => self.settle_job_flush(job, ok),
+            Purpose::ShadowFlush => {
+                if let Some(h) = self.handover.as_mut().filter(|_| ok) {
+                    h.flushed = true;
+                }
+            }
+            Purpose::ShadowPiece { req } => {
+                // The request does not count the shadow's answer: a failure drops the shadow.
+                if let Some(r) = self.requests.get_mut(&req) {
+                    r.out -= 1;
+                }
+            }
         }
     }
 

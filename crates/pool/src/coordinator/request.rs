@@ -110,6 +110,9 @@ impl Coordinator {
         if self.redundant() && self.heartbeat == 0 {
             return false;
         }
+        if req.pieces.iter().any(|p| self.swap_pending(p.set)) {
+            return false;
+        }
         !req.pieces.iter().any(|p| self.locks.iter().any(|l| l.overlaps(p.set, p.member_offset, p.member_offset + p.len)))
     }
 
@@ -165,6 +168,10 @@ impl Coordinator {
                             req.out += 1;
                             self.issue(m, mcmd, data.clone(), Purpose::Piece { req: id, piece: i });
                         }
+                    }
+                    if let Some(shadow) = self.mirror_to(req.pieces[i].set) {
+                        req.out += 1;
+                        self.issue(shadow, mcmd, data, Purpose::ShadowPiece { req: id });
                     }
                 }
             }

@@ -12,7 +12,9 @@ impl Coordinator {
     /// must be missing first. A reload of the pool file changes them.
     pub fn set_spares(&mut self, spares: Vec<String>, spare_after_ms: u64, now: u64) {
         self.now = self.now.max(now);
-        self.spec.spares = spares;
+        // A reload may name a spare that was taken meanwhile, or one that is now a member.
+        let taken = |s: &String| self.spec.members.contains(s) || self.handover.as_ref().is_some_and(|h| h.uri == *s);
+        self.spec.spares = spares.into_iter().filter(|s| !taken(s)).collect();
         self.spec.spare_after_ms = spare_after_ms;
         self.advance();
     }

@@ -86,6 +86,10 @@ pub(super) enum Purpose {
     CopyWrite { job: usize, chunk: u64, copy: CopyId },
     /// Making a rebuilt member's copy durable before it counts as in sync.
     JobFlush { job: usize },
+    /// A write's piece sent to a live replacement's shadow too.
+    ShadowPiece { req: ReqId },
+    /// Making what the shadow took durable before it takes its member's place.
+    ShadowFlush,
 }
 
 pub(super) struct Op {
@@ -187,6 +191,10 @@ pub(super) struct Handover {
     pub shadow: usize,
     /// The copy job, while the shadow is connected and being copied to.
     pub job: Option<usize>,
-    /// Every region was copied and flushed: it takes the place when the set allows.
+    /// The shadow answers: it gets the set's writes, from the copy's start to the swap.
+    pub connected: bool,
+    /// Every region was copied and flushed: it takes the place once the writes still out
+    /// at it are done and flushed too.
     pub copied: bool,
+    pub flushed: bool,
 }

@@ -274,6 +274,12 @@ impl World {
         }
         let m = candidates[self.rng.below(candidates.len() as u64) as usize];
         let until = self.now + 100 + self.rng.below(1_500);
+        if let Some((_, slot)) = self.shadow.filter(|_| self.rng.below(4) == 0) {
+            self.log.push(format!("{} the shadow (slot {slot}) crashes", self.now));
+            self.members[slot].crash(&mut self.rng, false, until);
+            self.coord.member_lost(slot, "connection reset", self.now);
+            return Ok(());
+        }
         if redundant && self.rng.below(8) == 0 {
             return self.replace(m);
         }
