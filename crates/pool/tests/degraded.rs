@@ -14,6 +14,7 @@ fn spec(layout: Layout, members: usize, copies: usize) -> PoolSpec {
         members: (0..members).map(|i| format!("nbd://node{i}/disk")).collect(),
         member_timeout_ms: 6_000,
         resync_rate_bytes_per_s: 0,
+        scrub_interval_ms: None,
     }
 }
 

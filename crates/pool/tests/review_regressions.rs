@@ -16,6 +16,7 @@ fn spec(copies: usize, rate: u64) -> PoolSpec {
         members: (0..copies).map(|i| format!("m{i}")).collect(),
         member_timeout_ms: 3_600_000,
         resync_rate_bytes_per_s: rate,
+        scrub_interval_ms: None,
     }
 }
 

@@ -49,6 +49,8 @@ impl Coordinator {
             Purpose::CopyRead { job, chunk, copy } => self.settle_copy_read(job, chunk, copy, ok),
             Purpose::CopyWrite { job, chunk, copy } => self.settle_copy_write(job, chunk, copy, ok),
             Purpose::JobFlush { job } => self.settle_job_flush(job, ok),
+            Purpose::ScrubRead { chunk } => self.settle_scrub_read(chunk, op.member, ok),
+            Purpose::ScrubWrite { chunk } => self.settle_scrub_write(chunk, ok),
         }
     }
 
@@ -254,6 +256,7 @@ impl Coordinator {
                 },
             },
             roles,
+            scrub: self.scrub.record,
         }
     }
 

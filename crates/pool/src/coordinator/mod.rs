@@ -18,10 +18,13 @@ mod assemble;
 mod members;
 mod request;
 mod resync;
+mod scrub;
+mod scrub_job;
 mod state;
 mod survey;
 
 pub use api::*;
+pub use scrub::differing_ranges;
 pub use survey::{format, survey};
 #[cfg(any(test, feature = "sim"))]
 pub(crate) use survey::format_with;
@@ -73,6 +76,7 @@ pub struct Coordinator {
     paced_bytes: u64,
     resynced_bytes: u64,
     stopping: Stopping,
+    scrub: scrub::Scrub,
 }
 
 impl Coordinator {
@@ -157,13 +161,14 @@ impl Coordinator {
         }
         self.heartbeat_due();
         self.clean_due();
+        self.scrub_due();
         self.advance();
     }
 
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
         let deadline = self.ops.values().map(|o| o.deadline).min();
-        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup()];
+        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup(), self.scrub_wakeup()];
         timers.into_iter().flatten().min()
     }
 
@@ -206,6 +211,8 @@ impl Coordinator {
             resynced_bytes: self.resynced_bytes,
             owner: (self.redundant() && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
             members,
+            scrub: self.scrub_report(),
+            scrubs_completed: self.scrub.completed,
         }
     }
 
@@ -246,6 +253,7 @@ impl Coordinator {
             moved |= self.unblock_requests();
             moved |= self.finish_requests();
             moved |= self.run_jobs();
+            moved |= self.run_scrub();
             moved |= self.step_stop();
             if !moved {
                 break;

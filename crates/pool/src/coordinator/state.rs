@@ -86,6 +86,9 @@ pub(super) enum Purpose {
     CopyWrite { job: usize, chunk: u64, copy: CopyId },
     /// Making a rebuilt member's copy durable before it counts as in sync.
     JobFlush { job: usize },
+    /// Reading one copy of a scrub chunk, and rewriting one from the source (repair).
+    ScrubRead { chunk: u64 },
+    ScrubWrite { chunk: u64 },
 }
 
 pub(super) struct Op {

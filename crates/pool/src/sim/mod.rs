@@ -79,6 +79,7 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
         members: (0..members).map(|i| format!("sim://member{i}")).collect(),
         member_timeout_ms: 300,
         resync_rate_bytes_per_s: 64 << 20,
+        scrub_interval_ms: None,
     }
 }
 
@@ -356,6 +357,10 @@ impl World {
                 Action::Release { copy } => {
                     self.copies.remove(&copy);
                 }
+                Action::Compare { id, copies } => {
+                    let diffs = self.compare_copies(&copies);
+                    self.coord.compared(id, diffs, self.now);
+                }
                 Action::Log { text } => {
                     let queues: Vec<(usize, Health, bool)> = self.members.iter().map(|m| (m.queue.len(), m.health, m.dropped)).collect();
                     self.log.push(format!("{} {text} {queues:?}", self.now));
@@ -555,6 +560,7 @@ mod takeover {
             members: vec!["sim://a".into(), "sim://b".into()],
             member_timeout_ms: 300,
             resync_rate_bytes_per_s: 64 << 20,
+            scrub_interval_ms: None,
         }
     }
 
