@@ -12,6 +12,7 @@
 mod member;
 mod model;
 mod restart;
+mod scrub;
 
 use std::collections::BTreeMap;
 
@@ -58,6 +59,8 @@ struct World {
     read_errors: u64,
     report: Report,
     log: Vec<String>,
+    /// Volume sectors whose copies a scrub test made differ: the workload leaves them alone.
+    diverged: std::collections::BTreeSet<u64>,
 }
 
 const MEMBER_DATA_BYTES: u64 = 64 << 20;
@@ -85,33 +88,7 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
 
 /// Runs one seeded simulation.
 pub fn run(rng: Rng) -> Result<Report, String> {
-    let mut rng = rng;
-    let spec = spec_for(&mut rng);
-    let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(MEMBER_DATA_BYTES)).collect();
-    let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
-    let region = 64 << (10 + rng.below(7));
-    let formatted = crate::coordinator::format_with(&spec, &found, [rng.below(255) as u8 + 1; 16], false, Some(region))?;
-    for (m, bytes) in members.iter_mut().zip(formatted) {
-        m.meta[..bytes.len()].copy_from_slice(&bytes);
-    }
-    let found = members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
-    let coord = Coordinator::assemble(&spec, found, session(1), false, 0)?;
-    let report = Report { layout: spec.layout.name(), ..Report::default() };
-    let mut w = World {
-        rng,
-        now: 0,
-        spec,
-        members,
-        coord,
-        model: Model::new(),
-        reqs: BTreeMap::new(),
-        copies: BTreeMap::new(),
-        sessions: 1,
-        read_errors: 0,
-        report,
-        log: Vec::new(),
-    };
-    w.pump()?;
+    let mut w = World::new(rng)?;
     for _ in 0..STEPS {
         if let Err(e) = w.step(true) {
             return Err(w.explain(e));
@@ -121,6 +98,41 @@ pub fn run(rng: Rng) -> Result<Report, String> {
     w.verify().map_err(|e| w.explain(e))?;
     w.report.resynced_bytes += w.coord.status().resynced_bytes;
     Ok(w.report)
+}
+
+impl World {
+    /// A freshly formatted pool of a seeded layout, and its coordinator.
+    fn new(rng: Rng) -> Result<World, String> {
+        let mut rng = rng;
+        let spec = spec_for(&mut rng);
+        let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(MEMBER_DATA_BYTES)).collect();
+        let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
+        let region = 64 << (10 + rng.below(7));
+        let formatted = crate::coordinator::format_with(&spec, &found, [rng.below(255) as u8 + 1; 16], false, Some(region))?;
+        for (m, bytes) in members.iter_mut().zip(formatted) {
+            m.meta[..bytes.len()].copy_from_slice(&bytes);
+        }
+        let found = members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
+        let coord = Coordinator::assemble(&spec, found, session(1), false, 0)?;
+        let report = Report { layout: spec.layout.name(), ..Report::default() };
+        let mut w = World {
+            rng,
+            now: 0,
+            spec,
+            members,
+            coord,
+            model: Model::new(),
+            reqs: BTreeMap::new(),
+            copies: BTreeMap::new(),
+            sessions: 1,
+            read_errors: 0,
+            report,
+            log: Vec::new(),
+            diverged: std::collections::BTreeSet::new(),
+        };
+        w.pump()?;
+        Ok(w)
+    }
 }
 
 fn session(id: u64) -> Session {
@@ -181,6 +193,9 @@ impl World {
             18 => Command::Trim { offset, len, fua: false },
             _ => Command::Flush,
         };
+        if cmd.is_write() && self.diverged.range(offset / SECTOR..(offset + len) / SECTOR).next().is_some() {
+            return Ok(());
+        }
         let buf = match cmd {
             Command::Write { .. } => self.model.versions(len),
             Command::Read { .. } | Command::Zero { .. } | Command::Trim { .. } => vec![0; (len / SECTOR) as usize],
