@@ -94,6 +94,11 @@ impl<M: Member> PoolDriver<M> {
         self.shared.look(|core| core.coord.status())
     }
 
+    /// Starts a scrub (see `Coordinator::start_scrub`).
+    pub(crate) fn start_scrub(&self, repair: bool, from: Option<usize>) -> Result<(), Error> {
+        self.shared.run(|core, now| core.coord.start_scrub(repair, from, now)).map_err(Error::Refused)
+    }
+
     /// Connections open to the members, all together.
     pub(crate) fn connections(&self) -> usize {
         self.shared.connections()

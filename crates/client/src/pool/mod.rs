@@ -24,10 +24,13 @@ mod open;
 mod pump;
 mod replace;
 mod requests;
+mod scrub;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
 pub use replace::{replace, Replaced};
+pub use scrub::scrub;
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
+pub use sluice_pool::coordinator::{ScrubRange, ScrubReport};
 pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Status};
