@@ -3,7 +3,7 @@
 //! subcommand takes `pool:PATH` where it takes a URI.
 
 use crate::client_cli::{self, fail};
-use crate::pool_status;
+use crate::{pool_scrub, pool_status};
 use sluice_client::pool::{self, PoolSpec};
 use sluice_client::{Address, Error, Uri};
 use std::process::ExitCode;
@@ -53,6 +53,19 @@ enum PoolCommand {
   sluice pool replace pool:/etc/sluice/vol.toml nbd://10.0.0.2/disk nbd://10.0.0.9/disk
   systemctl reload sluice     # when a server serves the pool: it rebuilds the new member")]
     Replace(ReplaceArgs),
+    /// Compare every mirror set's in-sync copies, chunk by chunk at resync-rate with
+    /// writes to the chunk held back, and report the regions and byte ranges (of each set's
+    /// member data) where they differ. Exit status 1 when they differ.
+    #[command(after_help = "EXAMPLES:
+  sluice pool check pool:/etc/sluice/vol.toml
+  sluice pool check --json pool:vol.toml | jq '.mismatched_regions'")]
+    Check(pool_scrub::CheckArgs),
+    /// Like check, and rewrite the copies that differ from the source: --from's member,
+    /// or each set's first in-sync copy.
+    #[command(after_help = "EXAMPLES:
+  sluice pool repair pool:/etc/sluice/vol.toml
+  sluice pool repair --from nbd://10.0.0.1/disk pool:vol.toml")]
+    Repair(pool_scrub::RepairArgs),
 }
 
 #[derive(clap::Args)]
@@ -106,11 +119,18 @@ pub fn run(args: PoolArgs) -> ExitCode {
         PoolCommand::Init(a) => (&a.pool, "pool init"),
         PoolCommand::Status(a) => (&a.pool, "pool status"),
         PoolCommand::Replace(a) => (&a.pool, "pool replace"),
+        PoolCommand::Check(a) => (&a.pool, "pool check"),
+        PoolCommand::Repair(a) => (&a.pool, "pool repair"),
     };
     let spec = match load(arg) {
         Ok(spec) => spec,
         Err(e) => return fail(cmd, &e),
     };
+    match &args.command {
+        PoolCommand::Check(a) => return pool_scrub::run(cmd, &a.pool, false, None, a.json),
+        PoolCommand::Repair(a) => return pool_scrub::run(cmd, &a.pool, true, a.from.as_deref(), a.json),
+        _ => {}
+    }
     let rt = client_cli::runtime();
     let result = rt.block_on(async {
         match &args.command {
@@ -121,6 +141,7 @@ pub fn run(args: PoolArgs) -> ExitCode {
                 .await
                 .map(|(s, assembly)| pool_status::print(&s, &assembly, a.json)),
             PoolCommand::Replace(a) => replace(a).await,
+            PoolCommand::Check(_) | PoolCommand::Repair(_) => unreachable!("run above"),
         }
     });
     match result {

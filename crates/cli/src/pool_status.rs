@@ -77,12 +77,33 @@ pub fn to_text(s: &Status) -> String {
     if s.resynced_bytes > 0 {
         out += &format!("resynced: {}\n", HumanBytes(s.resynced_bytes));
     }
+    if let Some(r) = &s.scrub {
+        out += &scrub_line(r, s.scrubs_completed);
+    }
     out += "members:\n";
     let width = s.members.iter().map(|m| m.uri.len()).max().unwrap_or(0);
     for m in &s.members {
         out += &format!("  {:width$}  {}\n", m.uri, state_text(m.state));
     }
     out
+}
+
+/// "scrub: check running 40%, 1 mismatched region" or the last one's result.
+fn scrub_line(r: &sluice_client::pool::ScrubReport, completed: u64) -> String {
+    let what = if r.repair { "repair" } else { "check" };
+    let state = match (r.running, r.finished_wall_ms) {
+        (true, _) => format!("running {}%", percent(r.done_bytes, r.total_bytes)),
+        (false, Some(ms)) if ms > 0 => format!("ended {} s after the epoch", ms / 1000),
+        (false, _) => "ended".to_string(),
+    };
+    let mut line = format!("scrub:    {what} {state}, {} mismatched region(s)", r.mismatched_regions);
+    if r.repair {
+        line += &format!(", {} repaired", r.repaired_regions);
+    }
+    if completed > 0 {
+        line += &format!(" ({completed} completed by this coordinator)");
+    }
+    line + "\n"
 }
 
 pub fn to_json(s: &Status) -> Value {
@@ -113,6 +134,8 @@ pub fn to_json(s: &Status) -> Value {
         "resynced_bytes": s.resynced_bytes,
         "owner": s.owner,
         "members": members,
+        "scrub": s.scrub.as_ref().map(crate::pool_scrub::to_json),
+        "scrubs_completed": s.scrubs_completed,
     })
 }
 
@@ -149,6 +172,8 @@ mod tests {
                     },
                 ),
             ],
+            scrub: None,
+            scrubs_completed: 0,
         }
     }
 
