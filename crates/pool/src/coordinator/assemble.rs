@@ -102,7 +102,7 @@ impl Coordinator {
             paced_bytes: 0,
             resynced_bytes: 0,
             stopping: Stopping::Running,
-            scrub: super::scrub::Scrub::new(spec, &sbs, now),
+            scrub: super::scrub_state::Scrub::new(&sbs, now),
         };
         c.place_members(&auth, &sbs);
         c.check_every_set_has_a_copy()?;

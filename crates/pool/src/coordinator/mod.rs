@@ -20,11 +20,13 @@ mod request;
 mod resync;
 mod scrub;
 mod scrub_job;
+mod scrub_report;
+mod scrub_state;
 mod state;
 mod survey;
 
 pub use api::*;
-pub use scrub::differing_ranges;
+pub use scrub_report::differing_ranges;
 pub use survey::{format, survey};
 #[cfg(any(test, feature = "sim"))]
 pub(crate) use survey::format_with;
@@ -76,7 +78,7 @@ pub struct Coordinator {
     paced_bytes: u64,
     resynced_bytes: u64,
     stopping: Stopping,
-    scrub: scrub::Scrub,
+    scrub: scrub_state::Scrub,
 }
 
 impl Coordinator {

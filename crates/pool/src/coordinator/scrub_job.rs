@@ -11,7 +11,7 @@
 //! with the copies that remain.
 
 use super::api::{Action, CompareId, CopyId, Data, MemberCmd, ScrubRange};
-use super::scrub::Chunk;
+use super::scrub_state::Chunk;
 use super::state::Stopping;
 use super::Coordinator;
 use crate::limits::{META_BYTES, RESYNC_CHUNK_BYTES, RESYNC_STEPS_MAX, SCRUB_RANGES_MAX};

@@ -165,7 +165,7 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
         resynced_bytes: 0,
         owner: (auth.owner.session != 0).then(|| format!("{} pid {}", auth.owner.host, auth.owner.pid)),
         members,
-        scrub: super::scrub::recorded(&sbs),
+        scrub: super::scrub_report::recorded(&sbs),
         scrubs_completed: 0,
     })
 }
