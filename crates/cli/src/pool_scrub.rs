@@ -9,7 +9,7 @@
 use crate::client_cli::exit_code;
 use crate::exit::EXIT_USAGE;
 use indicatif::HumanBytes;
-use serde_json::{json, Value};
+use serde_json::Value;
 use sluice_client::pool::{self, ScrubReport};
 use sluice_client::Error;
 use std::path::Path;
@@ -99,20 +99,7 @@ pub fn to_text(r: &ScrubReport) -> String {
 }
 
 pub fn to_json(r: &ScrubReport) -> Value {
-    let ranges: Vec<Value> = r.ranges.iter().map(|g| json!({"set": g.set, "start": g.start, "end": g.end})).collect();
-    json!({
-        "kind": if r.repair { "repair" } else { "check" },
-        "running": r.running,
-        "done_bytes": r.done_bytes,
-        "total_bytes": r.total_bytes,
-        "skipped_bytes": r.skipped_bytes,
-        "mismatched_regions": r.mismatched_regions,
-        "repaired_regions": r.repaired_regions,
-        "ranges": ranges,
-        "ranges_truncated": r.ranges_truncated,
-        "finished_unix_ms": r.finished_wall_ms,
-        "error": r.error,
-    })
+    pool::report_to_json(r)
 }
 
 #[cfg(test)]

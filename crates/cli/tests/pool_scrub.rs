@@ -1,8 +1,9 @@
 //! `sluice pool check` / `repair`: a byte flipped in one mirror member's file is found
 //! (exactly that region and byte, exit status 1), repaired from the other copy, and a
 //! second check finds nothing; the member files are then byte-equal. Also: a stripe has
-//! nothing to compare, `--from` must name an in-sync member, the scrub's result is in
-//! `pool status`, and a served pool is refused with its coordinator named.
+//! nothing to compare, `--from` must name a member, the scrub's result is in `pool
+//! status`, and a served pool is checked and repaired by its coordinator, reached through
+//! its control socket (gone once it stops).
 mod common;
 use common::*;
 
@@ -116,11 +117,43 @@ fn repair_from_a_named_copy_and_the_refusals() {
 }
 
 #[test]
-fn a_served_pool_is_not_assembled_twice() {
+fn a_served_pool_is_checked_and_repaired_by_its_coordinator() {
     let p = mirror("mirror");
+    let at = 6 * MIB + 4095;
+    flip(&p.members[0], at);
     let c = common::pool::Coordinator::start(p.dir.path(), &p.spec);
+    let (code, out, err) = sluice(&["pool", "check", "--json", &p.spec]);
+    assert_eq!(code, 1, "check through the coordinator: {out}{err}\n{}", c.log_text());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad JSON ({e}): {out}"));
+    assert_eq!(v["mismatched_regions"].as_u64(), Some(1), "{v}");
+    assert_eq!((v["ranges"][0]["start"].as_u64(), v["ranges"][0]["end"].as_u64()), (Some(at), Some(at + 1)), "{v}");
+    assert!(c.log_text().contains("scrub: check ended: 1 mismatched region(s)"), "the coordinator did not run it: {}", c.log_text());
+
+    let (code, out, err) = sluice(&["pool", "repair", "--from", &p.members[1].uri(), &p.spec]);
+    assert_eq!(code, 0, "repair through the coordinator: {out}{err}\n{}", c.log_text());
     let (code, out, err) = sluice(&["pool", "check", &p.spec]);
-    assert_ne!(code, 0, "{out}{err}");
-    assert!(err.contains("being served"), "the refusal does not say who serves the pool: {err}");
+    assert_eq!(code, 0, "check after the repair: {out}{err}");
+    // The coordinator's record reaches the superblocks while it serves.
+    let s = wait_scrub_record(&p.spec);
+    assert_eq!(s["scrub"]["kind"].as_str(), Some("check"), "{s}");
+    let id = s["pool_id"].as_str().unwrap().to_owned();
+    let socket = c.log_text().lines().find_map(|l| l.split_once(&format!("pool {id}: control socket ")).map(|(_, p)| p.trim().to_owned()));
+    let socket = socket.unwrap_or_else(|| panic!("the log does not name the control socket: {}", c.log_text()));
+    assert!(std::path::Path::new(&socket).exists(), "{socket} is not there while the pool is served");
     c.stop_clean();
+    assert!(!std::path::Path::new(&socket).exists(), "{socket} is left after the server stopped");
+    assert!(p.members[0].data() == p.members[1].data(), "the member files differ after the repair");
+    assert!(p.members[0].data() == pattern(MEMBER_DATA as usize, 77), "--from's copy was not the source");
+}
+
+/// `pool status --json` once it shows a completed check in the superblocks.
+fn wait_scrub_record(spec: &str) -> serde_json::Value {
+    common::pool::wait_for("the scrub record in the superblocks", || {
+        let (code, out, err) = sluice(&["pool", "status", "--json", spec]);
+        let s: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("{code} {e}: {out}{err}"))?;
+        match s["scrub"]["kind"].as_str() {
+            Some("check") => Ok(s),
+            _ => Err(s.to_string()),
+        }
+    })
 }

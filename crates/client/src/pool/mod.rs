@@ -10,6 +10,8 @@
 
 mod admin;
 mod background;
+mod control;
+mod control_ask;
 mod driver;
 #[cfg(test)]
 mod driver_tests;
@@ -25,11 +27,13 @@ mod pump;
 mod replace;
 mod requests;
 mod scrub;
+mod scrub_json;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
 pub use replace::{replace, Replaced};
 pub use scrub::scrub;
+pub use scrub_json::{report_from_json, report_to_json};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
 pub use sluice_pool::coordinator::{ScrubRange, ScrubReport};

@@ -40,7 +40,11 @@ pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options, degraded:
         log::warn!("pool {}: DEGRADED: assembled without {}; they are tried again in the background and rebuilt when they answer", path.display(), missing.join(", "));
     }
     let export = export(path, &spec, coord.size(), members.iter().flatten());
+    let pool_id = coord.status().pool_id;
     let driver = PoolDriver::start(coord, members, uris, options.clone(), start, spec.member_timeout_ms);
+    if spec.layout.redundant() {
+        driver.listen_control(&pool_id);
+    }
     Ok((export, driver))
 }
 
