@@ -181,9 +181,94 @@ pub fn run_scrub(rng: Rng, faults: bool) -> Result<(u64, u64), String> {
     body(&mut w).map_err(|e| w.explain(e))
 }
 
+/// The wall clock at sim time 0 (any date will do).
+const WALL_ORIGIN_MS: u64 = 1_700_000_000_000;
+const HOUR_MS: u64 = 3_600_000;
+
+impl World {
+    /// Lets time pass without a workload (jumping over idle time) until `done` or `limit`
+    /// (sim time); returns whether `done` came true.
+    fn run_until(&mut self, limit: u64, done: impl Fn(&World) -> bool) -> Result<bool, String> {
+        for _ in 0..SCRUB_STEPS_MAX {
+            if done(self) {
+                return Ok(true);
+            }
+            if self.now >= limit {
+                return Ok(false);
+            }
+            if self.members.iter().all(|m| m.queue.is_empty()) && self.reqs.is_empty() {
+                if let Some(t) = self.coord.next_wakeup() {
+                    self.now = self.now.max(t.min(limit));
+                }
+            }
+            self.step(false)?;
+        }
+        Err("the run did not end".into())
+    }
+
+    /// A clean restart with a new coordinator that knows the wall clock.
+    fn restart_with_clock(&mut self) -> Result<(), String> {
+        self.restart_cleanly()?;
+        self.coord.set_wall_clock(WALL_ORIGIN_MS);
+        Ok(())
+    }
+}
+
+/// A scheduled scrub starts one interval after the coordinator started (none recorded),
+/// records its end in the superblocks, and after a restart the next one is due one
+/// interval after that record, not earlier.
+pub fn run_scheduled(rng: Rng) -> Result<bool, String> {
+    let mut w = World::new(rng)?;
+    if !w.spec.layout.redundant() {
+        return Ok(false);
+    }
+    let body = |w: &mut World| -> Result<bool, String> {
+        w.spec.scrub_interval_ms = Some(HOUR_MS);
+        w.restart_with_clock()?;
+        let started = w.now;
+        let running = |w: &World| w.coord.status().scrub.is_some_and(|r| r.running);
+        // A scrub starts in the step that observes it running, at that step's time.
+        if !w.run_until(started + HOUR_MS + 5_000, running)? {
+            return Err("no scheduled scrub within 5 s of its interval".into());
+        }
+        if w.now < started + HOUR_MS {
+            return Err(format!("a scheduled scrub started at {} before its interval passed", w.now));
+        }
+        let ended = |w: &World| w.coord.status().scrubs_completed == 1;
+        if !w.run_until(u64::MAX, ended)? {
+            return Err("the scheduled scrub did not end".into());
+        }
+        let finished = w.coord.status().scrub.and_then(|r| r.finished_wall_ms).ok_or("no end time")?;
+        if finished != WALL_ORIGIN_MS + w.now {
+            return Err(format!("the scrub ended at wall {finished}, not {}", WALL_ORIGIN_MS + w.now));
+        }
+        w.settle()?;
+        w.restart_with_clock()?;
+        let recorded = w.coord.status().scrub.and_then(|r| r.finished_wall_ms);
+        if recorded != Some(finished) {
+            return Err(format!("after a restart the last scrub ended at {recorded:?}, not {finished}"));
+        }
+        let due = finished - WALL_ORIGIN_MS + HOUR_MS;
+        if !w.run_until(due + 5_000, running)? {
+            return Err("after a restart no scheduled scrub came when due".into());
+        }
+        if w.now < due {
+            return Err(format!("after a restart a scheduled scrub started at {} before {due}", w.now));
+        }
+        Ok(true)
+    };
+    body(&mut w).map_err(|e| w.explain(e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scheduled_scrubs_come_when_due_and_survive_restarts() {
+        let ran = (0..8).filter(|&seed| run_scheduled(Rng::seeded(9000 + seed)).unwrap_or_else(|e| panic!("seed {seed}: {e}"))).count();
+        assert!(ran >= 2, "only {ran} seeds had a redundant layout");
+    }
 
     #[test]
     fn scrub_reports_exactly_the_rotten_regions_and_repair_fixes_them() {
