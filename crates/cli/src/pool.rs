@@ -17,11 +17,13 @@ use std::process::ExitCode;
   copies = 2                 # mirror and raid10 (default 2)
   members = [\"nbd://10.0.0.1/disk\", \"nbd://10.0.0.2/disk\",
              \"nbd://10.0.0.3/disk\", \"nbd://10.0.0.4/disk\"]
+  scrub-interval = \"7d\"      # optional: the serving coordinator checks the copies
 
 Then `sluice pool init pool:FILE` once, and pool:FILE wherever sluice takes a URI:
 `sluice copy disk.img pool:FILE`, `sluice serve --export vol=pool:FILE`.
 
-Exit status: 0 on success; 1 when a member refuses (it carries another pool's metadata,
+Exit status: 0 on success (check: the copies agree); 1 when check finds copies that
+differ, when a member refuses (it carries another pool's metadata,
 it is read-only) or an I/O error occurs; 2 for a bad command line, a bad pool file, or a
 member that cannot be reached."
 )]
@@ -55,7 +57,8 @@ enum PoolCommand {
     Replace(ReplaceArgs),
     /// Compare every mirror set's in-sync copies, chunk by chunk at resync-rate with
     /// writes to the chunk held back, and report the regions and byte ranges (of each set's
-    /// member data) where they differ. Exit status 1 when they differ.
+    /// member data) where they differ. Exit status 1 when they differ, 2 for a stripe
+    /// (nothing to compare).
     #[command(after_help = "EXAMPLES:
   sluice pool check pool:/etc/sluice/vol.toml
   sluice pool check --json pool:vol.toml | jq '.mismatched_regions'")]
