@@ -140,10 +140,42 @@ fn a_served_pool_is_checked_and_repaired_by_its_coordinator() {
     let socket = c.log_text().lines().find_map(|l| l.split_once(&format!("pool {id}: control socket ")).map(|(_, p)| p.trim().to_owned()));
     let socket = socket.unwrap_or_else(|| panic!("the log does not name the control socket: {}", c.log_text()));
     assert!(std::path::Path::new(&socket).exists(), "{socket} is not there while the pool is served");
+    hostile_requests_get_errors(&socket);
+    let status = ask(&socket, b"{\"op\":\"status\"}\n");
+    assert!(status.contains("\"scrubs_completed\":3"), "{status}");
     c.stop_clean();
     assert!(!std::path::Path::new(&socket).exists(), "{socket} is left after the server stopped");
     assert!(p.members[0].data() == p.members[1].data(), "the member files differ after the repair");
     assert!(p.members[0].data() == pattern(MEMBER_DATA as usize, 77), "--from's copy was not the source");
+}
+
+/// One request on the control socket; everything it answers until it closes (bounded).
+fn ask(socket: &str, request: &[u8]) -> String {
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    let _ = s.write_all(request);
+    // Done asking: a request without its newline then meets the end of the stream.
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Junk, an over-long line, an unknown op, a bad source: clear errors, and the coordinator
+/// goes on serving.
+fn hostile_requests_get_errors(socket: &str) {
+    let long = format!("{{\"op\":\"check\",\"pad\":\"{}\"}}\n", "x".repeat(10_000));
+    let cases: [(&[u8], &str); 5] = [
+        (b"hello\n", "not JSON"),
+        (long.as_bytes(), "one line of at most 4096 bytes"),
+        (b"{\"op\":\"format\"}\n", "must be"),
+        (b"{\"op\":\"repair\",\"from\":\"nbd://nowhere/x\"}\n", "is not a member"),
+        (b"{\"op\":\"check\"", "one line"),
+    ];
+    for (request, want) in cases {
+        let got = ask(socket, request);
+        assert!(got.starts_with("{\"error\":") && got.contains(want), "{:?} got {got:?}", String::from_utf8_lossy(&request[..request.len().min(40)]));
+    }
 }
 
 /// `pool status --json` once it shows a completed check in the superblocks.
