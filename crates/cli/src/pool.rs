@@ -140,9 +140,10 @@ pub fn run(args: PoolArgs) -> ExitCode {
             PoolCommand::Init(a) => pool::init(&spec, a.force)
                 .await
                 .map(|s| pool_status::initialized(&s)),
-            PoolCommand::Status(a) => pool::status_and_assembly(&spec, a.degraded)
-                .await
-                .map(|(s, assembly)| pool_status::print(&s, &assembly, a.json)),
+            PoolCommand::Status(a) => match pool::status_and_assembly(&spec, a.degraded).await {
+                Ok((s, assembly)) => Ok(pool_status::print(&pool::with_live_scrub(s).await, &assembly, a.json)),
+                Err(e) => Err(e),
+            },
             PoolCommand::Replace(a) => replace(a).await,
             PoolCommand::Check(_) | PoolCommand::Repair(_) => unreachable!("run above"),
         }

@@ -93,7 +93,7 @@ fn scrub_line(r: &sluice_client::pool::ScrubReport, completed: u64) -> String {
     let what = if r.repair { "repair" } else { "check" };
     let state = match (r.running, r.finished_wall_ms) {
         (true, _) => format!("running {}%", percent(r.done_bytes, r.total_bytes)),
-        (false, Some(ms)) if ms > 0 => format!("ended {} s after the epoch", ms / 1000),
+        (false, Some(ms)) if ms > 0 => format!("ended at unix time {}", ms / 1000),
         (false, _) => "ended".to_string(),
     };
     let mut line = format!("scrub:    {what} {state}, {} mismatched region(s)", r.mismatched_regions);
@@ -175,6 +175,15 @@ mod tests {
             scrub: None,
             scrubs_completed: 0,
         }
+    }
+
+    #[test]
+    fn the_last_scrub_has_a_line() {
+        let scrub = sluice_client::pool::ScrubReport { repair: true, mismatched_regions: 2, repaired_regions: 2, finished_wall_ms: Some(1_700_000_000_123), ..Default::default() };
+        let s = Status { scrub: Some(scrub), scrubs_completed: 1, ..sample() };
+        assert!(to_text(&s).contains("scrub:    repair ended at unix time 1700000000, 2 mismatched region(s), 2 repaired (1 completed by this coordinator)\n"), "{}", to_text(&s));
+        assert_eq!(to_json(&s)["scrub"]["repaired_regions"], 2);
+        assert!(!to_text(&sample()).contains("scrub:"));
     }
 
     #[test]

@@ -133,9 +133,10 @@ fn a_served_pool_is_checked_and_repaired_by_its_coordinator() {
     assert_eq!(code, 0, "repair through the coordinator: {out}{err}\n{}", c.log_text());
     let (code, out, err) = sluice(&["pool", "check", &p.spec]);
     assert_eq!(code, 0, "check after the repair: {out}{err}");
-    // The coordinator's record reaches the superblocks while it serves.
+    // pool status asks the serving coordinator (and its record is in the superblocks).
     let s = wait_scrub_record(&p.spec);
     assert_eq!(s["scrub"]["kind"].as_str(), Some("check"), "{s}");
+    assert_eq!(s["scrubs_completed"].as_u64(), Some(3), "pool status does not ask the serving coordinator: {s}");
     let id = s["pool_id"].as_str().unwrap().to_owned();
     let socket = c.log_text().lines().find_map(|l| l.split_once(&format!("pool {id}: control socket ")).map(|(_, p)| p.trim().to_owned()));
     let socket = socket.unwrap_or_else(|| panic!("the log does not name the control socket: {}", c.log_text()));

@@ -32,6 +32,7 @@ mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
 pub use replace::{replace, Replaced};
+pub use control_ask::with_live_scrub;
 pub use scrub::scrub;
 pub use scrub_json::{report_from_json, report_to_json};
 pub(crate) use driver::PoolDriver;
