@@ -141,7 +141,10 @@ pub fn run(args: PoolArgs) -> ExitCode {
                 .await
                 .map(|s| pool_status::initialized(&s)),
             PoolCommand::Status(a) => match pool::status_and_assembly(&spec, a.degraded).await {
-                Ok((s, assembly)) => Ok(pool_status::print(&pool::with_live_scrub(s).await, &assembly, a.json)),
+                Ok((s, assembly)) => {
+                    pool_status::print(&pool::with_live_scrub(s).await, &assembly, a.json);
+                    Ok(())
+                }
                 Err(e) => Err(e),
             },
             PoolCommand::Replace(a) => replace(a).await,
