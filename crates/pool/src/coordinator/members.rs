@@ -51,6 +51,7 @@ impl Coordinator {
             Purpose::JobFlush { job } => self.settle_job_flush(job, ok),
             Purpose::ScrubRead { chunk } => self.settle_scrub_read(chunk, op.member, ok),
             Purpose::ScrubWrite { chunk } => self.settle_scrub_write(chunk, ok),
+            Purpose::ScrubFlush => self.settle_scrub_flush(),
         }
     }
 

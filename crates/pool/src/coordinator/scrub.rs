@@ -81,6 +81,7 @@ impl Coordinator {
             regions: BTreeSet::new(),
             repaired: BTreeSet::new(),
             cutting: None,
+            flushes_out: None,
         });
         let what = if repair { "repair" } else { "check" };
         let source = from.map_or(String::new(), |m| format!(" from member {m} ({})", self.spec.members[m]));

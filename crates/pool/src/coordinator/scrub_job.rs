@@ -60,10 +60,38 @@ impl Coordinator {
         moved |= self.start_scrub_chunks();
         let Some(job) = self.scrub.job.as_ref() else { return true };
         if job.cursor.is_none() && job.chunks.is_empty() && job.cutting.is_none() {
-            self.end_scrub(None);
-            moved = true;
+            moved |= self.finish_scrub();
         }
         moved
+    }
+
+    /// Every chunk is through: a repair that rewrote something flushes every live member
+    /// first; then the scrub ends.
+    fn finish_scrub(&mut self) -> bool {
+        let Some(job) = self.scrub.job.as_mut() else { return false };
+        match job.flushes_out {
+            Some(0) => {}
+            Some(_) => return false,
+            None if job.repaired.is_empty() => {}
+            None => {
+                let live: Vec<usize> = (0..self.members.len()).filter(|&m| self.members[m].live()).collect();
+                job.flushes_out = Some(live.len());
+                for m in live {
+                    self.issue(m, MemberCmd::Flush, Data::None, super::state::Purpose::ScrubFlush);
+                }
+                return true;
+            }
+        }
+        self.end_scrub(None);
+        true
+    }
+
+    /// A closing flush is back (a member that failed it is declared missing, as after any
+    /// failed operation).
+    pub(super) fn settle_scrub_flush(&mut self) {
+        if let Some(n) = self.scrub.job.as_mut().and_then(|j| j.flushes_out.as_mut()) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     /// Cuts the scrub short: nothing more starts, and it ends when the chunks in flight do.
@@ -80,7 +108,7 @@ impl Coordinator {
 
     /// A clean stop waits for the chunks being read or rewritten.
     pub(super) fn scrub_busy(&self) -> bool {
-        self.scrub.job.as_ref().is_some_and(|j| j.chunks.values().any(|c| c.held))
+        self.scrub.job.as_ref().is_some_and(|j| j.chunks.values().any(|c| c.held) || j.flushes_out.is_some_and(|n| n > 0))
     }
 
     /// The members whose copy of `region` of `set` holds every acknowledged write: in

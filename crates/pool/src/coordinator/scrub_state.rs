@@ -40,6 +40,9 @@ pub(super) struct ScrubJob {
     /// Why the scrub is being cut short: it starts nothing more, and ends once the chunks
     /// in flight are through (their buffers released).
     pub cutting: Option<String>,
+    /// A repair's closing flushes still out (None: not started), so that what it rewrote
+    /// is durable when it says it is done.
+    pub flushes_out: Option<usize>,
 }
 
 /// One chunk of one set being compared.

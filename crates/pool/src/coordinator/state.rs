@@ -89,6 +89,8 @@ pub(super) enum Purpose {
     /// Reading one copy of a scrub chunk, and rewriting one from the source (repair).
     ScrubRead { chunk: u64 },
     ScrubWrite { chunk: u64 },
+    /// Making a repair's rewrites durable before it ends.
+    ScrubFlush,
 }
 
 pub(super) struct Op {

@@ -189,4 +189,9 @@ impl SimMember {
         self.durable.insert(s, v);
         self.unflushed.remove(&s);
     }
+
+    /// Whether data sector `s` is on the medium as it reads now (a power loss keeps it).
+    pub fn durable_as_read(&self, s: u64) -> bool {
+        self.durable.get(&s).copied().unwrap_or(0) == self.sector(s)
+    }
 }

@@ -170,6 +170,14 @@ pub fn run_scrub(rng: Rng, faults: bool) -> Result<(u64, u64), String> {
         for s in std::mem::take(&mut w.diverged) {
             w.model.converge(s);
         }
+        // The repair flushed what it rewrote (the workload leaves those sectors alone).
+        for r in expected.iter().filter(|_| !faults) {
+            for m in r.set * w.spec.copies..(r.set + 1) * w.spec.copies {
+                if !w.members[m].durable_as_read(r.start / SECTOR) {
+                    return Err(format!("member {m}'s repaired sector {} is not durable after the repair", r.start / SECTOR));
+                }
+            }
+        }
         let again = w.scrub(false, None, false)?;
         if again.mismatched_regions != 0 || !again.ranges.is_empty() {
             return Err(format!("a check after the repair still found {again:?}"));
