@@ -89,7 +89,7 @@ impl Coordinator {
     }
 
     /// The scrub is over (`error`: cut short): its report stays as the last one, and the
-    /// superblocks record it.
+    /// superblocks record it unless the pool is stopping.
     pub(super) fn end_scrub(&mut self, error: Option<String>) {
         let Some(job) = self.scrub.job.take() else { return };
         let mut report = job.report;
@@ -97,15 +97,20 @@ impl Coordinator {
         report.error = error;
         let wall = self.scrub.wall_origin.map_or(0, |o| o + self.now);
         report.finished_wall_ms = Some(wall);
-        self.scrub.record = Some(ScrubRecord {
-            repair: report.repair,
-            partial: report.error.is_some() || report.skipped_bytes > 0,
-            finished_wall_ms: wall,
-            compared_bytes: report.done_bytes - report.skipped_bytes,
-            mismatched_regions: report.mismatched_regions,
-            repaired_regions: report.repaired_regions,
-        });
-        self.gen[0] += 1;
+        // A scrub the pool's stop cut short is not recorded: it must not push the next
+        // scheduled one back (a short-lived coordinator would otherwise keep doing so).
+        let stopped = self.stopping != super::state::Stopping::Running || self.fenced.is_some();
+        if !stopped {
+            self.scrub.record = Some(ScrubRecord {
+                repair: report.repair,
+                partial: report.error.is_some() || report.skipped_bytes > 0,
+                finished_wall_ms: wall,
+                compared_bytes: report.done_bytes - report.skipped_bytes,
+                mismatched_regions: report.mismatched_regions,
+                repaired_regions: report.repaired_regions,
+            });
+            self.gen[0] += 1;
+        }
         self.scrub.completed += 1;
         let what = if report.repair { "repair" } else { "check" };
         let mut text = format!("scrub: {what} ended: {} mismatched region(s), {} repaired, {} bytes skipped", report.mismatched_regions, report.repaired_regions, report.skipped_bytes);

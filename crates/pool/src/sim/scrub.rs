@@ -263,6 +263,12 @@ pub fn run_scheduled(rng: Rng) -> Result<bool, String> {
         if w.now < due {
             return Err(format!("after a restart a scheduled scrub started at {} before {due}", w.now));
         }
+        // A stop that cuts it short leaves the record (and the schedule) as it was.
+        w.restart_with_clock()?;
+        let recorded = w.coord.status().scrub.and_then(|r| r.finished_wall_ms);
+        if recorded != Some(finished) {
+            return Err(format!("a scrub cut short by a stop was recorded: {recorded:?}, not {finished}"));
+        }
         Ok(true)
     };
     body(&mut w).map_err(|e| w.explain(e))
