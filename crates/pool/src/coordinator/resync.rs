@@ -119,7 +119,7 @@ impl Coordinator {
     }
 
     /// Whether job `j`'s set has an in-sync member to copy from.
-    fn has_source(&self, j: usize) -> bool {
+    pub(super) fn has_source(&self, j: usize) -> bool {
         let Some(job) = self.jobs[j].as_ref() else { return false };
         self.map.members_of(job.set).any(|m| m != job.target && self.members[m].in_sync())
     }

@@ -38,7 +38,9 @@ impl Coordinator {
         let mut moved = self.start_scrub_chunks();
         loop {
             let Some(job) = self.scrub.job.as_ref() else { return true };
-            let room = job.chunks.len() < RESYNC_STEPS_MAX && job.cutting.is_none();
+            // A resync goes first (as md defers a check): the two never share the rate.
+            let resyncing = self.resync_can_run();
+            let room = job.chunks.len() < RESYNC_STEPS_MAX && job.cutting.is_none() && !resyncing;
             let Some((set, start)) = job.cursor.filter(|_| room) else { break };
             let end = self.chunk_end(start);
             if !self.scrub_pace_allows(end - start) {
@@ -261,6 +263,12 @@ impl Coordinator {
         }
     }
 
+    /// A copy job that can move (its set has a copy to read from); one that cannot would
+    /// hold a scrub back for nothing.
+    fn resync_can_run(&self) -> bool {
+        (0..self.jobs.len()).any(|j| self.has_source(j))
+    }
+
     fn scrub_pace_allows(&self, len: u64) -> bool {
         let Some(job) = self.scrub.job.as_ref() else { return false };
         let elapsed = self.now.saturating_sub(job.pace_origin);
@@ -270,7 +278,8 @@ impl Coordinator {
 
     pub(super) fn scrub_pace_wakeup(&self) -> Option<u64> {
         let job = self.scrub.job.as_ref()?;
-        if job.cursor.is_none() || job.chunks.len() >= RESYNC_STEPS_MAX || self.stopping != Stopping::Running {
+        let resyncing = self.resync_can_run();
+        if job.cursor.is_none() || job.chunks.len() >= RESYNC_STEPS_MAX || self.stopping != Stopping::Running || resyncing {
             return None;
         }
         let at = job.pace_origin + job.paced_bytes.saturating_mul(1000).div_ceil(self.spec.resync_rate_bytes_per_s);
