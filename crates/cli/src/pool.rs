@@ -3,7 +3,7 @@
 //! subcommand takes `pool:PATH` where it takes a URI.
 
 use crate::client_cli::{self, fail};
-use crate::pool_status;
+use crate::{pool_scrub, pool_status};
 use sluice_client::pool::{self, PoolSpec};
 use sluice_client::{Address, Error, Uri};
 use std::process::ExitCode;
@@ -17,11 +17,13 @@ use std::process::ExitCode;
   copies = 2                 # mirror and raid10 (default 2)
   members = [\"nbd://10.0.0.1/disk\", \"nbd://10.0.0.2/disk\",
              \"nbd://10.0.0.3/disk\", \"nbd://10.0.0.4/disk\"]
+  scrub-interval = \"7d\"      # optional: the serving coordinator checks the copies
 
 Then `sluice pool init pool:FILE` once, and pool:FILE wherever sluice takes a URI:
 `sluice copy disk.img pool:FILE`, `sluice serve --export vol=pool:FILE`.
 
-Exit status: 0 on success; 1 when a member refuses (it carries another pool's metadata,
+Exit status: 0 on success (check: the copies agree); 1 when check finds copies that
+differ, when a member refuses (it carries another pool's metadata,
 it is read-only) or an I/O error occurs; 2 for a bad command line, a bad pool file, or a
 member that cannot be reached."
 )]
@@ -61,6 +63,20 @@ enum PoolCommand {
   sluice pool add-spare pool:/etc/sluice/vol.toml nbd://10.0.0.9/disk
   systemctl reload sluice     # when a server serves the pool: it takes the spare into account")]
     AddSpare(AddSpareArgs),
+    /// Compare every mirror set's in-sync copies, chunk by chunk at resync-rate with
+    /// writes to the chunk held back, and report the regions and byte ranges (of each set's
+    /// member data) where they differ. Exit status 1 when they differ, 2 for a stripe
+    /// (nothing to compare).
+    #[command(after_help = "EXAMPLES:
+  sluice pool check pool:/etc/sluice/vol.toml
+  sluice pool check --json pool:vol.toml | jq '.mismatched_regions'")]
+    Check(pool_scrub::CheckArgs),
+    /// Like check, and rewrite the copies that differ from the source: --from's member,
+    /// or each set's first in-sync copy.
+    #[command(after_help = "EXAMPLES:
+  sluice pool repair pool:/etc/sluice/vol.toml
+  sluice pool repair --from nbd://10.0.0.1/disk pool:vol.toml")]
+    Repair(pool_scrub::RepairArgs),
 }
 
 #[derive(clap::Args)]
@@ -130,20 +146,31 @@ pub fn run(args: PoolArgs) -> ExitCode {
         PoolCommand::Status(a) => (&a.pool, "pool status"),
         PoolCommand::Replace(a) => (&a.pool, "pool replace"),
         PoolCommand::AddSpare(a) => (&a.pool, "pool add-spare"),
+        PoolCommand::Check(a) => (&a.pool, "pool check"),
+        PoolCommand::Repair(a) => (&a.pool, "pool repair"),
     };
     let spec = match load(arg) {
         Ok(spec) => spec,
         Err(e) => return fail(cmd, &e),
     };
+    match &args.command {
+        PoolCommand::Check(a) => return pool_scrub::run(cmd, &a.pool, false, None, a.json),
+        PoolCommand::Repair(a) => return pool_scrub::run(cmd, &a.pool, true, a.from.as_deref(), a.json),
+        _ => {}
+    }
     let rt = client_cli::runtime();
     let result = rt.block_on(async {
         match &args.command {
             PoolCommand::Init(a) => pool::init(&spec, a.force)
                 .await
                 .map(|s| pool_status::initialized(&s)),
-            PoolCommand::Status(a) => pool::status_and_assembly(&spec, a.degraded)
-                .await
-                .map(|(s, assembly)| pool_status::print(&s, &assembly, a.json)),
+            PoolCommand::Status(a) => match pool::status_and_assembly(&spec, a.degraded).await {
+                Ok((s, assembly)) => {
+                    pool_status::print(&pool::with_live_scrub(s).await, &assembly, a.json);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
             PoolCommand::Replace(a) => replace(a).await,
             PoolCommand::AddSpare(a) => {
                 let path = a.pool.strip_prefix("pool:").unwrap_or(&a.pool);
@@ -154,6 +181,7 @@ pub fn run(args: PoolArgs) -> ExitCode {
                 }
                 Ok(())
             }
+            PoolCommand::Check(_) | PoolCommand::Repair(_) => unreachable!("run above"),
         }
     });
     match result {

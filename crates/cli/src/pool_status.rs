@@ -77,6 +77,9 @@ pub fn to_text(s: &Status) -> String {
     if s.resynced_bytes > 0 {
         out += &format!("resynced: {}\n", HumanBytes(s.resynced_bytes));
     }
+    if let Some(r) = &s.scrub {
+        out += &scrub_line(r, s.scrubs_completed);
+    }
     out += "members:\n";
     let width = s.members.iter().map(|m| m.uri.len()).max().unwrap_or(0);
     for m in &s.members {
@@ -93,6 +96,24 @@ pub fn to_text(s: &Status) -> String {
         out += &format!("taken:    {} spare(s) since this coordinator started\n", s.spares_taken);
     }
     out
+}
+
+/// "scrub: check running 40%, 1 mismatched region" or the last one's result.
+fn scrub_line(r: &sluice_client::pool::ScrubReport, completed: u64) -> String {
+    let what = if r.repair { "repair" } else { "check" };
+    let state = match (r.running, r.finished_wall_ms) {
+        (true, _) => format!("running {}%", percent(r.done_bytes, r.total_bytes)),
+        (false, Some(ms)) if ms > 0 => format!("ended at unix time {}", ms / 1000),
+        (false, _) => "ended".to_string(),
+    };
+    let mut line = format!("scrub:    {what} {state}, {} mismatched region(s)", r.mismatched_regions);
+    if r.repair {
+        line += &format!(", {} repaired", r.repaired_regions);
+    }
+    if completed > 0 {
+        line += &format!(" ({completed} completed by this coordinator)");
+    }
+    line + "\n"
 }
 
 pub fn to_json(s: &Status) -> Value {
@@ -126,6 +147,8 @@ pub fn to_json(s: &Status) -> Value {
         "spares": s.spares,
         "replacing": s.replacing.as_ref().map(|r| json!({"member": r.member, "uri": r.uri, "done": r.done, "total": r.total})),
         "spares_taken": s.spares_taken,
+        "scrub": s.scrub.as_ref().map(crate::pool_scrub::to_json),
+        "scrubs_completed": s.scrubs_completed,
     })
 }
 
@@ -165,7 +188,18 @@ mod tests {
                     },
                 ),
             ],
+            scrub: None,
+            scrubs_completed: 0,
         }
+    }
+
+    #[test]
+    fn the_last_scrub_has_a_line() {
+        let scrub = sluice_client::pool::ScrubReport { repair: true, mismatched_regions: 2, repaired_regions: 2, finished_wall_ms: Some(1_700_000_000_123), ..Default::default() };
+        let s = Status { scrub: Some(scrub), scrubs_completed: 1, ..sample() };
+        assert!(to_text(&s).contains("scrub:    repair ended at unix time 1700000000, 2 mismatched region(s), 2 repaired (1 completed by this coordinator)\n"), "{}", to_text(&s));
+        assert_eq!(to_json(&s)["scrub"]["repaired_regions"], 2);
+        assert!(!to_text(&sample()).contains("scrub:"));
     }
 
     #[test]

@@ -497,6 +497,17 @@ impl Client {
         }
     }
 
+    /// For a pool: starts comparing the copies of every mirror set (`repair`: and
+    /// rewriting those that differ from member `from`, or each set's first in-sync copy);
+    /// `pool_status().scrub` follows it. Refused for a stripe, while a scrub runs, and for
+    /// anything but a pool.
+    pub fn start_pool_scrub(&self, repair: bool, from: Option<usize>) -> Result<(), Error> {
+        match &self.inner.transport {
+            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Pool(pool) => pool.start_scrub(repair, from),
+        }
+    }
+
     /// The live state of the pool this client uses (members, resync progress, dirty
     /// regions); `None` for a plain export.
     pub fn pool_status(&self) -> Option<sluice_pool::Status> {

@@ -97,3 +97,13 @@ const _: () = assert!(CHUNK_PAYLOAD_MAX_BYTES >= OPTION_REPLY_MAX_BYTES);
 const _: () = assert!(RECONNECT_INITIAL_DELAY_MS <= RECONNECT_MAX_DELAY_MS);
 const _: () = assert!(RECONNECT_MAX_DELAY_MS <= RECONNECT_GIVE_UP_AFTER_MS);
 const _: () = assert!(REQUEST_ATTEMPTS_MAX >= 2);
+
+/// A pool's control socket: the longest request line a peer may send (the longest one is a
+/// repair naming its source URI), and how long it has to send it.
+pub const POOL_CONTROL_LINE_MAX_BYTES: u64 = 4096;
+pub const POOL_CONTROL_REQUEST_TIMEOUT_MS: u64 = 5_000;
+/// How often a scrub's progress goes out on the control socket.
+pub const POOL_CONTROL_PROGRESS_MS: u64 = 500;
+/// The longest reply line `sluice pool check` accepts from a coordinator (a report with
+/// every range it keeps fits many times over).
+pub const POOL_CONTROL_REPLY_MAX_BYTES: u64 = 1 << 20;

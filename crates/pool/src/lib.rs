@@ -17,6 +17,7 @@ pub mod coordinator;
 pub mod layout;
 pub mod limits;
 pub mod meta;
+pub mod scrub_record;
 pub mod spec;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;

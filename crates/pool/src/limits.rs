@@ -31,7 +31,10 @@ pub const SPARE_AFTER_DEFAULT_MS: u64 = 60_000;
 pub const RESYNC_RATE_DEFAULT_BYTES_PER_S: u64 = 128 << 20;
 /// A resync copies this much per step, with writes to the range held back meanwhile.
 pub const RESYNC_CHUNK_BYTES: u64 = 1 << 20;
-/// Resync steps in flight together.
+/// Byte ranges a scrub report keeps: enough to find a few damaged spots, bounded when a
+/// whole member is garbage (the region count stays exact).
+pub const SCRUB_RANGES_MAX: usize = 256;
+/// Resync steps in flight together (and scrub steps, separately).
 pub const RESYNC_STEPS_MAX: usize = 4;
 /// A dirty region is cleaned once no write has touched it for this long (md: seconds).
 pub const CLEAN_DELAY_MS: u64 = 2_000;

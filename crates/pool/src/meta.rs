@@ -8,6 +8,7 @@
 //! and a CRC-32 of the block in its last four bytes.
 
 use crate::limits::{BITMAP_BITS_MAX, MEMBERS_MAX, META_BLOCK_BYTES, REGION_MIN_BYTES};
+use crate::scrub_record::ScrubRecord;
 use crate::spec::Layout;
 
 const MAGIC: &[u8; 8] = b"SLUICEPL";
@@ -56,6 +57,8 @@ pub struct Superblock {
     pub owner: Owner,
     /// One per member, in member order.
     pub roles: Vec<Role>,
+    /// The last completed scrub (see `scrub_record`).
+    pub scrub: Option<ScrubRecord>,
 }
 
 /// The region size for members with this many data bytes: at least `REGION_MIN_BYTES`,
@@ -112,6 +115,7 @@ impl Superblock {
             b[at + 1..at + 9].copy_from_slice(&x.to_le_bytes());
             b[at + 9..at + 17].copy_from_slice(&y.to_le_bytes());
         }
+        ScrubRecord::encode_into(self.scrub.as_ref(), &mut b);
         let end = b.len() - 4;
         let crc = crc32fast::hash(&b[..end]);
         b[end..].copy_from_slice(&crc.to_le_bytes());
@@ -170,6 +174,7 @@ impl Superblock {
             events: u64_at(64),
             owner,
             roles,
+            scrub: ScrubRecord::decode(b)?,
         };
         if sb.region_bytes == 0 || !sb.region_bytes.is_power_of_two() || sb.regions() > BITMAP_BITS_MAX {
             return Err("its pool superblock has an impossible region size".into());
@@ -234,6 +239,7 @@ mod tests {
             events: 42,
             owner: Owner { session: 9, heartbeat: 100, pid: 1234, host: "node-a".into() },
             roles: vec![Role::Active, Role::Missing { since: 40 }, Role::Rebuilding { done: 5, total: 10, full: true }, Role::Active],
+            scrub: None,
         }
     }
 

@@ -65,11 +65,13 @@ pub struct PoolSpec {
     pub members: Vec<String>,
     /// A member that has not answered an operation for this long is declared missing.
     pub member_timeout_ms: u64,
-    /// Upper bound on background resync traffic.
+    /// Upper bound on background resync traffic (and on scrub reads).
     pub resync_rate_bytes_per_s: u64,
     /// Servers that take the place of a member missing for `spare_after_ms`, in order.
     pub spares: Vec<String>,
     pub spare_after_ms: u64,
+    /// A serving coordinator starts a check this long after the last completed scrub.
+    pub scrub_interval_ms: Option<u64>,
 }
 
 /// A pool file's text with the member `old` replaced by `new`, and nothing else changed:
@@ -95,6 +97,7 @@ struct File {
     #[serde(default)]
     spares: Vec<String>,
     spare_after: Option<String>,
+    scrub_interval: Option<String>,
 }
 
 impl PoolSpec {
@@ -171,6 +174,10 @@ impl PoolSpec {
             None => SPARE_AFTER_DEFAULT_MS,
             Some(s) => parse_duration_ms(s).map_err(|e| format!("spare-after: {e}"))?,
         };
+        let scrub_interval_ms = match &file.scrub_interval {
+            None => None,
+            Some(s) => Some(parse_interval_ms(s).map_err(|e| format!("scrub-interval: {e}"))?),
+        };
         Ok(PoolSpec {
             layout: file.layout,
             stripe_unit,
@@ -180,6 +187,7 @@ impl PoolSpec {
             resync_rate_bytes_per_s,
             spares: file.spares,
             spare_after_ms,
+            scrub_interval_ms,
         })
     }
 
@@ -238,8 +246,22 @@ fn sluice_size(s: &str) -> Result<u64, String> {
     sluice_proto::size::parse_size(s)
 }
 
-/// `"5s"`, `"500ms"`, `"2m"`, or a bare number of seconds.
+/// `"5s"`, `"500ms"`, `"2m"`, `"1h"`, or a bare number of seconds, up to 24h.
 pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    duration_ms(s, 86_400_000, "24h")
+}
+
+/// A scrub interval: a duration such as `"7d"` or `"24h"`, from a minute to a year (a
+/// shorter one would keep a pool scrubbing all the time).
+pub fn parse_interval_ms(s: &str) -> Result<u64, String> {
+    let ms = duration_ms(s, 365 * 86_400_000, "365d")?;
+    if ms < 60_000 {
+        return Err(format!("{s:?} is shorter than a minute"));
+    }
+    Ok(ms)
+}
+
+fn duration_ms(s: &str, max_ms: u64, max_text: &str) -> Result<u64, String> {
     let t = s.trim();
     let bad = || format!("{s:?} is not a duration such as \"5s\" or \"500ms\"");
     let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
@@ -248,13 +270,17 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
         (n, 1000)
     } else if let Some(n) = t.strip_suffix('m') {
         (n, 60_000)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3_600_000)
+    } else if let Some(n) = t.strip_suffix('d') {
+        (n, 86_400_000)
     } else {
         (t, 1000)
     };
     let v: f64 = num.trim().parse().map_err(|_| bad())?;
     let ms = v * scale as f64;
-    if !(1.0..=86_400_000.0).contains(&ms) {
-        return Err(format!("{s:?} must be between 1ms and 24h"));
+    if !(1.0..=max_ms as f64).contains(&ms) {
+        return Err(format!("{s:?} must be between 1ms and {max_text}"));
     }
     Ok(ms as u64)
 }
@@ -318,5 +344,19 @@ mod tests {
         assert!(err(format!("layout = \"mirror\"\nspares = [\"nbd://h0/d\"]\n{}", members(2))).contains("also a member"));
         assert!(err(format!("layout = \"mirror\"\nspares = [\"x\", \"x\"]\n{}", members(2))).contains("twice"));
         assert!(err(format!("layout = \"mirror\"\nspare-after = \"-1s\"\n{}", members(2))).contains("spare-after"));
+    }
+
+    #[test]
+    fn scrub_intervals_take_days() {
+        let p = PoolSpec::parse(&format!("layout = \"mirror\"\nscrub-interval = \"7d\"\n{}", members(2))).unwrap();
+        assert_eq!(p.scrub_interval_ms, Some(7 * 86_400_000));
+        let p = PoolSpec::parse(&format!("layout = \"mirror\"\nscrub-interval = \"36h\"\n{}", members(2))).unwrap();
+        assert_eq!(p.scrub_interval_ms, Some(36 * 3_600_000));
+        assert_eq!(PoolSpec::parse(&format!("layout = \"mirror\"\n{}", members(2))).unwrap().scrub_interval_ms, None);
+        let err = |t: String| PoolSpec::parse(&t).unwrap_err();
+        assert!(err(format!("layout = \"mirror\"\nscrub-interval = \"5s\"\n{}", members(2))).contains("shorter than a minute"));
+        assert!(err(format!("layout = \"mirror\"\nscrub-interval = \"400d\"\n{}", members(2))).contains("365d"));
+        assert!(err(format!("layout = \"mirror\"\nscrub-interval = \"weekly\"\n{}", members(2))).contains("duration"));
+        assert!(err(format!("layout = \"mirror\"\nmember-timeout = \"2d\"\n{}", members(2))).contains("24h"));
     }
 }

@@ -16,6 +16,7 @@ fn spec(layout: Layout, members: usize, copies: usize) -> PoolSpec {
         resync_rate_bytes_per_s: 0,
         spares: Vec::new(),
         spare_after_ms: 60_000,
+        scrub_interval_ms: None,
     }
 }
 

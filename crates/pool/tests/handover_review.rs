@@ -18,6 +18,7 @@ fn spec() -> PoolSpec {
         resync_rate_bytes_per_s: 1 << 40,
         spares: Vec::new(),
         spare_after_ms: 60_000,
+        scrub_interval_ms: None,
     }
 }
 

@@ -18,6 +18,7 @@ fn spec(copies: usize, rate: u64) -> PoolSpec {
         resync_rate_bytes_per_s: rate,
         spares: Vec::new(),
         spare_after_ms: 60_000,
+        scrub_interval_ms: None,
     }
 }
 

@@ -102,6 +102,16 @@ impl<M: Member> PoolDriver<M> {
         self.shared.look(|core| core.coord.status())
     }
 
+    /// Listens on the pool's control socket (see `control`) until the pool stops.
+    pub(crate) fn listen_control(&self, pool_id: &str) {
+        super::control::listen(&self.shared, pool_id);
+    }
+
+    /// Starts a scrub (see `Coordinator::start_scrub`).
+    pub(crate) fn start_scrub(&self, repair: bool, from: Option<usize>) -> Result<(), Error> {
+        self.shared.run(|core, now| core.coord.start_scrub(repair, from, now)).map_err(Error::Refused)
+    }
+
     /// Connections open to the members, all together.
     pub(crate) fn connections(&self) -> usize {
         self.shared.connections()

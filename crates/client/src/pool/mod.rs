@@ -10,6 +10,8 @@
 
 mod admin;
 mod background;
+mod control;
+mod control_ask;
 mod driver;
 mod file;
 #[cfg(test)]
@@ -25,10 +27,16 @@ mod open;
 mod pump;
 mod replace;
 mod requests;
+mod scrub;
+mod scrub_json;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
 pub use replace::{add_spare, replace, Copying, Replaced};
+pub use control_ask::with_live_scrub;
+pub use scrub::scrub;
+pub use scrub_json::{report_from_json, report_to_json};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
+pub use sluice_pool::coordinator::{ScrubRange, ScrubReport};
 pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Replacing, Status};

@@ -110,6 +110,10 @@ impl<M: Member> Shared<M> {
                 }
                 Action::SpareTaken { member, old, uri } => self.spare_taken(&mut core, member, old, uri),
                 Action::Swap { member, shadow } => self.swap(&mut core, member, shadow),
+                Action::Compare { id, copies } => {
+                    let diffs = core.compare(&copies);
+                    core.coord.compared(id, diffs, now);
+                }
                 Action::Log { text } => log::info!("pool: {text}"),
             }
         }
@@ -350,6 +354,13 @@ impl<M> Core<M> {
             _ => {}
         }
         OpOutcome::Done
+    }
+
+    /// Where each scrub buffer after the first differs from the first.
+    fn compare(&self, copies: &[CopyId]) -> Result<Vec<Vec<(u64, u64)>>, String> {
+        let bufs: Vec<&Arc<Vec<u8>>> = copies.iter().map(|c| self.copies.get(c).ok_or("pool driver: a scrub buffer is gone")).collect::<Result<_, _>>()?;
+        let (first, rest) = bufs.split_first().ok_or("pool driver: nothing to compare")?;
+        Ok(rest.iter().map(|b| sluice_pool::coordinator::differing_ranges(first, b)).collect())
     }
 
     fn complete(&mut self, req: ReqId, result: Result<(), Failure>) {

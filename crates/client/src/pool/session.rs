@@ -32,7 +32,7 @@ pub(crate) fn pool_id() -> [u8; 16] {
 }
 
 /// The host name, as users see it in "pool is being served by HOST".
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     match name.trim() {
         "" => "unknown-host".to_string(),

@@ -44,6 +44,10 @@ pub struct OpId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CopyId(pub u64);
 
+/// A comparison of scrub buffers the driver is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CompareId(pub u64);
+
 /// An operation on a member. Offsets are device offsets on the member (the metadata area
 /// included).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +125,10 @@ pub enum Action {
     /// through): its connection becomes the member's, the old member's is closed, and the
     /// shadow's slot is gone.
     Swap { member: usize, shadow: usize },
+    /// Compare the scrub buffers `copies` (each holds the same member range, read from
+    /// another copy of one set) and report with `compared(id, …)`: for each of
+    /// `copies[1..]`, the byte ranges where it differs from `copies[0]`.
+    Compare { id: CompareId, copies: Vec<CopyId> },
     /// Something an operator should see in the log (a member declared missing, back,
     /// resynced; the pool taken over).
     Log { text: String },
@@ -196,6 +204,42 @@ pub struct Status {
     /// The coordinator that holds the pool ("HOST pid PID"), if one does.
     pub owner: Option<String>,
     pub members: Vec<MemberStatus>,
+    /// The scrub running now, else the last one (this coordinator's, with its ranges, or
+    /// the one the superblocks record).
+    pub scrub: Option<ScrubReport>,
+    /// Scrubs this coordinator completed.
+    pub scrubs_completed: u64,
+}
+
+/// Byte ranges of a set's member data (the same on every member of the set; for a mirror,
+/// these are volume offsets too) where its copies differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScrubRange {
+    pub set: usize,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// What a scrub found, so far or in the end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    pub repair: bool,
+    pub running: bool,
+    /// Bytes of member data compared (per set, once), of `total_bytes`.
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// Bytes left out: fewer than two copies of them could be compared.
+    pub skipped_bytes: u64,
+    /// Regions (the write-intent bitmap's) in which copies differ.
+    pub mismatched_regions: u64,
+    pub repaired_regions: u64,
+    /// The differing bytes, merged, at most `limits::SCRUB_RANGES_MAX` of them.
+    pub ranges: Vec<ScrubRange>,
+    pub ranges_truncated: bool,
+    /// When it ended (ms since the Unix epoch); None while running.
+    pub finished_wall_ms: Option<u64>,
+    /// Why it ended early, if it did.
+    pub error: Option<String>,
 }
 
 /// A live replacement in progress: member `member` goes on serving while `done` of `total`

@@ -104,6 +104,7 @@ impl Coordinator {
             stopping: Stopping::Running,
             spare: super::state::Spares::new(found.len()),
             handover: None,
+            scrub: super::scrub_state::Scrub::new(&sbs, now),
         };
         c.place_members(&auth, &sbs);
         c.check_every_set_has_a_copy()?;

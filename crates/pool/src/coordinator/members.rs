@@ -60,6 +60,9 @@ impl Coordinator {
                     r.out -= 1;
                 }
             }
+            Purpose::ScrubRead { chunk } => self.settle_scrub_read(chunk, op.member, ok),
+            Purpose::ScrubWrite { chunk } => self.settle_scrub_write(chunk, ok),
+            Purpose::ScrubFlush => self.settle_scrub_flush(),
         }
     }
 
@@ -271,6 +274,7 @@ impl Coordinator {
                 },
             },
             roles,
+            scrub: self.scrub.record,
         }
     }
 

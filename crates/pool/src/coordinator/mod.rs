@@ -20,10 +20,15 @@ mod members;
 mod request;
 mod resync;
 mod spares;
+mod scrub;
+mod scrub_job;
+mod scrub_report;
+mod scrub_state;
 mod state;
 mod survey;
 
 pub use api::*;
+pub use scrub_report::differing_ranges;
 pub use survey::{format, survey};
 #[cfg(any(test, feature = "sim"))]
 pub(crate) use survey::format_with;
@@ -77,6 +82,7 @@ pub struct Coordinator {
     stopping: Stopping,
     spare: state::Spares,
     handover: Option<state::Handover>,
+    scrub: scrub_state::Scrub,
 }
 
 impl Coordinator {
@@ -174,13 +180,14 @@ impl Coordinator {
         self.heartbeat_due();
         self.clean_due();
         self.take_spares();
+        self.scrub_due();
         self.advance();
     }
 
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
         let deadline = self.ops.values().map(|o| o.deadline).min();
-        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup(), self.spare_wakeup()];
+        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup(), self.spare_wakeup(), self.scrub_wakeup()];
         timers.into_iter().flatten().min()
     }
 
@@ -230,6 +237,8 @@ impl Coordinator {
             resynced_bytes: self.resynced_bytes,
             owner: (self.redundant() && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
             members,
+            scrub: self.scrub_report(),
+            scrubs_completed: self.scrub.completed,
         }
     }
 
@@ -270,6 +279,7 @@ impl Coordinator {
             moved |= self.unblock_requests();
             moved |= self.finish_requests();
             moved |= self.run_jobs();
+            moved |= self.run_scrub();
             moved |= self.step_stop();
             moved |= self.finish_handover();
             self.note_missing();

@@ -113,7 +113,10 @@ impl Coordinator {
         if req.pieces.iter().any(|p| self.swap_pending(p.set)) {
             return false;
         }
-        !req.pieces.iter().any(|p| self.locks.iter().any(|l| l.overlaps(p.set, p.member_offset, p.member_offset + p.len)))
+        !req.pieces.iter().any(|p| {
+            let (start, end) = (p.member_offset, p.member_offset + p.len);
+            self.locks.iter().any(|l| l.overlaps(p.set, start, end)) || self.scrub_holds(p.set, start, end)
+        })
     }
 
     /// Whether metadata block `block` of generation `gen` is on every live member.

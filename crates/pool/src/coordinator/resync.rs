@@ -10,7 +10,7 @@ use crate::meta::Role;
 
 impl Coordinator {
     /// The end of the copy chunk that starts at member offset `start`.
-    fn chunk_end(&self, start: u64) -> u64 {
+    pub(super) fn chunk_end(&self, start: u64) -> u64 {
         let region_end = (start / self.region_bytes + 1) * self.region_bytes;
         (start + RESYNC_CHUNK_BYTES).min(region_end).min(self.map.member_bytes)
     }
@@ -119,7 +119,7 @@ impl Coordinator {
     }
 
     /// Whether job `j`'s set has an in-sync member to copy from.
-    fn has_source(&self, j: usize) -> bool {
+    pub(super) fn has_source(&self, j: usize) -> bool {
         let Some(job) = self.jobs[j].as_ref() else { return false };
         self.map.members_of(job.set).any(|m| m != job.target && self.members[m].in_sync())
     }
@@ -133,7 +133,7 @@ impl Coordinator {
         }
     }
 
-    fn running_write_overlaps(&self, set: usize, start: u64, end: u64) -> bool {
+    pub(super) fn running_write_overlaps(&self, set: usize, start: u64, end: u64) -> bool {
         self.requests.values().filter(|r| r.phase == Phase::Running && r.cmd.is_write()).any(|r| {
             r.pieces.iter().any(|p| p.set == set && p.member_offset < end && start < p.member_offset + p.len)
         })
@@ -323,7 +323,7 @@ impl Coordinator {
         match self.stopping {
             Stopping::Running | Stopping::Stopped => false,
             Stopping::Draining => {
-                let busy = !self.requests.is_empty() || !self.locks.is_empty() || self.cleaning.is_some() || self.fence_reads_out > 0;
+                let busy = !self.requests.is_empty() || !self.locks.is_empty() || self.cleaning.is_some() || self.fence_reads_out > 0 || self.scrub_busy();
                 let flushing = self.jobs.iter().flatten().any(|j| j.flushing);
                 if busy || flushing {
                     return false;

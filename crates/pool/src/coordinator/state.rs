@@ -90,6 +90,11 @@ pub(super) enum Purpose {
     ShadowPiece { req: ReqId },
     /// Making what the shadow took durable before it takes its member's place.
     ShadowFlush,
+    /// Reading one copy of a scrub chunk, and rewriting one from the source (repair).
+    ScrubRead { chunk: u64 },
+    ScrubWrite { chunk: u64 },
+    /// Making a repair's rewrites durable before it ends.
+    ScrubFlush,
 }
 
 pub(super) struct Op {

@@ -107,6 +107,7 @@ pub(crate) fn format_with(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], f
                 events: 1,
                 owner: Owner::default(),
                 roles: vec![Role::Active; found.len()],
+                scrub: None,
             };
             let mut bytes = sb.encode();
             bytes.resize(((1 + blocks) * META_BLOCK_BYTES) as usize, 0);
@@ -167,5 +168,7 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
         replacing: None,
         owner: (auth.owner.session != 0).then(|| format!("{} pid {}", auth.owner.host, auth.owner.pid)),
         members,
+        scrub: super::scrub_report::recorded(&sbs),
+        scrubs_completed: 0,
     })
 }

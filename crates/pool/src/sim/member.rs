@@ -181,4 +181,17 @@ impl SimMember {
         let keys: BTreeSet<u64> = self.data.keys().chain(other.data.keys()).copied().collect();
         keys.into_iter().find(|&s| self.sector(s) != other.sector(s))
     }
+
+    /// Changes a data sector on the medium itself (durably), as bit rot or a stray write
+    /// would: the coordinator is not told.
+    pub fn corrupt(&mut self, s: u64, v: u64) {
+        self.data.insert(s, v);
+        self.durable.insert(s, v);
+        self.unflushed.remove(&s);
+    }
+
+    /// Whether data sector `s` is on the medium as it reads now (a power loss keeps it).
+    pub fn durable_as_read(&self, s: u64) -> bool {
+        self.durable.get(&s).copied().unwrap_or(0) == self.sector(s)
+    }
 }

@@ -12,6 +12,7 @@
 mod member;
 mod model;
 mod restart;
+mod scrub;
 
 use std::collections::BTreeMap;
 
@@ -64,6 +65,8 @@ struct World {
     log: Vec<String>,
     /// A live replacement: (the member replaced, the shadow's slot in `members`).
     shadow: Option<(usize, usize)>,
+    /// Volume sectors whose copies a scrub test made differ: the workload leaves them alone.
+    diverged: std::collections::BTreeSet<u64>,
 }
 
 const MEMBER_DATA_BYTES: u64 = 64 << 20;
@@ -89,39 +92,13 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
         spares: (0..spares).map(|i| format!("sim://spare{i}")).collect(),
         // Within the time a crashed member stays down, sometimes.
         spare_after_ms: 300 + rng.below(1_200),
+        scrub_interval_ms: None,
     }
 }
 
 /// Runs one seeded simulation.
 pub fn run(rng: Rng) -> Result<Report, String> {
-    let mut rng = rng;
-    let spec = spec_for(&mut rng);
-    let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(MEMBER_DATA_BYTES)).collect();
-    let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
-    let region = 64 << (10 + rng.below(7));
-    let formatted = crate::coordinator::format_with(&spec, &found, [rng.below(255) as u8 + 1; 16], false, Some(region))?;
-    for (m, bytes) in members.iter_mut().zip(formatted) {
-        m.meta[..bytes.len()].copy_from_slice(&bytes);
-    }
-    let found = members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
-    let coord = Coordinator::assemble(&spec, found, session(1), false, 0)?;
-    let report = Report { layout: spec.layout.name(), ..Report::default() };
-    let mut w = World {
-        rng,
-        now: 0,
-        spec,
-        members,
-        coord,
-        model: Model::new(),
-        reqs: BTreeMap::new(),
-        copies: BTreeMap::new(),
-        sessions: 1,
-        read_errors: 0,
-        report,
-        log: Vec::new(),
-        shadow: None,
-    };
-    w.pump()?;
+    let mut w = World::new(rng)?;
     for _ in 0..STEPS {
         if let Err(e) = w.step(true) {
             return Err(w.explain(e));
@@ -131,6 +108,42 @@ pub fn run(rng: Rng) -> Result<Report, String> {
     w.verify().map_err(|e| w.explain(e))?;
     w.report.resynced_bytes += w.coord.status().resynced_bytes;
     Ok(w.report)
+}
+
+impl World {
+    /// A freshly formatted pool of a seeded layout, and its coordinator.
+    fn new(rng: Rng) -> Result<World, String> {
+        let mut rng = rng;
+        let spec = spec_for(&mut rng);
+        let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(MEMBER_DATA_BYTES)).collect();
+        let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
+        let region = 64 << (10 + rng.below(7));
+        let formatted = crate::coordinator::format_with(&spec, &found, [rng.below(255) as u8 + 1; 16], false, Some(region))?;
+        for (m, bytes) in members.iter_mut().zip(formatted) {
+            m.meta[..bytes.len()].copy_from_slice(&bytes);
+        }
+        let found = members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
+        let coord = Coordinator::assemble(&spec, found, session(1), false, 0)?;
+        let report = Report { layout: spec.layout.name(), ..Report::default() };
+        let mut w = World {
+            rng,
+            now: 0,
+            spec,
+            members,
+            coord,
+            model: Model::new(),
+            reqs: BTreeMap::new(),
+            copies: BTreeMap::new(),
+            sessions: 1,
+            read_errors: 0,
+            report,
+            log: Vec::new(),
+            diverged: std::collections::BTreeSet::new(),
+            shadow: None,
+        };
+        w.pump()?;
+        Ok(w)
+    }
 }
 
 fn session(id: u64) -> Session {
@@ -194,6 +207,9 @@ impl World {
             18 => Command::Trim { offset, len, fua: false },
             _ => Command::Flush,
         };
+        if cmd.is_write() && self.diverged.range(offset / SECTOR..(offset + len) / SECTOR).next().is_some() {
+            return Ok(());
+        }
         let buf = match cmd {
             Command::Write { .. } => self.model.versions(len),
             Command::Read { .. } | Command::Zero { .. } | Command::Trim { .. } => vec![0; (len / SECTOR) as usize],
@@ -379,6 +395,10 @@ impl World {
                 }
                 Action::SpareTaken { member, uri, .. } => self.take_spare(member, uri),
                 Action::Swap { member, shadow } => self.swap(member, shadow)?,
+                Action::Compare { id, copies } => {
+                    let diffs = self.compare_copies(&copies);
+                    self.coord.compared(id, diffs, self.now);
+                }
                 Action::Log { text } => {
                     let queues: Vec<(usize, Health, bool)> = self.members.iter().map(|m| (m.queue.len(), m.health, m.dropped)).collect();
                     self.log.push(format!("{} {text} {queues:?}", self.now));
@@ -591,6 +611,7 @@ mod takeover {
             resync_rate_bytes_per_s: 64 << 20,
             spares: Vec::new(),
             spare_after_ms: 60_000,
+            scrub_interval_ms: None,
         }
     }
 

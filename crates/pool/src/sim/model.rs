@@ -10,6 +10,9 @@ use super::member::SECTOR;
 enum Allowed {
     Exact(u64),
     Either(Vec<u64>),
+    /// The copies differ here behind the coordinator's back (a scrub test flipped one):
+    /// a read may return any of these, each time, until a repair makes them equal.
+    Diverged(Vec<u64>),
 }
 
 pub struct Model {
@@ -68,7 +71,7 @@ impl Model {
                 (true, _) => Allowed::Exact(v),
                 (false, Allowed::Exact(old)) if old == v => Allowed::Exact(v),
                 (false, Allowed::Exact(old)) => Allowed::Either(vec![old, v]),
-                (false, Allowed::Either(mut vs)) => {
+                (false, Allowed::Either(mut vs) | Allowed::Diverged(mut vs)) => {
                     if !vs.contains(&v) {
                         vs.push(v);
                     }
@@ -88,9 +91,33 @@ impl Model {
                 Allowed::Either(vs) if vs.contains(&v) => {
                     self.sectors.insert(s, Allowed::Exact(v));
                 }
+                Allowed::Diverged(vs) if vs.contains(&v) => {}
                 want => return Err(format!("volume sector {s} read version {v}, but {want:?} was allowed")),
             }
         }
         Ok(())
+    }
+
+    /// Volume sector `s` now reads as its old version on some copies and `v` on others.
+    pub fn diverge(&mut self, s: u64, v: u64) {
+        let old = match self.get(s) {
+            Allowed::Exact(x) => vec![x],
+            Allowed::Either(vs) | Allowed::Diverged(vs) => vs,
+        };
+        self.sectors.insert(s, Allowed::Diverged([old, vec![v]].concat()));
+    }
+
+    /// A repair made the copies of sector `s` equal: one of the versions, to be settled by
+    /// the next read.
+    pub fn converge(&mut self, s: u64) {
+        if let Allowed::Diverged(vs) = self.get(s) {
+            self.sectors.insert(s, Allowed::Either(vs));
+        }
+    }
+
+    /// A fresh version no write uses.
+    pub fn fresh(&mut self) -> u64 {
+        self.next_version += 1;
+        self.next_version
     }
 }

@@ -1,5 +1,5 @@
 //! The state of pools that the server serves, as Prometheus families: each member's state
-//! and resync progress, and the pool's event counter, dirty regions and resynced bytes.
+//! and resync progress, and the pool's event counter, dirty regions, resynced bytes and scrub results.
 //! Read from the pool's coordinator at scrape time.
 
 use prometheus::proto::{self, MetricFamily, MetricType};
@@ -33,7 +33,9 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
     let mut copied = Family::new("sluice_pool_replace_copied_bytes", "Bytes copied so far to a server replacing a live member.", MetricType::GAUGE);
     let mut copy_total = Family::new("sluice_pool_replace_total_bytes", "Bytes that copy takes in all.", MetricType::GAUGE);
     let mut taken = Family::new("sluice_pool_spares_taken_total", "Spares put in a missing member's place since the server started.", MetricType::COUNTER);
+    let mut scrub = scrub_families();
     for (export, s) in &statuses {
+        scrub_values(&mut scrub, export, s);
         for (i, m) in s.members.iter().enumerate() {
             let index = i.to_string();
             let member = [("export", *export), ("member", index.as_str()), ("uri", m.uri.as_str())];
@@ -60,7 +62,26 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
             copy_total.gauge(&labels, r.total);
         }
     }
-    [state, done, total, events, dirty, resynced, spares, taken, copied, copy_total].into_iter().map(|f| f.0).collect()
+    [state, done, total, events, dirty, resynced, spares, taken, copied, copy_total].into_iter().chain(scrub).map(|f| f.0).collect()
+}
+
+/// Scrub: mismatches found by the running or last scrub, its progress, and scrubs done.
+fn scrub_families() -> [Family; 4] {
+    [
+        Family::new("sluice_pool_scrub_mismatched_regions", "Regions in which the running or last scrub found the copies of a set to differ.", MetricType::GAUGE),
+        Family::new("sluice_pool_scrub_done_bytes", "Member data bytes the running or last scrub has gone through.", MetricType::GAUGE),
+        Family::new("sluice_pool_scrub_total_bytes", "Member data bytes the running or last scrub goes through in all.", MetricType::GAUGE),
+        Family::new("sluice_pool_scrubs_completed_total", "Scrubs (checks and repairs) the serving coordinator completed.", MetricType::COUNTER),
+    ]
+}
+
+fn scrub_values(f: &mut [Family; 4], export: &str, s: &Status) {
+    let labels = [("export", export)];
+    let r = s.scrub.clone().unwrap_or_default();
+    f[0].gauge(&labels, r.mismatched_regions);
+    f[1].gauge(&labels, r.done_bytes);
+    f[2].gauge(&labels, r.total_bytes);
+    f[3].counter(&labels, s.scrubs_completed);
 }
 
 /// A family built at scrape time; also used for the buffer pools' (`buffers`).
@@ -133,6 +154,8 @@ mod tests {
                 MemberStatus { uri: "nbd://a/d".into(), state: MemberState::InSync },
                 MemberStatus { uri: "nbd://b/d".into(), state: MemberState::Resyncing { done: 5, total: 10 } },
             ],
+            scrub: Some(sluice_client::pool::ScrubReport { mismatched_regions: 2, done_bytes: 7, total_bytes: 8, ..Default::default() }),
+            scrubs_completed: 4,
         }
     }
 
@@ -148,6 +171,9 @@ mod tests {
         assert!(out.contains(r#"sluice_pool_resynced_bytes_total{export="vol"} 12345"#), "{out}");
         assert!(out.contains(r#"sluice_pool_replace_copied_bytes{export="vol",member="0",uri="nbd://n/d"} 7"#), "{out}");
         assert!(out.contains(r#"sluice_pool_spares{export="vol"} 1"#) && out.contains(r#"sluice_pool_spares_taken_total{export="vol"} 2"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_scrub_mismatched_regions{export="vol"} 2"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_scrub_done_bytes{export="vol"} 7"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_scrubs_completed_total{export="vol"} 4"#), "{out}");
     }
 
     #[test]
