@@ -17,6 +17,9 @@ const HOST_MAX_BYTES: usize = 64;
 const ROLES_AT: usize = 160;
 const ROLE_BYTES: usize = 25;
 const _: () = assert!(ROLES_AT + MEMBERS_MAX * ROLE_BYTES + 4 <= META_BLOCK_BYTES as usize);
+/// One device identity per member (8 bytes each) after the scrub record.
+const DEVICES_AT: usize = crate::scrub_record::SCRUB_RECORD_END;
+const _: () = assert!(DEVICES_AT + MEMBERS_MAX * 8 + 4 <= META_BLOCK_BYTES as usize);
 
 /// A member's place in the pool's history, as the coordinator that wrote it saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +62,12 @@ pub struct Superblock {
     pub roles: Vec<Role>,
     /// The last completed scrub (see `scrub_record`).
     pub scrub: Option<ScrubRecord>,
+    /// One per member: a random identity of the device that holds that place, given when
+    /// it was initialised or put there (md's device UUID). A member whose own superblock
+    /// names another device for its place than the pool does is not the one the pool
+    /// knows there (an old member named again in the pool file): it gets everything
+    /// copied. 0: not known (superblocks written before identities existed).
+    pub devices: Vec<u64>,
 }
 
 /// The region size for members with this many data bytes: at least `REGION_MIN_BYTES`,
@@ -116,6 +125,9 @@ impl Superblock {
             b[at + 9..at + 17].copy_from_slice(&y.to_le_bytes());
         }
         ScrubRecord::encode_into(self.scrub.as_ref(), &mut b);
+        for (i, d) in self.devices.iter().enumerate().take(self.roles.len()) {
+            b[DEVICES_AT + i * 8..DEVICES_AT + i * 8 + 8].copy_from_slice(&d.to_le_bytes());
+        }
         let end = b.len() - 4;
         let crc = crc32fast::hash(&b[..end]);
         b[end..].copy_from_slice(&crc.to_le_bytes());
@@ -175,12 +187,32 @@ impl Superblock {
             owner,
             roles,
             scrub: ScrubRecord::decode(b)?,
+            devices: (0..members).map(|i| u64_at(DEVICES_AT + i * 8)).collect(),
         };
         if sb.region_bytes == 0 || !sb.region_bytes.is_power_of_two() || sb.regions() > BITMAP_BITS_MAX {
             return Err("its pool superblock has an impossible region size".into());
         }
         Ok(Some(sb))
     }
+}
+
+impl Superblock {
+    /// Whether this member's own superblock and the pool's (`auth`) name different devices
+    /// for its place (both known).
+    pub fn other_device_than(&self, auth: &Superblock) -> bool {
+        let (own, known) = (self.devices.get(self.index).copied().unwrap_or(0), auth.devices.get(self.index).copied().unwrap_or(0));
+        own != 0 && known != 0 && own != known
+    }
+}
+
+/// A device identity, never 0, from anything that differs between calls (a random pool id
+/// or session, and a counter).
+pub fn device_id(seed: u64, n: u64) -> u64 {
+    // splitmix64's mix.
+    let mut z = seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).max(1)
 }
 
 /// The pool id as users see it.
@@ -239,6 +271,7 @@ mod tests {
             events: 42,
             owner: Owner { session: 9, heartbeat: 100, pid: 1234, host: "node-a".into() },
             roles: vec![Role::Active, Role::Missing { since: 40 }, Role::Rebuilding { done: 5, total: 10, full: true }, Role::Active],
+            devices: vec![11, 12, 0, 14],
             scrub: None,
         }
     }

@@ -155,3 +155,38 @@ fn a_replaced_member_left_out_mid_rebuild_is_rebuilt_in_full() {
     let member_bytes = c.size();
     assert!(matches!(c.status().members[1].state, MemberState::Resyncing { total, .. } if total == member_bytes), "{:?}", c.status().members[1]);
 }
+
+#[test]
+fn a_replaced_member_named_again_is_not_taken_for_in_sync() {
+    // node1 dies and node9 takes its place, is rebuilt and in sync, and the pool stops
+    // cleanly. Should node1 come back in that place (the pool file names it again: an
+    // edit lost, an operator's slip), its superblock still says in sync, with the pool's
+    // history; but it names another device for its place than the pool does, so it is
+    // rebuilt in full instead of serving what it held before it died.
+    let s = PoolSpec { resync_rate_bytes_per_s: 1 << 40, ..spec(Layout::Mirror, 2, 2) };
+    let mut found = formatted(&s);
+    let old = found[1].clone();
+    let mut c = Coordinator::assemble(&s, without(&found, &[]), session(), false, 0).unwrap();
+    drive(&mut c, &mut found);
+    c.member_lost(1, "connection reset", 0);
+    assert_eq!(c.replace_member(1, "nbd://node9/disk", 0).unwrap(), None);
+    drive(&mut c, &mut found);
+    found[1].meta.fill(0);
+    c.member_back(1, found[1].clone(), 0);
+    for t in 1..1000 {
+        drive(&mut c, &mut found);
+        if c.status().members[1].state == MemberState::InSync {
+            break;
+        }
+        c.tick(t * 100);
+    }
+    assert_eq!(c.status().members[1].state, MemberState::InSync, "{:?}", c.status().members);
+    c.stop(100_000);
+    drive(&mut c, &mut found);
+    assert!(c.is_stopped());
+
+    found[1] = old;
+    let c = Coordinator::assemble(&s, without(&found, &[]), session(), false, 0).unwrap();
+    let member_bytes = c.size();
+    assert!(matches!(c.status().members[1].state, MemberState::Resyncing { total, .. } if total == member_bytes), "{:?}", c.status().members[1]);
+}

@@ -90,6 +90,7 @@ mod tests {
             owner: Owner { session: 5, heartbeat: 9, pid: 42, host: "node-a".into() },
             roles: vec![Role::Active, Role::Active],
             scrub: None,
+            devices: vec![1, 2],
         };
         let released = Superblock { owner: Owner::default(), ..sb.clone() };
         let found = |b: Vec<u8>| Found { size: 1 << 31, meta: b, read_only: false };

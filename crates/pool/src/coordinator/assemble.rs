@@ -103,9 +103,15 @@ impl Coordinator {
             resynced_bytes: 0,
             stopping: Stopping::Running,
             spare: super::state::Spares::new(found.len()),
+            devices: (0..found.len()).map(|i| auth.devices.get(i).copied().unwrap_or(0)).collect(),
             handover: None,
             scrub: super::scrub_state::Scrub::new(&sbs, now),
         };
+        for m in 0..c.devices.len() {
+            if c.devices[m] == 0 {
+                c.new_device(m);
+            }
+        }
         c.place_members(&auth, &sbs);
         c.check_every_set_has_a_copy()?;
         if spec.layout.redundant() && auth.owner.session != 0 {
@@ -124,7 +130,8 @@ impl Coordinator {
         let all: BTreeSet<u64> = (0..self.regions).collect();
         for (m, own) in sbs.iter().enumerate() {
             let role = auth.roles.get(m).copied().unwrap_or(Role::Active);
-            let own = own.as_ref();
+            // A device that is not the one the pool knows in this place holds nothing of it.
+            let own = own.as_ref().filter(|sb| !sb.other_device_than(auth));
             if !self.members[m].connected {
                 let since = match role {
                     Role::Missing { since } => since,

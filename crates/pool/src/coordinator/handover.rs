@@ -140,6 +140,7 @@ impl Coordinator {
             written: vec![0; blocks],
             writing: vec![None; blocks],
         };
+        self.new_device(member);
         self.events += 1;
         self.gen[0] += 1;
         self.fail_gen = self.gen[0];

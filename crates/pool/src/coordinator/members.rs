@@ -143,6 +143,7 @@ impl Coordinator {
             self.actions.push_back(Action::Drop { member });
         }
         self.members[member].role = Role::Missing { since: u64::MAX };
+        self.new_device(member);
         self.events += 1;
         self.gen[0] += 1;
         self.log_member(member, "replaced: the new member is rebuilt in full from its set once it answers");
@@ -164,6 +165,14 @@ impl Coordinator {
                 return self.log_member(member, &why);
             }
         }
+        let other = sb.as_ref().and_then(|sb| sb.devices.get(member).copied()).is_some_and(|d| d != 0 && self.devices[member] != 0 && d != self.devices[member]);
+        let sb = match other && self.redundant() {
+            true => {
+                self.log_member(member, "is another device than the pool knows in its place (one that was replaced): it gets a full resync");
+                None
+            }
+            false => sb,
+        };
         if found.read_only || found.size < crate::limits::META_BYTES + self.map.member_bytes {
             return self.log_member(member, "stays out: it is read-only or smaller than the pool needs");
         }
@@ -275,6 +284,7 @@ impl Coordinator {
             },
             roles,
             scrub: self.scrub.record,
+            devices: self.devices.clone(),
         }
     }
 

@@ -81,6 +81,8 @@ pub struct Coordinator {
     resynced_bytes: u64,
     stopping: Stopping,
     spare: state::Spares,
+    /// The device identity of each place (see `meta::Superblock::devices`).
+    devices: Vec<u64>,
     handover: Option<state::Handover>,
     scrub: scrub_state::Scrub,
 }
@@ -256,6 +258,12 @@ impl Coordinator {
     fn fresh_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
+    }
+
+    /// Another device now holds place `member`: a new identity for it.
+    fn new_device(&mut self, member: usize) {
+        let n = self.fresh_id();
+        self.devices[member] = crate::meta::device_id(self.session.id, n);
     }
 
     /// Redundant layouts keep the write-intent bitmap, the owner and resync.

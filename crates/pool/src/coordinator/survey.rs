@@ -108,6 +108,7 @@ pub(crate) fn format_with(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], f
                 owner: Owner::default(),
                 roles: vec![Role::Active; found.len()],
                 scrub: None,
+                devices: (0..found.len() as u64).map(|i| crate::meta::device_id(u64::from_le_bytes(pool_id[..8].try_into().unwrap()), i)).collect(),
             };
             let mut bytes = sb.encode();
             bytes.resize(((1 + blocks) * META_BLOCK_BYTES) as usize, 0);
