@@ -89,6 +89,7 @@ mod tests {
             events: 1,
             owner: Owner { session: 5, heartbeat: 9, pid: 42, host: "node-a".into() },
             roles: vec![Role::Active, Role::Active],
+            reshape: None,
         };
         let released = Superblock { owner: Owner::default(), ..sb.clone() };
         let found = |b: Vec<u8>| Found { size: 1 << 31, meta: b, read_only: false };

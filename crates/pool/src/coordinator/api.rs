@@ -183,4 +183,20 @@ pub struct Status {
     /// The coordinator that holds the pool ("HOST pid PID"), if one does.
     pub owner: Option<String>,
     pub members: Vec<MemberStatus>,
+    /// A reshape (`pool grow`) in progress; `size` is the old size until it is done.
+    pub reshape: Option<ReshapeStatus>,
+}
+
+/// How far a reshape is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReshapeStatus {
+    pub from_members: usize,
+    pub to_members: usize,
+    /// Volume bytes in their new place, of `total_bytes` (the old size).
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// Unix seconds; 0 when unknown.
+    pub started: u64,
+    /// Average copy rate of the coordinator doing it, since it began (none when not served).
+    pub rate_bytes_per_s: Option<u64>,
 }

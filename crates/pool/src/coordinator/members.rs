@@ -49,6 +49,9 @@ impl Coordinator {
             Purpose::CopyRead { job, chunk, copy } => self.settle_copy_read(job, chunk, copy, ok),
             Purpose::CopyWrite { job, chunk, copy } => self.settle_copy_write(job, chunk, copy, ok),
             Purpose::JobFlush { job } => self.settle_job_flush(job, ok),
+            Purpose::ReshapeRead { unit } => self.settle_reshape_read(unit, ok),
+            Purpose::ReshapeWrite { unit } => self.settle_reshape_write(unit, ok),
+            Purpose::ReshapeZero => self.settle_reshape_zero(ok),
         }
     }
 
@@ -193,7 +196,7 @@ impl Coordinator {
     /// Sends every metadata block that a live member lacks, one write per block at a time
     /// so that an older content never lands after a newer one.
     pub(super) fn write_metadata(&mut self) -> bool {
-        if !self.redundant() || self.fenced.is_some() {
+        if !self.meta_kept || self.fenced.is_some() {
             return false;
         }
         let mut moved = false;
@@ -234,7 +237,9 @@ impl Coordinator {
                 r => r,
             })
             .collect();
-        let released = self.stopping_released();
+        // A stripe has no owner (it may have many writers); its superblocks are written
+        // only for a reshape's checkpoints.
+        let released = self.stopping_released() || !self.redundant();
         Superblock {
             pool_id: self.pool_id,
             layout: self.spec.layout,
@@ -254,6 +259,7 @@ impl Coordinator {
                 },
             },
             roles,
+            reshape: self.reshape_mark(),
         }
     }
 

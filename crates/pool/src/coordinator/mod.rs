@@ -17,6 +17,9 @@ mod api;
 mod assemble;
 mod members;
 mod request;
+mod reshape;
+mod reshape_state;
+mod reshape_tail;
 mod resync;
 mod state;
 mod survey;
@@ -73,6 +76,10 @@ pub struct Coordinator {
     paced_bytes: u64,
     resynced_bytes: u64,
     stopping: Stopping,
+    /// Superblocks are kept on the members: always for redundant layouts, and for a stripe
+    /// once a reshape needs its checkpoints there.
+    meta_kept: bool,
+    reshape: Option<reshape_state::Reshaping>,
 }
 
 impl Coordinator {
@@ -84,9 +91,9 @@ impl Coordinator {
         Coordinator::build(spec, found, session, degraded, now)
     }
 
-    /// Usable bytes of the volume.
+    /// Usable bytes of the volume: during a reshape, the old size.
     pub fn size(&self) -> u64 {
-        self.map.size()
+        self.reshape.as_ref().map_or(self.map.size(), |r| r.layout.from.size())
     }
 
     /// Starts a volume request.
@@ -146,6 +153,23 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Whether `count` members could be added now: Ok, or why not (see `grow`).
+    pub fn can_grow(&self, count: usize) -> Result<(), String> {
+        self.grow_refusal(count).map_or(Ok(()), Err)
+    }
+
+    /// Adds members at the end of the list (`sluice pool grow`), connected by the driver,
+    /// with `found` what their metadata area holds (it is overwritten). A stripe or raid10
+    /// (whole mirror sets) reshapes the volume onto them while serving, and `size()` grows
+    /// when that is done; a mirror gets them as copies more, rebuilt in full.
+    /// `unix_secs` is recorded as the reshape's start.
+    pub fn grow(&mut self, added: Vec<(String, Found)>, unix_secs: u64, now: u64) -> Result<(), String> {
+        self.now = self.now.max(now);
+        self.start_grow(added, unix_secs)?;
+        self.advance();
+        Ok(())
+    }
+
     /// Lets time pass: time-outs, heartbeats, cleaning dirty regions, resync pacing. Call it
     /// at `next_wakeup()` (or any time).
     pub fn tick(&mut self, now: u64) {
@@ -163,7 +187,7 @@ impl Coordinator {
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
         let deadline = self.ops.values().map(|o| o.deadline).min();
-        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup()];
+        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup(), self.reshape_wakeup()];
         timers.into_iter().flatten().min()
     }
 
@@ -199,13 +223,14 @@ impl Coordinator {
             layout: self.spec.layout,
             stripe_unit: self.map.unit,
             copies: self.spec.copies,
-            size: self.map.size(),
+            size: self.size(),
             events: self.events,
             region_bytes: self.region_bytes,
             dirty_regions: self.bits.iter().map(|w| w.count_ones() as u64).sum(),
             resynced_bytes: self.resynced_bytes,
             owner: (self.redundant() && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
             members,
+            reshape: self.reshape_status(),
         }
     }
 
@@ -246,6 +271,7 @@ impl Coordinator {
             moved |= self.unblock_requests();
             moved |= self.finish_requests();
             moved |= self.run_jobs();
+            moved |= self.run_reshape();
             moved |= self.step_stop();
             if !moved {
                 break;

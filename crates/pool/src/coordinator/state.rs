@@ -86,6 +86,11 @@ pub(super) enum Purpose {
     CopyWrite { job: usize, chunk: u64, copy: CopyId },
     /// Making a rebuilt member's copy durable before it counts as in sync.
     JobFlush { job: usize },
+    /// Reading a stripe unit from its old place, writing it to its new one (`reshape`).
+    ReshapeRead { unit: u64 },
+    ReshapeWrite { unit: u64 },
+    /// Zeroing the space the volume grows into.
+    ReshapeZero,
 }
 
 pub(super) struct Op {

@@ -41,7 +41,7 @@ pub(super) fn authority<'a>(spec: &PoolSpec, sbs: &'a [Option<Superblock>]) -> R
             return Err(format!("{who} was initialised as member {}: the member list's order changed", sb.index));
         }
         let unit = if spec.layout == Layout::Mirror { u64::MAX } else { spec.stripe_unit };
-        if sb.layout != spec.layout || sb.copies != spec.copies || sb.members() != spec.members.len() || sb.stripe_unit != unit {
+        if sb.layout != spec.layout || !(same_shape(spec, sb) || grown_shape(spec, sb)) || sb.stripe_unit != unit {
             return Err(format!(
                 "{who} was initialised as {} with {} members and {} copies, but the pool file says {} with {} members and {} copies",
                 sb.layout.name(),
@@ -54,6 +54,21 @@ pub(super) fn authority<'a>(spec: &PoolSpec, sbs: &'a [Option<Superblock>]) -> R
         }
     }
     Ok(sbs.iter().flatten().max_by_key(|sb| sb.events).unwrap_or(first))
+}
+
+fn same_shape(spec: &PoolSpec, sb: &Superblock) -> bool {
+    sb.members() == spec.members.len() && sb.copies == spec.copies
+}
+
+/// The pool file names more members than the superblock, as `pool grow` leaves it before
+/// the coordinator has recorded them: whole mirror sets more, or copies more of a mirror.
+pub(super) fn grown_shape(spec: &PoolSpec, sb: &Superblock) -> bool {
+    let (n, m) = (sb.members(), spec.members.len());
+    n < m
+        && match spec.layout {
+            Layout::Mirror => sb.copies == n && spec.copies == m,
+            _ => sb.copies == spec.copies && (m - n).is_multiple_of(spec.copies),
+        }
 }
 
 /// What `pool init` writes at offset 0 of each member: its superblock and a clean bitmap.
@@ -107,6 +122,7 @@ pub(crate) fn format_with(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], f
                 events: 1,
                 owner: Owner::default(),
                 roles: vec![Role::Active; found.len()],
+                reshape: None,
             };
             let mut bytes = sb.encode();
             bytes.resize(((1 + blocks) * META_BLOCK_BYTES) as usize, 0);
@@ -164,5 +180,6 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
         resynced_bytes: 0,
         owner: (auth.owner.session != 0).then(|| format!("{} pid {}", auth.owner.host, auth.owner.pid)),
         members,
+        reshape: None,
     })
 }

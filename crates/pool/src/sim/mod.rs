@@ -9,6 +9,7 @@
 //! One assumption of the real world is kept explicitly: a member that was dropped is only
 //! taken back once it has processed what was already sent to it on the old connection.
 
+mod grow;
 mod member;
 mod model;
 mod restart;
@@ -37,6 +38,9 @@ pub struct Report {
     /// Coordinators stopped cleanly and assembled again mid-run.
     pub clean_restarts: u64,
     pub resynced_bytes: u64,
+    /// Pools grown (`pool grow`), and coordinator crashes while one reshaped.
+    pub grows: u64,
+    pub reshape_crashes: u64,
 }
 
 struct Req {
@@ -58,11 +62,30 @@ struct World {
     read_errors: u64,
     report: Report,
     log: Vec<String>,
+    /// Data bytes of every member (new ones too).
+    member_bytes: u64,
+    /// The step at which the pool grows, if it does.
+    grow_at: Option<u64>,
 }
 
 const MEMBER_DATA_BYTES: u64 = 64 << 20;
 const STEPS: u64 = 3_000;
 const SETTLE_STEPS_MAX: u64 = 400_000;
+
+/// Grow runs use small members (and units of 16 KiB or more), so that a reshape moves a
+/// few hundred units and finishes within the run, crashes and all.
+const GROW_MEMBER_DATA_BYTES: u64 = 8 << 20;
+
+/// Whether and at which step this run grows its pool.
+fn plan_grow(rng: &mut Rng, spec: &mut PoolSpec) -> Option<u64> {
+    if rng.below(2) == 0 {
+        return None;
+    }
+    if spec.layout != Layout::Mirror {
+        spec.stripe_unit = 16384 << rng.below(4);
+    }
+    Some(rng.below(STEPS / 2))
+}
 
 fn spec_for(rng: &mut Rng) -> PoolSpec {
     let (layout, members, copies) = match rng.below(4) {
@@ -85,8 +108,10 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
 /// Runs one seeded simulation.
 pub fn run(rng: Rng) -> Result<Report, String> {
     let mut rng = rng;
-    let spec = spec_for(&mut rng);
-    let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(MEMBER_DATA_BYTES)).collect();
+    let mut spec = spec_for(&mut rng);
+    let grow_at = plan_grow(&mut rng, &mut spec);
+    let member_bytes = if grow_at.is_some() { GROW_MEMBER_DATA_BYTES } else { MEMBER_DATA_BYTES };
+    let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(member_bytes)).collect();
     let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
     let region = 64 << (10 + rng.below(7));
     let formatted = crate::coordinator::format_with(&spec, &found, [rng.below(255) as u8 + 1; 16], false, Some(region))?;
@@ -109,9 +134,14 @@ pub fn run(rng: Rng) -> Result<Report, String> {
         read_errors: 0,
         report,
         log: Vec::new(),
+        member_bytes,
+        grow_at,
     };
     w.pump()?;
-    for _ in 0..STEPS {
+    for i in 0..STEPS {
+        if w.grow_at == Some(i) {
+            w.grow().map_err(|e| w.explain(e))?;
+        }
         if let Err(e) = w.step(true) {
             return Err(w.explain(e));
         }
@@ -137,6 +167,9 @@ impl World {
     fn step(&mut self, faults: bool) -> Result<(), String> {
         self.now += self.rng.below(4);
         self.heal();
+        if faults {
+            self.crash_while_reshaping()?;
+        }
         match self.rng.below(100) {
             0..=49 if faults => self.submit_random(),
             50..=51 if faults && self.rng.below(4) == 0 => self.fault(),
@@ -381,7 +414,8 @@ impl World {
     }
 
     fn quiet(&self) -> bool {
-        self.reqs.is_empty() && self.coord.status().members.iter().all(|m| m.state == MemberState::InSync)
+        let status = self.coord.status();
+        self.reqs.is_empty() && status.reshape.is_none() && status.members.iter().all(|m| m.state == MemberState::InSync)
     }
 
     /// Heals everything and runs until requests are answered and every member is in sync.
@@ -433,6 +467,10 @@ impl World {
             return Err(format!("{} reads failed on a redundant pool with one fault per set at most", self.read_errors));
         }
         let size = self.coord.size();
+        let want = self.member_bytes * self.spec.sets() as u64;
+        if size != want {
+            return Err(format!("the volume is {size} bytes; {} members of {} data bytes in {} sets make {want}", self.members.len(), self.member_bytes, self.spec.sets()));
+        }
         let step = 1 << 20;
         for offset in (0..size).step_by(step as usize) {
             let len = step.min(size - offset);
@@ -481,11 +519,14 @@ mod tests {
             totals.degraded_starts += r.degraded_starts;
             totals.replacements += r.replacements;
             totals.resynced_bytes += r.resynced_bytes;
+            totals.grows += r.grows;
+            totals.reshape_crashes += r.reshape_crashes;
         }
         // The runs must actually have exercised failures, not just passed quietly.
         assert!(totals.faults > seeds / 2 && totals.coordinator_crashes > 0 && totals.resynced_bytes > 0, "{totals:?}");
         assert!(seeds < 20 || totals.degraded_starts > 0, "no run started degraded: {totals:?}");
         assert!(seeds < 20 || totals.replacements > 0, "no run replaced a member: {totals:?}");
+        assert!(seeds < 20 || (totals.grows > 0 && totals.reshape_crashes > 0), "no run grew a pool and crashed mid-reshape: {totals:?}");
     }
 }
 
@@ -560,5 +601,16 @@ mod takeover {
 
     fn members_found(members: &[SimMember]) -> Vec<Option<Found>> {
         members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect()
+    }
+}
+
+#[cfg(test)]
+mod one_seed {
+    #[test]
+    fn one_seed() {
+        let Ok(seed) = std::env::var("SIM_SEED").map(|s| s.parse::<u64>().unwrap()) else { return };
+        if let Err(e) = super::run(super::Rng::seeded(seed)) {
+            panic!("{e}");
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! degraded, without one of them).
 
 use super::member::{Health, SimMember};
-use super::{session, World, MEMBER_DATA_BYTES};
+use super::{session, World};
 use crate::coordinator::{Command, Coordinator, Found, MemberState};
 use crate::meta::Superblock;
 
@@ -15,7 +15,7 @@ impl World {
         self.report.replacements += 1;
         self.coord.replace_member(m, &format!("sim://member{m}"), self.now)?;
         let conn = self.members[m].conn + 1;
-        self.members[m] = SimMember::new(MEMBER_DATA_BYTES);
+        self.members[m] = SimMember::new(self.member_bytes);
         let new = &mut self.members[m];
         new.conn = conn;
         new.dropped = true;
