@@ -28,7 +28,7 @@ pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options, degraded:
     let members = reach(&spec, &uris, options, degraded).await.map_err(named)?;
     let (present, present_uris): (Vec<M>, Vec<_>) = members.iter().zip(&uris).filter_map(|(m, u)| Some((m.clone()?, u.clone()))).unzip();
     let found = read_all(&present, &present_uris).await.map_err(named)?;
-    let mut found = take_over(&spec, &present, &present_uris, found).await?.into_iter();
+    let mut found = take_over(&present, &present_uris, found).await?.into_iter();
     let found: Vec<Option<Found>> = members.iter().map(|m| m.as_ref().and_then(|_| found.next())).collect();
     let start = Instant::now();
     let coord = Coordinator::assemble(&spec, found, session(), degraded, 0).map_err(|e| Error::Refused(format!("pool {}: {e}", path.display())))?;

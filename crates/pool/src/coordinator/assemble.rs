@@ -251,15 +251,20 @@ fn reshape_record(sbs: &[Option<Superblock>], auth: &Superblock) -> Option<crate
     Some(crate::meta::Reshape { at: at.unwrap_or(r.at).max(r.at), ..r })
 }
 
-/// Members a grow added that hold nothing yet: those the newest superblocks do not name
-/// (the grow was not recorded), and blank ones of a reshape that moved nothing onto them.
+/// Members a grow added that are taken as they are: those the newest superblocks do not
+/// name (the grow was not recorded: they hold nothing yet), and blank ones of a reshape that
+/// moved nothing onto them. A stripe's new member may also have been away for every
+/// checkpoint written so far: its superblock is blank, but what was copied to it (FUA,
+/// before it left) is there, and a stripe has no other copy to rebuild it from.
 fn fresh_members(spec: &PoolSpec, sbs: &[Option<Superblock>], auth: &Superblock, resume: Option<&crate::meta::Reshape>) -> BTreeSet<usize> {
     let n = spec.members.len();
     if auth.members() < n {
         return (auth.members()..n).collect();
     }
     match resume {
-        Some(r) if r.at as usize * spec.copies <= r.from_members => (r.from_members..n).filter(|&i| sbs[i].is_none()).collect(),
+        Some(r) if !spec.layout.redundant() || r.at * spec.copies as u64 <= r.from_members as u64 => {
+            (r.from_members..n).filter(|&i| sbs[i].is_none()).collect()
+        }
         _ => BTreeSet::new(),
     }
 }

@@ -237,9 +237,9 @@ impl Coordinator {
                 r => r,
             })
             .collect();
-        // A stripe has no owner (it may have many writers); its superblocks are written
-        // only for a reshape's checkpoints.
-        let released = self.stopping_released() || !self.redundant();
+        // A stripe has no owner (it may have many writers) except while this coordinator
+        // reshapes it: a second one must not move its units too.
+        let released = self.stopping_released() || !self.meta_kept;
         Superblock {
             pool_id: self.pool_id,
             layout: self.spec.layout,
@@ -286,7 +286,7 @@ impl Coordinator {
     }
 
     pub(super) fn heartbeat_wakeup(&self) -> Option<u64> {
-        let possible = self.redundant() && self.fenced.is_none() && self.fence_reads_out == 0 && !self.stopping_released();
+        let possible = self.meta_kept && self.fenced.is_none() && self.fence_reads_out == 0 && !self.stopping_released();
         (possible && self.durable(0, self.startup_gen)).then_some(self.next_heartbeat)
     }
 

@@ -228,7 +228,7 @@ impl Coordinator {
             region_bytes: self.region_bytes,
             dirty_regions: self.bits.iter().map(|w| w.count_ones() as u64).sum(),
             resynced_bytes: self.resynced_bytes,
-            owner: (self.redundant() && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
+            owner: (self.meta_kept && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
             members,
             reshape: self.reshape_status(),
         }
