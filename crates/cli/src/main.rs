@@ -17,6 +17,7 @@ mod mount;
 mod mount_fs;
 mod pid_file;
 mod pool;
+mod pool_grow;
 mod pool_status;
 mod serve;
 mod serve_access;

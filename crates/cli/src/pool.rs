@@ -53,6 +53,19 @@ enum PoolCommand {
   sluice pool replace pool:/etc/sluice/vol.toml nbd://10.0.0.2/disk nbd://10.0.0.9/disk
   systemctl reload sluice     # when a server serves the pool: it rebuilds the new member")]
     Replace(ReplaceArgs),
+    /// Add servers at the end of the member list and spread the volume over them while it
+    /// is served: a stripe or raid10 (whole mirror sets) reshapes unit by unit with its
+    /// position checkpointed in the superblocks (a crash resumes), and the volume grows when
+    /// that is done (clients see the new size when they connect again); a mirror gets a
+    /// copy more, synced in full. The new members are checked and blanked and the pool file
+    /// edited (comments kept); the work runs here when no one serves the pool, else in the
+    /// serving coordinator once it is reloaded (SIGHUP). Progress: `sluice pool status`.
+    #[command(after_help = "EXAMPLES:
+  sluice pool grow pool:/etc/sluice/vol.toml --add nbd://10.0.0.5/disk nbd://10.0.0.6/disk
+  systemctl reload sluice     # when a server serves the pool: it reshapes onto them
+  sluice pool grow pool:stripe.toml --add nbd://n3/disk --offline   # a stripe no one serves
+  sluice pool grow pool:mirror.toml --add nbd://n3/disk             # a third copy")]
+    Grow(crate::pool_grow::GrowArgs),
 }
 
 #[derive(clap::Args)]
@@ -106,6 +119,7 @@ pub fn run(args: PoolArgs) -> ExitCode {
         PoolCommand::Init(a) => (&a.pool, "pool init"),
         PoolCommand::Status(a) => (&a.pool, "pool status"),
         PoolCommand::Replace(a) => (&a.pool, "pool replace"),
+        PoolCommand::Grow(a) => (&a.pool, "pool grow"),
     };
     let spec = match load(arg) {
         Ok(spec) => spec,
@@ -121,6 +135,7 @@ pub fn run(args: PoolArgs) -> ExitCode {
                 .await
                 .map(|(s, assembly)| pool_status::print(&s, &assembly, a.json)),
             PoolCommand::Replace(a) => replace(a).await,
+            PoolCommand::Grow(a) => crate::pool_grow::grow(a).await,
         }
     });
     match result {

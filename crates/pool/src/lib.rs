@@ -23,7 +23,7 @@ pub mod sim;
 
 pub use coordinator::{
     Action, Command, Coordinator, CopyId, Data, Failure, Found, MemberCmd, MemberState, MemberStatus, OpId, OpOutcome, ReqId,
-    Session, Status,
+    ReshapeStatus, Session, Status,
 };
 pub use layout::Map;
 pub use meta::{Owner, Role, Superblock};

@@ -6,7 +6,7 @@
 //! members with backoff.
 //!
 //! `Client::connect_with` opens a pool like any export, so every user of `Client` can use
-//! one; `init`, `status` and `replace` are what `sluice pool` does.
+//! one; `init`, `status`, `replace` and `grow` are what `sluice pool` does.
 
 mod admin;
 mod background;
@@ -16,6 +16,7 @@ mod driver_tests;
 #[cfg(test)]
 mod fake;
 mod found;
+mod grow;
 mod lease;
 mod member;
 mod member_client;
@@ -27,7 +28,8 @@ mod requests;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
+pub use grow::{grow, GrowWhere, Grown};
 pub use replace::{replace, Replaced};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
-pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Status};
+pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, ReshapeStatus, Status};

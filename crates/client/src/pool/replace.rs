@@ -74,7 +74,7 @@ fn check_set(spec: &PoolSpec, status: &sluice_pool::Status, index: usize) -> Res
 
 /// Checks the new member and blanks its metadata area, so that the pool rebuilds it in
 /// full and no other pool can claim it by mistake.
-async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error> {
+pub(super) async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error> {
     let options = Options { block_status: false, ..Options::default() };
     let m = Client::connect_with(uri, &options).await.map_err(|e| Error::Pool(format!("{uri} cannot be reached: {e}")))?;
     let result = async {
@@ -101,7 +101,7 @@ async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error>
 /// Writes `text` to `path` (the file a symbolic link points to, when it is one) through a
 /// temporary file beside it, synced, then renamed over it, so that a crash leaves the old
 /// file or the new one, never half of one; the file keeps its mode and owner.
-fn write_in_place(path: &Path, text: &str) -> Result<(), Error> {
+pub(super) fn write_in_place(path: &Path, text: &str) -> Result<(), Error> {
     use std::io::Write;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let fail = |e: std::io::Error| Error::Pool(format!("cannot write {}: {e}", path.display()));

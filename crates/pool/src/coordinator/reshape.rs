@@ -186,17 +186,19 @@ impl Coordinator {
         self.note_durable_checkpoints();
         let mut moved = self.advance_prefix();
         let r = self.reshape.as_ref().expect("checked above");
-        if r.layout.at >= r.layout.units() && r.units.is_empty() {
+        if r.checkpoints.is_empty() && r.layout.at > r.durable_at {
+            self.checkpoint();
+            moved = true;
+        }
+        let r = self.reshape.as_ref().expect("checked above");
+        // The tail holds the old copies of the last units: it is zeroed only once no
+        // resume can copy from there again.
+        if r.durable_at >= r.layout.units() && r.units.is_empty() {
             let before = r.tail.clone();
             if self.run_tail(self.reshape_may_copy()) {
                 return self.finish_reshape();
             }
             return moved || self.reshape.as_ref().is_some_and(|r| r.tail != before);
-        }
-        let r = self.reshape.as_ref().expect("checked above");
-        if r.checkpoints.is_empty() && r.layout.at > r.durable_at {
-            self.checkpoint();
-            moved = true;
         }
         if !self.reshape_may_copy() {
             let r = self.reshape.as_mut().expect("checked above");

@@ -1,7 +1,7 @@
 //! What the members' metadata says without assembling the pool: what `pool init` writes
 //! (`format`), what `pool status` shows (`survey`), and the checks assembly starts from.
 
-use super::api::{Found, MemberState, MemberStatus, Status};
+use super::api::{Found, MemberState, MemberStatus, ReshapeStatus, Status};
 use crate::layout::Map;
 use crate::limits::META_BLOCK_BYTES;
 use crate::meta::{bitmap_blocks, bitmap_words, id_text, region_bytes, Owner, Role, Superblock};
@@ -168,18 +168,26 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
             MemberStatus { uri: spec.members[i].clone(), state }
         })
         .collect();
+    let reshape = auth.reshape.map(|r| ReshapeStatus {
+        from_members: r.from_members,
+        to_members: auth.members(),
+        done_bytes: r.at * auth.stripe_unit,
+        total_bytes: auth.member_bytes * (r.from_members / auth.copies) as u64,
+        started: r.started,
+        rate_bytes_per_s: None,
+    });
     Ok(Status {
         pool_id: id_text(&auth.pool_id),
         layout: auth.layout,
         stripe_unit: auth.stripe_unit,
         copies: auth.copies,
-        size: auth.member_bytes * (auth.members() / auth.copies) as u64,
+        size: reshape.map_or(auth.member_bytes * (auth.members() / auth.copies) as u64, |r| r.total_bytes),
         events: auth.events,
         region_bytes: auth.region_bytes,
         dirty_regions: dirty.iter().map(|w| w.count_ones() as u64).sum(),
         resynced_bytes: 0,
         owner: (auth.owner.session != 0).then(|| format!("{} pid {}", auth.owner.host, auth.owner.pid)),
         members,
-        reshape: None,
+        reshape,
     })
 }

@@ -400,6 +400,11 @@ impl World {
 
     fn finish_request(&mut self, r: Req, ok: bool) -> Result<(), String> {
         let (offset, len) = r.cmd.range();
+        if let Ok(s) = std::env::var("SIM_DEBUG_SECTOR").map(|v| v.parse::<u64>().unwrap()) {
+            if offset / SECTOR <= s && s < (offset + len) / SECTOR && r.cmd.is_write() {
+                self.log.push(format!("{} DEBUG {:?} ok {ok} version {:?}", self.now, r.cmd, r.buf.get((s - offset / SECTOR) as usize)));
+            }
+        }
         match r.cmd {
             Command::Read { .. } if ok => self.model.read(offset, &r.buf)?,
             Command::Read { .. } => self.read_errors += 1,

@@ -114,6 +114,7 @@ mod tests {
             dirty_regions: 3,
             resynced_bytes: 12345,
             owner: None,
+            reshape: None,
             members: vec![
                 MemberStatus { uri: "nbd://a/d".into(), state: MemberState::InSync },
                 MemberStatus { uri: "nbd://b/d".into(), state: MemberState::Resyncing { done: 5, total: 10 } },
