@@ -5,10 +5,8 @@
 //! serves it, it is assembled here and the work runs to its end.
 
 use super::admin::status_and_assembly;
-use super::replace::{prepare, write_in_place};
-use crate::client::Client;
+use super::replace::{assemble_until, prepare, write_in_place};
 use crate::error::Error;
-use crate::options::Options;
 use crate::uri::{Address, Uri};
 use sluice_pool::{Layout, MemberState, PoolSpec, Status};
 use std::path::Path;
@@ -96,20 +94,9 @@ fn check_new(spec: &PoolSpec, add: &[String]) -> Result<Vec<Uri>, Error> {
 /// for), waits until it is done and every member in sync, then stops cleanly; when a live
 /// coordinator serves the pool, leaves the work to it.
 async fn run(path: &Path, progress: impl Fn(&Status)) -> Result<Grown, Error> {
-    let uri = Uri { address: Address::Pool(path.to_path_buf()), export: String::new(), tls: None };
-    let pool = match Client::connect_with(&uri, &Options::default()).await {
-        Ok(p) => p,
-        Err(Error::Refused(why)) if why.contains("being served") => return Ok(Grown::Served(why.trim_end_matches("; stop that first").to_owned())),
-        Err(e) => return Err(e),
-    };
-    loop {
-        let status = pool.pool_status().expect("a pool has a status");
-        if status.reshape.is_none() && status.members.iter().all(|m| m.state == MemberState::InSync) {
-            break;
-        }
-        progress(&status);
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
-    pool.disconnect().await;
-    Ok(Grown::Done)
+    let done = |s: &Status| s.reshape.is_none() && s.members.iter().all(|m| m.state == MemberState::InSync);
+    Ok(match assemble_until(path, done, progress).await? {
+        None => Grown::Done,
+        Some(by) => Grown::Served(by),
+    })
 }

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::options::Options;
 use crate::uri::{Address, Uri};
 use sluice_pool::limits::META_BYTES;
-use sluice_pool::{MemberState, PoolSpec, Superblock};
+use sluice_pool::{MemberState, PoolSpec, Status, Superblock};
 use std::path::Path;
 
 /// What `replace` did.
@@ -127,22 +127,36 @@ pub(super) fn write_in_place(path: &Path, text: &str) -> Result<(), Error> {
 /// Assembles the pool here and waits until the new member is in sync, then stops cleanly;
 /// when a live coordinator serves the pool, leaves the rebuild to it.
 async fn rebuild(path: &Path, new: &str, progress: impl Fn(u64, u64)) -> Result<Replaced, Error> {
+    let state = |s: &Status| s.members.iter().find(|m| m.uri == new).map(|m| m.state);
+    let done = |s: &Status| state(s).is_none_or(|st| st == MemberState::InSync);
+    let shown = |s: &Status| match state(s) {
+        Some(MemberState::Resyncing { done, total }) => progress(done, total),
+        _ => progress(0, 0),
+    };
+    Ok(match assemble_until(path, done, shown).await? {
+        None => Replaced::Rebuilt,
+        Some(by) => Replaced::Served(by),
+    })
+}
+
+/// Assembles the pool here and looks at its state every half second, calling `progress`,
+/// until `done` holds; then stops cleanly. `Some(who)` instead when a live coordinator
+/// serves the pool: the work is left to it.
+pub(super) async fn assemble_until(path: &Path, done: impl Fn(&Status) -> bool, progress: impl Fn(&Status)) -> Result<Option<String>, Error> {
     let uri = Uri { address: Address::Pool(path.to_path_buf()), export: String::new(), tls: None };
     let pool = match Client::connect_with(&uri, &Options::default()).await {
         Ok(p) => p,
-        Err(Error::Refused(why)) if why.contains("being served") => return Ok(Replaced::Served(why.trim_end_matches("; stop that first").to_owned())),
+        Err(Error::Refused(why)) if why.contains("being served") => return Ok(Some(why.trim_end_matches("; stop that first").to_owned())),
         Err(e) => return Err(e),
     };
     loop {
         let status = pool.pool_status().expect("a pool has a status");
-        let Some(m) = status.members.iter().find(|m| m.uri == new) else { break };
-        match m.state {
-            MemberState::InSync => break,
-            MemberState::Resyncing { done, total } => progress(done, total),
-            _ => progress(0, 0),
+        if done(&status) {
+            break;
         }
+        progress(&status);
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     pool.disconnect().await;
-    Ok(Replaced::Rebuilt)
+    Ok(None)
 }
