@@ -41,6 +41,8 @@ pub struct Report {
     /// Pools grown (`pool grow`), and coordinator crashes while one reshaped.
     pub grows: u64,
     pub reshape_crashes: u64,
+    /// Faults of any kind (member losses, stalls, failed operations) while a reshape ran.
+    pub reshape_faults: u64,
 }
 
 struct Req {
@@ -271,6 +273,9 @@ impl World {
     /// every acknowledged write keeps a copy.
     fn fault(&mut self) -> Result<(), String> {
         self.report.faults += 1;
+        if self.coord.status().reshape.is_some() {
+            self.report.reshape_faults += 1;
+        }
         if self.rng.below(6) == 0 {
             if self.rng.below(3) == 0 {
                 return self.restart_cleanly();
@@ -526,12 +531,14 @@ mod tests {
             totals.resynced_bytes += r.resynced_bytes;
             totals.grows += r.grows;
             totals.reshape_crashes += r.reshape_crashes;
+            totals.reshape_faults += r.reshape_faults;
         }
+        eprintln!("{seeds} seeds: {totals:?}");
         // The runs must actually have exercised failures, not just passed quietly.
         assert!(totals.faults > seeds / 2 && totals.coordinator_crashes > 0 && totals.resynced_bytes > 0, "{totals:?}");
         assert!(seeds < 20 || totals.degraded_starts > 0, "no run started degraded: {totals:?}");
         assert!(seeds < 20 || totals.replacements > 0, "no run replaced a member: {totals:?}");
-        assert!(seeds < 20 || (totals.grows > 0 && totals.reshape_crashes > 0), "no run grew a pool and crashed mid-reshape: {totals:?}");
+        assert!(seeds < 20 || (totals.grows > 0 && totals.reshape_crashes > 0 && totals.reshape_faults > 0), "no run grew a pool with crashes and faults mid-reshape: {totals:?}");
     }
 }
 
