@@ -75,6 +75,9 @@ fn grow_served_with_two_kills(p: &mut Pool, count: usize, flags: &[&str]) -> (Co
     // Killed once the superblocks record progress, and again after a write acknowledged
     // mid-reshape: both must survive.
     let moved = p.wait_status("the reshape under way", |s| reshape_done_bytes(s).is_some_and(|d| d > 4 * MIB));
+    let (ok, text, err) = run(SLUICE, &["pool", "status", &p.spec]);
+    let line = format!("reshape:  {first} -> {} members, ", first + count);
+    assert!(ok && text.contains(&line) && text.contains("moved"), "pool status during a reshape: {text}{err}");
     c.kill();
     let c2 = Coordinator::start(p.dir.path(), &p.spec);
     let data = fill(&c2.uri(), before, 42);
@@ -115,6 +118,23 @@ fn a_served_raid10_grows_from_four_to_six_members_through_two_coordinator_crashe
     for set in 0..3 {
         assert!(p.members[2 * set].data() == p.members[2 * set + 1].data(), "the copies of set {set} differ");
     }
+}
+
+#[test]
+fn a_stripe_no_one_serves_grows_here_with_offline() {
+    let mut p = pool("stripe", 2, "stripe-unit = \"64K\"\nresync-rate = \"1G\"");
+    let data = fill(&p.spec, 2 * MEMBER_DATA, 44);
+    for i in 2..4 {
+        p.members.push(Member::new(p.dir.path(), i, MEMBER_DATA));
+    }
+    let (a, b) = (p.members[2].uri(), p.members[3].uri());
+    let (ok, out, err) = run(SLUICE, &["pool", "grow", &p.spec, "--offline", "--add", &a, &b]);
+    assert!(ok && out.contains(&format!("the volume is {} bytes", 4 * MEMBER_DATA)), "pool grow --offline: {out}{err}");
+    let s = p.status();
+    assert!(s["reshape"].is_null() && s["members"].as_array().unwrap().len() == 4, "{s}");
+    let back = read_back(&p.spec);
+    assert!(back.len() as u64 == 4 * MEMBER_DATA && back[..data.len()] == data[..], "the grown stripe reads back other bytes");
+    assert!(back[data.len()..].iter().all(|&b| b == 0), "the grown part does not read as zeros");
 }
 
 #[test]
