@@ -1,7 +1,8 @@
 //! `sluice pool grow`: a served stripe (2 -> 4) and raid10 (4 -> 6) reshaped onto new
-//! members with writes acknowledged mid-reshape, the coordinator SIGKILLed twice and
-//! restarted, then every byte read back, the size grown and (raid10) the copies equal; a
-//! mirror given a third copy while no one serves it; and the refusals.
+//! members with a fio write+verify load (sluice copy without fio) acknowledged mid-reshape,
+//! the coordinator SIGKILLed twice and restarted, then every byte verified again, the size
+//! grown and (raid10) the copies equal; a stripe grown where no one serves it; a mirror
+//! given a third copy; and the refusals.
 mod common;
 use common::*;
 
@@ -44,14 +45,55 @@ fn pool(layout: &str, n: usize, extra: &str) -> Pool {
     Pool { members, spec, dir }
 }
 
+/// fio's write+verify job over the first `size` bytes (`verify_only`: check what the same
+/// job wrote before); panics with fio's output when it fails.
+fn fio(uri: &str, size: u64, verify_only: bool) {
+    let (uri_arg, size_arg) = (format!("--uri={uri}"), format!("--size={size}"));
+    let mut args = vec!["--name=grow", "--ioengine=nbd", &uri_arg, "--rw=randwrite", "--iodepth=16", &size_arg, "--bssplit=4k/50:64k/50"];
+    args.extend(["--verify=crc32c", "--do_verify=1", "--verify_state_save=0", "--randrepeat=1"]);
+    if verify_only {
+        args.push("--verify_only");
+    }
+    let (ok, out, err) = run("fio", &args);
+    let text = format!("{out}{err}");
+    let bad = !ok || !text.contains("err= 0") || text.lines().any(|l| l.contains("verify:") || l.contains("bad magic"));
+    assert!(!bad, "fio (verify_only: {verify_only}) on {uri} failed:\n{text}");
+}
+
+/// The load written while a reshape runs: fio's write+verify job when fio is installed,
+/// else a pattern copied with `sluice copy`.
+enum Load {
+    Fio,
+    Copy(Vec<u8>),
+}
+
+impl Load {
+    fn write(uri: &str, size: u64) -> Load {
+        if have("fio") {
+            fio(uri, size, false);
+            return Load::Fio;
+        }
+        eprintln!("SKIPPED fio load: fio is not installed; writing with sluice copy instead");
+        Load::Copy(fill(uri, size, 42))
+    }
+
+    /// Checks that the volume at `uri` still holds what was written.
+    fn check(&self, uri: &str, size: u64) {
+        match self {
+            Load::Fio => fio(uri, size, true),
+            Load::Copy(data) => assert!(read_back(uri)[..data.len()] == data[..], "the volume lost acknowledged writes in the reshape"),
+        }
+    }
+}
+
 fn reshape_done_bytes(s: &serde_json::Value) -> Option<u64> {
     s["reshape"]["done_bytes"].as_u64()
 }
 
 /// Adds `count` members to a served pool (`sluice pool grow`, then SIGHUP), then kills
-/// the coordinator twice mid-reshape, with a whole-volume write acknowledged in between;
-/// returns the last coordinator and what the volume must hold.
-fn grow_served_with_two_kills(p: &mut Pool, count: usize, flags: &[&str]) -> (Coordinator, Vec<u8>) {
+/// the coordinator twice mid-reshape, with a load written and acknowledged in between;
+/// returns the last coordinator, the load and the old size.
+fn grow_served_with_two_kills(p: &mut Pool, count: usize, flags: &[&str]) -> (Coordinator, Load, u64) {
     let mut c = p.serve();
     let before = p.status()["size"].as_u64().unwrap();
     fill(&c.uri(), before, 41);
@@ -80,40 +122,40 @@ fn grow_served_with_two_kills(p: &mut Pool, count: usize, flags: &[&str]) -> (Co
     assert!(ok && text.contains(&line) && text.contains("moved"), "pool status during a reshape: {text}{err}");
     c.kill();
     let c2 = Coordinator::start(p.dir.path(), &p.spec);
-    let data = fill(&c2.uri(), before, 42);
+    let load = Load::write(&c2.uri(), before);
     let at_kill = reshape_done_bytes(&moved).unwrap();
     let s = p.wait_status("the reshape going on", |s| reshape_done_bytes(s).is_some_and(|d| d > at_kill));
     assert!(reshape_done_bytes(&s).unwrap() < before, "the reshape ended before the second kill: {s}");
     let mut c2 = c2;
     c2.kill();
     c = Coordinator::start(p.dir.path(), &p.spec);
-    (c, data)
+    (c, load, before)
 }
 
 #[test]
 fn a_served_stripe_grows_from_two_to_four_members_through_two_coordinator_crashes() {
-    let mut p = pool("stripe", 2, "stripe-unit = \"64K\"\nresync-rate = \"3M\"");
-    let (c, data) = grow_served_with_two_kills(&mut p, 2, &["--served"]);
+    let mut p = pool("stripe", 2, "stripe-unit = \"64K\"\nresync-rate = \"2M\"");
+    let (c, load, before) = grow_served_with_two_kills(&mut p, 2, &["--served"]);
     let s = p.wait_status("the reshape done", |s| s["reshape"].is_null() && s["size"].as_u64() == Some(4 * MEMBER_DATA));
     assert!(all_in_sync(&s), "{s}");
     let back = read_back(&c.uri());
     assert_eq!(back.len() as u64, 4 * MEMBER_DATA, "a new connection sees the grown size");
-    assert!(back[..data.len()] == data[..], "the volume lost acknowledged writes in the reshape");
-    assert!(back[data.len()..].iter().all(|&b| b == 0), "the grown part does not read as zeros");
+    assert!(back[before as usize..].iter().all(|&b| b == 0), "the grown part does not read as zeros");
+    load.check(&c.uri(), before);
     c.stop_clean();
 }
 
 #[test]
 fn a_served_raid10_grows_from_four_to_six_members_through_two_coordinator_crashes() {
-    let mut p = pool("raid10", 4, "stripe-unit = \"64K\"\nmember-timeout = \"2s\"\nresync-rate = \"3M\"");
+    let mut p = pool("raid10", 4, "stripe-unit = \"64K\"\nmember-timeout = \"2s\"\nresync-rate = \"2M\"");
     // No flag: the serving coordinator's lease tells the command to leave the work to it.
-    let (c, data) = grow_served_with_two_kills(&mut p, 2, &[]);
+    let (c, load, before) = grow_served_with_two_kills(&mut p, 2, &[]);
     let s = p.wait_status("the reshape done", |s| s["reshape"].is_null() && s["size"].as_u64() == Some(3 * MEMBER_DATA) && all_in_sync(s));
     assert_eq!(s["members"].as_array().unwrap().len(), 6, "{s}");
     let back = read_back(&c.uri());
     assert_eq!(back.len() as u64, 3 * MEMBER_DATA, "a new connection sees the grown size");
-    assert!(back[..data.len()] == data[..], "the volume lost acknowledged writes in the reshape");
-    assert!(back[data.len()..].iter().all(|&b| b == 0), "the grown part does not read as zeros");
+    assert!(back[before as usize..].iter().all(|&b| b == 0), "the grown part does not read as zeros");
+    load.check(&c.uri(), before);
     c.stop_clean();
     for set in 0..3 {
         assert!(p.members[2 * set].data() == p.members[2 * set + 1].data(), "the copies of set {set} differ");
