@@ -1,6 +1,7 @@
-//! `sluice pool`: write a new pool's metadata to its members (`init`), and show the pool's
-//! state as its members record it (`status`). Using the pool is not here: every client
-//! subcommand takes `pool:PATH` where it takes a URI.
+//! `sluice pool`: write a new pool's metadata to its members (`init`), show the pool's
+//! state as its members record it (`status`), put a server in a member's place
+//! (`replace`), and add members (`grow`, in pool_grow.rs). Using the pool is not here:
+//! every client subcommand takes `pool:PATH` where it takes a URI.
 
 use crate::client_cli::{self, fail};
 use crate::pool_status;

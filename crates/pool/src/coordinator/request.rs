@@ -118,10 +118,11 @@ impl Coordinator {
         if !self.durable(0, req.need_sb) || !req.marks.iter().all(|&(b, g)| self.durable(b, g)) {
             return false;
         }
-        // A mirrored pool takes writes once its claim has been on the members for a
-        // heartbeat and read back as its own: a second coordinator that started at the same
-        // moment has claimed by then, and one of the two stands down.
-        if self.redundant() && self.heartbeat == 0 {
+        // A mirrored pool (or a stripe being reshaped) takes writes once its claim has been
+        // on the members for a heartbeat and read back as its own: a second coordinator
+        // that started at the same moment has claimed by then, and one of the two stands
+        // down.
+        if self.meta_kept && self.heartbeat == 0 {
             return false;
         }
         !req.pieces.iter().any(|p| self.locks.iter().any(|l| l.overlaps(p.set, p.member_offset, p.member_offset + p.len)))
