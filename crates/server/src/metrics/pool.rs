@@ -1,5 +1,6 @@
 //! The state of pools that the server serves, as Prometheus families: each member's state
-//! and resync progress, and the pool's event counter, dirty regions and resynced bytes.
+//! and resync progress, and the pool's event counter, dirty regions, resynced bytes and
+//! reshape progress.
 //! Read from the pool's coordinator at scrape time.
 
 use prometheus::proto::{self, MetricFamily, MetricType};
@@ -29,6 +30,8 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
     let mut events = Family::new("sluice_pool_events", "The pool's event counter: it moves when a member leaves or returns.", MetricType::GAUGE);
     let mut dirty = Family::new("sluice_pool_dirty_regions", "Regions the write-intent bitmap marks dirty.", MetricType::GAUGE);
     let mut resynced = Family::new("sluice_pool_resynced_bytes_total", "Bytes copied by resync since the server started.", MetricType::COUNTER);
+    let mut moved = Family::new("sluice_pool_reshape_done_bytes", "Volume bytes a reshape (pool grow) has put in their new place; 0 when none runs.", MetricType::GAUGE);
+    let mut to_move = Family::new("sluice_pool_reshape_total_bytes", "Volume bytes a reshape moves in all (the old size); 0 when none runs.", MetricType::GAUGE);
     for (export, s) in &statuses {
         for (i, m) in s.members.iter().enumerate() {
             let index = i.to_string();
@@ -47,8 +50,11 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
         events.gauge(&[("export", export)], s.events);
         dirty.gauge(&[("export", export)], s.dirty_regions);
         resynced.counter(&[("export", export)], s.resynced_bytes);
+        let (d, t) = s.reshape.map_or((0, 0), |r| (r.done_bytes, r.total_bytes));
+        moved.gauge(&[("export", export)], d);
+        to_move.gauge(&[("export", export)], t);
     }
-    [state, done, total, events, dirty, resynced].into_iter().map(|f| f.0).collect()
+    [state, done, total, events, dirty, resynced, moved, to_move].into_iter().map(|f| f.0).collect()
 }
 
 /// A family built at scrape time; also used for the buffer pools' (`buffers`).
@@ -132,6 +138,7 @@ mod tests {
         assert!(out.contains(r#"sluice_pool_member_resync_done_bytes{export="vol",member="1",uri="nbd://b/d"} 5"#), "{out}");
         assert!(out.contains(r#"sluice_pool_events{export="vol"} 9"#), "{out}");
         assert!(out.contains(r#"sluice_pool_resynced_bytes_total{export="vol"} 12345"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_reshape_total_bytes{export="vol"} 0"#), "{out}");
     }
 
     #[test]
