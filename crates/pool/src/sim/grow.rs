@@ -2,7 +2,7 @@
 //! sometimes with the coordinator crashing right after the pool file names them (the next
 //! one must start the reshape itself), and coordinator crashes while it reshapes.
 
-use super::member::SimMember;
+use super::member::{SimMember, SECTOR};
 use super::World;
 use crate::coordinator::Found;
 use crate::spec::Layout;
@@ -36,9 +36,28 @@ impl World {
         self.pump()
     }
 
-    /// Crashes the coordinator now and then while it reshapes.
+    /// Half of the requests during a reshape go just behind or ahead of its checkpoint,
+    /// where units are being moved and the checkpoint is not yet durable.
+    pub(super) fn reshape_frontier(&mut self, len: u64) -> Option<u64> {
+        let status = self.coord.status();
+        let r = status.reshape?;
+        if self.rng.below(2) == 0 {
+            return None;
+        }
+        let near = 4 * status.stripe_unit;
+        let (from, to) = (r.done_bytes.saturating_sub(near), (r.done_bytes + near).min(r.total_bytes));
+        let span = to.checked_sub(from + len)?;
+        Some((from + self.rng.below(span + 1)) / SECTOR * SECTOR)
+    }
+
+    /// Crashes the coordinator now and then while it reshapes, often right after it
+    /// acknowledged a write (which must not depend on a checkpoint still in flight).
     pub(super) fn crash_while_reshaping(&mut self) -> Result<(), String> {
-        if self.rng.below(300) != 0 || self.coord.status().reshape.is_none() || self.power_loss_unrecorded() {
+        let after_ack = std::mem::take(&mut self.crash_after_ack);
+        if !after_ack && self.rng.below(300) != 0 {
+            return Ok(());
+        }
+        if self.coord.status().reshape.is_none() || self.power_loss_unrecorded() {
             return Ok(());
         }
         self.report.reshape_crashes += 1;

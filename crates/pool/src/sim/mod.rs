@@ -68,6 +68,8 @@ struct World {
     member_bytes: u64,
     /// The step at which the pool grows, if it does.
     grow_at: Option<u64>,
+    /// A write was just acknowledged mid-reshape: the coordinator crashes at the next step.
+    crash_after_ack: bool,
 }
 
 const MEMBER_DATA_BYTES: u64 = 64 << 20;
@@ -138,6 +140,7 @@ pub fn run(rng: Rng) -> Result<Report, String> {
         log: Vec::new(),
         member_bytes,
         grow_at,
+        crash_after_ack: false,
     };
     w.pump()?;
     for i in 0..STEPS {
@@ -204,7 +207,10 @@ impl World {
         let len = (1 + self.rng.below(64)) * SECTOR;
         // Most writes land in a hot eighth of the volume, so resyncs have something to skip.
         let span = if self.rng.below(16) == 0 { size } else { size / 8 };
-        let offset = self.rng.below((span - len) / SECTOR + 1) * SECTOR;
+        let offset = match self.reshape_frontier(len) {
+            Some(offset) => offset,
+            None => self.rng.below((span - len) / SECTOR + 1) * SECTOR,
+        };
         if !self.model.free(offset, len) {
             return Ok(());
         }
@@ -413,7 +419,10 @@ impl World {
         match r.cmd {
             Command::Read { .. } if ok => self.model.read(offset, &r.buf)?,
             Command::Read { .. } => self.read_errors += 1,
-            Command::Write { .. } => self.model.wrote(offset, &r.buf, ok),
+            Command::Write { .. } => {
+                self.model.wrote(offset, &r.buf, ok);
+                self.crash_after_ack |= ok && self.grow_at.is_some() && self.rng.below(8) == 0;
+            }
             Command::Zero { .. } | Command::Trim { .. } => self.model.wrote(offset, &r.buf, ok),
             Command::Flush => {}
         }
