@@ -196,6 +196,23 @@ fn a_mirror_gets_a_third_copy_when_no_one_serves_it() {
 }
 
 #[test]
+fn a_served_mirror_gets_a_third_copy_after_its_reload() {
+    let mut p = pool("mirror", 2, "resync-rate = \"1G\"");
+    let c = p.serve();
+    let data = fill(&c.uri(), MEMBER_DATA, 45);
+    p.members.push(Member::new(p.dir.path(), 2, MEMBER_DATA));
+    let (ok, out, err) = run(SLUICE, &["pool", "grow", &p.spec, "--add", &p.members[2].uri()]);
+    assert!(ok && out.contains("reload that server"), "pool grow of a served mirror: {out}{err}");
+    signal(c.pid(), libc::SIGHUP);
+    wait_until("the reload", std::time::Duration::from_secs(30), || c.log_text().contains("reloaded"), || c.log_text());
+    let s = p.wait_status("the third copy in sync", |s| s["copies"] == 3 && s["members"].as_array().unwrap().len() == 3 && all_in_sync(s));
+    assert_eq!(s["size"].as_u64(), Some(MEMBER_DATA), "{s}");
+    assert!(read_back(&c.uri()) == data, "the served mirror reads back other bytes");
+    c.stop_clean();
+    assert!(p.members[0].data() == p.members[2].data(), "the new copy differs from the first");
+}
+
+#[test]
 fn grows_that_cannot_work_are_refused_before_anything_changes() {
     let p = pool("raid10", 4, "stripe-unit = \"64K\"");
     let file = p.spec.strip_prefix("pool:").unwrap().to_owned();
