@@ -31,7 +31,8 @@ pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options, degraded:
     let mut found = take_over(&present, &present_uris, found).await?.into_iter();
     let found: Vec<Option<Found>> = members.iter().map(|m| m.as_ref().and_then(|_| found.next())).collect();
     let start = Instant::now();
-    let coord = Coordinator::assemble(&spec, found, session(), degraded, 0).map_err(|e| Error::Refused(format!("pool {}: {e}", path.display())))?;
+    let mut coord = Coordinator::assemble(&spec, found, session(), degraded, 0).map_err(|e| Error::Refused(format!("pool {}: {e}", path.display())))?;
+    coord.wall_clock(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()));
     let missing: Vec<String> = members.iter().zip(&uris).filter(|(m, _)| m.is_none()).map(|(_, u)| u.to_string()).collect();
     if !missing.is_empty() {
         log::warn!("pool {}: DEGRADED: assembled without {}; they are tried again in the background and rebuilt when they answer", path.display(), missing.join(", "));

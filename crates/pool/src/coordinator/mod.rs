@@ -170,6 +170,17 @@ impl Coordinator {
         Ok(())
     }
 
+    /// The wall clock (unix seconds), for a reshape that assembly started or resumed with
+    /// no start recorded (a grown pool file found at start-up): it is recorded as its start,
+    /// so that status can tell its rate.
+    pub fn wall_clock(&mut self, unix_secs: u64) {
+        if let Some(r) = self.reshape.as_mut().filter(|r| r.started == 0) {
+            r.started = unix_secs;
+            self.gen[0] += 1;
+            self.advance();
+        }
+    }
+
     /// Lets time pass: time-outs, heartbeats, cleaning dirty regions, resync pacing. Call it
     /// at `next_wakeup()` (or any time).
     pub fn tick(&mut self, now: u64) {

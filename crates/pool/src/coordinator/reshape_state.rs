@@ -9,7 +9,7 @@ use crate::layout::Reshape;
 pub(super) struct Reshaping {
     /// `layout.at`: units below it are copied (the in-memory checkpoint).
     pub layout: Reshape,
-    /// Unix seconds; 0 when unknown (a grow started by assembly).
+    /// Unix seconds; 0 until the driver tells the wall clock (a grow started by assembly).
     pub started: u64,
     /// Units claimed for copying, at or above `layout.at`.
     pub units: BTreeMap<u64, UnitCopy>,

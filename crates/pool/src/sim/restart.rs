@@ -62,6 +62,8 @@ impl World {
         if !self.assemble_degraded(&found)? {
             self.coord = Coordinator::assemble(&self.spec, found, session(self.sessions), false, self.now)?;
         }
+        // As the driver does: a reshape assembly started gets its start time.
+        self.coord.wall_clock(1_700_000_000 + self.now / 1000);
         let states: Vec<MemberState> = self.coord.status().members.iter().map(|m| m.state).collect();
         self.log.push(format!("{} assembled again {when}: {states:?}", self.now));
         Ok(())
