@@ -18,6 +18,7 @@ mod mount_fs;
 mod pid_file;
 mod pool;
 mod pool_scrub;
+mod pool_grow;
 mod pool_status;
 mod serve;
 mod serve_access;

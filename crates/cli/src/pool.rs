@@ -1,6 +1,7 @@
-//! `sluice pool`: write a new pool's metadata to its members (`init`), and show the pool's
-//! state as its members record it (`status`). Using the pool is not here: every client
-//! subcommand takes `pool:PATH` where it takes a URI.
+//! `sluice pool`: write a new pool's metadata to its members (`init`), show the pool's
+//! state as its members record it (`status`), put a server in a member's place
+//! (`replace`), and add members (`grow`, in pool_grow.rs). Using the pool is not here:
+//! every client subcommand takes `pool:PATH` where it takes a URI.
 
 use crate::client_cli::{self, fail};
 use crate::{pool_scrub, pool_status};
@@ -77,6 +78,19 @@ enum PoolCommand {
   sluice pool repair pool:/etc/sluice/vol.toml
   sluice pool repair --from nbd://10.0.0.1/disk pool:vol.toml")]
     Repair(pool_scrub::RepairArgs),
+    /// Add servers at the end of the member list and spread the volume over them while it
+    /// is served: a stripe or raid10 (whole mirror sets) reshapes unit by unit with its
+    /// position checkpointed in the superblocks (a crash resumes), and the volume grows when
+    /// that is done (clients see the new size when they connect again); a mirror gets a
+    /// copy more, synced in full. The new members are checked and blanked and the pool file
+    /// edited (comments kept); the work runs here when no one serves the pool, else in the
+    /// serving coordinator once it is reloaded (SIGHUP). Progress: `sluice pool status`.
+    #[command(after_help = "EXAMPLES:
+  sluice pool grow pool:/etc/sluice/vol.toml --add nbd://10.0.0.5/disk nbd://10.0.0.6/disk
+  systemctl reload sluice     # when a server serves the pool: it reshapes onto them
+  sluice pool grow pool:stripe.toml --add nbd://n3/disk --offline   # a stripe no one serves
+  sluice pool grow pool:mirror.toml --add nbd://n3/disk             # a third copy")]
+    Grow(crate::pool_grow::GrowArgs),
 }
 
 #[derive(clap::Args)]
@@ -148,6 +162,7 @@ pub fn run(args: PoolArgs) -> ExitCode {
         PoolCommand::AddSpare(a) => (&a.pool, "pool add-spare"),
         PoolCommand::Check(a) => (&a.pool, "pool check"),
         PoolCommand::Repair(a) => (&a.pool, "pool repair"),
+        PoolCommand::Grow(a) => (&a.pool, "pool grow"),
     };
     let spec = match load(arg) {
         Ok(spec) => spec,
@@ -182,6 +197,7 @@ pub fn run(args: PoolArgs) -> ExitCode {
                 Ok(())
             }
             PoolCommand::Check(_) | PoolCommand::Repair(_) => unreachable!("run above"),
+            PoolCommand::Grow(a) => crate::pool_grow::grow(a).await,
         }
     });
     match result {

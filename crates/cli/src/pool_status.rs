@@ -3,7 +3,7 @@
 
 use indicatif::HumanBytes;
 use serde_json::{json, Value};
-use sluice_client::pool::{Layout, MemberState, Status};
+use sluice_client::pool::{Layout, MemberState, ReshapeStatus, Status};
 
 /// What `pool init` says when it is done.
 pub fn initialized(s: &Status) {
@@ -80,6 +80,9 @@ pub fn to_text(s: &Status) -> String {
     if let Some(r) = &s.scrub {
         out += &scrub_line(r, s.scrubs_completed);
     }
+    if let Some(r) = &s.reshape {
+        out += &reshape_text(r);
+    }
     out += "members:\n";
     let width = s.members.iter().map(|m| m.uri.len()).max().unwrap_or(0);
     for m in &s.members {
@@ -116,6 +119,36 @@ fn scrub_line(r: &sluice_client::pool::ScrubReport, completed: u64) -> String {
     line + "\n"
 }
 
+/// "reshape:  2 -> 4 members, 37% (1.2 GiB of 3.0 GiB moved), 95 MiB/s since 12:00:01 UTC".
+fn reshape_text(r: &ReshapeStatus) -> String {
+    let mut out = format!(
+        "reshape:  {} -> {} members, {}% ({} of {} moved)",
+        r.from_members,
+        r.to_members,
+        percent(r.done_bytes, r.total_bytes),
+        HumanBytes(r.done_bytes),
+        HumanBytes(r.total_bytes)
+    );
+    if let Some(rate) = reshape_rate(r) {
+        out += &format!(", {}/s", HumanBytes(rate));
+    }
+    if r.started > 0 {
+        out += &format!(", started {} s ago", unix_now().saturating_sub(r.started));
+    }
+    out + "\n"
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The serving coordinator's rate, or else the average since the start the superblocks
+/// record (they hold no rate).
+fn reshape_rate(r: &ReshapeStatus) -> Option<u64> {
+    let elapsed = unix_now().saturating_sub(r.started);
+    r.rate_bytes_per_s.or_else(|| (r.started > 0 && elapsed > 0).then(|| r.done_bytes / elapsed))
+}
+
 pub fn to_json(s: &Status) -> Value {
     let members: Vec<Value> = s
         .members
@@ -149,6 +182,14 @@ pub fn to_json(s: &Status) -> Value {
         "spares_taken": s.spares_taken,
         "scrub": s.scrub.as_ref().map(crate::pool_scrub::to_json),
         "scrubs_completed": s.scrubs_completed,
+        "reshape": s.reshape.as_ref().map(|r| json!({
+            "from_members": r.from_members,
+            "to_members": r.to_members,
+            "done_bytes": r.done_bytes,
+            "total_bytes": r.total_bytes,
+            "started": r.started,
+            "rate_bytes_per_s": reshape_rate(r),
+        })),
     })
 }
 
@@ -190,6 +231,7 @@ mod tests {
             ],
             scrub: None,
             scrubs_completed: 0,
+            reshape: None,
         }
     }
 
@@ -200,6 +242,16 @@ mod tests {
         assert!(to_text(&s).contains("scrub:    repair ended at unix time 1700000000, 2 mismatched region(s), 2 repaired (1 completed by this coordinator)\n"), "{}", to_text(&s));
         assert_eq!(to_json(&s)["scrub"]["repaired_regions"], 2);
         assert!(!to_text(&sample()).contains("scrub:"));
+    }
+
+    #[test]
+    fn a_reshape_shows_its_progress_and_rate() {
+        let r = ReshapeStatus { from_members: 2, to_members: 4, done_bytes: 1 << 30, total_bytes: 4 << 30, started: 0, rate_bytes_per_s: Some(100 << 20) };
+        let s = Status { reshape: Some(r), ..sample() };
+        assert!(to_text(&s).contains("reshape:  2 -> 4 members, 25% (1.00 GiB of 4.00 GiB moved), 100.00 MiB/s\n"), "{}", to_text(&s));
+        let v = to_json(&s);
+        assert_eq!((v["reshape"]["to_members"].clone(), v["reshape"]["rate_bytes_per_s"].clone()), (json!(4), json!(100 << 20)));
+        assert_eq!(to_json(&sample())["reshape"], Value::Null);
     }
 
     #[test]

@@ -68,20 +68,23 @@ pub struct PoolMoves {
     export: Arc<Export>,
     moves: Vec<(usize, Uri)>,
     spares: Spares,
+    /// Members appended to the list (`sluice pool grow`).
+    grow: Vec<Uri>,
 }
 
 impl Catalog {
     /// For every pool export that `next` keeps from `self`: the members its file now names
-    /// in other places (`sluice pool replace` edits the file), each checked against the
-    /// running pool. A pool file changed in any other way refuses the reload.
+    /// in other places (`sluice pool replace` edits the file) and the members appended to
+    /// it (`sluice pool grow`), each checked against the running pool. A pool file changed
+    /// in any other way refuses the reload.
     pub fn pool_moves(&self, next: &Catalog) -> Result<Vec<PoolMoves>, String> {
         let kept = next.open.iter().filter(|o| self.open.iter().any(|x| Arc::ptr_eq(&x.export, &o.export)));
         let mut all = Vec::new();
         for o in kept {
             let Spec::Remote(s) = &o.wanted.spec else { continue };
             let (Some(path), Some(client)) = (s.strip_prefix("pool:"), o.export.backend.pool_client()) else { continue };
-            let (moves, spares) = moves(path, client).map_err(|e| format!("export {:?}: {s}: {e}", o.wanted.name))?;
-            all.push(PoolMoves { export: Arc::clone(&o.export), moves, spares });
+            let c = moves(path, client).map_err(|e| format!("export {:?}: {s}: {e}", o.wanted.name))?;
+            all.push(PoolMoves { export: Arc::clone(&o.export), moves: c.moves, grow: c.grow, spares: c.spares });
         }
         Ok(all)
     }
@@ -90,15 +93,33 @@ impl Catalog {
 /// Spares as a pool file names them, with `spare-after` in milliseconds.
 type Spares = (Vec<String>, u64);
 
-/// Where the file at `path` names other members than the running pool has, each checked,
-/// and the spares it names.
-fn moves(path: &str, client: &sluice_client::Client) -> Result<(Vec<(usize, Uri)>, Spares), String> {
+/// What a reload finds in a served pool's file: members in other places, members appended,
+/// and the spares.
+struct Changes {
+    moves: Vec<(usize, Uri)>,
+    grow: Vec<Uri>,
+    spares: Spares,
+}
+
+/// Where the file at `path` names other members than the running pool has, and the
+/// members appended to it, each checked; and the spares it names.
+fn moves(path: &str, client: &sluice_client::Client) -> Result<Changes, String> {
+    use sluice_client::pool::Layout;
     let spec = sluice_client::pool::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
     let now = client.pool_members().unwrap_or_default();
     let status = client.pool_status().ok_or("not a pool")?;
-    let same = spec.layout == status.layout && spec.copies == status.copies && spec.members.len() == now.len();
-    if !same || (spec.layout != sluice_client::pool::Layout::Mirror && spec.stripe_unit != status.stripe_unit) {
-        return Err("only member addresses can change while the pool is served (layout, copies, stripe unit and member count take a restart)".into());
+    // A grown mirror has a copy more per member added.
+    let copies_kept = spec.copies == status.copies || (spec.layout == Layout::Mirror && spec.copies == spec.members.len());
+    let same = spec.layout == status.layout && copies_kept && spec.members.len() >= now.len();
+    if !same || (spec.layout != Layout::Mirror && spec.stripe_unit != status.stripe_unit) {
+        return Err("only member addresses can change, and members be appended (sluice pool grow), while the pool is served (layout, copies, stripe unit and fewer members take a restart)".into());
+    }
+    let mut grow = Vec::new();
+    for (i, wanted) in spec.members.iter().enumerate().skip(now.len()) {
+        grow.push(Uri::parse(wanted).map_err(|e| format!("member {} ({wanted}): {e}", i + 1))?);
+    }
+    if !grow.is_empty() {
+        client.check_pool_grow(grow.len()).map_err(|e| format!("the pool cannot take {} new member(s) now: {e}", grow.len()))?;
     }
     let mut moves = Vec::new();
     for (i, (wanted, current)) in spec.members.iter().zip(&now).enumerate() {
@@ -115,7 +136,7 @@ fn moves(path: &str, client: &sluice_client::Client) -> Result<(Vec<(usize, Uri)
         let named: Vec<String> = places.iter().map(|i| (i + 1).to_string()).collect();
         client.check_pool_replacements(&places).map_err(|e| format!("member(s) {} cannot be replaced now: {e}", named.join(", ")))?;
     }
-    Ok((moves, (spec.spares, spec.spare_after_ms)))
+    Ok(Changes { moves, grow, spares: (spec.spares, spec.spare_after_ms) })
 }
 
 /// Puts each new member in its place; a pool that refuses now (its state moved since the
@@ -134,6 +155,13 @@ pub fn apply_pool_moves(all: Vec<PoolMoves>) {
             match client.replace_pool_member(i, &uri) {
                 Ok(()) => log::info!("export {:?}: pool member {} is now {uri}; it is rebuilt once it answers", p.export.name, i + 1),
                 Err(e) => log::error!("export {:?}: pool member {} was not replaced by {uri}: {e}", p.export.name, i + 1),
+            }
+        }
+        if !p.grow.is_empty() {
+            let named: Vec<String> = p.grow.iter().map(Uri::to_string).collect();
+            match p.export.backend.pool_grow(&p.grow) {
+                Ok(()) => log::info!("export {:?}: pool grows by {}; clients see the grown volume when they connect after the reshape", p.export.name, named.join(", ")),
+                Err(e) => log::error!("export {:?}: pool did not take {}: {e}", p.export.name, named.join(", ")),
             }
         }
     }

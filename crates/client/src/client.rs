@@ -82,8 +82,14 @@ impl Client {
         &self.inner.export
     }
 
+    /// The volume's size. A pool's grows when a reshape (`pool grow`) is done: the server
+    /// tells clients that connect after that the new size (NBD sends it once, in the
+    /// handshake), while `export().size` stays what this client negotiated.
     pub fn size(&self) -> u64 {
-        self.inner.export.size
+        match &self.inner.transport {
+            Transport::Pool(pool) => pool.size(),
+            Transport::Conns(_) => self.inner.export.size,
+        }
     }
 
     /// Connections actually open (1 unless the server allows multi-conn and more were asked;
@@ -110,7 +116,7 @@ impl Client {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), Error> {
-        let size = self.inner.export.size;
+        let size = self.size();
         match offset.checked_add(len) {
             Some(end) if end <= size => Ok(()),
             _ => Err(Error::OutOfRange { offset, len, size }),
@@ -505,6 +511,25 @@ impl Client {
         match &self.inner.transport {
             Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
             Transport::Pool(pool) => pool.start_scrub(repair, from),
+        }
+    }
+
+    /// For a pool: adds the servers at `uris` at the end of its members (`sluice pool
+    /// grow`). A stripe or raid10 (whole mirror sets) reshapes the volume onto them while
+    /// serving, and grows when that is done (new connections see the new size); a mirror
+    /// gets them as copies more. Refused for anything but a pool.
+    pub async fn grow_pool(&self, uris: &[Uri]) -> Result<(), Error> {
+        match &self.inner.transport {
+            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Pool(pool) => pool.grow(uris.to_vec()).await,
+        }
+    }
+
+    /// For a pool: whether `count` members could be added now: Ok, or why not.
+    pub fn check_pool_grow(&self, count: usize) -> Result<(), Error> {
+        match &self.inner.transport {
+            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Pool(pool) => pool.can_grow(count),
         }
     }
 

@@ -77,9 +77,70 @@ impl Map {
     }
 }
 
+/// A volume moving between two layouts of the same members (`sluice pool grow`): stripe
+/// units below `at` are where `to` puts them, the others where `from` does. Both maps have
+/// the same unit, copies and member size; `to` has more sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reshape {
+    pub from: Map,
+    pub to: Map,
+    pub at: u64,
+}
+
+impl Reshape {
+    /// Units of the volume before the reshape: the ones that move.
+    pub fn units(&self) -> u64 {
+        self.from.size() / self.from.unit
+    }
+
+    /// The unit that `from` keeps where `to` puts `unit`: `None` when that is a new set,
+    /// or `unit` itself (the first row stays where it is).
+    pub fn occupant(&self, unit: u64) -> Option<u64> {
+        let (n, m) = (self.from.sets as u64, self.to.sets as u64);
+        (unit % m < n).then(|| unit / m * n + unit % m)
+    }
+
+    /// Splits `offset..offset + len` at unit boundaries, each piece where its unit is now.
+    pub fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = Piece> + '_ {
+        self.to.pieces(offset, len).map(move |p| {
+            let v = offset + p.at;
+            if v / self.to.unit < self.at {
+                return p;
+            }
+            let old = self.from.pieces(v, p.len).next().expect("a piece of a non-empty range");
+            Piece { at: p.at, ..old }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reshape_moves_each_unit_onto_a_slot_already_moved_from() {
+        let from = Map::new(Layout::Stripe, 4096, 1, 2, META_BYTES + 8 * 4096).unwrap();
+        let to = Map { sets: 3, ..from };
+        let r = Reshape { from, to, at: 0 };
+        for u in 0..r.units() {
+            match r.occupant(u) {
+                // The slot's old unit is never later than the unit that takes it.
+                Some(o) => assert!(o <= u && (o == u) == (u < 2), "unit {u} occupant {o}"),
+                None => assert!(u % 3 == 2),
+            }
+        }
+        let half = Reshape { at: 3, ..r };
+        let p: Vec<Piece> = half.pieces(2 * 4096 + 100, 2 * 4096).collect();
+        assert_eq!(
+            p,
+            vec![
+                // Unit 2 is moved (to set 2, row 0), unit 3 not yet (set 1, row 1).
+                Piece { set: 2, member_offset: 100, len: 3996, at: 0 },
+                Piece { set: 1, member_offset: 4096, len: 4096, at: 3996 },
+                Piece { set: 0, member_offset: 8192, len: 100, at: 8092 },
+            ]
+        );
+    }
 
     #[test]
     fn raid10_goes_round_the_sets() {

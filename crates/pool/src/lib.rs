@@ -24,7 +24,7 @@ pub mod sim;
 
 pub use coordinator::{
     Action, Command, Coordinator, CopyId, Data, Failure, Found, MemberCmd, MemberState, MemberStatus, OpId, OpOutcome, Replacing,
-    ReqId, Session, Status,
+    ReqId, ReshapeStatus, Session, Status,
 };
 pub use layout::Map;
 pub use meta::{Owner, Role, Superblock};

@@ -36,6 +36,13 @@ pub const RESYNC_CHUNK_BYTES: u64 = 1 << 20;
 pub const SCRUB_RANGES_MAX: usize = 256;
 /// Resync steps in flight together (and scrub steps, separately).
 pub const RESYNC_STEPS_MAX: usize = 4;
+/// Reshape unit copies in flight together (each holds one stripe unit in memory).
+pub const RESHAPE_STEPS_MAX: usize = 8;
+/// How far past the checkpoint units may be claimed: requests on claimed units wait, and a
+/// pause gives them back.
+pub const RESHAPE_WINDOW_UNITS: u64 = 64;
+/// Zeroing the space a reshape grows into goes in pieces this big (NBD lengths are 32-bit).
+pub const RESHAPE_ZERO_CHUNK_BYTES: u64 = 1 << 30;
 /// A dirty region is cleaned once no write has touched it for this long (md: seconds).
 pub const CLEAN_DELAY_MS: u64 = 2_000;
 /// The coordinator proves it is alive this often by writing its superblock.
@@ -55,3 +62,4 @@ const _: () = assert!(STRIPE_UNIT_DEFAULT_BYTES.is_power_of_two() && STRIPE_UNIT
 const _: () = assert!(META_BYTES.is_multiple_of(META_BLOCK_BYTES) && META_BYTES.is_multiple_of(STRIPE_UNIT_MIN_BYTES));
 const _: () = assert!(REGION_MIN_BYTES.is_multiple_of(RESYNC_CHUNK_BYTES));
 const _: () = assert!(LEASE_MS > 2 * HEARTBEAT_MS);
+const _: () = assert!(RESHAPE_STEPS_MAX as u64 <= RESHAPE_WINDOW_UNITS);

@@ -20,6 +20,21 @@ const _: () = assert!(ROLES_AT + MEMBERS_MAX * ROLE_BYTES + 4 <= META_BLOCK_BYTE
 /// One device identity per member (8 bytes each) after the scrub record.
 const DEVICES_AT: usize = crate::scrub_record::SCRUB_RECORD_END;
 const _: () = assert!(DEVICES_AT + MEMBERS_MAX * 8 + 4 <= META_BLOCK_BYTES as usize);
+/// The reshape record (`Reshape`): old member count (u16; 0: no reshape), the checkpoint
+/// (u64 units), the start (u64 unix seconds). Bytes 1792..2047 are the reshape's.
+const RESHAPE_AT: usize = 1792;
+const _: () = assert!(ROLES_AT + MEMBERS_MAX * ROLE_BYTES <= RESHAPE_AT && RESHAPE_AT + 24 <= 2048);
+
+/// A reshape in progress (`sluice pool grow`): the volume moves from the layout over the
+/// first `from_members` members to the layout over all of them, in increasing volume order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reshape {
+    pub from_members: usize,
+    /// Stripe units below this are in the new layout (durably copied).
+    pub at: u64,
+    /// When the reshape started, unix seconds.
+    pub started: u64,
+}
 
 /// A member's place in the pool's history, as the coordinator that wrote it saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +83,7 @@ pub struct Superblock {
     /// knows there (an old member named again in the pool file): it gets everything
     /// copied. 0: not known (superblocks written before identities existed).
     pub devices: Vec<u64>,
+    pub reshape: Option<Reshape>,
 }
 
 /// The region size for members with this many data bytes: at least `REGION_MIN_BYTES`,
@@ -127,6 +143,11 @@ impl Superblock {
         ScrubRecord::encode_into(self.scrub.as_ref(), &mut b);
         for (i, d) in self.devices.iter().enumerate().take(self.roles.len()) {
             b[DEVICES_AT + i * 8..DEVICES_AT + i * 8 + 8].copy_from_slice(&d.to_le_bytes());
+        }
+        if let Some(r) = &self.reshape {
+            b[RESHAPE_AT..RESHAPE_AT + 2].copy_from_slice(&(r.from_members as u16).to_le_bytes());
+            b[RESHAPE_AT + 8..RESHAPE_AT + 16].copy_from_slice(&r.at.to_le_bytes());
+            b[RESHAPE_AT + 16..RESHAPE_AT + 24].copy_from_slice(&r.started.to_le_bytes());
         }
         let end = b.len() - 4;
         let crc = crc32fast::hash(&b[..end]);
@@ -188,6 +209,11 @@ impl Superblock {
             roles,
             scrub: ScrubRecord::decode(b)?,
             devices: (0..members).map(|i| u64_at(DEVICES_AT + i * 8)).collect(),
+            reshape: match u16_at(RESHAPE_AT) {
+                0 => None,
+                from if from < members => Some(Reshape { from_members: from, at: u64_at(RESHAPE_AT + 8), started: u64_at(RESHAPE_AT + 16) }),
+                _ => return Err("its pool superblock records a reshape from more members than it has".into()),
+            },
         };
         if sb.region_bytes == 0 || !sb.region_bytes.is_power_of_two() || sb.regions() > BITMAP_BITS_MAX {
             return Err("its pool superblock has an impossible region size".into());
@@ -273,7 +299,18 @@ mod tests {
             roles: vec![Role::Active, Role::Missing { since: 40 }, Role::Rebuilding { done: 5, total: 10, full: true }, Role::Active],
             devices: vec![11, 12, 0, 14],
             scrub: None,
+            reshape: None,
         }
+    }
+
+    #[test]
+    fn reshape_round_trips_and_old_blocks_have_none() {
+        let sb = Superblock { reshape: Some(Reshape { from_members: 2, at: 77, started: 1_700_000_000 }), ..sample() };
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), Some(sb));
+        // A block written before reshapes existed has zeros there.
+        assert_eq!(Superblock::decode(&sample().encode()).unwrap().unwrap().reshape, None);
+        let bad = Superblock { reshape: Some(Reshape { from_members: 4, at: 0, started: 0 }), ..sample() };
+        assert!(Superblock::decode(&bad.encode()).unwrap_err().contains("reshape"));
     }
 
     #[test]

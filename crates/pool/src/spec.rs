@@ -85,6 +85,25 @@ pub fn replace_member_in_text(text: &str, old: &str, new: &str) -> Result<String
     Ok(doc.to_string())
 }
 
+/// A pool file's text with `new` members appended (`sluice pool grow`), and for a mirror
+/// `copies` set to the new member count; comments and layout stay as they were.
+pub fn append_members_in_text(text: &str, new: &[String]) -> Result<String, String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| e.to_string())?;
+    let members = doc.get_mut("members").and_then(|m| m.as_array_mut()).ok_or("the pool file has no members list")?;
+    for m in new {
+        members.push(m.as_str());
+    }
+    let count = members.len() as i64;
+    if doc.get("layout").and_then(|l| l.as_str()) == Some("mirror") {
+        match doc.get_mut("copies").and_then(|c| c.as_value_mut()) {
+            // Keeps the comment after the value.
+            Some(v) => *v = toml_edit::Value::from(count).decorated(v.decor().prefix().cloned().unwrap_or_default(), v.decor().suffix().cloned().unwrap_or_default()),
+            None => doc["copies"] = toml_edit::value(count),
+        }
+    }
+    Ok(doc.to_string())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct File {
@@ -310,6 +329,20 @@ mod tests {
         assert!(add_spare_in_text(&two, "nbd://s2/d").unwrap_err().contains("already"));
         let taken = PoolSpec::parse(&take_spare_in_text(&two, "nbd://b/d", "nbd://s1/d").unwrap()).unwrap();
         assert_eq!((taken.members, taken.spares), (vec!["nbd://a/d".to_string(), "nbd://s1/d".to_string()], vec!["nbd://s2/d".to_string()]));
+    }
+
+    #[test]
+    fn grown_members_are_appended_and_a_mirror_counts_its_copies() {
+        let text = "# rack 2\nlayout = \"stripe\"\nmembers = [\n    \"nbd://node1/disk\",  # row A\n    \"nbd://node2/disk\",\n]\n";
+        let out = append_members_in_text(text, &["nbd://node3/disk".into(), "nbd://node4/disk".into()]).unwrap();
+        assert!(out.starts_with("# rack 2\n") && out.contains("# row A"), "{out}");
+        assert_eq!(PoolSpec::parse(&out).unwrap().members.len(), 4);
+        let mirror = "layout = \"mirror\"\ncopies = 2  # both racks\nmembers = [\"nbd://a/d\", \"nbd://b/d\"]\n";
+        let out = append_members_in_text(mirror, &["nbd://c/d".into()]).unwrap();
+        assert!(out.contains("copies = 3  # both racks"), "{out}");
+        assert_eq!(PoolSpec::parse(&out).unwrap().copies, 3);
+        let bare = append_members_in_text("layout = \"mirror\"\nmembers = [\"nbd://a/d\", \"nbd://b/d\"]\n", &["nbd://c/d".into()]).unwrap();
+        assert_eq!(PoolSpec::parse(&bare).unwrap().copies, 3);
     }
 
     fn members(n: usize) -> String {

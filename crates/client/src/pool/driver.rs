@@ -86,6 +86,46 @@ impl<M: Member> PoolDriver<M> {
         self.shared.run(|core, now| core.coord.set_spares(spares, spare_after_ms, now));
     }
 
+    /// Connects the servers at `uris` and adds them at the end of the member list (see
+    /// `Coordinator::grow`): a stripe or raid10 reshapes onto them, a mirror copies to them.
+    pub(crate) async fn grow(&self, uris: Vec<Uri>) -> Result<(), Error> {
+        let mut added = Vec::with_capacity(uris.len());
+        for uri in uris {
+            let found = async {
+                let m = M::connect(&uri, &self.shared.options).await?;
+                match super::found::read_found(&m).await {
+                    Ok(f) => Ok((m, f)),
+                    Err(e) => {
+                        m.disconnect().await;
+                        Err(e)
+                    }
+                }
+            };
+            match found.await {
+                Ok((m, f)) => added.push((uri, m, f)),
+                Err(e) => {
+                    for (_, m, _) in added {
+                        m.disconnect().await;
+                    }
+                    return Err(Error::Pool(format!("{uri} cannot be reached: {e}")));
+                }
+            }
+        }
+        let unix_secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        if let Err((e, back)) = self.shared.add_members(added, unix_secs) {
+            for m in back {
+                m.disconnect().await;
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Whether `count` members could be added now: Ok, or why not.
+    pub(crate) fn can_grow(&self, count: usize) -> Result<(), Error> {
+        self.shared.look(|core| core.coord.can_grow(count)).map_err(Error::Refused)
+    }
+
     /// Where the members are now, in the pool file's order.
     pub(crate) fn member_uris(&self) -> Vec<Uri> {
         // Not a live replacement's shadow, past the members.
@@ -95,6 +135,11 @@ impl<M: Member> PoolDriver<M> {
     /// Whether `members` could all be replaced now: Ok, or why not.
     pub(crate) fn can_replace(&self, members: &[usize]) -> Result<(), Error> {
         self.shared.look(|core| core.coord.can_replace(members)).map_err(Error::Refused)
+    }
+
+    /// The volume's size now (it grows when a reshape is done).
+    pub(crate) fn size(&self) -> u64 {
+        self.shared.look(|core| core.coord.size())
     }
 
     /// The pool's state now: members, resync progress, dirty regions.

@@ -9,7 +9,7 @@ use super::member::Member;
 use crate::error::Error;
 use crate::uri::Uri;
 use sluice_pool::limits::LEASE_MS;
-use sluice_pool::{Found, Owner, PoolSpec, Superblock};
+use sluice_pool::{Found, Owner, Superblock};
 use std::time::Duration;
 
 /// The owners the superblocks name (damaged or blank ones name none: the coordinator
@@ -35,10 +35,11 @@ fn alive(before: &[Option<Owner>], after: &[Option<Owner>]) -> Option<Owner> {
 }
 
 /// What the members hold once no live coordinator owns the pool; a refusal naming the
-/// owner otherwise. A stripe may have many writers and is not checked.
-pub(crate) async fn take_over<M: Member>(spec: &PoolSpec, members: &[M], uris: &[Uri], found: Vec<Found>) -> Result<Vec<Found>, Error> {
+/// owner otherwise. A stripe may have many writers and names no owner, except while a
+/// coordinator reshapes it (`pool grow`).
+pub(crate) async fn take_over<M: Member>(members: &[M], uris: &[Uri], found: Vec<Found>) -> Result<Vec<Found>, Error> {
     let before = owners(&found);
-    if !spec.layout.redundant() || before.iter().all(Option::is_none) {
+    if before.iter().all(Option::is_none) {
         return Ok(found);
     }
     if let Some(o) = before.iter().flatten().next() {
@@ -91,6 +92,7 @@ mod tests {
             roles: vec![Role::Active, Role::Active],
             scrub: None,
             devices: vec![1, 2],
+            reshape: None,
         };
         let released = Superblock { owner: Owner::default(), ..sb.clone() };
         let found = |b: Vec<u8>| Found { size: 1 << 31, meta: b, read_only: false };

@@ -6,7 +6,7 @@
 //! members with backoff.
 //!
 //! `Client::connect_with` opens a pool like any export, so every user of `Client` can use
-//! one; `init`, `status` and `replace` are what `sluice pool` does.
+//! one; `init`, `status`, `replace` and `grow` are what `sluice pool` does.
 
 mod admin;
 mod background;
@@ -19,6 +19,7 @@ mod driver_tests;
 #[cfg(test)]
 mod fake;
 mod found;
+mod grow;
 mod lease;
 mod member;
 mod member_client;
@@ -32,6 +33,7 @@ mod scrub_json;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
+pub use grow::{grow, GrowWhere, Grown};
 pub use replace::{add_spare, replace, Copying, Replaced};
 pub use control_ask::with_live_scrub;
 pub use scrub::scrub;
@@ -39,4 +41,4 @@ pub use scrub_json::{report_from_json, report_to_json};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
 pub use sluice_pool::coordinator::{ScrubRange, ScrubReport};
-pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Replacing, Status};
+pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Replacing, ReshapeStatus, Status};

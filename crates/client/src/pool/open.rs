@@ -28,13 +28,14 @@ pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options, degraded:
     let members = reach(&spec, &uris, options, degraded).await.map_err(named)?;
     let (present, present_uris): (Vec<M>, Vec<_>) = members.iter().zip(&uris).filter_map(|(m, u)| Some((m.clone()?, u.clone()))).unzip();
     let found = read_all(&present, &present_uris).await.map_err(named)?;
-    let mut found = take_over(&spec, &present, &present_uris, found).await?.into_iter();
+    let mut found = take_over(&present, &present_uris, found).await?.into_iter();
     let found: Vec<Option<Found>> = members.iter().map(|m| m.as_ref().and_then(|_| found.next())).collect();
     let start = Instant::now();
     let mut coord = Coordinator::assemble(&spec, found, session(), degraded, 0).map_err(|e| Error::Refused(format!("pool {}: {e}", path.display())))?;
     // The coordinator's clock starts at `start`; scrub records carry dates.
     let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     coord.set_wall_clock(wall.saturating_sub(start.elapsed().as_millis() as u64));
+    coord.wall_clock(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()));
     let missing: Vec<String> = members.iter().zip(&uris).filter(|(m, _)| m.is_none()).map(|(_, u)| u.to_string()).collect();
     if !missing.is_empty() {
         log::warn!("pool {}: DEGRADED: assembled without {}; they are tried again in the background and rebuilt when they answer", path.display(), missing.join(", "));

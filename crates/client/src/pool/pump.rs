@@ -284,6 +284,27 @@ impl<M: Member> Shared<M> {
         }
     }
 
+    /// Adds connected members at the end of the list (`Coordinator::grow`); on a refusal
+    /// they are handed back for disconnecting.
+    pub(crate) fn add_members(self: &Arc<Self>, added: Vec<(Uri, M, Found)>, unix_secs: u64) -> Result<(), (Error, Vec<M>)> {
+        self.run(|core, now| {
+            let found = added.iter().map(|(u, _, f)| (u.to_string(), f.clone())).collect();
+            let refused = match core.closed {
+                true => Some(Error::Closed),
+                false => core.coord.grow(found, unix_secs, now).err().map(Error::Refused),
+            };
+            if let Some(e) = refused {
+                return Err((e, added.into_iter().map(|(_, m, _)| m).collect()));
+            }
+            for (uri, m, _) in added {
+                log::info!("pool member {uri} added");
+                core.members.push(Slot { client: Some(m), ops: HashMap::new(), reconnecting: false });
+                core.uris.push(uri);
+            }
+            Ok(())
+        })
+    }
+
     /// Takes every member out for disconnecting, stopping what is in flight on them.
     pub(crate) fn take_members(&self) -> Vec<M> {
         let mut core = self.core.lock().unwrap();

@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::options::Options;
 use crate::uri::{Address, Uri};
 use sluice_pool::limits::META_BYTES;
-use sluice_pool::{MemberState, PoolSpec, Superblock};
+use sluice_pool::{MemberState, PoolSpec, Status, Superblock};
 use std::path::Path;
 
 /// What a replacement's progress counts.
@@ -117,7 +117,7 @@ fn check_set(spec: &PoolSpec, status: &sluice_pool::Status, index: usize) -> Res
 
 /// Checks the new member and blanks its metadata area, so that the pool rebuilds it in
 /// full and no other pool can claim it by mistake.
-async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error> {
+pub(super) async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error> {
     let options = Options { block_status: false, ..Options::default() };
     let m = Client::connect_with(uri, &options).await.map_err(|e| Error::Pool(format!("{uri} cannot be reached: {e}")))?;
     let result = async {
@@ -146,7 +146,7 @@ async fn prepare(uri: &Uri, member_bytes: u64, force: bool) -> Result<(), Error>
 async fn rebuild(path: &Path, new: &str, progress: impl Fn(Copying, u64, u64)) -> Result<Replaced, Error> {
     let pool = match assemble(path).await? {
         Ok(p) => p,
-        Err(served) => return Ok(served),
+        Err(by) => return Ok(Replaced::Served(by)),
     };
     let done = wait_in_sync(&pool, new, progress).await;
     pool.disconnect().await;
@@ -154,11 +154,11 @@ async fn rebuild(path: &Path, new: &str, progress: impl Fn(Copying, u64, u64)) -
 }
 
 /// The pool in `path`, assembled here; or, when a live coordinator serves it, who that is.
-async fn assemble(path: &Path) -> Result<Result<Client, Replaced>, Error> {
+async fn assemble(path: &Path) -> Result<Result<Client, String>, Error> {
     let uri = Uri { address: Address::Pool(path.to_path_buf()), export: String::new(), tls: None };
     match Client::connect_with(&uri, &Options::default()).await {
         Ok(p) => Ok(Ok(p)),
-        Err(Error::Refused(why)) if why.contains("being served") => Ok(Err(Replaced::Served(why.trim_end_matches("; stop that first").to_owned()))),
+        Err(Error::Refused(why)) if why.contains("being served") => Ok(Err(why.trim_end_matches("; stop that first").to_owned())),
         Err(e) => Err(e),
     }
 }
@@ -176,9 +176,9 @@ async fn hand_over(
 ) -> Result<Replaced, Error> {
     let pool = match assemble(path).await? {
         Ok(p) => p,
-        Err(served) => {
+        Err(by) => {
             edit(path, edited)?;
-            return Ok(served);
+            return Ok(Replaced::Served(by));
         }
     };
     let mut done = edit(path, edited);
@@ -208,4 +208,24 @@ async fn wait_in_sync(pool: &Client, new: &str, progress: impl Fn(Copying, u64, 
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
+}
+
+/// Assembles the pool here and looks at its state every half second, calling `progress`,
+/// until `done` holds; then stops cleanly. `Some(who)` instead when a live coordinator
+/// serves the pool: the work is left to it.
+pub(super) async fn assemble_until(path: &Path, done: impl Fn(&Status) -> bool, progress: impl Fn(&Status)) -> Result<Option<String>, Error> {
+    let pool = match assemble(path).await? {
+        Ok(p) => p,
+        Err(by) => return Ok(Some(by)),
+    };
+    loop {
+        let status = pool.pool_status().expect("a pool has a status");
+        if done(&status) {
+            break;
+        }
+        progress(&status);
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    pool.disconnect().await;
+    Ok(None)
 }

@@ -209,6 +209,8 @@ pub struct Status {
     pub scrub: Option<ScrubReport>,
     /// Scrubs this coordinator completed.
     pub scrubs_completed: u64,
+    /// A reshape (`pool grow`) in progress; `size` is the old size until it is done.
+    pub reshape: Option<ReshapeStatus>,
 }
 
 /// Byte ranges of a set's member data (the same on every member of the set; for a mirror,
@@ -250,4 +252,18 @@ pub struct Replacing {
     pub uri: String,
     pub done: u64,
     pub total: u64,
+}
+
+/// How far a reshape is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReshapeStatus {
+    pub from_members: usize,
+    pub to_members: usize,
+    /// Volume bytes in their new place, of `total_bytes` (the old size).
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// Unix seconds; 0 when unknown.
+    pub started: u64,
+    /// Average copy rate of the coordinator doing it, since it began (none when not served).
+    pub rate_bytes_per_s: Option<u64>,
 }

@@ -34,13 +34,15 @@ impl Coordinator {
         }
         let sbs = decode_all(spec, &found)?;
         let auth = authority(spec, &sbs)?.clone();
+        let resume = reshape_record(&sbs, &auth);
+        let fresh = fresh_members(spec, &sbs, &auth, resume.as_ref());
         for (i, f) in found.iter().enumerate() {
             if let Some(f) = f {
                 if f.size < META_BYTES + auth.member_bytes {
                     return Err(format!("member {i} ({}) is {} bytes, smaller than the pool needs", spec.members[i], f.size));
                 }
             }
-            if sbs[i].is_none() && found[i].is_some() && !spec.layout.redundant() {
+            if sbs[i].is_none() && found[i].is_some() && !spec.layout.redundant() && !fresh.contains(&i) {
                 return Err(format!("member {i} ({}) carries no pool metadata; a stripe cannot rebuild it", spec.members[i]));
             }
         }
@@ -106,13 +108,16 @@ impl Coordinator {
             devices: (0..found.len()).map(|i| auth.devices.get(i).copied().unwrap_or(0)).collect(),
             handover: None,
             scrub: super::scrub_state::Scrub::new(&sbs, now),
+            meta_kept: spec.layout.redundant(),
+            reshape: None,
         };
         for m in 0..c.devices.len() {
             if c.devices[m] == 0 {
                 c.new_device(m);
             }
         }
-        c.place_members(&auth, &sbs);
+        c.place_members(&auth, &sbs, &fresh);
+        c.resume_reshape(&auth, resume);
         c.check_every_set_has_a_copy()?;
         if spec.layout.redundant() && auth.owner.session != 0 {
             // The last coordinator did not stop cleanly: copies may differ where it was writing.
@@ -126,9 +131,16 @@ impl Coordinator {
     }
 
     /// Each member's role from the authoritative superblock and what it holds itself.
-    fn place_members(&mut self, auth: &Superblock, sbs: &[Option<Superblock>]) {
+    fn place_members(&mut self, auth: &Superblock, sbs: &[Option<Superblock>], fresh: &BTreeSet<usize>) {
         let all: BTreeSet<u64> = (0..self.regions).collect();
         for (m, own) in sbs.iter().enumerate() {
+            if fresh.contains(&m) && self.members[m].connected {
+                if self.spec.layout == crate::spec::Layout::Mirror {
+                    self.members[m].role = Role::Rebuilding { done: 0, total: 0, full: true };
+                    self.add_job(JobKind::Rebuild, m, all.clone());
+                }
+                continue;
+            }
             let role = auth.roles.get(m).copied().unwrap_or(Role::Active);
             // A device that is not the one the pool knows in this place holds nothing of it.
             let own = own.as_ref().filter(|sb| !sb.other_device_than(auth));
@@ -160,6 +172,24 @@ impl Coordinator {
                 self.add_job(JobKind::Rebuild, m, todo);
             }
         }
+    }
+
+    /// Carries on with a reshape the superblocks record, or starts the one a grown pool
+    /// file asks for.
+    fn resume_reshape(&mut self, auth: &Superblock, record: Option<crate::meta::Reshape>) {
+        let sets = |members: usize| Map { sets: members / self.spec.copies, ..self.map };
+        match record {
+            Some(r) => self.begin_reshape(sets(r.from_members), r.at, r.started),
+            None if auth.members() < self.members.len() && self.spec.layout != crate::spec::Layout::Mirror => {
+                let from = sets(auth.members());
+                self.begin_reshape(from, from.sets as u64, 0);
+            }
+            None => return,
+        }
+        let r = self.reshape_status().expect("just begun");
+        self.actions.push_back(crate::coordinator::Action::Log {
+            text: format!("pool reshape from {} to {} members goes on at volume byte {} of {}", r.from_members, r.to_members, r.done_bytes, r.total_bytes),
+        });
     }
 
     /// A set with no in-sync member has no copy to serve its units from: the missing
@@ -222,3 +252,29 @@ impl Coordinator {
     }
 }
 
+
+/// The reshape the newest superblocks record, with the largest checkpoint among them: each
+/// is at least the one that was durable on every live member.
+fn reshape_record(sbs: &[Option<Superblock>], auth: &Superblock) -> Option<crate::meta::Reshape> {
+    let r = auth.reshape?;
+    let at = sbs.iter().flatten().filter(|sb| sb.events == auth.events).filter_map(|sb| sb.reshape).filter(|x| x.from_members == r.from_members).map(|x| x.at).max();
+    Some(crate::meta::Reshape { at: at.unwrap_or(r.at).max(r.at), ..r })
+}
+
+/// Members a grow added that are taken as they are: those the newest superblocks do not
+/// name (the grow was not recorded: they hold nothing yet), and blank ones of a reshape that
+/// moved nothing onto them. A stripe's new member may also have been away for every
+/// checkpoint written so far: its superblock is blank, but what was copied to it (FUA,
+/// before it left) is there, and a stripe has no other copy to rebuild it from.
+fn fresh_members(spec: &PoolSpec, sbs: &[Option<Superblock>], auth: &Superblock, resume: Option<&crate::meta::Reshape>) -> BTreeSet<usize> {
+    let n = spec.members.len();
+    if auth.members() < n {
+        return (auth.members()..n).collect();
+    }
+    match resume {
+        Some(r) if !spec.layout.redundant() || r.at * spec.copies as u64 <= r.from_members as u64 => {
+            (r.from_members..n).filter(|&i| sbs[i].is_none()).collect()
+        }
+        _ => BTreeSet::new(),
+    }
+}

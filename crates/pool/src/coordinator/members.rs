@@ -63,6 +63,9 @@ impl Coordinator {
             Purpose::ScrubRead { chunk } => self.settle_scrub_read(chunk, op.member, ok),
             Purpose::ScrubWrite { chunk } => self.settle_scrub_write(chunk, ok),
             Purpose::ScrubFlush => self.settle_scrub_flush(),
+            Purpose::ReshapeRead { unit } => self.settle_reshape_read(unit, ok),
+            Purpose::ReshapeWrite { unit } => self.settle_reshape_write(unit, ok),
+            Purpose::ReshapeZero => self.settle_reshape_zero(ok),
         }
     }
 
@@ -120,6 +123,9 @@ impl Coordinator {
         }
         if let Some(h) = self.handover.as_ref().filter(|h| members.contains(&h.member)) {
             return Some(format!("member {} is being replaced by {} already", h.member, h.uri));
+        }
+        if self.reshape.is_some() {
+            return Some("the pool is being reshaped (grown); replace members once that is done".into());
         }
         for &m in members {
             let set = self.map.set_of(m);
@@ -222,7 +228,7 @@ impl Coordinator {
     /// Sends every metadata block that a live member lacks, one write per block at a time
     /// so that an older content never lands after a newer one.
     pub(super) fn write_metadata(&mut self) -> bool {
-        if !self.redundant() || self.fenced.is_some() {
+        if !self.meta_kept || self.fenced.is_some() {
             return false;
         }
         let mut moved = false;
@@ -263,7 +269,9 @@ impl Coordinator {
                 r => r,
             })
             .collect();
-        let released = self.stopping_released();
+        // A stripe has no owner (it may have many writers) except while this coordinator
+        // reshapes it: a second one must not move its units too.
+        let released = self.stopping_released() || !self.meta_kept;
         Superblock {
             pool_id: self.pool_id,
             layout: self.spec.layout,
@@ -285,6 +293,7 @@ impl Coordinator {
             roles,
             scrub: self.scrub.record,
             devices: self.devices.clone(),
+            reshape: self.reshape_mark(),
         }
     }
 
@@ -311,7 +320,7 @@ impl Coordinator {
     }
 
     pub(super) fn heartbeat_wakeup(&self) -> Option<u64> {
-        let possible = self.redundant() && self.fenced.is_none() && self.fence_reads_out == 0 && !self.stopping_released();
+        let possible = self.meta_kept && self.fenced.is_none() && self.fence_reads_out == 0 && !self.stopping_released();
         (possible && self.durable(0, self.startup_gen)).then_some(self.next_heartbeat)
     }
 

@@ -18,6 +18,9 @@ mod assemble;
 mod handover;
 mod members;
 mod request;
+mod reshape;
+mod reshape_state;
+mod reshape_tail;
 mod resync;
 mod spares;
 mod scrub;
@@ -85,6 +88,10 @@ pub struct Coordinator {
     devices: Vec<u64>,
     handover: Option<state::Handover>,
     scrub: scrub_state::Scrub,
+    /// Superblocks are kept on the members: always for redundant layouts, and for a stripe
+    /// once a reshape needs its checkpoints there.
+    meta_kept: bool,
+    reshape: Option<reshape_state::Reshaping>,
 }
 
 impl Coordinator {
@@ -96,9 +103,9 @@ impl Coordinator {
         Coordinator::build(spec, found, session, degraded, now)
     }
 
-    /// Usable bytes of the volume.
+    /// Usable bytes of the volume: during a reshape, the old size.
     pub fn size(&self) -> u64 {
-        self.map.size()
+        self.reshape.as_ref().map_or(self.map.size(), |r| r.layout.from.size())
     }
 
     /// Starts a volume request.
@@ -170,6 +177,34 @@ impl Coordinator {
         Ok(None)
     }
 
+    /// Whether `count` members could be added now: Ok, or why not (see `grow`).
+    pub fn can_grow(&self, count: usize) -> Result<(), String> {
+        self.grow_refusal(count).map_or(Ok(()), Err)
+    }
+
+    /// Adds members at the end of the list (`sluice pool grow`), connected by the driver,
+    /// with `found` what their metadata area holds (it is overwritten). A stripe or raid10
+    /// (whole mirror sets) reshapes the volume onto them while serving, and `size()` grows
+    /// when that is done; a mirror gets them as copies more, rebuilt in full.
+    /// `unix_secs` is recorded as the reshape's start.
+    pub fn grow(&mut self, added: Vec<(String, Found)>, unix_secs: u64, now: u64) -> Result<(), String> {
+        self.now = self.now.max(now);
+        self.start_grow(added, unix_secs)?;
+        self.advance();
+        Ok(())
+    }
+
+    /// The wall clock (unix seconds), for a reshape that assembly started or resumed with
+    /// no start recorded (a grown pool file found at start-up): it is recorded as its start,
+    /// so that status can tell its rate.
+    pub fn wall_clock(&mut self, unix_secs: u64) {
+        if let Some(r) = self.reshape.as_mut().filter(|r| r.started == 0) {
+            r.started = unix_secs;
+            self.gen[0] += 1;
+            self.advance();
+        }
+    }
+
     /// Lets time pass: time-outs, heartbeats, cleaning dirty regions, resync pacing. Call it
     /// at `next_wakeup()` (or any time).
     pub fn tick(&mut self, now: u64) {
@@ -189,7 +224,7 @@ impl Coordinator {
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
         let deadline = self.ops.values().map(|o| o.deadline).min();
-        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup(), self.spare_wakeup(), self.scrub_wakeup()];
+        let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup(), self.spare_wakeup(), self.scrub_wakeup(), self.reshape_wakeup()];
         timers.into_iter().flatten().min()
     }
 
@@ -225,7 +260,7 @@ impl Coordinator {
             layout: self.spec.layout,
             stripe_unit: self.map.unit,
             copies: self.spec.copies,
-            size: self.map.size(),
+            size: self.size(),
             events: self.events,
             region_bytes: self.region_bytes,
             dirty_regions: self.bits.iter().map(|w| w.count_ones() as u64).sum(),
@@ -237,10 +272,11 @@ impl Coordinator {
                 Replacing { member: h.member, uri: h.uri.clone(), done, total }
             }),
             resynced_bytes: self.resynced_bytes,
-            owner: (self.redundant() && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
+            owner: (self.meta_kept && !self.stopping_released()).then(|| format!("{} pid {}", self.session.host, self.session.pid)),
             members,
             scrub: self.scrub_report(),
             scrubs_completed: self.scrub.completed,
+            reshape: self.reshape_status(),
         }
     }
 
@@ -288,6 +324,7 @@ impl Coordinator {
             moved |= self.finish_requests();
             moved |= self.run_jobs();
             moved |= self.run_scrub();
+            moved |= self.run_reshape();
             moved |= self.step_stop();
             moved |= self.finish_handover();
             self.note_missing();

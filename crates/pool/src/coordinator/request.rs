@@ -19,9 +19,11 @@ impl Coordinator {
             return self.actions.push_back(Action::Complete { req: id, result: Err(f) });
         }
         let (offset, len) = cmd.range();
+        // Routed again when it starts (a reshape may move its units meanwhile); a write
+        // marks its regions in both layouts.
         let pieces = self
-            .map
-            .pieces(offset, len)
+            .route_both(offset, len)
+            .into_iter()
             .map(|p| PieceState { set: p.set, member_offset: p.member_offset, len: p.len, at: p.at, done: 0, tried: 0, out: 0 })
             .collect();
         let mut req = Request {
@@ -56,7 +58,14 @@ impl Coordinator {
                 }
             }
         }
-        for &r in &req.regions {
+        req.marks = self.mark_regions(&req.regions);
+    }
+
+    /// Sets the dirty bits of `regions` (a use each) and says which bitmap (block,
+    /// generation) writes must be durable first.
+    pub(super) fn mark_regions(&mut self, regions: &[u64]) -> Vec<(usize, u64)> {
+        let mut marks: Vec<(usize, u64)> = Vec::new();
+        for &r in regions {
             let block = 1 + (r / (META_BLOCK_BYTES * 8)) as usize;
             let word = &mut self.bits[(r / 64) as usize];
             if *word >> (r % 64) & 1 == 0 {
@@ -66,15 +75,16 @@ impl Coordinator {
             let use_ = self.uses.entry(r).or_default();
             use_.writes += 1;
             use_.last = self.now;
-            if !req.marks.iter().any(|&(b, _)| b == block) {
-                req.marks.push((block, 0));
+            if !marks.iter().any(|&(b, _)| b == block) {
+                marks.push((block, 0));
             }
         }
         // Each block's generation once every bit is set: waiting for it also covers a set
         // still being written by an earlier request.
-        for mark in &mut req.marks {
+        for mark in &mut marks {
             mark.1 = self.gen[mark.0];
         }
+        marks
     }
 
     /// Starts blocked requests whose marks are durable and that no resync lock holds back.
@@ -98,16 +108,21 @@ impl Coordinator {
     }
 
     fn may_start(&self, req: &Request) -> bool {
+        let (offset, len) = req.cmd.range();
+        if self.reshape_holds(offset, len) {
+            return false;
+        }
         if !req.cmd.is_write() {
             return true;
         }
         if !self.durable(0, req.need_sb) || !req.marks.iter().all(|&(b, g)| self.durable(b, g)) {
             return false;
         }
-        // A mirrored pool takes writes once its claim has been on the members for a
-        // heartbeat and read back as its own: a second coordinator that started at the same
-        // moment has claimed by then, and one of the two stands down.
-        if self.redundant() && self.heartbeat == 0 {
+        // A mirrored pool (or a stripe being reshaped) takes writes once its claim has been
+        // on the members for a heartbeat and read back as its own: a second coordinator
+        // that started at the same moment has claimed by then, and one of the two stands
+        // down.
+        if self.meta_kept && self.heartbeat == 0 {
             return false;
         }
         if req.pieces.iter().any(|p| self.swap_pending(p.set)) {
@@ -121,12 +136,13 @@ impl Coordinator {
 
     /// Whether metadata block `block` of generation `gen` is on every live member.
     pub(super) fn durable(&self, block: usize, gen: u64) -> bool {
-        !self.redundant() || self.members.iter().filter(|m| m.live()).all(|m| m.written[block] >= gen)
+        !self.meta_kept || self.members.iter().filter(|m| m.live()).all(|m| m.written[block] >= gen)
     }
 
     fn run(&mut self, id: ReqId) {
         let Some(mut req) = self.requests.remove(&id) else { return };
         req.phase = Phase::Running;
+        self.route_at_start(&mut req);
         match req.cmd {
             Command::Flush => {
                 for m in 0..self.members.len() {
@@ -182,6 +198,22 @@ impl Coordinator {
         self.requests.insert(id, req);
     }
 
+    /// Pieces where the units are now; during a reshape, a write below the in-memory
+    /// checkpoint waits for a durable one before its answer.
+    fn route_at_start(&mut self, req: &mut Request) {
+        let (offset, len) = req.cmd.range();
+        req.pieces = self
+            .route(offset, len)
+            .into_iter()
+            .map(|p| PieceState { set: p.set, member_offset: p.member_offset, len: p.len, at: p.at, done: 0, tried: 0, out: 0 })
+            .collect();
+        if req.cmd.is_write() {
+            if let Some(gen) = self.reshape_need_sb(offset, len) {
+                req.need_sb = req.need_sb.max(gen);
+            }
+        }
+    }
+
     /// Sends piece `i` of a read to one copy that holds it, or fails the piece.
     fn send_read(&mut self, id: ReqId, req: &mut Request, i: usize) {
         let p = &req.pieces[i];
@@ -200,7 +232,7 @@ impl Coordinator {
     /// The member a read of set `set` goes to: an in-sync one that no copy job still has to
     /// bring up to date there, least busy first; if every in-sync member has such a job
     /// (its source failed), the first of them, so successive reads agree.
-    fn reader(&self, set: usize, start: u64, len: u64, tried: u64) -> Option<usize> {
+    pub(super) fn reader(&self, set: usize, start: u64, len: u64, tried: u64) -> Option<usize> {
         let (first, last) = (start / self.region_bytes, (start + len - 1) / self.region_bytes);
         let synced = self.map.members_of(set).filter(|&m| self.members[m].in_sync() && tried >> m & 1 == 0);
         let behind = |m: usize| self.jobs.iter().flatten().any(|j| j.target == m && j.todo.range(first..=last).next().is_some());

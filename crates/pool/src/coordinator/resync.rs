@@ -97,7 +97,8 @@ impl Coordinator {
         for (job, start) in waiting {
             let Some(i) = self.locks.iter().position(|l| l.job == job && l.start == start) else { continue };
             let l = self.locks[i];
-            if self.running_write_overlaps(l.set, l.start, l.end) {
+            // A reshape copy could land on the range between this copy's read and write.
+            if self.running_write_overlaps(l.set, l.start, l.end) || self.reshape_copying() {
                 continue;
             }
             let Some(source) = self.source_of(l.job) else {
@@ -323,7 +324,7 @@ impl Coordinator {
         match self.stopping {
             Stopping::Running | Stopping::Stopped => false,
             Stopping::Draining => {
-                let busy = !self.requests.is_empty() || !self.locks.is_empty() || self.cleaning.is_some() || self.fence_reads_out > 0 || self.scrub_busy();
+                let busy = !self.requests.is_empty() || !self.locks.is_empty() || self.cleaning.is_some() || self.fence_reads_out > 0 || self.scrub_busy() || self.reshape_copying();
                 let flushing = self.jobs.iter().flatten().any(|j| j.flushing);
                 if busy || flushing {
                     return false;
@@ -342,7 +343,7 @@ impl Coordinator {
                         text: "stopping before the copies a crash left unequal were reconciled: the pool stays owned, and the next start reconciles them".into(),
                     });
                 }
-                if !self.redundant() || self.fenced.is_some() || reconciling {
+                if !self.meta_kept || self.fenced.is_some() || reconciling {
                     self.stopping = Stopping::Stopped;
                     return true;
                 }

@@ -264,10 +264,10 @@ impl Coordinator {
     }
 
     /// A copy job that can move (its set has a copy to read from); one that cannot would
-    /// hold a scrub back for nothing. A live replacement holds it back too: its new member
-    /// would not get what a repair rewrites.
+    /// hold a scrub back for nothing. A live replacement holds it back too (its new member
+    /// would not get what a repair rewrites), and so does a reshape (it moves the data).
     fn resync_can_run(&self) -> bool {
-        (0..self.jobs.len()).any(|j| self.has_source(j)) || self.handover.is_some()
+        (0..self.jobs.len()).any(|j| self.has_source(j)) || self.handover.is_some() || self.reshape.is_some()
     }
 
     fn scrub_pace_allows(&self, len: u64) -> bool {

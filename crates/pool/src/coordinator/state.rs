@@ -95,6 +95,11 @@ pub(super) enum Purpose {
     ScrubWrite { chunk: u64 },
     /// Making a repair's rewrites durable before it ends.
     ScrubFlush,
+    /// Reading a stripe unit from its old place, writing it to its new one (`reshape`).
+    ReshapeRead { unit: u64 },
+    ReshapeWrite { unit: u64 },
+    /// Zeroing the space the volume grows into.
+    ReshapeZero,
 }
 
 pub(super) struct Op {

@@ -1,7 +1,7 @@
 //! What the members' metadata says without assembling the pool: what `pool init` writes
 //! (`format`), what `pool status` shows (`survey`), and the checks assembly starts from.
 
-use super::api::{Found, MemberState, MemberStatus, Status};
+use super::api::{Found, MemberState, MemberStatus, ReshapeStatus, Status};
 use crate::layout::Map;
 use crate::limits::META_BLOCK_BYTES;
 use crate::meta::{bitmap_blocks, bitmap_words, id_text, region_bytes, Owner, Role, Superblock};
@@ -41,7 +41,7 @@ pub(super) fn authority<'a>(spec: &PoolSpec, sbs: &'a [Option<Superblock>]) -> R
             return Err(format!("{who} was initialised as member {}: the member list's order changed", sb.index));
         }
         let unit = if spec.layout == Layout::Mirror { u64::MAX } else { spec.stripe_unit };
-        if sb.layout != spec.layout || sb.copies != spec.copies || sb.members() != spec.members.len() || sb.stripe_unit != unit {
+        if sb.layout != spec.layout || !(same_shape(spec, sb) || grown_shape(spec, sb)) || sb.stripe_unit != unit {
             return Err(format!(
                 "{who} was initialised as {} with {} members and {} copies, but the pool file says {} with {} members and {} copies",
                 sb.layout.name(),
@@ -54,6 +54,21 @@ pub(super) fn authority<'a>(spec: &PoolSpec, sbs: &'a [Option<Superblock>]) -> R
         }
     }
     Ok(sbs.iter().flatten().max_by_key(|sb| sb.events).unwrap_or(first))
+}
+
+fn same_shape(spec: &PoolSpec, sb: &Superblock) -> bool {
+    sb.members() == spec.members.len() && sb.copies == spec.copies
+}
+
+/// The pool file names more members than the superblock, as `pool grow` leaves it before
+/// the coordinator has recorded them: whole mirror sets more, or copies more of a mirror.
+pub(super) fn grown_shape(spec: &PoolSpec, sb: &Superblock) -> bool {
+    let (n, m) = (sb.members(), spec.members.len());
+    n < m
+        && match spec.layout {
+            Layout::Mirror => sb.copies == n && spec.copies == m,
+            _ => sb.copies == spec.copies && (m - n).is_multiple_of(spec.copies),
+        }
 }
 
 /// What `pool init` writes at offset 0 of each member: its superblock and a clean bitmap.
@@ -109,6 +124,7 @@ pub(crate) fn format_with(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], f
                 roles: vec![Role::Active; found.len()],
                 scrub: None,
                 devices: (0..found.len() as u64).map(|i| crate::meta::device_id(u64::from_le_bytes(pool_id[..8].try_into().unwrap()), i)).collect(),
+                reshape: None,
             };
             let mut bytes = sb.encode();
             bytes.resize(((1 + blocks) * META_BLOCK_BYTES) as usize, 0);
@@ -154,12 +170,20 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
             MemberStatus { uri: spec.members[i].clone(), state }
         })
         .collect();
+    let reshape = auth.reshape.map(|r| ReshapeStatus {
+        from_members: r.from_members,
+        to_members: auth.members(),
+        done_bytes: r.at * auth.stripe_unit,
+        total_bytes: auth.member_bytes * (r.from_members / auth.copies) as u64,
+        started: r.started,
+        rate_bytes_per_s: None,
+    });
     Ok(Status {
         pool_id: id_text(&auth.pool_id),
         layout: auth.layout,
         stripe_unit: auth.stripe_unit,
         copies: auth.copies,
-        size: auth.member_bytes * (auth.members() / auth.copies) as u64,
+        size: reshape.map_or(auth.member_bytes * (auth.members() / auth.copies) as u64, |r| r.total_bytes),
         events: auth.events,
         region_bytes: auth.region_bytes,
         dirty_regions: dirty.iter().map(|w| w.count_ones() as u64).sum(),
@@ -171,5 +195,6 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
         members,
         scrub: super::scrub_report::recorded(&sbs),
         scrubs_completed: 0,
+        reshape,
     })
 }

@@ -9,6 +9,7 @@
 //! One assumption of the real world is kept explicitly: a member that was dropped is only
 //! taken back once it has processed what was already sent to it on the old connection.
 
+mod grow;
 mod member;
 mod model;
 mod restart;
@@ -42,6 +43,11 @@ pub struct Report {
     /// Coordinators stopped cleanly and assembled again mid-run.
     pub clean_restarts: u64,
     pub resynced_bytes: u64,
+    /// Pools grown (`pool grow`), and coordinator crashes while one reshaped.
+    pub grows: u64,
+    pub reshape_crashes: u64,
+    /// Faults of any kind (member losses, stalls, failed operations) while a reshape ran.
+    pub reshape_faults: u64,
 }
 
 struct Req {
@@ -67,11 +73,32 @@ struct World {
     shadow: Option<(usize, usize)>,
     /// Volume sectors whose copies a scrub test made differ: the workload leaves them alone.
     diverged: std::collections::BTreeSet<u64>,
+    /// Data bytes of every member (new ones too).
+    member_bytes: u64,
+    /// The step at which the pool grows, if it does.
+    grow_at: Option<u64>,
+    /// A write was just acknowledged mid-reshape: the coordinator crashes at the next step.
+    crash_after_ack: bool,
 }
 
 const MEMBER_DATA_BYTES: u64 = 64 << 20;
 const STEPS: u64 = 3_000;
 const SETTLE_STEPS_MAX: u64 = 400_000;
+
+/// Grow runs use small members (and units of 16 KiB or more), so that a reshape moves a
+/// few hundred units and finishes within the run, crashes and all.
+const GROW_MEMBER_DATA_BYTES: u64 = 8 << 20;
+
+/// Whether and at which step this run grows its pool.
+fn plan_grow(rng: &mut Rng, spec: &mut PoolSpec) -> Option<u64> {
+    if rng.below(2) == 0 {
+        return None;
+    }
+    if spec.layout != Layout::Mirror {
+        spec.stripe_unit = 16384 << rng.below(4);
+    }
+    Some(rng.below(STEPS / 2))
+}
 
 fn spec_for(rng: &mut Rng) -> PoolSpec {
     let (layout, members, copies) = match rng.below(4) {
@@ -98,8 +125,15 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
 
 /// Runs one seeded simulation.
 pub fn run(rng: Rng) -> Result<Report, String> {
-    let mut w = World::new(rng)?;
-    for _ in 0..STEPS {
+    let mut w = World::new(rng, true)?;
+    for i in 0..STEPS {
+        if w.grow_at == Some(i) {
+            // A pool does not grow while a member is being replaced: it waits.
+            match w.shadow {
+                Some(_) => w.grow_at = Some(i + 1),
+                None => w.grow().map_err(|e| w.explain(e))?,
+            }
+        }
         if let Err(e) = w.step(true) {
             return Err(w.explain(e));
         }
@@ -111,11 +145,14 @@ pub fn run(rng: Rng) -> Result<Report, String> {
 }
 
 impl World {
-    /// A freshly formatted pool of a seeded layout, and its coordinator.
-    fn new(rng: Rng) -> Result<World, String> {
+    /// A freshly formatted pool of a seeded layout, and its coordinator; with `grows`, the
+    /// pool may be planned to grow mid-run.
+    fn new(rng: Rng, grows: bool) -> Result<World, String> {
         let mut rng = rng;
-        let spec = spec_for(&mut rng);
-        let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(MEMBER_DATA_BYTES)).collect();
+        let mut spec = spec_for(&mut rng);
+        let grow_at = if grows { plan_grow(&mut rng, &mut spec) } else { None };
+        let member_bytes = if grow_at.is_some() { GROW_MEMBER_DATA_BYTES } else { MEMBER_DATA_BYTES };
+        let mut members: Vec<SimMember> = (0..spec.members.len()).map(|_| SimMember::new(member_bytes)).collect();
         let found: Vec<Found> = members.iter().map(|m| Found { size: m.size, meta: m.meta.clone(), read_only: false }).collect();
         let region = 64 << (10 + rng.below(7));
         let formatted = crate::coordinator::format_with(&spec, &found, [rng.below(255) as u8 + 1; 16], false, Some(region))?;
@@ -140,6 +177,9 @@ impl World {
             log: Vec::new(),
             diverged: std::collections::BTreeSet::new(),
             shadow: None,
+            member_bytes,
+            grow_at,
+            crash_after_ack: false,
         };
         w.pump()?;
         Ok(w)
@@ -161,6 +201,9 @@ impl World {
     fn step(&mut self, faults: bool) -> Result<(), String> {
         self.now += self.rng.below(4);
         self.heal();
+        if faults {
+            self.crash_while_reshaping()?;
+        }
         match self.rng.below(100) {
             0..=49 if faults => self.submit_random(),
             50..=51 if faults && self.rng.below(4) == 0 => self.fault(),
@@ -196,7 +239,10 @@ impl World {
         let len = (1 + self.rng.below(64)) * SECTOR;
         // Most writes land in a hot eighth of the volume, so resyncs have something to skip.
         let span = if self.rng.below(16) == 0 { size } else { size / 8 };
-        let offset = self.rng.below((span - len) / SECTOR + 1) * SECTOR;
+        let offset = match self.reshape_frontier(len) {
+            Some(offset) => offset,
+            None => self.rng.below((span - len) / SECTOR + 1) * SECTOR,
+        };
         if !self.model.free(offset, len) {
             return Ok(());
         }
@@ -268,6 +314,9 @@ impl World {
     /// every acknowledged write keeps a copy.
     fn fault(&mut self) -> Result<(), String> {
         self.report.faults += 1;
+        if self.coord.status().reshape.is_some() {
+            self.report.reshape_faults += 1;
+        }
         if self.rng.below(6) == 0 {
             // Forgetting an unrecorded power loss, or a member being replaced, would be a
             // set's second fault.
@@ -410,10 +459,18 @@ impl World {
 
     fn finish_request(&mut self, r: Req, ok: bool) -> Result<(), String> {
         let (offset, len) = r.cmd.range();
+        if let Ok(s) = std::env::var("SIM_DEBUG_SECTOR").map(|v| v.parse::<u64>().unwrap()) {
+            if offset / SECTOR <= s && s < (offset + len) / SECTOR && r.cmd.is_write() {
+                self.log.push(format!("{} DEBUG {:?} ok {ok} version {:?}", self.now, r.cmd, r.buf.get((s - offset / SECTOR) as usize)));
+            }
+        }
         match r.cmd {
             Command::Read { .. } if ok => self.model.read(offset, &r.buf)?,
             Command::Read { .. } => self.read_errors += 1,
-            Command::Write { .. } => self.model.wrote(offset, &r.buf, ok),
+            Command::Write { .. } => {
+                self.model.wrote(offset, &r.buf, ok);
+                self.crash_after_ack |= ok && self.grow_at.is_some() && self.rng.below(8) == 0;
+            }
             Command::Zero { .. } | Command::Trim { .. } => self.model.wrote(offset, &r.buf, ok),
             Command::Flush => {}
         }
@@ -425,7 +482,7 @@ impl World {
 
     fn quiet(&self) -> bool {
         let status = self.coord.status();
-        self.reqs.is_empty() && status.replacing.is_none() && status.members.iter().all(|m| m.state == MemberState::InSync)
+        self.reqs.is_empty() && status.replacing.is_none() && status.reshape.is_none() && status.members.iter().all(|m| m.state == MemberState::InSync)
     }
 
     /// Heals everything and runs until requests are answered and every member is in sync.
@@ -477,6 +534,10 @@ impl World {
             return Err(format!("{} reads failed on a redundant pool with one fault per set at most", self.read_errors));
         }
         let size = self.coord.size();
+        let want = self.member_bytes * self.spec.sets() as u64;
+        if size != want {
+            return Err(format!("the volume is {size} bytes; {} members of {} data bytes in {} sets make {want}", self.members.len(), self.member_bytes, self.spec.sets()));
+        }
         let step = 1 << 20;
         for offset in (0..size).step_by(step as usize) {
             let len = step.min(size - offset);
@@ -533,13 +594,18 @@ mod tests {
             totals.handovers += r.handovers;
             totals.spares_taken += r.spares_taken;
             totals.resynced_bytes += r.resynced_bytes;
+            totals.grows += r.grows;
+            totals.reshape_crashes += r.reshape_crashes;
+            totals.reshape_faults += r.reshape_faults;
         }
+        eprintln!("{seeds} seeds: {totals:?}");
         // The runs must actually have exercised failures, not just passed quietly.
         assert!(totals.faults > seeds / 2 && totals.coordinator_crashes > 0 && totals.resynced_bytes > 0, "{totals:?}");
         assert!(seeds < 20 || totals.degraded_starts > 0, "no run started degraded: {totals:?}");
         assert!(seeds < 20 || totals.replacements > 0, "no run replaced a member: {totals:?}");
         assert!(seeds < 20 || totals.handovers > 0, "no live replacement took its member's place: {totals:?}");
         assert!(seeds < 20 || totals.spares_taken > 0, "no run took a spare: {totals:?}");
+        assert!(seeds < 20 || (totals.grows > 0 && totals.reshape_crashes > 0 && totals.reshape_faults > 0), "no run grew a pool with crashes and faults mid-reshape: {totals:?}");
     }
 }
 
@@ -617,5 +683,16 @@ mod takeover {
 
     fn members_found(members: &[SimMember]) -> Vec<Option<Found>> {
         members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect()
+    }
+}
+
+#[cfg(test)]
+mod one_seed {
+    #[test]
+    fn one_seed() {
+        let Ok(seed) = std::env::var("SIM_SEED").map(|s| s.parse::<u64>().unwrap()) else { return };
+        if let Err(e) = super::run(super::Rng::seeded(seed)) {
+            panic!("{e}");
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! degraded, without one of them).
 
 use super::member::{Health, SimMember};
-use super::{session, World, MEMBER_DATA_BYTES};
+use super::{session, World};
 use crate::coordinator::{Command, Coordinator, Found, MemberState};
 use crate::meta::Superblock;
 
@@ -12,7 +12,8 @@ impl World {
     /// the old one held is gone with it, and the new one must be rebuilt before it serves.
     /// Sometimes the member is dead first; a live one is copied while it serves.
     pub(super) fn replace(&mut self, m: usize) -> Result<(), String> {
-        if self.shadow.is_some_and(|(x, _)| x == m) {
+        // Refused while a reshape runs; a second replacement of one member makes no sense.
+        if self.shadow.is_some_and(|(x, _)| x == m) || self.coord.status().reshape.is_some() {
             return Ok(());
         }
         if self.rng.below(2) == 0 {
@@ -29,7 +30,7 @@ impl World {
                     return Err(format!("a shadow at slot {shadow} with {} members and {:?} already", self.members.len(), self.shadow));
                 }
                 self.log.push(format!("{} member {m} serves while its successor (slot {shadow}) is copied", self.now));
-                self.members.push(SimMember::new(MEMBER_DATA_BYTES));
+                self.members.push(SimMember::new(self.member_bytes));
                 self.blank_member(shadow);
                 self.shadow = Some((m, shadow));
             }
@@ -85,7 +86,7 @@ impl World {
     /// A new, blank member at `m`'s place, not connected yet.
     fn blank_member(&mut self, m: usize) {
         let conn = self.members[m].conn + 1;
-        self.members[m] = SimMember::new(MEMBER_DATA_BYTES);
+        self.members[m] = SimMember::new(self.member_bytes);
         let new = &mut self.members[m];
         new.conn = conn;
         new.dropped = true;
@@ -132,6 +133,8 @@ impl World {
         if !self.assemble_degraded(&found)? {
             self.coord = Coordinator::assemble(&self.spec, found, session(self.sessions), false, self.now)?;
         }
+        // As the driver does: a reshape assembly started gets its start time.
+        self.coord.wall_clock(1_700_000_000 + self.now / 1000);
         let states: Vec<MemberState> = self.coord.status().members.iter().map(|m| m.state).collect();
         self.log.push(format!("{} assembled again {when}: {states:?}", self.now));
         Ok(())

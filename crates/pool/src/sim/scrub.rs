@@ -135,7 +135,7 @@ fn merged(ranges: &[ScrubRange]) -> Vec<ScrubRange> {
 /// second check, then the usual final verification. `faults`: members fail during the
 /// first check too (then it may report less, never more).
 pub fn run_scrub(rng: Rng, faults: bool) -> Result<(u64, u64), String> {
-    let mut w = World::new(rng)?;
+    let mut w = World::new(rng, false)?;
     if !w.spec.layout.redundant() {
         let refused = w.coord.start_scrub(false, None, w.now).expect_err("a stripe has nothing to compare");
         return if refused.contains("nothing to compare") { Ok((0, 0)) } else { Err(refused) };
@@ -226,7 +226,7 @@ impl World {
 /// records its end in the superblocks, and after a restart the next one is due one
 /// interval after that record, not earlier.
 pub fn run_scheduled(rng: Rng) -> Result<bool, String> {
-    let mut w = World::new(rng)?;
+    let mut w = World::new(rng, false)?;
     if !w.spec.layout.redundant() {
         return Ok(false);
     }

@@ -94,4 +94,11 @@ pub trait Backend: Send + Sync {
     fn pool_client(&self) -> Option<&sluice_client::Client> {
         None
     }
+
+    /// Adds members to the pool behind this backend (`sluice pool grow`, then a reload),
+    /// waiting until they are connected and the pool has taken them. Call it from outside
+    /// any async runtime.
+    fn pool_grow(&self, _uris: &[sluice_client::Uri]) -> Result<(), String> {
+        Err("not a pool".into())
+    }
 }

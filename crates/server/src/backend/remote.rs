@@ -151,6 +151,12 @@ impl Backend for RemoteBackend {
         (self.kind == "pool").then_some(&self.remote.client)
     }
 
+    fn pool_grow(&self, uris: &[sluice_client::Uri]) -> Result<(), String> {
+        // On the runtime the pool's member connections live on: the new ones must outlast
+        // the call.
+        self.runtime.block_on(self.remote.client.grow_pool(uris)).map_err(|e| e.to_string())
+    }
+
     fn size(&self) -> u64 {
         self.remote.client.size()
     }

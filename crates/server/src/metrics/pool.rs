@@ -1,5 +1,6 @@
 //! The state of pools that the server serves, as Prometheus families: each member's state
-//! and resync progress, and the pool's event counter, dirty regions, resynced bytes and scrub results.
+//! and resync progress, and the pool's event counter, dirty regions, resynced bytes, scrub
+//! results and reshape progress.
 //! Read from the pool's coordinator at scrape time.
 
 use prometheus::proto::{self, MetricFamily, MetricType};
@@ -34,6 +35,8 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
     let mut copy_total = Family::new("sluice_pool_replace_total_bytes", "Bytes that copy takes in all.", MetricType::GAUGE);
     let mut taken = Family::new("sluice_pool_spares_taken_total", "Spares put in a missing member's place since the server started.", MetricType::COUNTER);
     let mut scrub = scrub_families();
+    let mut moved = Family::new("sluice_pool_reshape_done_bytes", "Volume bytes a reshape (pool grow) has put in their new place; 0 when none runs.", MetricType::GAUGE);
+    let mut to_move = Family::new("sluice_pool_reshape_total_bytes", "Volume bytes a reshape moves in all (the old size); 0 when none runs.", MetricType::GAUGE);
     for (export, s) in &statuses {
         scrub_values(&mut scrub, export, s);
         for (i, m) in s.members.iter().enumerate() {
@@ -61,8 +64,11 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
             copied.gauge(&labels, r.done);
             copy_total.gauge(&labels, r.total);
         }
+        let (d, t) = s.reshape.map_or((0, 0), |r| (r.done_bytes, r.total_bytes));
+        moved.gauge(&[("export", export)], d);
+        to_move.gauge(&[("export", export)], t);
     }
-    [state, done, total, events, dirty, resynced, spares, taken, copied, copy_total].into_iter().chain(scrub).map(|f| f.0).collect()
+    [state, done, total, events, dirty, resynced, spares, taken, copied, copy_total, moved, to_move].into_iter().chain(scrub).map(|f| f.0).collect()
 }
 
 /// Scrub: mismatches found by the running or last scrub, its progress, and scrubs done.
@@ -150,6 +156,7 @@ mod tests {
             spares_taken: 2,
             replacing: Some(sluice_client::pool::Replacing { member: 0, uri: "nbd://n/d".into(), done: 7, total: 8 }),
             owner: None,
+            reshape: None,
             members: vec![
                 MemberStatus { uri: "nbd://a/d".into(), state: MemberState::InSync },
                 MemberStatus { uri: "nbd://b/d".into(), state: MemberState::Resyncing { done: 5, total: 10 } },
@@ -174,6 +181,7 @@ mod tests {
         assert!(out.contains(r#"sluice_pool_scrub_mismatched_regions{export="vol"} 2"#), "{out}");
         assert!(out.contains(r#"sluice_pool_scrub_done_bytes{export="vol"} 7"#), "{out}");
         assert!(out.contains(r#"sluice_pool_scrubs_completed_total{export="vol"} 4"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_reshape_total_bytes{export="vol"} 0"#), "{out}");
     }
 
     #[test]
