@@ -22,7 +22,7 @@ impl Coordinator {
     /// Whether `replace_member` would copy to the new member while `member` serves: it is
     /// in sync and no other replacement is copying.
     pub(super) fn may_hand_over(&self, member: usize) -> bool {
-        self.redundant() && self.members[member].in_sync() && self.handover.is_none()
+        self.redundant() && self.members[member].in_sync() && self.handover.is_none() && self.reshape.is_none()
     }
 
     /// Starts a handover of `member` to the server at `uri`; returns the shadow's slot.

@@ -124,8 +124,10 @@ impl Coordinator {
         if let Some(h) = self.handover.as_ref().filter(|h| members.contains(&h.member)) {
             return Some(format!("member {} is being replaced by {} already", h.member, h.uri));
         }
-        if self.reshape.is_some() {
-            return Some("the pool is being reshaped (grown); replace members once that is done".into());
+        // A dead member may be replaced mid-reshape (the reshape waits for its successor to
+        // be rebuilt); a live one's copy would race the units the reshape moves.
+        if self.reshape.is_some() && members.iter().any(|&m| self.members[m].in_sync()) {
+            return Some("the pool is being reshaped (grown): a live member can be replaced once that is done (a dead one can be now)".into());
         }
         for &m in members {
             let set = self.map.set_of(m);

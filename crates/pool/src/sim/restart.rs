@@ -12,11 +12,13 @@ impl World {
     /// the old one held is gone with it, and the new one must be rebuilt before it serves.
     /// Sometimes the member is dead first; a live one is copied while it serves.
     pub(super) fn replace(&mut self, m: usize) -> Result<(), String> {
-        // Refused while a reshape runs; a second replacement of one member makes no sense.
-        if self.shadow.is_some_and(|(x, _)| x == m) || self.coord.status().reshape.is_some() {
+        // A second replacement of one member makes no sense.
+        if self.shadow.is_some_and(|(x, _)| x == m) {
             return Ok(());
         }
-        if self.rng.below(2) == 0 {
+        // A live member is not replaced while a reshape runs: only a dead one.
+        let reshaping = self.coord.status().reshape.is_some();
+        if reshaping || self.rng.below(2) == 0 {
             self.log.push(format!("{} member {m} dies before it is replaced", self.now));
             self.members[m].crash(&mut self.rng, false, u64::MAX);
             self.coord.member_lost(m, "connection reset", self.now);
