@@ -130,6 +130,11 @@ fn moves(path: &str, client: &sluice_client::Client) -> Result<Changes, String> 
             moves.push((i, uri));
         }
     }
+    // A live member's replacement copies while it serves, and a pool does not grow meanwhile.
+    let live = |i: usize| status.members.get(i).is_some_and(|m| m.state == sluice_client::pool::MemberState::InSync);
+    if !grow.is_empty() && moves.iter().any(|(i, _)| live(*i)) {
+        return Err("the pool file both replaces a member that is in sync and appends members: a pool does not grow while a live member is replaced; replace first, reload, and append the members once the replacement is done".into());
+    }
     // All together: two moves in one set may each be possible alone and not both.
     let places: Vec<usize> = moves.iter().map(|(i, _)| *i).collect();
     if !places.is_empty() {

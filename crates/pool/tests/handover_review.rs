@@ -5,8 +5,9 @@ use sluice_pool::coordinator::format;
 use sluice_pool::*;
 use std::collections::HashMap;
 
-const MB: u64 = 1 << 20;
-const DATA: u64 = 16 * MB;
+mod common;
+use common::*;
+
 
 fn spec() -> PoolSpec {
     PoolSpec {
@@ -22,101 +23,6 @@ fn spec() -> PoolSpec {
     }
 }
 
-/// Members as byte vectors (metadata area included); the shadow is pushed when it comes.
-struct W {
-    c: Coordinator,
-    disks: Vec<Vec<u8>>,
-    pending: Vec<(OpId, usize, MemberCmd, Data)>,
-    copies: HashMap<CopyId, Vec<u8>>,
-    reads: HashMap<ReqId, Vec<u8>>,
-    writes: HashMap<ReqId, Vec<u8>>,
-    done: HashMap<ReqId, Result<(), Failure>>,
-    swaps: Vec<(usize, usize)>,
-    now: u64,
-}
-
-impl W {
-    fn pump(&mut self) {
-        while let Some(a) = self.c.poll() {
-            match a {
-                Action::Member { op, member, cmd, data } => self.pending.push((op, member, cmd, data)),
-                Action::Complete { req, result } => {
-                    self.done.insert(req, result);
-                }
-                Action::Release { copy } => {
-                    self.copies.remove(&copy);
-                }
-                Action::Swap { member, shadow } => {
-                    assert_eq!(shadow + 1, self.disks.len());
-                    let d = self.disks.pop().unwrap();
-                    self.disks[member] = d;
-                    self.swaps.push((member, shadow));
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Carries out pending op `i`.
-    fn run(&mut self, i: usize) {
-        let (op, m, cmd, data) = self.pending.remove(i);
-        let out = match (cmd, data) {
-            (MemberCmd::Read { offset, len }, Data::Meta) => OpOutcome::Data(self.disks[m][offset as usize..(offset + len) as usize].to_vec()),
-            (MemberCmd::Read { offset, len }, Data::Copy(id)) => {
-                self.copies.insert(id, self.disks[m][offset as usize..(offset + len) as usize].to_vec());
-                OpOutcome::Done
-            }
-            (MemberCmd::Read { offset, len }, Data::Request { req, at }) => {
-                let b = self.disks[m][offset as usize..(offset + len) as usize].to_vec();
-                let buf = self.reads.get_mut(&req).unwrap();
-                buf[at as usize..(at + len) as usize].copy_from_slice(&b);
-                OpOutcome::Done
-            }
-            (MemberCmd::Write { offset, len, .. }, d) => {
-                let b = match d {
-                    Data::Bytes(b) => b,
-                    Data::Copy(id) => self.copies[&id].clone(),
-                    Data::Request { req, at } => self.writes[&req][at as usize..(at + len) as usize].to_vec(),
-                    _ => unreachable!(),
-                };
-                self.disks[m][offset as usize..offset as usize + b.len()].copy_from_slice(&b);
-                OpOutcome::Done
-            }
-            _ => OpOutcome::Done,
-        };
-        self.c.handle(op, out, self.now);
-        self.pump();
-    }
-
-    /// Runs every pending op but those `hold` keeps.
-    fn settle(&mut self, hold: impl Fn(&(OpId, usize, MemberCmd, Data)) -> bool) {
-        for _ in 0..100_000 {
-            self.pump();
-            let Some(i) = self.pending.iter().position(|p| !hold(p)) else { return };
-            self.run(i);
-        }
-        panic!("runaway");
-    }
-
-    fn tick(&mut self, dt: u64) {
-        self.now += dt;
-        self.c.tick(self.now);
-        self.pump();
-    }
-
-    fn read(&mut self, offset: u64, len: u64, hold: impl Fn(&(OpId, usize, MemberCmd, Data)) -> bool) -> Vec<u8> {
-        let id = self.c.submit(Command::Read { offset, len }, self.now);
-        self.reads.insert(id, vec![0; len as usize]);
-        self.pump();
-        self.settle(hold);
-        assert!(matches!(self.done.get(&id), Some(Ok(()))), "read failed: {:?}", self.done.get(&id));
-        self.reads.remove(&id).unwrap()
-    }
-
-    fn found(&self, m: usize) -> Found {
-        Found { size: self.disks[m].len() as u64, meta: self.disks[m][..MB as usize].to_vec(), read_only: false }
-    }
-}
 
 /// A coordinator crashed while writing region 0: member 0 holds 0xAA there, member 1 still
 /// 0x11. The new coordinator reconciles member 1 from member 0, and reads go to member 0
@@ -139,7 +45,7 @@ fn replacing_the_reconcile_source_live_keeps_reads_stable() {
     disks[1][MB as usize..(MB + 4096) as usize].fill(0x11);
     let found = disks.iter().map(|d| Some(Found { size, meta: d[..MB as usize].to_vec(), read_only: false })).collect();
     let c = Coordinator::assemble(&spec(), found, Session { id: 1, pid: 2, host: "h".into() }, false, 0).unwrap();
-    let mut w = W { c, disks, pending: vec![], copies: HashMap::new(), reads: HashMap::new(), writes: HashMap::new(), done: HashMap::new(), swaps: vec![], now: 0 };
+    let mut w = W { c, disks, pending: vec![], copies: HashMap::new(), reads: HashMap::new(), writes: HashMap::new(), done: HashMap::new(), swaps: vec![], spares_taken: vec![], now: 0 };
     w.pump();
     // The reconcile's copies of region 0 (member 0 -> member 1) are slow: hold them.
     let held: Vec<OpId> = w.pending.iter().filter(|p| matches!(p.3, Data::Copy(_))).map(|p| p.0).collect();

@@ -254,6 +254,8 @@ impl Coordinator {
             && self.fenced.is_none()
             && self.members.iter().all(|m| m.in_sync())
             && self.jobs.iter().all(Option::is_none)
+            // A scrub chunk read before a copy lands would be "repaired" back over it.
+            && self.scrub.job.as_ref().is_none_or(|j| j.chunks.is_empty())
     }
 
     /// Paused: units not being copied right now go back to their old place (their old
