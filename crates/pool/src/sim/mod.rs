@@ -9,8 +9,7 @@
 //! One assumption of the real world is kept explicitly: a member that was dropped is only
 //! taken back once it has processed what was already sent to it on the old connection.
 
-// The scrub's simulation helpers are used by its tests only.
-#![cfg_attr(not(test), allow(dead_code))]
+#![cfg_attr(not(test), allow(dead_code))] // the scrub's helpers serve its tests only
 
 mod grow;
 mod member;
