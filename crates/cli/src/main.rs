@@ -51,7 +51,7 @@ enum Command {
     /// Expose an export as a single file through FUSE (for losetup, mkfs, mount).
     Mount(mount::MountArgs),
     /// Create a pool (one volume striped and mirrored over several NBD servers), show its
-    /// state, or put another server in a member's place.
+    /// state, replace a member, add a spare, check or repair its copies, or grow it.
     Pool(pool::PoolArgs),
     /// Attach an export as a kernel block device (/dev/nbdN) that rides through server
     /// restarts, or list the attached devices.

@@ -49,9 +49,11 @@ enum PoolCommand {
     Status(StatusArgs),
     /// Put another server in a member's place: NEW is checked and its metadata area
     /// blanked, the pool file's members entry is rewritten (comments and layout kept), and
-    /// NEW is rebuilt from the other copies of its set: here, when no coordinator serves
-    /// the pool, else by the serving one once it is reloaded (SIGHUP). Works whether OLD
-    /// is dead or alive; refused for a stripe and for the last in-sync copy of a set.
+    /// NEW gets the data: here, when no coordinator serves the pool, else in the serving
+    /// one once it is reloaded (SIGHUP). An OLD in sync goes on serving while everything
+    /// is copied to NEW (and writes reach both), then NEW takes its place; a dead OLD's
+    /// NEW is rebuilt from the other copies of its set. Refused for a stripe, for the last
+    /// in-sync copy of a set, and for a live OLD while the pool is reshaped.
     #[command(after_help = "EXAMPLES:
   sluice pool replace pool:/etc/sluice/vol.toml nbd://10.0.0.2/disk nbd://10.0.0.9/disk
   systemctl reload sluice     # when a server serves the pool: it rebuilds the new member")]
