@@ -112,17 +112,17 @@ class CopyError(Exception):
 
 
 def run_copy(binary: str, src: str, dst: str, nbytes: int, timeout: float, log_path: str,
-             pids: list) -> tuple:
+             pids: list, options: tuple = ()) -> tuple:
     """`sluice copy SRC DST` from start to exit: nbytes over the wall time (connecting,
     assembling a pool and the final flush included, as a user waits for them)."""
     busy = Busy(pids)
     with open(log_path, "a") as log:
-        log.write(f"\n$ {binary} copy {src} {dst}\n")
+        log.write(f"\n$ {binary} copy {' '.join(options)} {src} {dst}\n")
         log.flush()
         busy.start()
         began = time.monotonic()
         try:
-            p = subprocess.run([binary, "copy", src, dst], stdin=subprocess.DEVNULL,
+            p = subprocess.run([binary, "copy", *options, src, dst], stdin=subprocess.DEVNULL,
                                stdout=log, stderr=log, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise CopyError(f"sluice copy {src} {dst}: killed after {timeout:.0f} s")
