@@ -58,7 +58,8 @@ impl Coordinator {
         if self.spec.spares.is_empty() || self.stopping != Stopping::Running || self.fenced.is_some() {
             return None;
         }
+        // Called after every event: only members that are missing are asked about.
         let due = |m: usize| self.spare.missing_since[m].map(|t| t + self.spec.spare_after_ms);
-        (0..self.members.len()).filter(|&m| self.replace_refusal(&[m]).is_none()).filter_map(due).min()
+        (0..self.members.len()).filter_map(|m| due(m).filter(|_| self.replace_refusal(&[m]).is_none())).min()
     }
 }
