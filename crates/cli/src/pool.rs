@@ -16,6 +16,8 @@ use std::process::ExitCode;
   layout = \"raid10\"          # stripe | mirror | raid10
   stripe-unit = \"512K\"       # stripe and raid10: a power of two from 4K to 64M
   copies = 2                 # mirror and raid10 (default 2)
+  placement = \"offset\"       # raid10: near (default) | offset: a lost member's
+                             # reads spread over all the others (docs/pool.md)
   members = [\"nbd://10.0.0.1/disk\", \"nbd://10.0.0.2/disk\",
              \"nbd://10.0.0.3/disk\", \"nbd://10.0.0.4/disk\"]
   scrub-interval = \"7d\"      # optional: the serving coordinator checks the copies
@@ -81,7 +83,7 @@ enum PoolCommand {
   sluice pool repair --from nbd://10.0.0.1/disk pool:vol.toml")]
     Repair(pool_scrub::RepairArgs),
     /// Add servers at the end of the member list and spread the volume over them while it
-    /// is served: a stripe or raid10 (whole mirror sets) reshapes unit by unit with its
+    /// is served: a stripe or a near raid10 (whole mirror sets) reshapes unit by unit with its
     /// position checkpointed in the superblocks (a crash resumes), and the volume grows when
     /// that is done (clients see the new size when they connect again); a mirror gets a
     /// copy more, synced in full. The new members are checked and blanked and the pool file

@@ -40,9 +40,10 @@ fn layout_text(s: &Status) -> String {
         Layout::Stripe => format!("stripe, stripe unit {}", HumanBytes(s.stripe_unit)),
         Layout::Mirror => format!("mirror, {} copies", s.copies),
         Layout::Raid10 => format!(
-            "raid10, stripe unit {}, {} copies",
+            "raid10, stripe unit {}, {} copies, {} placement",
             HumanBytes(s.stripe_unit),
-            s.copies
+            s.copies,
+            s.placement.name()
         ),
     }
 }
@@ -168,6 +169,7 @@ pub fn to_json(s: &Status) -> Value {
     json!({
         "pool_id": s.pool_id,
         "layout": s.layout.name(),
+        "placement": s.placement.name(),
         "stripe_unit": stripe_unit,
         "copies": s.copies,
         "size": s.size,
@@ -206,6 +208,7 @@ mod tests {
         Status {
             pool_id: "00112233445566778899aabbccddeeff".into(),
             layout: Layout::Raid10,
+            placement: sluice_client::pool::Placement::Near,
             stripe_unit: 512 << 10,
             copies: 2,
             size: 8 << 30,
@@ -252,6 +255,7 @@ mod tests {
         let v = to_json(&s);
         assert_eq!((v["reshape"]["to_members"].clone(), v["reshape"]["rate_bytes_per_s"].clone()), (json!(4), json!(100 << 20)));
         assert_eq!(to_json(&sample())["reshape"], Value::Null);
+        assert_eq!(to_json(&sample())["placement"], "near");
     }
 
     #[test]
@@ -259,7 +263,7 @@ mod tests {
         let text = to_text(&sample());
         let expected = "\
 pool:     00112233445566778899aabbccddeeff
-layout:   raid10, stripe unit 512.00 KiB, 2 copies
+layout:   raid10, stripe unit 512.00 KiB, 2 copies, near placement
 size:     8589934592 (8.00 GiB)
 events:   7
 dirty:    3 regions of 4.00 MiB

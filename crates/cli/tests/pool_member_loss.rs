@@ -4,10 +4,9 @@
 mod common;
 use common::*;
 
-use common::pool::{Pool, MIB};
+use common::pool::{wait_states, Pool, MIB};
 use sluice_client::pool::MemberState;
 use sluice_client::{Client, Options, Uri};
-use std::time::{Duration, Instant};
 
 /// Data bytes per member after its 1 MiB of metadata: 8 write-intent regions of 4 MiB.
 const MEMBER_DATA: u64 = 32 * MIB;
@@ -28,19 +27,6 @@ async fn write_range(pool: &Client, shadow: &mut [u8], from: u64, to: u64, seed:
     }
 }
 
-async fn wait_for(pool: &Client, what: &str, ok: impl Fn(&[MemberState]) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let status = pool.pool_status().expect("a pool client has a pool status");
-        let states: Vec<MemberState> = status.members.iter().map(|m| m.state).collect();
-        if ok(&states) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: members still {states:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_member_is_resynced_with_only_what_it_missed() {
     let Pool { dir: _dir, mut members, spec } = Pool::raid10(MEMBER_DATA, "");
@@ -54,10 +40,10 @@ async fn a_killed_member_is_resynced_with_only_what_it_missed() {
     // which is 4 MiB of each set: one region of member 1's.
     members[1].kill();
     write_range(&pool, &mut shadow, 0, 8 * MIB, 2).await;
-    wait_for(&pool, "member 1 declared missing", |s| s[1] == MemberState::Missing).await;
+    wait_states(&pool, "member 1 declared missing", |s| s[1] == MemberState::Missing).await;
 
     members[1].start();
-    wait_for(&pool, "member 1 resynced", |s| s.iter().all(|&m| m == MemberState::InSync)).await;
+    wait_states(&pool, "member 1 resynced", |s| s.iter().all(|&m| m == MemberState::InSync)).await;
     let resynced = pool.pool_status().unwrap().resynced_bytes;
     assert!(resynced > 0 && resynced <= 8 * MIB, "resynced {resynced} bytes; member 1 missed at most two regions");
 

@@ -1,12 +1,23 @@
-//! Where each byte of the volume lives: stripe units go round the mirror sets ("near"
-//! layout), and every member of a set holds the same bytes at the same member offset.
+//! Where each byte of the volume lives: stripe units go round the mirror sets, and every
+//! member of a set holds the same bytes at the same member offset.
+//!
+//! Which members make up a set is the placement. "near" (md's default) keeps fixed sets of
+//! `copies` consecutive members, so a lost member's reads all fall on its partners. "offset"
+//! regroups the members every placement period of member offsets: for two copies, the
+//! periods go round the n - 1 pairings of the circle method (every two members share a set
+//! in exactly one of them); for more copies, members rotate past fixed seats the same way.
+//! A lost member's partners then differ from one period to the next, and a stream reads its
+//! share from all the survivors (with 4 members and one lost, 3 links of 4 instead of 2).
+//! Copies stay at the same member offset, so dirty regions, resync and scrub work per
+//! member offset as before; only "the members of this set" depends on the offset.
 
-use crate::limits::META_BYTES;
-use crate::spec::Layout;
+use crate::limits::{META_BYTES, RESYNC_CHUNK_BYTES};
+use crate::spec::{Layout, Placement};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Map {
     pub layout: Layout,
+    pub placement: Placement,
     /// Stripe unit; `u64::MAX` for a mirror (one set, no striping).
     pub unit: u64,
     pub copies: usize,
@@ -38,20 +49,75 @@ impl Map {
         if member_bytes == 0 {
             return Err(format!("the smallest member ({smallest_member} bytes) has no room for data after the 1 MiB metadata area"));
         }
-        Ok(Map { layout, unit, copies, sets, member_bytes })
+        Ok(Map { layout, placement: Placement::Near, unit, copies, sets, member_bytes })
+    }
+
+    /// Member offsets per placement period: a whole number of stripe units and of resync
+    /// chunks (which start at multiples of their size), so that no request piece, copy
+    /// chunk or scrub chunk spans two periods, and each has one set of members.
+    pub fn period(&self) -> u64 {
+        self.unit.max(RESYNC_CHUNK_BYTES)
+    }
+
+    /// How many different groupings of the members into sets the volume uses.
+    pub fn rotations(&self) -> usize {
+        if self.placement == Placement::Near || self.sets < 2 {
+            return 1;
+        }
+        let circle = (self.sets * self.copies - 1) as u64;
+        circle.min(self.member_bytes.div_ceil(self.period())) as usize
+    }
+
+    fn rotation(&self, member_offset: u64) -> usize {
+        match self.rotations() {
+            1 => 0,
+            _ => (member_offset / self.period() % (self.sets * self.copies - 1) as u64) as usize,
+        }
+    }
+
+    /// The members of set `set` at member offset `member_offset`, first copy first.
+    pub fn members_at(&self, set: usize, member_offset: u64) -> impl Iterator<Item = usize> + Clone + use<> {
+        let (map, r) = (*self, self.rotation(member_offset));
+        (0..self.copies).map(move |k| map.member(set, k, r))
+    }
+
+    /// Copy `k` of set `set` in rotation `r`: members sit on seats, the last one fixed and
+    /// the others turning one seat per rotation round a circle of n - 1.
+    fn member(&self, set: usize, k: usize, r: usize) -> usize {
+        if self.rotations() == 1 {
+            return set * self.copies + k;
+        }
+        let circle = self.sets * self.copies - 1;
+        let seat = match (self.copies, k) {
+            // The circle method: seat j faces seat -j, and seat 0 the fixed one.
+            (2, 0) => set,
+            (2, _) => circle - set,
+            _ => set * self.copies + k,
+        };
+        if seat == circle { circle } else { (seat + r) % circle }
+    }
+
+    /// The set that member `member` belongs to at member offset `member_offset`.
+    pub fn set_at(&self, member: usize, member_offset: u64) -> usize {
+        (0..self.sets).find(|&s| self.members_at(s, member_offset).any(|m| m == member)).expect("every member is in one set")
+    }
+
+    /// One member offset in each rotation, with every set there: together they name every
+    /// group of members that holds copies of the same bytes.
+    pub fn groups(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        (0..self.rotations()).flat_map(move |r| (0..self.sets).map(move |s| (s, r as u64 * self.period())))
+    }
+
+    /// The groups `member` belongs to: its set in each rotation, at a member offset there.
+    pub fn groups_of(&self, member: usize) -> impl Iterator<Item = (usize, u64)> + '_ {
+        (0..self.rotations()).map(move |r| {
+            let at = r as u64 * self.period();
+            (self.set_at(member, at), at)
+        })
     }
 
     pub fn size(&self) -> u64 {
         self.member_bytes * self.sets as u64
-    }
-
-    /// Members of set `set`.
-    pub fn members_of(&self, set: usize) -> std::ops::Range<usize> {
-        set * self.copies..(set + 1) * self.copies
-    }
-
-    pub fn set_of(&self, member: usize) -> usize {
-        member / self.copies
     }
 
     /// Splits `offset..offset + len` (inside the volume) at unit boundaries.
@@ -156,8 +222,66 @@ mod tests {
                 Piece { set: 1, member_offset: 4096, len: 10, at: 8202 },
             ]
         );
-        assert_eq!(m.members_of(1), 2..4);
-        assert_eq!(m.set_of(3), 1);
+        assert_eq!(m.members_at(1, 12345).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(m.set_at(3, 0), 1);
+        assert_eq!(m.groups().count(), 2);
+    }
+
+    fn offset(members: usize, copies: usize) -> Map {
+        let m = Map::new(Layout::Raid10, 64 << 10, copies, members, META_BYTES + (256 << 20)).unwrap();
+        Map { placement: Placement::Offset, ..m }
+    }
+
+    #[test]
+    fn offset_sets_split_the_members_in_every_period() {
+        for (n, c) in [(4, 2), (6, 2), (8, 2), (6, 3), (8, 4), (9, 3)] {
+            let m = offset(n, c);
+            assert_eq!(m.rotations(), n - 1);
+            for r in 0..2 * n as u64 {
+                let at = r * m.period() + 4096;
+                let mut all: Vec<usize> = (0..m.sets).flat_map(|s| m.members_at(s, at)).collect();
+                all.sort();
+                assert_eq!(all, (0..n).collect::<Vec<_>>(), "{n} members, {c} copies, period {r}");
+                for x in 0..n {
+                    assert!(m.members_at(m.set_at(x, at), at).any(|y| y == x));
+                }
+            }
+            for x in 0..n {
+                assert_eq!(m.groups_of(x).count(), n - 1);
+            }
+        }
+    }
+
+    #[test]
+    fn offset_pairs_every_two_members_once_per_round() {
+        for n in [4, 6, 10] {
+            let m = offset(n, 2);
+            let mut met = std::collections::BTreeMap::new();
+            for (s, at) in m.groups() {
+                let pair: Vec<usize> = m.members_at(s, at).collect();
+                *met.entry((pair[0].min(pair[1]), pair[0].max(pair[1]))).or_insert(0) += 1;
+            }
+            assert_eq!(met.len(), n * (n - 1) / 2, "{met:?}");
+            assert!(met.values().all(|&k| k == 1), "{met:?}");
+        }
+    }
+
+    #[test]
+    fn offset_spreads_a_lost_members_reads() {
+        // Member 0 lost; each survivor reads its own sets' halves and all of set-mates of 0.
+        let m = offset(4, 2);
+        let mut load = [0.0f64; 4];
+        for (s, at) in m.groups() {
+            let group: Vec<usize> = m.members_at(s, at).collect();
+            let alive: Vec<usize> = group.iter().copied().filter(|&x| x != 0).collect();
+            for &x in &alive {
+                load[x] += 1.0 / alive.len() as f64;
+            }
+        }
+        assert_eq!(load, [0.0, 2.0, 2.0, 2.0]);
+        let near = Map { placement: Placement::Near, ..m };
+        assert_eq!(near.rotations(), 1);
+        assert_eq!(near.members_at(0, 10 * m.period()).collect::<Vec<_>>(), vec![0, 1]);
     }
 
     #[test]

@@ -28,4 +28,4 @@ pub use coordinator::{
 };
 pub use layout::Map;
 pub use meta::{Owner, Role, Superblock};
-pub use spec::{Layout, PoolSpec};
+pub use spec::{Layout, Placement, PoolSpec};

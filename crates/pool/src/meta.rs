@@ -9,7 +9,7 @@
 
 use crate::limits::{BITMAP_BITS_MAX, MEMBERS_MAX, META_BLOCK_BYTES, REGION_MIN_BYTES};
 use crate::scrub_record::ScrubRecord;
-use crate::spec::Layout;
+use crate::spec::{Layout, Placement};
 
 const MAGIC: &[u8; 8] = b"SLUICEPL";
 const VERSION: u32 = 1;
@@ -24,6 +24,10 @@ const _: () = assert!(DEVICES_AT + MEMBERS_MAX * 8 + 4 <= META_BLOCK_BYTES as us
 /// (u64 units), the start (u64 unix seconds). Bytes 1792..2047 are the reshape's.
 const RESHAPE_AT: usize = 1792;
 const _: () = assert!(ROLES_AT + MEMBERS_MAX * ROLE_BYTES <= RESHAPE_AT && RESHAPE_AT + 24 <= 2048);
+
+/// The layout byte of a raid10 with offset placement: a sluice that does not know offset
+/// placement refuses the pool ("unknown layout") instead of reading it as "near".
+const RAID10_OFFSET_CODE: u8 = 4;
 
 /// A reshape in progress (`sluice pool grow`): the volume moves from the layout over the
 /// first `from_members` members to the layout over all of them, in increasing volume order.
@@ -66,6 +70,7 @@ pub struct Owner {
 pub struct Superblock {
     pub pool_id: [u8; 16],
     pub layout: Layout,
+    pub placement: Placement,
     pub copies: usize,
     pub index: usize,
     pub stripe_unit: u64,
@@ -115,7 +120,10 @@ impl Superblock {
         b[0..8].copy_from_slice(MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
         b[12..28].copy_from_slice(&self.pool_id);
-        b[28] = self.layout.code();
+        b[28] = match (self.layout, self.placement) {
+            (Layout::Raid10, Placement::Offset) => RAID10_OFFSET_CODE,
+            (layout, _) => layout.code(),
+        };
         b[29..31].copy_from_slice(&(self.copies as u16).to_le_bytes());
         b[31..33].copy_from_slice(&(self.roles.len() as u16).to_le_bytes());
         b[33..35].copy_from_slice(&(self.index as u16).to_le_bytes());
@@ -172,7 +180,10 @@ impl Superblock {
         if version != VERSION {
             return Err(format!("its pool superblock has version {version}; this sluice knows version {VERSION}"));
         }
-        let layout = Layout::from_code(b[28]).ok_or("its pool superblock names an unknown layout")?;
+        let (layout, placement) = match b[28] {
+            RAID10_OFFSET_CODE => (Layout::Raid10, Placement::Offset),
+            code => (Layout::from_code(code).ok_or("its pool superblock names an unknown layout")?, Placement::Near),
+        };
         let (copies, members, index) = (u16_at(29), u16_at(31), u16_at(33));
         if members == 0 || members > MEMBERS_MAX || index >= members || copies == 0 {
             return Err("its pool superblock has impossible member counts".into());
@@ -199,6 +210,7 @@ impl Superblock {
         let sb = Superblock {
             pool_id: b[12..28].try_into().unwrap(),
             layout,
+            placement,
             copies,
             index,
             stripe_unit: u64_at(40),
@@ -289,6 +301,7 @@ mod tests {
         Superblock {
             pool_id: [7; 16],
             layout: Layout::Raid10,
+            placement: Placement::Near,
             copies: 2,
             index: 3,
             stripe_unit: 512 << 10,
@@ -317,6 +330,9 @@ mod tests {
     fn superblock_round_trips() {
         let sb = sample();
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), Some(sb));
+        let offset = Superblock { placement: Placement::Offset, ..sample() };
+        assert_eq!(offset.encode()[28], RAID10_OFFSET_CODE);
+        assert_eq!(Superblock::decode(&offset.encode()).unwrap(), Some(offset));
         assert_eq!(Superblock::decode(&[0u8; 4096]).unwrap(), None);
     }
 

@@ -4,6 +4,7 @@
 //! layout = "raid10"          # "stripe" | "mirror" | "raid10" (stripe of mirrors)
 //! stripe-unit = "512K"       # stripe and raid10: power of two, >= 4K
 //! copies = 2                 # mirror and raid10 (default 2)
+//! placement = "offset"       # raid10: "near" (default) | "offset" (see layout.rs)
 //! members = ["nbd://10.0.0.1/disk", "nbd://10.0.0.2/disk"]
 //! spares = ["nbd://10.0.0.3/disk"]   # optional: take a missing member's place
 //! spare-after = "60s"        # optional: how long a member may be missing first
@@ -25,6 +26,26 @@ pub enum Layout {
     Mirror,
     /// Units spread over mirror sets of `copies` consecutive members ("near" layout).
     Raid10,
+}
+
+/// Which members of a raid10 hold the copies of a unit (see layout.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// Fixed mirror sets of `copies` consecutive members.
+    Near,
+    /// The members of each set change every placement period, so that a lost member's
+    /// copies lie on all the others.
+    Offset,
+}
+
+impl Placement {
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Near => "near",
+            Placement::Offset => "offset",
+        }
+    }
 }
 
 impl Layout {
@@ -57,6 +78,8 @@ impl Layout {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolSpec {
     pub layout: Layout,
+    /// Always `Near` but for a raid10 that asks for `offset`.
+    pub placement: Placement,
     /// Bytes per stripe unit (the whole member for a mirror).
     pub stripe_unit: u64,
     /// Copies of every byte (1 for a stripe).
@@ -108,6 +131,7 @@ pub fn append_members_in_text(text: &str, new: &[String]) -> Result<String, Stri
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct File {
     layout: Layout,
+    placement: Option<Placement>,
     stripe_unit: Option<String>,
     copies: Option<usize>,
     members: Vec<String>,
@@ -161,6 +185,11 @@ impl PoolSpec {
                 return Err(format!("member {m:?} is listed twice"));
             }
         }
+        let placement = match (file.layout, file.placement) {
+            (_, None) => Placement::Near,
+            (Layout::Raid10, Some(p)) => p,
+            (l, Some(p)) => return Err(format!("placement = {:?} is for raid10 only: a {} has no mirror sets to place", p.name(), l.name())),
+        };
         let stripe_unit = match (file.layout, &file.stripe_unit) {
             (Layout::Mirror, Some(_)) => return Err("stripe-unit makes no sense for a mirror".into()),
             (Layout::Mirror, None) => u64::MAX,
@@ -199,6 +228,7 @@ impl PoolSpec {
         };
         Ok(PoolSpec {
             layout: file.layout,
+            placement,
             stripe_unit,
             copies,
             members: file.members,
@@ -358,6 +388,9 @@ mod tests {
         assert_eq!((p.copies, p.sets(), p.stripe_unit), (1, 3, 512 << 10));
         let p = PoolSpec::parse(&format!("layout = \"mirror\"\ncopies = 3\nmember-timeout = \"250ms\"\n{}", members(3))).unwrap();
         assert_eq!((p.copies, p.sets(), p.member_timeout_ms), (3, 1, 250));
+        assert_eq!(p.placement, Placement::Near);
+        let p = PoolSpec::parse(&format!("layout = \"raid10\"\nplacement = \"offset\"\n{}", members(4))).unwrap();
+        assert_eq!((p.layout, p.placement), (Layout::Raid10, Placement::Offset));
     }
 
     #[test]
@@ -367,6 +400,8 @@ mod tests {
         assert!(err(format!("layout = \"stripe\"\nstripe-unit = \"48K\"\n{}", members(2))).contains("power of two"));
         assert!(err(format!("layout = \"stripe\"\nstripe-unit = \"2K\"\n{}", members(2))).contains("power of two"));
         assert!(err(format!("layout = \"raid10\"\n{}", members(3))).contains("multiple of 2"));
+        assert!(err(format!("layout = \"mirror\"\nplacement = \"offset\"\n{}", members(2))).contains("raid10 only"));
+        assert!(err(format!("layout = \"raid10\"\nplacement = \"far\"\n{}", members(4))).contains("placement"));
         assert!(err(format!("layout = \"mirror\"\ncopies = 3\n{}", members(2))).contains("exactly 3 members"));
         assert!(err(format!("layout = \"mirror\"\ncopies = 1\n{}", members(1))).contains("at least 2"));
         assert!(err(format!("layout = \"stripe\"\nstripes = 2\n{}", members(2))).contains("stripes"));

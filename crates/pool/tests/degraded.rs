@@ -9,6 +9,7 @@ const MB: u64 = 1 << 20;
 fn spec(layout: Layout, members: usize, copies: usize) -> PoolSpec {
     PoolSpec {
         layout,
+        placement: sluice_pool::Placement::Near,
         stripe_unit: if layout == Layout::Mirror { u64::MAX } else { 64 << 10 },
         copies,
         members: (0..members).map(|i| format!("nbd://node{i}/disk")).collect(),

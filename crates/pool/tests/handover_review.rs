@@ -12,6 +12,7 @@ use common::*;
 fn spec() -> PoolSpec {
     PoolSpec {
         layout: Layout::Mirror,
+        placement: sluice_pool::Placement::Near,
         stripe_unit: u64::MAX,
         copies: 2,
         members: vec!["m0".into(), "m1".into()],

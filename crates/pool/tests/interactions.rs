@@ -12,6 +12,7 @@ use common::*;
 fn spec() -> PoolSpec {
     PoolSpec {
         layout: Layout::Raid10,
+        placement: sluice_pool::Placement::Near,
         stripe_unit: 64 << 10,
         copies: 2,
         members: vec!["m0".into(), "m1".into(), "m2".into(), "m3".into()],

@@ -11,6 +11,7 @@ const MB: u64 = 1 << 20;
 fn spec(copies: usize, rate: u64) -> PoolSpec {
     PoolSpec {
         layout: Layout::Mirror,
+        placement: sluice_pool::Placement::Near,
         stripe_unit: u64::MAX,
         copies,
         members: (0..copies).map(|i| format!("m{i}")).collect(),

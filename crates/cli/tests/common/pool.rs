@@ -15,6 +15,21 @@ pub const META_BYTES: u64 = MIB;
 /// Far longer than any wait needs on a loaded two-core machine; reaching it is a bug.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
+/// Polls a pool client's member states every 50 ms until `ok` holds; panics with `what`
+/// and the states when `PATIENCE` runs out.
+pub async fn wait_states(pool: &sluice_client::Client, what: &str, ok: impl Fn(&[sluice_client::pool::MemberState]) -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = pool.pool_status().expect("a pool client has a pool status");
+        let states: Vec<_> = status.members.iter().map(|m| m.state).collect();
+        if ok(&states) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: members still {states:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Polls `check` every 50 ms until it yields a value; panics with `what` and the last
 /// thing `check` saw when `PATIENCE` runs out.
 pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {

@@ -9,7 +9,7 @@ use super::file::edit;
 use super::replace::{assemble_until, prepare};
 use crate::error::Error;
 use crate::uri::{Address, Uri};
-use sluice_pool::{Layout, MemberState, PoolSpec, Status};
+use sluice_pool::{Layout, MemberState, Placement, PoolSpec, Status};
 use std::path::Path;
 
 /// Where the work runs.
@@ -40,6 +40,11 @@ pub enum Grown {
 pub async fn grow(path: &Path, add: &[String], force: bool, place: GrowWhere, progress: impl Fn(&Status)) -> Result<Grown, Error> {
     let spec = PoolSpec::load(path).map_err(Error::Pool)?;
     let uris = check_new(&spec, add)?;
+    if spec.placement == Placement::Offset {
+        return Err(Error::Refused(
+            "a raid10 with placement = \"offset\" cannot be grown: its sets are regrouped by the member count, so growing would move every copy (make a new pool and copy the volume, or use placement \"near\")".into(),
+        ));
+    }
     if spec.layout == Layout::Stripe && place == GrowWhere::Auto {
         return Err(Error::Refused(
             "a stripe names no owner while it is served, so whether a server serves it cannot be told from here: add --served to edit the pool file and let the server that serves it reshape once reloaded (SIGHUP), or --offline to reshape here when no one does".into(),

@@ -82,6 +82,7 @@ mod tests {
         let sb = Superblock {
             pool_id: [1; 16],
             layout: Layout::Mirror,
+            placement: sluice_pool::Placement::Near,
             copies: 2,
             index: 0,
             stripe_unit: u64::MAX,

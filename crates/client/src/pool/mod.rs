@@ -41,4 +41,4 @@ pub use scrub_json::{report_from_json, report_to_json};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
 pub use sluice_pool::coordinator::{ScrubRange, ScrubReport};
-pub use sluice_pool::{Layout, MemberState, MemberStatus, PoolSpec, Replacing, ReshapeStatus, Status};
+pub use sluice_pool::{Layout, MemberState, MemberStatus, Placement, PoolSpec, Replacing, ReshapeStatus, Status};

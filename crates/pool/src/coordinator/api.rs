@@ -3,7 +3,7 @@
 
 use sluice_proto::Errno;
 
-use crate::spec::Layout;
+use crate::spec::{Layout, Placement};
 
 /// A request on the volume, already checked by the caller against the volume's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,6 +186,7 @@ pub struct MemberStatus {
 pub struct Status {
     pub pool_id: String,
     pub layout: Layout,
+    pub placement: Placement,
     pub stripe_unit: u64,
     pub copies: usize,
     /// Usable bytes of the volume.

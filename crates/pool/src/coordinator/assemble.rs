@@ -46,7 +46,7 @@ impl Coordinator {
                 return Err(format!("member {i} ({}) carries no pool metadata; a stripe cannot rebuild it", spec.members[i]));
             }
         }
-        let map = Map { layout: spec.layout, unit: auth.stripe_unit, copies: spec.copies, sets: spec.sets(), member_bytes: auth.member_bytes };
+        let map = Map { layout: spec.layout, placement: spec.placement, unit: auth.stripe_unit, copies: spec.copies, sets: spec.sets(), member_bytes: auth.member_bytes };
         let regions = auth.regions();
         let bits = dirty_union(&sbs, &found, &auth);
         let dirty = bits.iter().map(|w| w.count_ones() as u64).sum::<u64>();
@@ -195,28 +195,32 @@ impl Coordinator {
     /// A set with no in-sync member has no copy to serve its units from: the missing
     /// members are the only ones that may hold them.
     fn check_every_set_has_a_copy(&self) -> Result<(), String> {
-        for set in 0..self.map.sets {
-            if !self.map.members_of(set).any(|m| self.members[m].in_sync()) {
-                let names: Vec<String> = self.map.members_of(set).map(|m| format!("{} ({})", self.spec.members[m], self.member_state(m).name())).collect();
+        for (set, at) in self.map.groups() {
+            if self.first_in_sync(set, at).is_none() {
+                let names: Vec<String> = self.map.members_at(set, at).map(|m| format!("{} ({})", self.spec.members[m], self.member_state(m).name())).collect();
                 return Err(format!("no member of set {set} is in sync ({}): the pool cannot be served until one returns", names.join(", ")));
             }
         }
         Ok(())
     }
 
-    /// After a crash: every in-sync member but the first of its set gets the dirty regions
-    /// from the first.
+    /// After a crash: every in-sync member gets the dirty regions from the first in-sync
+    /// member of its set, except where it is that first member itself.
     fn reconcile_dirty(&mut self) {
         let dirty = self.dirty_regions();
         if dirty.is_empty() {
             return;
         }
-        for set in 0..self.map.sets {
-            let synced: Vec<usize> = self.map.members_of(set).filter(|&m| self.members[m].in_sync()).collect();
-            for &m in synced.iter().skip(1) {
+        for m in 0..self.members.len() {
+            if self.members[m].in_sync() && self.map.groups_of(m).any(|(set, at)| self.first_in_sync(set, at) != Some(m)) {
                 self.add_job(JobKind::Reconcile, m, dirty.clone());
             }
         }
+    }
+
+    /// The member of `set` at member offset `at` that copies and reads agree on.
+    pub(super) fn first_in_sync(&self, set: usize, at: u64) -> Option<usize> {
+        self.map.members_at(set, at).find(|&m| self.members[m].in_sync())
     }
 
     pub(super) fn dirty_regions(&self) -> BTreeSet<u64> {
@@ -232,7 +236,7 @@ impl Coordinator {
         }
         let job = Job {
             kind,
-            set: self.map.set_of(target),
+            place: target,
             target,
             cursor: todo.first().map(|&r| r * self.region_bytes),
             todo,

@@ -52,7 +52,7 @@ impl Coordinator {
         let total_bytes = todo.iter().map(|&r| self.region_len(r)).sum();
         let job = Job {
             kind: JobKind::Rebuild,
-            set: self.map.set_of(member),
+            place: member,
             target: h.shadow,
             cursor: Some(0),
             todo,
@@ -68,14 +68,14 @@ impl Coordinator {
         h.copied = false;
     }
 
-    /// The shadow a write to `set` also goes to, while one is connected.
-    pub(super) fn mirror_to(&self, set: usize) -> Option<usize> {
-        self.handover.as_ref().filter(|h| h.connected && self.map.set_of(h.member) == set).map(|h| h.shadow)
+    /// The shadow a write to `set` at member offset `at` also goes to, while one is connected.
+    pub(super) fn mirror_to(&self, set: usize, at: u64) -> Option<usize> {
+        self.handover.as_ref().filter(|h| h.connected && self.map.set_at(h.member, at) == set).map(|h| h.shadow)
     }
 
-    /// Writes to `set` wait while a copied shadow's last writes drain before the swap.
-    pub(super) fn swap_pending(&self, set: usize) -> bool {
-        self.handover.as_ref().is_some_and(|h| h.copied && self.map.set_of(h.member) == set)
+    /// Writes to `set` (at `at`) wait while a copied shadow's last writes drain before the swap.
+    pub(super) fn swap_pending(&self, set: usize, at: u64) -> bool {
+        self.handover.as_ref().is_some_and(|h| h.copied && self.map.set_at(h.member, at) == set)
     }
 
     /// The shadow failed or went silent: its copy ends, and starts again when it answers.

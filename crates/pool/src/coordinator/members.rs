@@ -87,9 +87,9 @@ impl Coordinator {
             _ => m.durable_events,
         };
         // The last in-sync copy of a set stays "active" while away: nothing can be written
-        // to the set without it, so it still holds the set's newest data when it returns.
-        let set = self.map.set_of(member);
-        let last = self.map.members_of(set).all(|x| x == member || !self.members[x].in_sync());
+        // to any of its sets without it (`write_refusal`), so it still holds their newest
+        // data when it returns.
+        let last = self.map.groups_of(member).any(|(set, at)| self.map.members_at(set, at).all(|x| x == member || !self.members[x].in_sync()));
         self.members[member].connected = false;
         if !(last && self.members[member].role == Role::Active) {
             self.members[member].role = Role::Missing { since };
@@ -130,9 +130,10 @@ impl Coordinator {
             return Some("the pool is being reshaped (grown): a live member can be replaced once that is done (a dead one can be now)".into());
         }
         for &m in members {
-            let set = self.map.set_of(m);
-            if !self.map.members_of(set).any(|x| !members.contains(&x) && self.members[x].in_sync()) {
-                return Some(format!("no member of set {set} that stays is in sync, so there is nothing to rebuild a new member from"));
+            for (set, at) in self.map.groups_of(m) {
+                if !self.map.members_at(set, at).any(|x| !members.contains(&x) && self.members[x].in_sync()) {
+                    return Some(format!("no member of set {set} that stays is in sync, so there is nothing to rebuild a new member from"));
+                }
             }
         }
         None
@@ -277,6 +278,7 @@ impl Coordinator {
         Superblock {
             pool_id: self.pool_id,
             layout: self.spec.layout,
+            placement: self.spec.placement,
             copies: self.spec.copies,
             index,
             stripe_unit: self.map.unit,

@@ -258,6 +258,7 @@ impl Coordinator {
         Status {
             pool_id: crate::meta::id_text(&self.pool_id),
             layout: self.spec.layout,
+            placement: self.spec.placement,
             stripe_unit: self.map.unit,
             copies: self.spec.copies,
             size: self.size(),

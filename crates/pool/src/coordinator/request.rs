@@ -125,7 +125,7 @@ impl Coordinator {
         if self.meta_kept && self.heartbeat == 0 {
             return false;
         }
-        if req.pieces.iter().any(|p| self.swap_pending(p.set)) {
+        if req.pieces.iter().any(|p| self.swap_pending(p.set, p.member_offset)) {
             return false;
         }
         !req.pieces.iter().any(|p| {
@@ -161,11 +161,8 @@ impl Coordinator {
             cmd => {
                 for i in 0..req.pieces.len() {
                     let p = &req.pieces[i];
-                    if !self.map.members_of(p.set).any(|m| self.members[m].in_sync()) {
-                        // Only a copy being rebuilt is there: it must not get writes the
-                        // set's in-sync copy lacks when it returns.
-                        let f = Failure::io(format!("set {} has no in-sync member", p.set));
-                        req.failure.get_or_insert(f);
+                    if let Some(why) = self.write_refusal(p.set, p.member_offset) {
+                        req.failure.get_or_insert(Failure::io(why));
                         continue;
                     }
                     let p = &req.pieces[i];
@@ -180,7 +177,7 @@ impl Coordinator {
                         Command::Write { .. } => Data::Request { req: id, at: p.at },
                         _ => Data::None,
                     };
-                    for m in self.map.members_of(p.set) {
+                    for m in self.map.members_at(p.set, p.member_offset) {
                         if self.members[m].live() {
                             req.pieces[i].tried |= 1 << m;
                             req.pieces[i].out += 1;
@@ -188,7 +185,7 @@ impl Coordinator {
                             self.issue(m, mcmd, data.clone(), Purpose::Piece { req: id, piece: i });
                         }
                     }
-                    if let Some(shadow) = self.mirror_to(req.pieces[i].set) {
+                    if let Some(shadow) = self.mirror_to(req.pieces[i].set, req.pieces[i].member_offset) {
                         req.out += 1;
                         self.issue(shadow, mcmd, data, Purpose::ShadowPiece { req: id });
                     }
@@ -229,13 +226,26 @@ impl Coordinator {
         self.issue(m, MemberCmd::Read { offset, len }, Data::Request { req: id, at }, Purpose::Piece { req: id, piece: i });
     }
 
+    /// Why a write to `set` at member offset `at` must fail, if it must. With no in-sync
+    /// member, only a copy being rebuilt is there: it must not get writes the set's in-sync
+    /// copy lacks when it returns. An in-sync member that is away (the last copy of some
+    /// set) returns in sync with all its sets, so none of them may take writes without it.
+    fn write_refusal(&self, set: usize, at: u64) -> Option<String> {
+        if let Some(m) = self.map.members_at(set, at).find(|&m| self.members[m].role == Role::Active && !self.members[m].connected) {
+            return Some(format!("member {m} ({}), the last in-sync copy of part of the volume, is away", self.spec.members[m]));
+        }
+        self.first_in_sync(set, at).is_none().then(|| format!("set {set} has no in-sync member"))
+    }
+
     /// The member a read of set `set` goes to: an in-sync one that no copy job still has to
     /// bring up to date there, least busy first; if every in-sync member has such a job
-    /// (its source failed), the first of them, so successive reads agree.
+    /// (its source failed), the first of them, so successive reads agree. The set's first
+    /// in-sync member is the source of every copy into it, so it is never behind there.
     pub(super) fn reader(&self, set: usize, start: u64, len: u64, tried: u64) -> Option<usize> {
         let (first, last) = (start / self.region_bytes, (start + len - 1) / self.region_bytes);
-        let synced = self.map.members_of(set).filter(|&m| self.members[m].in_sync() && tried >> m & 1 == 0);
-        let behind = |m: usize| self.jobs.iter().flatten().any(|j| j.target == m && j.todo.range(first..=last).next().is_some());
+        let source = self.first_in_sync(set, start);
+        let synced = self.map.members_at(set, start).filter(|&m| self.members[m].in_sync() && tried >> m & 1 == 0);
+        let behind = |m: usize| Some(m) != source && self.jobs.iter().flatten().any(|j| j.target == m && j.todo.range(first..=last).next().is_some());
         let busy = |m: usize| self.ops.values().filter(|o| o.member == m).count();
         let clean = synced.clone().filter(|&m| !behind(m)).min_by_key(|&m| (busy(m), m));
         clean.or_else(|| synced.min())
@@ -331,13 +341,13 @@ impl Coordinator {
                 }
             }
             Command::Flush => {
-                match (0..self.map.sets).find(|&s| !self.map.members_of(s).any(|m| synced(m) && r.flushed >> m & 1 == 1)) {
-                    Some(s) => Err(Failure::io(format!("no in-sync member of set {s} completed the flush"))),
+                match self.map.groups().find(|&(s, at)| !self.map.members_at(s, at).any(|m| synced(m) && r.flushed >> m & 1 == 1)) {
+                    Some((s, _)) => Err(Failure::io(format!("no in-sync member of set {s} completed the flush"))),
                     None => Ok(()),
                 }
             }
             _ => {
-                let lost = r.pieces.iter().find(|p| !self.map.members_of(p.set).any(|m| synced(m) && p.done >> m & 1 == 1));
+                let lost = r.pieces.iter().find(|p| !self.map.members_at(p.set, p.member_offset).any(|m| synced(m) && p.done >> m & 1 == 1));
                 match lost {
                     None => Ok(()),
                     Some(p) => Err(Failure::io(format!(
@@ -363,6 +373,6 @@ impl Coordinator {
     /// Roles of the members of a set, for the tests' eyes.
     #[allow(dead_code)]
     pub(super) fn roles_of(&self, set: usize) -> Vec<Role> {
-        self.map.members_of(set).map(|m| self.members[m].role).collect()
+        self.map.members_at(set, 0).map(|m| self.members[m].role).collect()
     }
 }

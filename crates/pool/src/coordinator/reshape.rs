@@ -362,7 +362,7 @@ impl Coordinator {
         let Some(c) = r.units.get(&unit) else { return };
         let (layout, copy) = (r.layout, c.copy);
         let p = layout.to.pieces(unit * layout.to.unit, layout.to.unit).next().expect("a whole unit");
-        let targets: Vec<usize> = self.map.members_of(p.set).filter(|&m| self.members[m].live()).collect();
+        let targets: Vec<usize> = self.map.members_at(p.set, p.member_offset).filter(|&m| self.members[m].live()).collect();
         if !ok || targets.is_empty() || self.fenced.is_some() {
             return self.drop_unit(unit);
         }

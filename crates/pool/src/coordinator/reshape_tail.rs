@@ -64,7 +64,7 @@ impl Coordinator {
             while at < self.map.member_bytes {
                 let len = (self.map.member_bytes - at).min(RESHAPE_ZERO_CHUNK_BYTES);
                 let cmd = MemberCmd::Zero { offset: META_BYTES + at, len, fua: true, may_trim: true };
-                for m in self.map.members_of(set).filter(|&m| self.members[m].live()).collect::<Vec<_>>() {
+                for m in self.map.members_at(set, at).filter(|&m| self.members[m].live()).collect::<Vec<_>>() {
                     self.issue(m, cmd, Data::None, Purpose::ReshapeZero);
                     out += 1;
                 }

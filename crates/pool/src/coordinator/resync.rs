@@ -8,6 +8,16 @@ use super::Coordinator;
 use crate::limits::{CLEAN_DELAY_MS, META_BLOCK_BYTES, META_BYTES, RESYNC_CHUNK_BYTES, RESYNC_STEPS_MAX};
 use crate::meta::Role;
 
+/// Where a copy job's chunk comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    Member(usize),
+    /// The target is its set's first in-sync member there: nothing to copy.
+    Itself,
+    /// No member of the set is in sync: the chunk waits.
+    Nothing,
+}
+
 impl Coordinator {
     /// The end of the copy chunk that starts at member offset `start`.
     pub(super) fn chunk_end(&self, start: u64) -> u64 {
@@ -15,26 +25,18 @@ impl Coordinator {
         (start + RESYNC_CHUNK_BYTES).min(region_end).min(self.map.member_bytes)
     }
 
-    /// Where job `j` copies from: the first in-sync member of its set that no job is still
-    /// bringing up to date. When a reconcile lost its source, the first in-sync member of
-    /// the set becomes the source and its own reconcile ends (either copy of an unanswered
-    /// write is a valid answer; what matters is that reads then agree).
-    fn source_of(&mut self, j: usize) -> Option<usize> {
-        let job = self.jobs[j].as_ref()?;
-        let (set, target) = (job.set, job.target);
-        let behind = |c: &Coordinator, m: usize| c.jobs.iter().flatten().any(|x| x.target == m);
-        let synced: Vec<usize> = self.map.members_of(set).filter(|&m| self.members[m].in_sync()).collect();
-        if let Some(&m) = synced.iter().find(|&&m| m != target && !behind(self, m)) {
-            return Some(m);
+    /// Where job `j` copies its chunk at member offset `start` from: the first in-sync
+    /// member of the set its place belongs to there. A reconcile's target that is that
+    /// member already holds what the others are made equal to. When a reconcile's source
+    /// fails, the next in-sync member takes over as the source (either copy of an
+    /// unanswered write is a valid answer; what matters is that reads then agree).
+    fn source_of(&self, j: usize, start: u64) -> Source {
+        let Some(job) = self.jobs[j].as_ref() else { return Source::Nothing };
+        match self.first_in_sync(self.map.set_at(job.place, start), start) {
+            None => Source::Nothing,
+            Some(m) if m == job.target => Source::Itself,
+            Some(m) => Source::Member(m),
         }
-        let first = *synced.first()?;
-        if let Some(k) = self.jobs.iter().position(|x| x.as_ref().is_some_and(|x| x.target == first && x.kind == JobKind::Reconcile)) {
-            if self.jobs[k].as_ref().is_some_and(|x| x.chunks.is_empty()) {
-                self.end_job(k);
-                return if first == target { None } else { Some(first) };
-            }
-        }
-        None
     }
 
     /// Starts what the copy jobs may start now; finishes jobs that are through.
@@ -62,15 +64,16 @@ impl Coordinator {
             while self.locks.len() < RESYNC_STEPS_MAX {
                 let Some(job) = self.jobs[j].as_ref() else { break };
                 let Some(start) = job.cursor.filter(|_| !job.flushing) else { break };
-                if !self.has_source(j) {
+                let source = self.source_of(j, start);
+                if source == Source::Nothing {
                     break;
                 }
                 let end = self.chunk_end(start);
-                if !self.pace_allows(end - start) {
+                let copies = source != Source::Itself;
+                if copies && !self.pace_allows(end - start) {
                     return moved;
                 }
-                self.paced_bytes += end - start;
-                let set = job.set;
+                let set = self.map.set_at(job.place, start);
                 let next = if !end.is_multiple_of(self.region_bytes) && end < self.map.member_bytes {
                     Some(end)
                 } else {
@@ -78,13 +81,18 @@ impl Coordinator {
                 };
                 let job = self.jobs[j].as_mut().expect("checked above");
                 job.cursor = next;
-                if !job.chunks.insert(start) {
+                moved = true;
+                if job.chunks.contains(&start) {
                     // Still being copied from before a rewind: nothing to start again.
-                    self.paced_bytes -= end - start;
                     continue;
                 }
+                if !copies {
+                    self.chunk_done(j, start);
+                    continue;
+                }
+                job.chunks.insert(start);
+                self.paced_bytes += end - start;
                 self.locks.push(Lock { set, start, end, job: j, held: false });
-                moved = true;
             }
         }
         moved | self.start_held_locks()
@@ -101,15 +109,25 @@ impl Coordinator {
             if self.running_write_overlaps(l.set, l.start, l.end) || self.reshape_copying() {
                 continue;
             }
-            let Some(source) = self.source_of(l.job) else {
-                // No copy to read from (the set's last in-sync member is away): let writes
-                // through to fail, and copy this chunk again later.
-                self.drop_lock(job, start);
-                moved = true;
-                continue;
+            moved = true;
+            let source = match self.source_of(l.job, l.start) {
+                Source::Member(m) => m,
+                Source::Nothing => {
+                    // No copy to read from (the set's last in-sync member is away): let
+                    // writes through to fail, and copy this chunk again later.
+                    self.drop_lock(job, start);
+                    continue;
+                }
+                Source::Itself => {
+                    // The target became its set's source since: nothing to copy.
+                    self.locks.remove(i);
+                    if let Some(job) = self.jobs[job].as_mut() {
+                        job.chunks.remove(&start);
+                    }
+                    self.chunk_done(job, start);
+                    continue;
+                }
             };
-            // Finding a source may have ended a job, and its locks with it.
-            let Some(i) = self.locks.iter().position(|l| l.job == job && l.start == start) else { continue };
             self.locks[i].held = true;
             let copy = CopyId(self.fresh_id());
             let cmd = MemberCmd::Read { offset: META_BYTES + l.start, len: l.end - l.start };
@@ -119,10 +137,11 @@ impl Coordinator {
         moved
     }
 
-    /// Whether job `j`'s set has an in-sync member to copy from.
+    /// Whether job `j` can move: its next chunk has a copy to read from (or it waits only
+    /// for what it has started).
     pub(super) fn has_source(&self, j: usize) -> bool {
         let Some(job) = self.jobs[j].as_ref() else { return false };
-        self.map.members_of(job.set).any(|m| m != job.target && self.members[m].in_sync())
+        job.cursor.is_none_or(|c| self.source_of(j, c) != Source::Nothing)
     }
 
     /// Gives up a chunk that has not started copying; the job comes back to it.
@@ -159,13 +178,19 @@ impl Coordinator {
     fn chunk_over(&mut self, j: usize, chunk: u64, copy: CopyId, copied: bool) {
         self.actions.push_back(Action::Release { copy });
         self.locks.retain(|l| !(l.job == j && l.start == chunk));
-        let (len, region_bytes) = (self.chunk_end(chunk) - chunk, self.region_bytes);
         let Some(job) = self.jobs.get_mut(j).and_then(Option::as_mut) else { return };
         job.chunks.remove(&chunk);
         if !copied {
             job.cursor = Some(job.cursor.map_or(chunk, |c| c.min(chunk)));
             return;
         }
+        self.chunk_done(j, chunk);
+    }
+
+    /// The target holds chunk `chunk` now (copied, or its own copy is the source's).
+    fn chunk_done(&mut self, j: usize, chunk: u64) {
+        let (len, region_bytes) = (self.chunk_end(chunk) - chunk, self.region_bytes);
+        let Some(job) = self.jobs.get_mut(j).and_then(Option::as_mut) else { return };
         job.done_bytes += len;
         self.resynced_bytes += len;
         let r = chunk / region_bytes;

@@ -113,11 +113,12 @@ impl Coordinator {
         self.scrub.job.as_ref().is_some_and(|j| j.chunks.values().any(|c| c.held) || j.flushes_out.is_some_and(|n| n > 0))
     }
 
-    /// The members whose copy of `region` of `set` holds every acknowledged write: in
-    /// sync, and no copy job still has to bring it up to date there.
-    fn scrub_copies(&self, set: usize, region: u64) -> Vec<usize> {
+    /// The members whose copy of `set` at member offset `at` holds every acknowledged
+    /// write: in sync, and no copy job still has to bring it up to date there.
+    fn scrub_copies(&self, set: usize, at: u64) -> Vec<usize> {
+        let region = at / self.region_bytes;
         let behind = |m: usize| self.jobs.iter().flatten().any(|j| j.target == m && j.todo.contains(&region));
-        self.map.members_of(set).filter(|&m| self.members[m].in_sync() && !behind(m)).collect()
+        self.map.members_at(set, at).filter(|&m| self.members[m].in_sync() && !behind(m)).collect()
     }
 
     /// Chunks whose range no running write touches start reading every copy.
@@ -131,8 +132,8 @@ impl Coordinator {
                 continue;
             }
             moved = true;
-            let mut copies = self.scrub_copies(set, start / self.region_bytes);
-            if let Some(f) = from.filter(|&f| self.map.set_of(f) == set) {
+            let mut copies = self.scrub_copies(set, start);
+            if let Some(f) = from.filter(|&f| self.map.set_at(f, start) == set) {
                 if !copies.contains(&f) {
                     self.cut_scrub(format!("member {f} ({}), the source of the repair, is no longer in sync", self.spec.members[f]));
                     return true;
@@ -168,7 +169,7 @@ impl Coordinator {
         }
         let failed: Vec<CopyId> = chunk.reads.iter().filter(|r| r.2 == Some(false)).map(|r| r.1).collect();
         chunk.reads.retain(|r| r.2 == Some(true));
-        let source_lost = from.is_some_and(|f| self.map.set_of(f) == chunk.set && chunk.reads.first().is_none_or(|r| r.0 != f));
+        let source_lost = from.is_some_and(|f| self.map.set_at(f, chunk.start) == chunk.set && chunk.reads.first().is_none_or(|r| r.0 != f));
         let (copies, enough) = (chunk.reads.iter().map(|r| r.1).collect::<Vec<_>>(), chunk.reads.len() >= 2);
         for copy in failed {
             self.actions.push_back(Action::Release { copy });

@@ -117,10 +117,13 @@ pub(super) enum JobKind {
     Reconcile,
 }
 
-/// Copying regions from a set's source to one target member.
+/// Copying regions to one target member, each chunk from the first in-sync member of the
+/// set that `place` belongs to there.
 pub(super) struct Job {
     pub kind: JobKind,
-    pub set: usize,
+    /// The member whose sets the target copies: the target itself, or the member that a
+    /// live replacement's shadow takes over from.
+    pub place: usize,
     pub target: usize,
     /// Regions still to copy (the one being copied included).
     pub todo: BTreeSet<u64>,

@@ -5,7 +5,7 @@ use super::api::{Found, MemberState, MemberStatus, ReshapeStatus, Status};
 use crate::layout::Map;
 use crate::limits::META_BLOCK_BYTES;
 use crate::meta::{bitmap_blocks, bitmap_words, id_text, region_bytes, Owner, Role, Superblock};
-use crate::spec::{Layout, PoolSpec};
+use crate::spec::{Layout, Placement, PoolSpec};
 
 /// Each member's superblock (`Ok(None)`: blank), or why the pool cannot be assembled.
 pub(super) fn decode_all(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Vec<Option<Superblock>>, String> {
@@ -41,6 +41,16 @@ pub(super) fn authority<'a>(spec: &PoolSpec, sbs: &'a [Option<Superblock>]) -> R
             return Err(format!("{who} was initialised as member {}: the member list's order changed", sb.index));
         }
         let unit = if spec.layout == Layout::Mirror { u64::MAX } else { spec.stripe_unit };
+        if sb.placement != spec.placement {
+            return Err(format!(
+                "{who} was initialised with placement \"{}\", but the pool file says \"{}\" (placement cannot change: it moves every copy)",
+                sb.placement.name(),
+                spec.placement.name()
+            ));
+        }
+        if spec.placement != Placement::Near && grown_shape(spec, sb) {
+            return Err(format!("{who}: the pool file names more members than the pool has, and a raid10 with offset placement cannot be grown (its sets are regrouped by the member count)"));
+        }
         if sb.layout != spec.layout || !(same_shape(spec, sb) || grown_shape(spec, sb)) || sb.stripe_unit != unit {
             return Err(format!(
                 "{who} was initialised as {} with {} members and {} copies, but the pool file says {} with {} members and {} copies",
@@ -114,6 +124,7 @@ pub(crate) fn format_with(spec: &PoolSpec, found: &[Found], pool_id: [u8; 16], f
             let sb = Superblock {
                 pool_id,
                 layout: spec.layout,
+                placement: spec.placement,
                 copies: spec.copies,
                 index,
                 stripe_unit: unit,
@@ -181,6 +192,7 @@ pub fn survey(spec: &PoolSpec, found: &[Option<Found>]) -> Result<Status, String
     Ok(Status {
         pool_id: id_text(&auth.pool_id),
         layout: auth.layout,
+        placement: auth.placement,
         stripe_unit: auth.stripe_unit,
         copies: auth.copies,
         size: reshape.map_or(auth.member_bytes * (auth.members() / auth.copies) as u64, |r| r.total_bytes),

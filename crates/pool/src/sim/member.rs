@@ -177,8 +177,8 @@ impl SimMember {
     }
 
     /// Data sectors that differ between two members.
-    pub fn differs(&self, other: &SimMember) -> Option<u64> {
-        let keys: BTreeSet<u64> = self.data.keys().chain(other.data.keys()).copied().collect();
+    pub fn differs_in(&self, other: &SimMember, sectors: std::ops::Range<u64>) -> Option<u64> {
+        let keys: BTreeSet<u64> = self.data.range(sectors.clone()).chain(other.data.range(sectors)).map(|(&s, _)| s).collect();
         keys.into_iter().find(|&s| self.sector(s) != other.sector(s))
     }
 

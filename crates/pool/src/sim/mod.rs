@@ -15,7 +15,9 @@ mod grow;
 mod member;
 mod model;
 mod restart;
+mod report;
 mod scrub;
+mod sets;
 
 use std::collections::BTreeMap;
 
@@ -25,32 +27,8 @@ use crate::meta::Superblock;
 use crate::spec::{Layout, PoolSpec};
 use member::{Done, Health, Pending, SimMember, SECTOR};
 use model::Model;
+pub use report::Report;
 pub use sluice_proto::rng::Rng;
-
-/// What a run did, for the test's message.
-#[derive(Debug, Default)]
-pub struct Report {
-    pub layout: &'static str,
-    pub requests: u64,
-    pub faults: u64,
-    pub coordinator_crashes: u64,
-    /// Coordinators assembled with a member left out (`--degraded`).
-    pub degraded_starts: u64,
-    /// Members replaced by blank ones.
-    pub replacements: u64,
-    /// Of those, live ones that took their member's place after a copy.
-    pub handovers: u64,
-    /// Members replaced by a spare after being missing too long.
-    pub spares_taken: u64,
-    /// Coordinators stopped cleanly and assembled again mid-run.
-    pub clean_restarts: u64,
-    pub resynced_bytes: u64,
-    /// Pools grown (`pool grow`), and coordinator crashes while one reshaped.
-    pub grows: u64,
-    pub reshape_crashes: u64,
-    /// Faults of any kind (member losses, stalls, failed operations) while a reshape ran.
-    pub reshape_faults: u64,
-}
 
 struct Req {
     cmd: Command,
@@ -93,7 +71,8 @@ const GROW_MEMBER_DATA_BYTES: u64 = 8 << 20;
 
 /// Whether and at which step this run grows its pool.
 fn plan_grow(rng: &mut Rng, spec: &mut PoolSpec) -> Option<u64> {
-    if rng.below(2) == 0 {
+    // An offset placement cannot be grown (its sets depend on the member count).
+    if rng.below(2) == 0 || spec.placement == crate::spec::Placement::Offset {
         return None;
     }
     if spec.layout != Layout::Mirror {
@@ -107,12 +86,17 @@ fn spec_for(rng: &mut Rng) -> PoolSpec {
         0 => (Layout::Stripe, 2 + rng.below(2) as usize, 1),
         1 => (Layout::Mirror, 2, 2),
         2 => (Layout::Mirror, 3, 3),
-        _ => (Layout::Raid10, 4, 2),
+        _ => (Layout::Raid10, 4 + 2 * rng.below(2) as usize, 2),
+    };
+    let placement = match layout == Layout::Raid10 && rng.below(2) == 0 {
+        true => crate::spec::Placement::Offset,
+        false => crate::spec::Placement::Near,
     };
     let unit = if layout == Layout::Mirror { u64::MAX } else { 4096 << rng.below(6) };
     let spares = if layout.redundant() { rng.below(3) as usize } else { 0 };
     PoolSpec {
         layout,
+        placement,
         stripe_unit: unit,
         copies,
         members: (0..members).map(|i| format!("sim://member{i}")).collect(),
@@ -163,7 +147,8 @@ impl World {
         }
         let found = members.iter().map(|m| Some(Found { size: m.size, meta: m.meta.clone(), read_only: false })).collect();
         let coord = Coordinator::assemble(&spec, found, session(1), false, 0)?;
-        let report = Report { layout: spec.layout.name(), ..Report::default() };
+        let offset = spec.placement == crate::spec::Placement::Offset;
+        let report = Report { layout: if offset { "raid10 offset" } else { spec.layout.name() }, offset_runs: offset as u64, ..Report::default() };
         let mut w = World {
             rng,
             now: 0,
@@ -329,11 +314,9 @@ impl World {
         }
         let status = self.coord.status();
         let redundant = self.spec.layout.redundant();
-        let copies = self.spec.copies;
         let candidates: Vec<usize> = (0..self.spec.members.len())
             .filter(|&m| {
-                let set = m / copies * copies..(m / copies + 1) * copies;
-                !redundant || set.clone().all(|x| status.members[x].state == MemberState::InSync && self.members[x].health == Health::Up && !self.members[x].fail_next)
+                !redundant || self.mates(m).into_iter().all(|x| status.members[x].state == MemberState::InSync && self.members[x].health == Health::Up && !self.members[x].fail_next)
             })
             .collect();
         if candidates.is_empty() {
@@ -375,7 +358,6 @@ impl World {
     /// tell which copy is stale, and it reconciles from the first in-sync member of a set.
     fn power_loss_unrecorded(&mut self) -> bool {
         let status = self.coord.status();
-        let copies = self.spec.copies;
         for (m, member) in self.members.iter_mut().enumerate().take(status.members.len()) {
             if status.members[m].state == MemberState::InSync {
                 // Rebuilt since (the last copy flushed before it counted as in sync).
@@ -383,8 +365,7 @@ impl World {
             }
         }
         (0..self.spec.members.len()).filter(|&m| self.members[m].power_lost).any(|m| {
-            let set = m / copies * copies..(m / copies + 1) * copies;
-            !set.filter(|&x| x != m).any(|x| match Superblock::decode(&self.members[x].meta) {
+            !self.mates(m).into_iter().filter(|&x| x != m).any(|x| match Superblock::decode(&self.members[x].meta) {
                 Ok(Some(sb)) => sb.roles.get(m).is_some_and(|r| *r != crate::meta::Role::Active),
                 _ => false,
             })
@@ -553,14 +534,7 @@ impl World {
                 return Err(format!("reading back volume offset {offset} failed with every member healthy"));
             }
         }
-        for set in 0..self.spec.sets() {
-            let first = set * self.spec.copies;
-            for m in first + 1..first + self.spec.copies {
-                if let Some(s) = self.members[first].differs(&self.members[m]) {
-                    return Err(format!("members {first} and {m} differ at data sector {s} after resync"));
-                }
-            }
-        }
+        self.copies_agree()?;
         self.stop_cleanly()?;
         for (i, m) in self.members.iter().enumerate() {
             match Superblock::decode(&m.meta[..META_BYTES as usize]) {
@@ -587,18 +561,7 @@ mod tests {
             return;
         }
         for seed in 0..seeds {
-            let r = run(Rng::seeded(seed)).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-            totals.requests += r.requests;
-            totals.faults += r.faults;
-            totals.coordinator_crashes += r.coordinator_crashes;
-            totals.degraded_starts += r.degraded_starts;
-            totals.replacements += r.replacements;
-            totals.handovers += r.handovers;
-            totals.spares_taken += r.spares_taken;
-            totals.resynced_bytes += r.resynced_bytes;
-            totals.grows += r.grows;
-            totals.reshape_crashes += r.reshape_crashes;
-            totals.reshape_faults += r.reshape_faults;
+            totals.add(&run(Rng::seeded(seed)).unwrap_or_else(|e| panic!("seed {seed}: {e}")));
         }
         eprintln!("{seeds} seeds: {totals:?}");
         // The runs must actually have exercised failures, not just passed quietly.
@@ -607,6 +570,7 @@ mod tests {
         assert!(seeds < 20 || totals.replacements > 0, "no run replaced a member: {totals:?}");
         assert!(seeds < 20 || totals.handovers > 0, "no live replacement took its member's place: {totals:?}");
         assert!(seeds < 20 || totals.spares_taken > 0, "no run took a spare: {totals:?}");
+        assert!(seeds < 20 || totals.offset_faults > 0, "no run of an offset placement had a fault: {totals:?}");
         assert!(seeds < 20 || (totals.grows > 0 && totals.reshape_crashes > 0 && totals.reshape_faults > 0), "no run grew a pool with crashes and faults mid-reshape: {totals:?}");
     }
 }
@@ -672,6 +636,7 @@ mod takeover {
     fn spec_for_mirror() -> PoolSpec {
         PoolSpec {
             layout: Layout::Mirror,
+            placement: crate::spec::Placement::Near,
             stripe_unit: u64::MAX,
             copies: 2,
             members: vec!["sim://a".into(), "sim://b".into()],

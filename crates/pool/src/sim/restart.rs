@@ -67,9 +67,7 @@ impl World {
     pub(super) fn handover_at_risk(&self) -> bool {
         let Some((m, _)) = self.shadow else { return false };
         let status = self.coord.status();
-        let copies = self.spec.copies;
-        let set = m / copies * copies..(m / copies + 1) * copies;
-        set.filter(|&x| x != m).any(|x| {
+        self.mates(m).into_iter().filter(|&x| x != m).any(|x| {
             let s = &self.members[x];
             status.members[x].state != MemberState::InSync || s.power_lost || s.fail_next || s.health != Health::Up
         })

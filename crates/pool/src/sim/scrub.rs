@@ -53,10 +53,11 @@ impl World {
         let mut expected = Vec::new();
         for _ in 0..1 + self.rng.below(4) {
             let set = self.rng.below(self.spec.sets() as u64) as usize;
-            let m = set * self.spec.copies + self.rng.below(self.spec.copies as u64) as usize;
             // Most in the hot part the workload writes, some anywhere.
             let span = if self.rng.below(2) == 0 { member_sectors / 8 } else { member_sectors };
             let s = self.rng.below(span);
+            let k = self.rng.below(self.spec.copies as u64) as usize;
+            let m = self.map().members_at(set, s * SECTOR).nth(k).expect("a set has its copies");
             let vs = self.volume_offset(set, s * SECTOR) / SECTOR;
             if self.diverged.contains(&vs) {
                 continue;
@@ -172,7 +173,7 @@ pub fn run_scrub(rng: Rng, faults: bool) -> Result<(u64, u64), String> {
         }
         // The repair flushed what it rewrote (the workload leaves those sectors alone).
         for r in expected.iter().filter(|_| !faults) {
-            for m in r.set * w.spec.copies..(r.set + 1) * w.spec.copies {
+            for m in w.map().members_at(r.set, r.start) {
                 if !w.members[m].durable_as_read(r.start / SECTOR) {
                     return Err(format!("member {m}'s repaired sector {} is not durable after the repair", r.start / SECTOR));
                 }

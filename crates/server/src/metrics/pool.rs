@@ -145,6 +145,7 @@ mod tests {
         Status {
             pool_id: "00".repeat(16),
             layout: Layout::Mirror,
+            placement: sluice_client::pool::Placement::Near,
             stripe_unit: u64::MAX,
             copies: 2,
             size: 1 << 30,
