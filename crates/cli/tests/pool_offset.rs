@@ -1,7 +1,8 @@
 //! A raid10 with `placement = "offset"`: the copies of a member's units lie on every other
 //! member (a different partner each 1 MiB period), the pool survives the loss of any one
 //! member with every byte readable and every write taken, each returning member is
-//! resynced, a check finds the copies equal afterwards, and growing it is refused.
+//! resynced, a check finds the copies equal afterwards; replacing a member whose partner
+//! somewhere is gone is refused, and so is growing it.
 mod common;
 use common::*;
 
@@ -65,6 +66,12 @@ async fn offset_placement_survives_the_loss_of_any_one_member() {
         }
         assert!(period(pairs[0].0, p) != period(pairs[1].0, p), "period {p}: the two sets hold different units");
     }
+
+    // With member 1 gone, member 3 has no other copy in the period where they are paired
+    // (near would allow it: its set is {2,3}).
+    members[1].kill();
+    let (ok, out, err) = run(SLUICE, &["pool", "replace", &spec, &members[3].uri(), "nbd://node9/disk"]);
+    assert!(!ok && err.contains("nothing is left to rebuild"), "pool replace of member 3 with member 1 gone: {out}{err}");
 
     let (ok, out, err) = run(SLUICE, &["pool", "grow", &spec, "--add", "nbd://node5/disk", "nbd://node6/disk"]);
     assert!(!ok && err.contains("offset") && err.contains("cannot be grown"), "pool grow of an offset raid10: {out}{err}");

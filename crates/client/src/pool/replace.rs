@@ -107,10 +107,18 @@ fn check_set(spec: &PoolSpec, status: &sluice_pool::Status, index: usize) -> Res
         };
         return Err(Error::Refused(why));
     }
-    let set = index / spec.copies;
-    let others_in_sync = (set * spec.copies..(set + 1) * spec.copies).any(|m| m != index && status.members[m].state == MemberState::InSync);
-    if !others_in_sync {
-        return Err(Error::Refused(format!("no other member of {old}'s set is in sync: nothing is left to rebuild a new member from")));
+    // With offset placement the member shares sets with others in every placement period.
+    let map = sluice_pool::Map {
+        layout: spec.layout,
+        placement: spec.placement,
+        unit: status.stripe_unit,
+        copies: spec.copies,
+        sets: spec.sets(),
+        member_bytes: status.size / spec.sets() as u64,
+    };
+    let in_sync = |m: usize| m != index && status.members[m].state == MemberState::InSync;
+    if map.groups_of(index).any(|(set, at)| !map.members_at(set, at).any(in_sync)) {
+        return Err(Error::Refused(format!("no other member of one of {old}'s sets is in sync: nothing is left to rebuild a new member from")));
     }
     Ok(())
 }
