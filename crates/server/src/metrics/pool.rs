@@ -68,7 +68,10 @@ pub fn families(pools: &[PoolSource]) -> Vec<MetricFamily> {
         moved.gauge(&[("export", export)], d);
         to_move.gauge(&[("export", export)], t);
     }
-    [state, done, total, events, dirty, resynced, spares, taken, copied, copy_total, moved, to_move].into_iter().chain(scrub).map(|f| f.0).collect()
+    // A family with no series (no live replacement, say) is left out: the encoder refuses
+    // one, and would stop the whole exposition there.
+    let all = [state, done, total, events, dirty, resynced, spares, taken, copied, copy_total, moved, to_move].into_iter().chain(scrub);
+    all.map(|f| f.0).filter(|f| !f.get_metric().is_empty()).collect()
 }
 
 /// Scrub: mismatches found by the running or last scrub, its progress, and scrubs done.
@@ -183,6 +186,18 @@ mod tests {
         assert!(out.contains(r#"sluice_pool_scrub_done_bytes{export="vol"} 7"#), "{out}");
         assert!(out.contains(r#"sluice_pool_scrubs_completed_total{export="vol"} 4"#), "{out}");
         assert!(out.contains(r#"sluice_pool_reshape_total_bytes{export="vol"} 0"#), "{out}");
+    }
+
+    /// No replacement runs: its families have no series and must not stop the exposition
+    /// before the families after them.
+    #[test]
+    fn a_pool_without_a_replacement_still_shows_every_other_family() {
+        let pools = vec![PoolSource { export: "vol".into(), probe: Box::new(|| Some(Status { replacing: None, ..sample() })) }];
+        let mut out = String::new();
+        prometheus::TextEncoder::new().encode_utf8(&families(&pools), &mut out).expect("every family has series");
+        assert!(!out.contains("sluice_pool_replace_copied_bytes"), "{out}");
+        assert!(out.contains(r#"sluice_pool_reshape_done_bytes{export="vol"} 0"#), "{out}");
+        assert!(out.contains(r#"sluice_pool_scrubs_completed_total{export="vol"} 4"#), "{out}");
     }
 
     #[test]
