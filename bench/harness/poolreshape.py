@@ -8,13 +8,21 @@ after it, on a new connection that sees the grown volume.
 The reshape is paced by the pool's `resync-rate` (crates/pool/src/coordinator/reshape.rs
 claims a unit only when the rate allows it). It runs at half a link, as the rebuild row
 does: its reads come from members 1 and 2, the links the foreground read uses too, so the
-reshape takes a quarter of their read capacity and leaves the rest to the foreground.
+reshape takes a quarter of their read capacity and leaves the rest to the foreground. Units
+already moved are read from all four members, so the foreground may get more than the
+three quarters of two links that the old layout leaves it.
+
+The reshape's progress comes from the coordinator's /metrics (sluice_pool_reshape_done_bytes
+and _total_bytes); when the endpoint lacks those families, from `sluice pool status --json`,
+which asks the serving coordinator, and the note says so.
 
 `pool` is bench/pool's own namespace (its Row, Coordinator, pool_file, sluice, ...): the
 rows are built and measured as the other pool rows are."""
 
+import json
 import os
 import signal
+import subprocess
 import time
 import urllib.request
 
@@ -31,7 +39,7 @@ LABEL = "stripe 2 → 4"
 
 def scrape(port: int):
     """(done, total) bytes of the reshape of export "vol"; (0, 0) when none runs, None when
-    the coordinator does not answer."""
+    the coordinator does not answer or its /metrics lacks the reshape families."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
@@ -45,15 +53,38 @@ def scrape(port: int):
     return (found.get("done", 0), found.get("total", 0)) if found else None
 
 
-class Progress:
-    """The reshape as /metrics shows it, with the first and last sample seen while it ran."""
+def status(binary: str, spec: str):
+    """(done, total) bytes of the reshape as `sluice pool status --json` shows it (asked of
+    the serving coordinator); (0, 0) when none runs, None when it fails."""
+    try:
+        p = subprocess.run([binary, "pool", "status", "--json", spec], capture_output=True, text=True, timeout=10)
+        r = json.loads(p.stdout).get("reshape") if p.returncode == 0 else None
+    except (OSError, ValueError, AttributeError, subprocess.TimeoutExpired):
+        return None
+    return (r["done_bytes"], r["total_bytes"]) if r else (0, 0)
 
-    def __init__(self, port: int):
-        self.port, self.first, self.last, self.ended = port, None, None, None
+
+class Progress:
+    """The reshape as the coordinator's /metrics show it (else `pool status`, named in
+    `source`), with the first and last sample seen while it ran."""
+
+    def __init__(self, b, port: int, spec: str):
+        self.b, self.port, self.spec = b, port, spec
+        self.first, self.last, self.ended, self.source = None, None, None, ""
+
+    def read(self):
+        m = scrape(self.port)
+        if m is not None:
+            self.source = "/metrics"
+            return m
+        m = status(self.b.binary, self.spec)
+        if m is not None:
+            self.source = "`sluice pool status --json` (/metrics had no sluice_pool_reshape_* families)"
+        return m
 
     def poll(self):
         """(done, total) now, also kept as first/last while running; None if no answer."""
-        now, m = time.monotonic(), scrape(self.port)
+        now, m = time.monotonic(), self.read()
         if m and m[1] > 0:
             self.first = self.first or (now, m[0])
             self.last = (now, m[0])
@@ -135,9 +166,9 @@ def serve_and_grow(b, pool, spec: str, r: dict, pace: int) -> str:
         size = pool.volume_bytes(b, uri, "stripe", 2)
         r["before"].sample = pool.serve_fio(b, uri, "read", "reshape-before")
         why = grow(b, pool, spec, coordinator)
-        progress = Progress(port)
+        progress = Progress(b, port, spec)
         if not why and not progress.until(lambda m: m and m[1] > 0, START_SECONDS):
-            why = f"no reshape in /metrics within {START_SECONDS} s of the SIGHUP; {logs(b, coordinator)}"
+            why = f"no reshape seen within {START_SECONDS} s of the SIGHUP; {logs(b, coordinator)}"
         if why:
             return why
         during(b, pool, uri, r, progress, pace)
@@ -165,15 +196,17 @@ def grow(b, pool, spec: str, coordinator) -> str:
 
 def during(b, pool, uri: str, r: dict, progress: Progress, pace: int) -> None:
     """fio reads while the reshape runs; the reshape's rate meanwhile goes in the note."""
-    t0, m0 = time.monotonic(), progress.poll()
+    m0 = progress.poll()
+    t0 = progress.last[0] if progress.last else time.monotonic()
     json_path = os.path.join(b.logs, "reshape-during.json")
     row = r["during"]
     row.sample = pooljobs.repeated(lambda: pooljobs.run_fio([uri], "read", b.runtime, json_path, b.pids()), 1)
-    t1, m1 = time.monotonic(), progress.poll()
+    m1 = progress.poll()
+    t1 = progress.last[0] if progress.last else time.monotonic()
     notes = []
     before = r["before"].sample.mbps
     if row.sample.mbps and before:
-        notes.append(f"{row.sample.mbps / before:.2f} of the read before the grow")
+        notes.append(f"{row.sample.mbps / before:.2f} of the read before the grow (moved units are read from 4 members)")
     if m0 and m1 and m1[1] > 0:
         mbps = (m1[0] - m0[0]) / (t1 - t0) / 1e6
         notes.append(f"reshape meanwhile {mbps:.0f} MB/s = {mbps / (pace / RESHAPE_SHARE / 1e6):.2f} of a link")
@@ -201,7 +234,7 @@ def reshape_row(b, pool, row, progress: Progress, pace: int) -> None:
     tail = ""
     if progress.ended and progress.last:
         tail = f"; zeroing the new space and growing took {progress.ended - progress.last[0]:.1f} s after"
-    row.note = (f"MB/s from /metrics while it ran; paced at {pace_mbps:.0f} MB/s (resync-rate, half a link): "
+    row.note = (f"MB/s from {progress.source or '/metrics'} while it ran; paced at {pace_mbps:.0f} MB/s (resync-rate, half a link): "
                 f"{rate / pace if rate else 0:.2f} of its pace{tail}")
     b.progress(f"{row.name}: {pool.fmt(row.sample.mbps)} MB/s; {row.note}")
 
