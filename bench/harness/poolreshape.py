@@ -31,7 +31,9 @@ from pooljobs import Sample
 
 RESHAPE_SHARE = 0.5         # resync-rate: this share of one link
 START_SECONDS = 20          # from the SIGHUP to the reshape showing in /metrics
-RESHAPE_SECONDS_MAX = 300   # from the SIGHUP to the grown volume
+# From the SIGHUP to the grown volume: this many times the reshape's paced duration, and a
+# minute for the tail (zeroing the new space) and a busy machine.
+RESHAPE_SLACK, RESHAPE_EXTRA_SECONDS = 3, 60
 POLL_SECONDS = 0.2
 AFTER_GOAL = 0.9            # the issue: after the grow, reads >= 0.9 x 4 members
 LABEL = "stripe 2 → 4"
@@ -172,7 +174,8 @@ def serve_and_grow(b, pool, spec: str, r: dict, pace: int) -> str:
         if why:
             return why
         during(b, pool, uri, r, progress, pace)
-        why = wait_grown(b, pool, uri, size, progress, coordinator)
+        seconds = RESHAPE_EXTRA_SECONDS + RESHAPE_SLACK * size / pace
+        why = wait_grown(b, pool, uri, size, progress, coordinator, seconds)
         reshape_row(b, pool, r["reshape"], progress, pace)
         if why:
             return why
@@ -216,13 +219,13 @@ def during(b, pool, uri: str, r: dict, progress: Progress, pace: int) -> None:
     b.progress(f"{row.name}: {pool.fmt(row.sample.mbps)} MB/s; {row.note}")
 
 
-def wait_grown(b, pool, uri: str, size: int, progress: Progress, coordinator) -> str:
+def wait_grown(b, pool, uri: str, size: int, progress: Progress, coordinator, seconds: float) -> str:
     """Until /metrics shows no reshape and a new connection sees the grown size; '' or why not."""
     def grown(m) -> bool:
         return bool(m) and m[1] == 0 and pool.volume_bytes(b, uri, "stripe", 0) == 2 * size
-    if progress.until(grown, RESHAPE_SECONDS_MAX):
+    if progress.until(grown, seconds):
         return ""
-    return f"the volume did not grow within {RESHAPE_SECONDS_MAX} s; {logs(b, coordinator)}"
+    return f"the volume did not grow within {seconds:.0f} s of waiting; {logs(b, coordinator)}"
 
 
 def reshape_row(b, pool, row, progress: Progress, pace: int) -> None:
