@@ -206,7 +206,7 @@ impl Coordinator {
 
     /// After a crash: every in-sync member gets the dirty regions from the first in-sync
     /// member of its set, except where it is that first member itself.
-    fn reconcile_dirty(&mut self) {
+    pub(super) fn reconcile_dirty(&mut self) {
         let dirty = self.dirty_regions();
         if dirty.is_empty() {
             return;

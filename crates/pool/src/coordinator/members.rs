@@ -80,6 +80,7 @@ impl Coordinator {
         }
         self.log_member(member, &format!("declared missing: {why}"));
         let m = &self.members[member];
+        let was_in_sync = m.in_sync();
         let since = match m.role {
             Role::Missing { since } => since,
             // No history can make an interrupted full rebuild partial.
@@ -109,6 +110,9 @@ impl Coordinator {
             }
         }
         self.jobs_lost_member(member);
+        if was_in_sync {
+            self.copies_lost_source();
+        }
     }
 
     /// Why `members` cannot all be replaced now, if they cannot: a stripe has no other copy
@@ -201,7 +205,10 @@ impl Coordinator {
                 m.written.iter_mut().for_each(|w| *w = 0);
                 self.events += 1;
                 self.gen[0] += 1;
-                return self.log_member(member, "is back; it holds its set's newest data");
+                self.log_member(member, "is back; it holds its set's newest data");
+                // Writes in flight when it left may have reached a partner in its other sets
+                // and not it (they failed): the copies there are made equal again.
+                return self.reconcile_dirty();
             }
             _ => None,
         };

@@ -109,6 +109,13 @@ impl Coordinator {
             if self.running_write_overlaps(l.set, l.start, l.end) || self.reshape_copying() {
                 continue;
             }
+            // A source that took over from a failed one may still be receiving a chunk
+            // copied from it: read it once that has landed.
+            if let Source::Member(s) = self.source_of(l.job, l.start) {
+                if self.copy_lands_on(s, l.start, l.end) {
+                    continue;
+                }
+            }
             moved = true;
             let source = match self.source_of(l.job, l.start) {
                 Source::Member(m) => m,
@@ -256,6 +263,37 @@ impl Coordinator {
                 self.locks.retain(|l| l.job != j);
             }
         }
+    }
+
+    /// An in-sync member failed while copies a crash left unequal were being reconciled:
+    /// it was the source of some of them, and the member that takes over as the source may
+    /// hold other contents where it was not reconciled yet. What every job copied from the
+    /// failed member is copied again from the new source (each job goes over the dirty
+    /// regions once more), so that the copies agree with it.
+    pub(super) fn copies_lost_source(&mut self) {
+        if !self.jobs.iter().flatten().any(|j| j.kind == JobKind::Reconcile) {
+            return;
+        }
+        let (dirty, region_bytes) = (self.dirty_regions(), self.region_bytes);
+        for job in self.jobs.iter_mut().flatten().filter(|j| !j.flushing) {
+            job.todo.extend(dirty.iter().copied());
+            if let Some(&first) = job.todo.first() {
+                job.cursor = Some(job.cursor.map_or(first * region_bytes, |c| c.min(first * region_bytes)));
+            }
+        }
+        // Members whose reconcile is through copied from the failed member too.
+        for m in 0..self.members.len() {
+            let copying = self.jobs.iter().flatten().any(|j| j.target == m);
+            if !copying && self.members[m].in_sync() && self.map.groups_of(m).any(|(set, at)| self.first_in_sync(set, at) != Some(m)) {
+                self.add_job(JobKind::Reconcile, m, dirty.clone());
+            }
+        }
+    }
+
+    /// Whether a copy in flight writes to `member` in `start..end`: a chunk read from there
+    /// now could miss it.
+    fn copy_lands_on(&self, member: usize, start: u64, end: u64) -> bool {
+        self.locks.iter().any(|l| l.held && l.start < end && start < l.end && self.jobs[l.job].as_ref().is_some_and(|j| j.target == member))
     }
 
     fn pace_allows(&self, len: u64) -> bool {
