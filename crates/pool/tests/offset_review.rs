@@ -151,3 +151,48 @@ fn the_reconcile_source_failing_midway_leaves_the_copies_equal() {
     assert!(seen.iter().all(|&x| x == a), "reads gave 0x{before:02x} before member 0 failed and {seen:02x?} after (member 1 0x{a:02x}, member 2 0x{b:02x})");
     assert_eq!(a, b, "members 1 and 2 differ after the reconcile (reads gave {seen:02x?})");
 }
+
+/// `sluice pool grow` refuses an offset pool, but a served pool grows when its reloaded
+/// file appends members (the serve catalog asks `can_grow`, then `grow`): the coordinator
+/// must refuse it too, since the new member count regroups every period's sets. Grown
+/// anyway, the volume reads back other data than was written.
+#[test]
+fn a_served_offset_pool_refuses_to_grow() {
+    let spec = spec(Layout::Raid10, Placement::Offset, 4, 2);
+    let mut w = start(&spec, disks(&spec, false));
+    w.settle(|_| false);
+    w.tick(1000);
+    w.settle(|_| false);
+    let size = w.c.size();
+    let step = 256 << 10;
+    for i in 0..size / step {
+        let id = w.c.submit(Command::Write { offset: i * step, len: step, fua: false }, w.now);
+        w.writes.insert(id, vec![(i % 251) as u8 + 1; step as usize]);
+    }
+    w.pump();
+    w.settle(|_| false);
+    assert!(w.done.values().all(|r| r.is_ok()));
+    let refused = w.c.can_grow(2);
+    if refused.is_ok() {
+        for _ in 0..2 {
+            w.disks.push(vec![0u8; (MB + DATA) as usize]);
+        }
+        let added = vec![("m4".to_string(), w.found(4)), ("m5".to_string(), w.found(5))];
+        w.c.grow(added, 1, w.now).unwrap();
+        w.pump();
+        for _ in 0..3000 {
+            w.tick(100);
+            w.settle(|_| false);
+            if w.c.status().reshape.is_none() {
+                break;
+            }
+        }
+        let mut wrong = 0;
+        for i in 0..size / step {
+            let got = w.read(i * step, step, |_| false);
+            wrong += got.iter().filter(|&&b| b != (i % 251) as u8 + 1).count();
+        }
+        panic!("an offset pool was grown ({wrong} bytes of {size} read back wrong)");
+    }
+    assert!(refused.is_err_and(|e| e.contains("offset")));
+}
