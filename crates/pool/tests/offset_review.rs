@@ -196,3 +196,52 @@ fn a_served_offset_pool_refuses_to_grow() {
     }
     assert!(refused.is_err_and(|e| e.contains("offset")));
 }
+
+/// Offset placement, 4 members, member 1 gone. A write to a set {0, x} is acknowledged by
+/// both, then member 0's server crashes and loses it (it was not flushed) before it is
+/// dropped; member 0 leaves as the last copy of its set with member 1. Member x holds the
+/// write throughout and reads return it. When member 0 returns, it must be brought up to
+/// date from member x, not the other way round: reads must go on returning the write.
+#[test]
+fn the_last_copy_returning_takes_what_its_partners_kept() {
+    let spec = spec(Layout::Raid10, Placement::Offset, 4, 2);
+    let mut w = start(&spec, disks(&spec, false));
+    w.settle(|_| false);
+    w.tick(1000);
+    w.settle(|_| false);
+    lose(&mut w, 1);
+    let map = Map { placement: Placement::Offset, ..Map::new(Layout::Raid10, UNIT, 2, 4, MB + DATA).unwrap() };
+    // A unit whose set lists member 0 first: a copy from "the first in-sync member" would
+    // take member 0's contents.
+    let (unit, piece) = (0..w.c.size() / UNIT)
+        .map(|u| (u, map.pieces(u * UNIT, UNIT).next().unwrap()))
+        .find(|(_, p)| {
+            let g: Vec<usize> = map.members_at(p.set, p.member_offset).collect();
+            g[0] == 0 && !g.contains(&1)
+        })
+        .unwrap();
+    let partner = map.members_at(piece.set, piece.member_offset).find(|&m| m != 0).unwrap();
+    let id = w.c.submit(Command::Write { offset: unit * UNIT, len: UNIT, fua: false }, w.now);
+    w.writes.insert(id, vec![0x55; UNIT as usize]);
+    w.pump();
+    w.settle(|_| false);
+    assert!(matches!(w.done.get(&id), Some(Ok(()))));
+    // Member 0's server crashes and comes back without the unflushed write.
+    let at = (MB + piece.member_offset) as usize;
+    w.disks[0][at..at + UNIT as usize].fill(0);
+    lose(&mut w, 0);
+    assert_eq!(w.read(unit * UNIT, UNIT, |p| p.1 <= 1)[0], 0x55, "member {partner} serves the write");
+    let f = w.found(0);
+    w.c.member_back(0, f, w.now);
+    w.pump();
+    for _ in 0..50 {
+        w.tick(100);
+        w.settle(|p| p.1 == 1);
+        w.pending.retain(|p| p.1 != 1);
+    }
+    let mut seen = vec![];
+    for _ in 0..4 {
+        seen.push(w.read(unit * UNIT, UNIT, |p| p.1 == 1)[0]);
+    }
+    assert!(seen.iter().all(|&b| b == 0x55), "reads returned the acknowledged write, then {seen:02x?} once member 0 was back (member 0 0x{:02x}, member {partner} 0x{:02x})", w.disks[0][at], w.disks[partner][at]);
+}

@@ -206,7 +206,7 @@ impl Coordinator {
 
     /// After a crash: every in-sync member gets the dirty regions from the first in-sync
     /// member of its set, except where it is that first member itself.
-    pub(super) fn reconcile_dirty(&mut self) {
+    fn reconcile_dirty(&mut self) {
         let dirty = self.dirty_regions();
         if dirty.is_empty() {
             return;
@@ -218,9 +218,14 @@ impl Coordinator {
         }
     }
 
-    /// The member of `set` at member offset `at` that copies and reads agree on.
+    /// The member of `set` at member offset `at` that copies and reads agree on: the first
+    /// in-sync one, passing over a member still catching up there (`JobKind::CatchUp`)
+    /// unless it is the only one.
     pub(super) fn first_in_sync(&self, set: usize, at: u64) -> Option<usize> {
-        self.map.members_at(set, at).find(|&m| self.members[m].in_sync())
+        let region = at / self.region_bytes;
+        let catching_up = |m: usize| self.jobs.iter().flatten().any(|j| j.kind == JobKind::CatchUp && j.target == m && j.todo.contains(&region));
+        let mut synced = self.map.members_at(set, at).filter(|&m| self.members[m].in_sync());
+        synced.clone().find(|&m| !catching_up(m)).or_else(|| synced.next())
     }
 
     pub(super) fn dirty_regions(&self) -> BTreeSet<u64> {

@@ -206,9 +206,13 @@ impl Coordinator {
                 self.events += 1;
                 self.gen[0] += 1;
                 self.log_member(member, "is back; it holds its set's newest data");
-                // Writes in flight when it left may have reached a partner in its other sets
-                // and not it (they failed): the copies there are made equal again.
-                return self.reconcile_dirty();
+                // In its other sets, a partner that stayed may hold writes it lacks (in
+                // flight when it left, or unflushed and lost with its server).
+                let dirty = self.dirty_regions();
+                if !dirty.is_empty() {
+                    self.add_job(JobKind::CatchUp, member, dirty);
+                }
+                return;
             }
             _ => None,
         };

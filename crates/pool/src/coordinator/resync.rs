@@ -219,7 +219,7 @@ impl Coordinator {
             }
             moved = true;
             match job.kind {
-                JobKind::Reconcile => self.end_job(j),
+                JobKind::Reconcile | JobKind::CatchUp => self.end_job(j),
                 JobKind::Rebuild => {
                     job.flushing = true;
                     let t = job.target;
@@ -247,7 +247,7 @@ impl Coordinator {
 
     fn end_job(&mut self, j: usize) {
         if let Some(job) = self.jobs[j].take() {
-            if job.kind == JobKind::Reconcile {
+            if job.kind != JobKind::Rebuild {
                 self.log_member(job.target, "agrees with its set again");
             }
         }
@@ -395,7 +395,7 @@ impl Coordinator {
                 // Copies a crash left unequal and not yet reconciled must not be taken for
                 // equal by the next coordinator: it finds the pool owned, as after a crash,
                 // and reconciles them again.
-                let reconciling = self.jobs.iter().flatten().any(|j| j.kind == JobKind::Reconcile);
+                let reconciling = self.jobs.iter().flatten().any(|j| j.kind != JobKind::Rebuild);
                 self.jobs.iter_mut().for_each(|j| *j = None);
                 if let Some(h) = self.handover.take() {
                     let text = format!("stopping before the copy to {} was through: it did not take member {}'s place", h.uri, h.member);
