@@ -245,3 +245,57 @@ fn the_last_copy_returning_takes_what_its_partners_kept() {
     }
     assert!(seen.iter().all(|&b| b == 0x55), "reads returned the acknowledged write, then {seen:02x?} once member 0 was back (member 0 0x{:02x}, member {partner} 0x{:02x})", w.disks[0][at], w.disks[partner][at]);
 }
+
+/// As above, but the coordinator stops cleanly while member 0 is away, and the next one
+/// assembles the pool (degraded, member 1 still gone) with member 0 back: member 0 is
+/// recorded active, and must still be brought up to date from member x first.
+#[test]
+fn the_last_copy_returning_at_assembly_takes_what_its_partners_kept() {
+    let spec = spec(Layout::Raid10, Placement::Offset, 4, 2);
+    let mut w = start(&spec, disks(&spec, false));
+    w.settle(|_| false);
+    w.tick(1000);
+    w.settle(|_| false);
+    lose(&mut w, 1);
+    let map = Map { placement: Placement::Offset, ..Map::new(Layout::Raid10, UNIT, 2, 4, MB + DATA).unwrap() };
+    let (unit, piece) = (0..w.c.size() / UNIT)
+        .map(|u| (u, map.pieces(u * UNIT, UNIT).next().unwrap()))
+        .find(|(_, p)| {
+            let g: Vec<usize> = map.members_at(p.set, p.member_offset).collect();
+            g[0] == 0 && !g.contains(&1)
+        })
+        .unwrap();
+    let id = w.c.submit(Command::Write { offset: unit * UNIT, len: UNIT, fua: false }, w.now);
+    w.writes.insert(id, vec![0x66; UNIT as usize]);
+    w.pump();
+    w.settle(|_| false);
+    assert!(matches!(w.done.get(&id), Some(Ok(()))));
+    let at = (MB + piece.member_offset) as usize;
+    w.disks[0][at..at + UNIT as usize].fill(0);
+    lose(&mut w, 0);
+    assert_eq!(w.read(unit * UNIT, UNIT, |p| p.1 <= 1)[0], 0x66);
+    w.c.stop(w.now);
+    w.pump();
+    for _ in 0..20 {
+        w.tick(100);
+        w.settle(|p| p.1 <= 1);
+        w.pending.retain(|p| p.1 > 1);
+    }
+    assert!(w.c.is_stopped());
+    // The next coordinator, with member 0 back and member 1 still gone.
+    let found = (0..4).map(|m| (m != 1).then(|| w.found(m))).collect();
+    let c = Coordinator::assemble(&spec, found, Session { id: 2, pid: 3, host: "h".into() }, true, w.now).unwrap();
+    let disks = std::mem::take(&mut w.disks);
+    let mut w = W { c, disks, pending: vec![], copies: HashMap::new(), reads: HashMap::new(), writes: HashMap::new(), done: HashMap::new(), swaps: vec![], spares_taken: vec![], now: w.now };
+    w.pump();
+    for _ in 0..50 {
+        w.tick(100);
+        w.settle(|p| p.1 == 1);
+        w.pending.retain(|p| p.1 != 1);
+    }
+    let mut seen = vec![];
+    for _ in 0..4 {
+        seen.push(w.read(unit * UNIT, UNIT, |p| p.1 == 1)[0]);
+    }
+    assert!(seen.iter().all(|&b| b == 0x66), "reads returned the acknowledged write before the restart, then {seen:02x?}");
+}

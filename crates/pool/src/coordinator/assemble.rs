@@ -159,6 +159,15 @@ impl Coordinator {
             if !self.redundant() {
                 continue;
             }
+            if let (Role::Active, Some(sb)) = (role, own) {
+                // Active, but behind the others' superblocks: it went away as the last copy
+                // of some set (a clean stop writes every live member's), so it catches up
+                // in its other sets (see `JobKind::CatchUp`).
+                let dirty = self.dirty_regions();
+                if sb.events < auth.events && !dirty.is_empty() {
+                    self.add_job(JobKind::CatchUp, m, dirty);
+                }
+            }
             let todo = match (role, own) {
                 (_, None) => Some(all.clone()),
                 (Role::Active, Some(_)) => None,
