@@ -275,8 +275,13 @@ impl Coordinator {
             return;
         }
         let (dirty, region_bytes) = (self.dirty_regions(), self.region_bytes);
+        let lens: Vec<u64> = dirty.iter().map(|&r| self.region_len(r)).collect();
         for job in self.jobs.iter_mut().flatten().filter(|j| !j.flushing) {
-            job.todo.extend(dirty.iter().copied());
+            for (&r, &len) in dirty.iter().zip(&lens) {
+                if job.todo.insert(r) {
+                    job.total_bytes += len;
+                }
+            }
             if let Some(&first) = job.todo.first() {
                 job.cursor = Some(job.cursor.map_or(first * region_bytes, |c| c.min(first * region_bytes)));
             }
