@@ -345,3 +345,57 @@ fn a_three_copy_offset_reconcile_survives_its_source_failing() {
         }
     }
 }
+
+/// A live replacement of member 0 in an offset pool, with writes while it copies: the new
+/// member ends up holding, in each period, what its partners there hold.
+#[test]
+fn a_live_replacement_in_an_offset_pool_copies_every_period_from_its_partners() {
+    let spec = spec(Layout::Raid10, Placement::Offset, 4, 2);
+    let mut w = start(&spec, disks(&spec, false));
+    w.settle(|_| false);
+    w.tick(1000);
+    w.settle(|_| false);
+    let size = w.c.size();
+    let step = 256 << 10;
+    let write = |w: &mut W, i: u64, byte: u8| {
+        let id = w.c.submit(Command::Write { offset: i * step, len: step, fua: false }, w.now);
+        w.writes.insert(id, vec![byte; step as usize]);
+        w.pump();
+    };
+    for i in 0..size / step {
+        write(&mut w, i, 1 + (i % 200) as u8);
+    }
+    w.settle(|_| false);
+    let shadow = w.c.replace_member(0, "new", w.now).unwrap().expect("a live replacement");
+    w.pump();
+    w.disks.push(vec![0u8; (MB + DATA) as usize]);
+    let f = w.found(shadow);
+    w.c.member_back(shadow, f, w.now);
+    w.pump();
+    let mut round = 0u64;
+    for _ in 0..400 {
+        // Writes land while the copy goes on.
+        write(&mut w, (round * 7) % (size / step), 0xF0 + (round % 8) as u8);
+        round += 1;
+        w.tick(20);
+        w.settle(|_| false);
+        if !w.swaps.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(w.swaps.len(), 1, "the replacement took its place");
+    w.settle(|_| false);
+    let map = Map { placement: Placement::Offset, ..Map::new(Layout::Raid10, UNIT, 2, 4, MB + DATA).unwrap() };
+    for (set, at) in map.groups() {
+        let mut p = at;
+        while p < map.member_bytes {
+            if map.members_at(set, p).collect::<Vec<_>>() == map.members_at(set, at).collect::<Vec<_>>() {
+                let g: Vec<usize> = map.members_at(set, p).collect();
+                let a = &w.disks[g[0]][(MB + p) as usize..(MB + p + MB) as usize];
+                let b = &w.disks[g[1]][(MB + p) as usize..(MB + p + MB) as usize];
+                assert!(a == b, "members {g:?} differ at member offset {p}");
+            }
+            p += MB;
+        }
+    }
+}
