@@ -336,7 +336,7 @@ fn a_three_copy_offset_reconcile_survives_its_source_failing() {
     // Reads agree with the copies: every unit at member offset p * MB of each set.
     for v in (0..w.c.size()).step_by(UNIT as usize) {
         let piece = map.pieces(v, UNIT).next().unwrap();
-        if piece.member_offset % MB != 0 || piece.member_offset >= 4 * MB {
+        if !piece.member_offset.is_multiple_of(MB) || piece.member_offset >= 4 * MB {
             continue;
         }
         let want = map.members_at(piece.set, piece.member_offset).find(|&m| m != source).map(|m| w.disks[m][(MB + piece.member_offset) as usize]).unwrap();
@@ -372,11 +372,9 @@ fn a_live_replacement_in_an_offset_pool_copies_every_period_from_its_partners() 
     let f = w.found(shadow);
     w.c.member_back(shadow, f, w.now);
     w.pump();
-    let mut round = 0u64;
-    for _ in 0..400 {
+    for round in 0..400u64 {
         // Writes land while the copy goes on.
         write(&mut w, (round * 7) % (size / step), 0xF0 + (round % 8) as u8);
-        round += 1;
         w.tick(20);
         w.settle(|_| false);
         if !w.swaps.is_empty() {
