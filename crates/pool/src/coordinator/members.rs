@@ -295,7 +295,13 @@ impl Coordinator {
             stripe_unit: self.map.unit,
             member_bytes: self.map.member_bytes,
             region_bytes: self.region_bytes,
-            events: self.events,
+            // A member still catching up (`JobKind::CatchUp`) is written as behind the
+            // others, so that the next coordinator, after a stop or a crash, has it catch up
+            // again rather than take it for a source.
+            events: match self.jobs.iter().flatten().any(|j| j.kind == JobKind::CatchUp && j.target == index) {
+                true => self.events - 1,
+                false => self.events,
+            },
             owner: match released {
                 true => Owner::default(),
                 false => Owner {

@@ -250,6 +250,10 @@ impl Coordinator {
             if job.kind != JobKind::Rebuild {
                 self.log_member(job.target, "agrees with its set again");
             }
+            if job.kind == JobKind::CatchUp {
+                // Its superblock no longer says it is behind.
+                self.gen[0] += 1;
+            }
         }
         self.locks.retain(|l| l.job != j);
     }
