@@ -299,7 +299,7 @@ impl Coordinator {
             // others, so that the next coordinator, after a stop or a crash, has it catch up
             // again rather than take it for a source.
             events: match self.jobs.iter().flatten().any(|j| j.kind == JobKind::CatchUp && j.target == index) {
-                true => self.events - 1,
+                true => self.events.saturating_sub(1),
                 false => self.events,
             },
             owner: match released {
