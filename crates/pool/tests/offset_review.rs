@@ -521,3 +521,39 @@ fn a_stop_before_the_last_copy_caught_up_keeps_the_write() {
     stop_before_the_last_copy_caught_up(false);
     stop_before_the_last_copy_caught_up(true);
 }
+
+/// A mirror of three copies after a crash, as above; this time member 1's copy of chunk 0
+/// from member 0 has been read and is still being written to member 1 when member 0
+/// fails. Member 1 becomes the source: member 2 must not copy chunk 0 from it before that
+/// write has landed, or it ends with what member 1 held before.
+#[test]
+fn a_new_source_is_read_only_once_the_copy_to_it_has_landed() {
+    let spec = spec(Layout::Mirror, Placement::Near, 3, 3);
+    let mut d = disks(&spec, true);
+    d[0][MB as usize..(MB + 4096) as usize].fill(0xAA);
+    d[1][MB as usize..(MB + 4096) as usize].fill(0x11);
+    d[2][MB as usize..(MB + 4096) as usize].fill(0x11);
+    let mut w = start(&spec, d);
+    let to_1 = |p: &(OpId, usize, MemberCmd, Data)| p.1 == 1 && matches!((&p.2, &p.3), (MemberCmd::Write { offset, .. }, Data::Copy(_)) if *offset == MB);
+    w.settle(to_1);
+    w.tick(1000);
+    w.settle(to_1);
+    let held = w.pending.iter().find(|p| to_1(p)).map(|p| p.0).expect("the copy to member 1 is held");
+    assert_eq!(w.disks[2][MB as usize], 0xAA, "member 2 got chunk 0 from member 0");
+    w.c.member_lost(0, "disk died", w.now);
+    w.pump();
+    w.pending.retain(|p| p.1 != 0);
+    for _ in 0..20 {
+        w.tick(100);
+        w.settle(|p| p.0 == held || p.1 == 0);
+        w.pending.retain(|p| p.1 != 0);
+    }
+    w.settle(|p| p.1 == 0);
+    for _ in 0..20 {
+        w.tick(100);
+        w.settle(|p| p.1 == 0);
+        w.pending.retain(|p| p.1 != 0);
+    }
+    let (a, b) = (w.disks[1][MB as usize], w.disks[2][MB as usize]);
+    assert_eq!(a, b, "members 1 and 2 differ after the reconcile");
+}
