@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::options::Options;
 use crate::uri::{Address, Uri};
 use sluice_pool::limits::META_BYTES;
-use sluice_pool::{MemberState, PoolSpec, Status, Superblock};
+use sluice_pool::{Map, MemberState, PoolSpec, Status, Superblock};
 use std::path::Path;
 
 /// What a replacement's progress counts.
@@ -107,20 +107,24 @@ fn check_set(spec: &PoolSpec, status: &sluice_pool::Status, index: usize) -> Res
         };
         return Err(Error::Refused(why));
     }
-    // With offset placement the member shares sets with others in every placement period.
-    let map = sluice_pool::Map {
-        layout: spec.layout,
-        placement: spec.placement,
-        unit: status.stripe_unit,
-        copies: spec.copies,
-        sets: spec.sets(),
-        member_bytes: status.size / spec.sets() as u64,
-    };
-    let in_sync = |m: usize| m != index && status.members[m].state == MemberState::InSync;
-    if map.groups_of(index).any(|(set, at)| !map.members_at(set, at).any(in_sync)) {
-        return Err(Error::Refused(format!("no other member of one of {old}'s sets is in sync: nothing is left to rebuild a new member from")));
+    let states: Vec<MemberState> = status.members.iter().map(|m| m.state).collect();
+    if !others_in_sync(spec, status.stripe_unit, status.size, &states, index) {
+        return Err(Error::Refused(format!("no other member of {old}'s set is in sync: nothing is left to rebuild a new member from")));
     }
     Ok(())
+}
+
+/// Whether every set that member `index` belongs to (with offset placement, one per
+/// placement period) has another member in sync.
+fn others_in_sync(spec: &PoolSpec, unit: u64, size: u64, states: &[MemberState], index: usize) -> bool {
+    let sets = spec.members.len() / spec.copies;
+    let map = Map { layout: spec.layout, placement: spec.placement, unit, copies: spec.copies, sets, member_bytes: size / sets as u64 };
+    for (set, at) in map.groups_of(index) {
+        if !map.members_at(set, at).any(|m| m != index && states[m] == MemberState::InSync) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Checks the new member and blanks its metadata area, so that the pool rebuilds it in
@@ -236,4 +240,30 @@ pub(super) async fn assemble_until(path: &Path, done: impl Fn(&Status) -> bool, 
     }
     pool.disconnect().await;
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_pool::{Layout, Placement};
+
+    #[test]
+    fn a_member_is_replaced_only_when_each_of_its_sets_keeps_a_copy() {
+        let text = "layout = \"raid10\"\nstripe-unit = \"64K\"\nmembers = [\"nbd://a/x\", \"nbd://b/x\", \"nbd://c/x\", \"nbd://d/x\"]\n";
+        let near = PoolSpec::parse(text).unwrap();
+        let offset = PoolSpec { placement: Placement::Offset, ..near.clone() };
+        assert_eq!(offset.layout, Layout::Raid10);
+        let mut states = vec![MemberState::InSync; 4];
+        states[2] = MemberState::Missing;
+        let size = 2 * (16 << 20);
+        // Near: member 0's set is {0, 1}. Offset: member 0 shares a set with member 2 too.
+        assert!(others_in_sync(&near, 64 << 10, size, &states, 0));
+        assert!(!others_in_sync(&offset, 64 << 10, size, &states, 0));
+        assert!(!others_in_sync(&near, 64 << 10, size, &states, 3));
+        assert!(!others_in_sync(&offset, 64 << 10, size, &states, 3));
+        states[2] = MemberState::InSync;
+        states[1] = MemberState::Missing;
+        assert!(others_in_sync(&offset, 64 << 10, size, &states, 1));
+        assert!(!others_in_sync(&offset, 64 << 10, size, &states, 2));
+    }
 }

@@ -159,6 +159,15 @@ impl Coordinator {
             if !self.redundant() {
                 continue;
             }
+            if let (Role::Active, Some(sb)) = (role, own) {
+                // Active, but behind the others' superblocks: it went away as the last copy
+                // of some set (a clean stop writes every live member's), so it catches up
+                // in its other sets (see `JobKind::CatchUp`).
+                let dirty = self.dirty_regions();
+                if sb.events < auth.events && !dirty.is_empty() {
+                    self.add_job(JobKind::CatchUp, m, dirty);
+                }
+            }
             let todo = match (role, own) {
                 (_, None) => Some(all.clone()),
                 (Role::Active, Some(_)) => None,
@@ -218,9 +227,14 @@ impl Coordinator {
         }
     }
 
-    /// The member of `set` at member offset `at` that copies and reads agree on.
+    /// The member of `set` at member offset `at` that copies and reads agree on: the first
+    /// in-sync one, passing over a member still catching up there (`JobKind::CatchUp`)
+    /// unless it is the only one.
     pub(super) fn first_in_sync(&self, set: usize, at: u64) -> Option<usize> {
-        self.map.members_at(set, at).find(|&m| self.members[m].in_sync())
+        let region = at / self.region_bytes;
+        let catching_up = |m: usize| self.jobs.iter().flatten().any(|j| j.kind == JobKind::CatchUp && j.target == m && j.todo.contains(&region));
+        let mut synced = self.map.members_at(set, at).filter(|&m| self.members[m].in_sync());
+        synced.clone().find(|&m| !catching_up(m)).or_else(|| synced.next())
     }
 
     pub(super) fn dirty_regions(&self) -> BTreeSet<u64> {

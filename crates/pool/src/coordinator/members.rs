@@ -80,6 +80,7 @@ impl Coordinator {
         }
         self.log_member(member, &format!("declared missing: {why}"));
         let m = &self.members[member];
+        let was_in_sync = m.in_sync();
         let since = match m.role {
             Role::Missing { since } => since,
             // No history can make an interrupted full rebuild partial.
@@ -109,6 +110,9 @@ impl Coordinator {
             }
         }
         self.jobs_lost_member(member);
+        if was_in_sync {
+            self.copies_lost_source();
+        }
     }
 
     /// Why `members` cannot all be replaced now, if they cannot: a stripe has no other copy
@@ -201,7 +205,14 @@ impl Coordinator {
                 m.written.iter_mut().for_each(|w| *w = 0);
                 self.events += 1;
                 self.gen[0] += 1;
-                return self.log_member(member, "is back; it holds its set's newest data");
+                self.log_member(member, "is back; it holds its set's newest data");
+                // In its other sets, a partner that stayed may hold writes it lacks (in
+                // flight when it left, or unflushed and lost with its server).
+                let dirty = self.dirty_regions();
+                if !dirty.is_empty() {
+                    self.add_job(JobKind::CatchUp, member, dirty);
+                }
+                return;
             }
             _ => None,
         };
@@ -284,7 +295,13 @@ impl Coordinator {
             stripe_unit: self.map.unit,
             member_bytes: self.map.member_bytes,
             region_bytes: self.region_bytes,
-            events: self.events,
+            // A member still catching up (`JobKind::CatchUp`) is written as behind the
+            // others, so that the next coordinator, after a stop or a crash, has it catch up
+            // again rather than take it for a source.
+            events: match self.jobs.iter().flatten().any(|j| j.kind == JobKind::CatchUp && j.target == index) {
+                true => self.events.saturating_sub(1),
+                false => self.events,
+            },
             owner: match released {
                 true => Owner::default(),
                 false => Owner {

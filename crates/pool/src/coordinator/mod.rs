@@ -24,6 +24,7 @@ mod reshape_tail;
 mod resync;
 mod spares;
 mod scrub;
+mod source;
 mod scrub_job;
 mod scrub_report;
 mod scrub_state;

@@ -347,7 +347,14 @@ impl Coordinator {
                 }
             }
             _ => {
-                let lost = r.pieces.iter().find(|p| !self.map.members_at(p.set, p.member_offset).any(|m| synced(m) && p.done >> m & 1 == 1));
+                // A member that went away as the last copy of some set comes back taken as
+                // it is (it holds the newest data of all its sets): a write it missed is not
+                // on every copy, even if its partner here took it.
+                let away = |m: usize| self.members[m].role == Role::Active && !self.members[m].connected;
+                let lost = r.pieces.iter().find(|p| {
+                    let mut group = self.map.members_at(p.set, p.member_offset);
+                    !group.clone().any(|m| synced(m) && p.done >> m & 1 == 1) || group.any(|m| away(m) && p.done >> m & 1 == 0)
+                });
                 match lost {
                     None => Ok(()),
                     Some(p) => Err(Failure::io(format!(

@@ -39,7 +39,7 @@ use super::Coordinator;
 use crate::layout::{Map, Reshape};
 use crate::limits::{MEMBERS_MAX, META_BYTES, RESHAPE_STEPS_MAX, RESHAPE_WINDOW_UNITS};
 use crate::meta::Role;
-use crate::spec::Layout;
+use crate::spec::{Layout, Placement};
 
 impl Coordinator {
     /// Why `count` members cannot be added now, if they cannot.
@@ -56,6 +56,10 @@ impl Coordinator {
         }
         if let Some(h) = &self.handover {
             return Some(format!("member {} is being replaced by {}; wait for that to finish", h.member, h.uri));
+        }
+        if self.spec.placement == Placement::Offset {
+            // Reached from a served pool's reloaded file as well as from `pool grow`.
+            return Some("a raid10 with placement = \"offset\" cannot be grown: its sets are regrouped by the member count, so growing would move every copy".into());
         }
         if self.spec.layout == Layout::Raid10 && !count.is_multiple_of(self.spec.copies) {
             return Some(format!("a raid10 with {} copies grows by whole mirror sets: add a multiple of {} members", self.spec.copies, self.spec.copies));

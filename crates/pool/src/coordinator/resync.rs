@@ -4,39 +4,16 @@
 
 use super::api::{Action, CopyId, Data, MemberCmd};
 use super::state::{Cleaning, JobKind, Lock, Phase, Purpose, Stopping};
+use super::source::Source;
 use super::Coordinator;
 use crate::limits::{CLEAN_DELAY_MS, META_BLOCK_BYTES, META_BYTES, RESYNC_CHUNK_BYTES, RESYNC_STEPS_MAX};
 use crate::meta::Role;
-
-/// Where a copy job's chunk comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Source {
-    Member(usize),
-    /// The target is its set's first in-sync member there: nothing to copy.
-    Itself,
-    /// No member of the set is in sync: the chunk waits.
-    Nothing,
-}
 
 impl Coordinator {
     /// The end of the copy chunk that starts at member offset `start`.
     pub(super) fn chunk_end(&self, start: u64) -> u64 {
         let region_end = (start / self.region_bytes + 1) * self.region_bytes;
         (start + RESYNC_CHUNK_BYTES).min(region_end).min(self.map.member_bytes)
-    }
-
-    /// Where job `j` copies its chunk at member offset `start` from: the first in-sync
-    /// member of the set its place belongs to there. A reconcile's target that is that
-    /// member already holds what the others are made equal to. When a reconcile's source
-    /// fails, the next in-sync member takes over as the source (either copy of an
-    /// unanswered write is a valid answer; what matters is that reads then agree).
-    fn source_of(&self, j: usize, start: u64) -> Source {
-        let Some(job) = self.jobs[j].as_ref() else { return Source::Nothing };
-        match self.first_in_sync(self.map.set_at(job.place, start), start) {
-            None => Source::Nothing,
-            Some(m) if m == job.target => Source::Itself,
-            Some(m) => Source::Member(m),
-        }
     }
 
     /// Starts what the copy jobs may start now; finishes jobs that are through.
@@ -109,6 +86,13 @@ impl Coordinator {
             if self.running_write_overlaps(l.set, l.start, l.end) || self.reshape_copying() {
                 continue;
             }
+            // A source that took over from a failed one may still be receiving a chunk
+            // copied from it: read it once that has landed.
+            if let Source::Member(s) = self.source_of(l.job, l.start) {
+                if self.copy_lands_on(s, l.start, l.end) {
+                    continue;
+                }
+            }
             moved = true;
             let source = match self.source_of(l.job, l.start) {
                 Source::Member(m) => m,
@@ -135,13 +119,6 @@ impl Coordinator {
             moved = true;
         }
         moved
-    }
-
-    /// Whether job `j` can move: its next chunk has a copy to read from (or it waits only
-    /// for what it has started).
-    pub(super) fn has_source(&self, j: usize) -> bool {
-        let Some(job) = self.jobs[j].as_ref() else { return false };
-        job.cursor.is_none_or(|c| self.source_of(j, c) != Source::Nothing)
     }
 
     /// Gives up a chunk that has not started copying; the job comes back to it.
@@ -212,7 +189,7 @@ impl Coordinator {
             }
             moved = true;
             match job.kind {
-                JobKind::Reconcile => self.end_job(j),
+                JobKind::Reconcile | JobKind::CatchUp => self.end_job(j),
                 JobKind::Rebuild => {
                     job.flushing = true;
                     let t = job.target;
@@ -240,8 +217,12 @@ impl Coordinator {
 
     fn end_job(&mut self, j: usize) {
         if let Some(job) = self.jobs[j].take() {
-            if job.kind == JobKind::Reconcile {
+            if job.kind != JobKind::Rebuild {
                 self.log_member(job.target, "agrees with its set again");
+            }
+            if job.kind == JobKind::CatchUp {
+                // Its superblock no longer says it is behind.
+                self.gen[0] += 1;
             }
         }
         self.locks.retain(|l| l.job != j);
@@ -357,7 +338,7 @@ impl Coordinator {
                 // Copies a crash left unequal and not yet reconciled must not be taken for
                 // equal by the next coordinator: it finds the pool owned, as after a crash,
                 // and reconciles them again.
-                let reconciling = self.jobs.iter().flatten().any(|j| j.kind == JobKind::Reconcile);
+                let reconciling = self.jobs.iter().flatten().any(|j| j.kind != JobKind::Rebuild);
                 self.jobs.iter_mut().for_each(|j| *j = None);
                 if let Some(h) = self.handover.take() {
                     let text = format!("stopping before the copy to {} was through: it did not take member {}'s place", h.uri, h.member);

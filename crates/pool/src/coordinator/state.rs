@@ -115,6 +115,11 @@ pub(super) enum JobKind {
     /// After a coordinator crash: the dirty regions of an in-sync member are made equal
     /// to the set's source; it serves no reads of them until then.
     Reconcile,
+    /// A member that went away as the last in-sync copy of some set (kept active) is back:
+    /// in its other sets, a partner that stayed holds every write it holds and those in
+    /// flight when it left (or lost unflushed in a crash), so its dirty regions are made
+    /// equal to that partner's. It is no set's source there until then.
+    CatchUp,
 }
 
 /// Copying regions to one target member, each chunk from the first in-sync member of the
