@@ -1,0 +1,298 @@
+//! The scheduler: requests in, "start this one now" out, time passed in.
+//!
+//! Each class instance has a FIFO queue. A request starts at once when nothing is held
+//! anywhere and every limit lets it (the uncontended path: a few bucket checks, no queue).
+//! Otherwise it is held, and `poll` hands held requests out in mClock's order: a class
+//! behind its reservation first, then the smallest weight tag, never past a class limit or
+//! the server-wide caps. `next_wake` says when the caller's timer should poll again.
+//!
+//! Memory: one `Instance` per class instance (its buckets and an empty queue), and one
+//! 24-byte queue entry per held request. Held requests are bounded by the caller: each one
+//! still counts against its connection's in-flight budgets, so a connection at its budget
+//! stops reading requests and the queues stop growing.
+
+mod instance;
+mod node;
+mod pick;
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::class::{Class, Limits};
+use crate::limits::{COST_BYTES_PER_OP_DEFAULT, COST_UNITS_PER_OP, TAG_SCALE};
+use crate::request::{Id, Nanos, Op, Verdict};
+use instance::{Entry, Instance, Phase};
+use node::Node;
+
+/// A class instance, as `attach` gives it to a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Handle(u32);
+
+/// A configuration the scheduler refuses; nothing of it was taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    Class { name: String, reason: String },
+    Limits(String),
+    /// `attach` named a class the configuration does not have.
+    UnknownClass(String),
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            ConfigError::Class { name, reason } => write!(f, "qos.{name}: {reason}"),
+            ConfigError::Limits(reason) => write!(f, "limits: {reason}"),
+            ConfigError::UnknownClass(name) => write!(f, "no QoS class {name:?}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// What one class instance looks like now, for metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceStats {
+    pub class: String,
+    pub client: Option<u64>,
+    pub held: usize,
+    /// Whole tokens in its tightest limit (None: no limit).
+    pub tokens: Option<i64>,
+}
+
+pub struct Scheduler {
+    classes: BTreeMap<String, Class>,
+    node: Node,
+    cost_bytes_per_op: u64,
+    slots: Vec<Option<Instance>>,
+    free: Vec<u32>,
+    by_key: HashMap<(String, Option<u64>), u32>,
+    /// Instances with held requests.
+    active: Vec<u32>,
+    held: usize,
+    /// Start-time fair queueing's virtual time: the start tag of the last request chosen by
+    /// weight. A class that wakes or was held by its limits starts from here.
+    vtime: u128,
+}
+
+fn check(classes: &BTreeMap<String, Class>, limits: &Limits) -> Result<(), ConfigError> {
+    for (name, class) in classes {
+        class.validate().map_err(|reason| ConfigError::Class { name: name.clone(), reason })?;
+    }
+    limits.validate().map_err(ConfigError::Limits)
+}
+
+/// Bytes per operation in the weights' cost: the storage's own ratio when both its caps are
+/// given (the device the operator described), else the default.
+fn cost_bytes_per_op(limits: &Limits) -> u64 {
+    match (limits.storage_bps, limits.storage_iops) {
+        (Some(bps), Some(iops)) => (bps / iops).max(1),
+        _ => COST_BYTES_PER_OP_DEFAULT,
+    }
+}
+
+impl Scheduler {
+    pub fn new(classes: BTreeMap<String, Class>, limits: Limits, now: Nanos) -> Result<Scheduler, ConfigError> {
+        check(&classes, &limits)?;
+        Ok(Scheduler {
+            node: Node::new(&limits, now),
+            cost_bytes_per_op: cost_bytes_per_op(&limits),
+            classes,
+            slots: Vec::new(),
+            free: Vec::new(),
+            by_key: HashMap::new(),
+            active: Vec::new(),
+            held: 0,
+            vtime: 0,
+        })
+    }
+
+    /// A request's cost in the weights' currency, in `COST_UNITS_PER_OP` fixed point: one
+    /// operation plus its bytes counted in operations of the storage's size.
+    pub fn cost(&self, bytes: u64) -> u64 {
+        let data = bytes as u128 * COST_UNITS_PER_OP as u128 / self.cost_bytes_per_op as u128;
+        u64::try_from(COST_UNITS_PER_OP as u128 + data).unwrap_or(u64::MAX)
+    }
+
+    /// The instance of `class` that serves `client` (the key of a client connection set:
+    /// its address, say): the class's one instance if it is shared. Each connection attaches
+    /// once and detaches when it closes.
+    pub fn attach(&mut self, class: &str, client: u64, now: Nanos) -> Result<Handle, ConfigError> {
+        let config = self.classes.get(class).ok_or_else(|| ConfigError::UnknownClass(class.to_string()))?;
+        let key = (class.to_string(), (!config.shared).then_some(client));
+        let i = match self.by_key.get(&key) {
+            Some(&i) => i,
+            None => {
+                let inst = Instance::new(class, key.1, config, now);
+                let i = match self.free.pop() {
+                    Some(i) => {
+                        self.slots[i as usize] = Some(inst);
+                        i
+                    }
+                    None => {
+                        self.slots.push(Some(inst));
+                        (self.slots.len() - 1) as u32
+                    }
+                };
+                self.by_key.insert(key, i);
+                i
+            }
+        };
+        self.inst_mut(i).refs += 1;
+        Ok(Handle(i))
+    }
+
+    /// A connection closed. Remove its held requests first (`remove`); an instance nobody
+    /// is attached to goes once its queue is empty.
+    pub fn detach(&mut self, h: Handle) {
+        let inst = self.inst_mut(h.0);
+        inst.refs = inst.refs.checked_sub(1).expect("detach after attach");
+        self.release_if_unused(h.0);
+    }
+
+    fn release_if_unused(&mut self, i: u32) {
+        let inst = self.slots[i as usize].as_ref().expect("live instance");
+        if inst.refs == 0 && inst.queue.is_empty() {
+            let inst = self.slots[i as usize].take().expect("live instance");
+            self.by_key.remove(&(inst.class, inst.client));
+            self.free.push(i);
+        }
+    }
+
+    fn inst_mut(&mut self, i: u32) -> &mut Instance {
+        self.slots[i as usize].as_mut().expect("a handle names a live instance")
+    }
+
+    /// A request arrives. `Start`: it is counted and may go to storage now. `Held`: it
+    /// waits; `poll` gives its id back when it may start.
+    pub fn submit(&mut self, now: Nanos, h: Handle, id: Id, op: Op, bytes: u64) -> Verdict {
+        let e = Entry { id, op, bytes };
+        let vtime = self.vtime;
+        let node_free = self.held == 0 && self.node.room() && self.node.allows(now, bytes);
+        let inst = self.inst_mut(h.0);
+        let was_idle = inst.queue.is_empty();
+        if was_idle {
+            inst.wake(now, vtime);
+        }
+        if node_free && inst.allows(now, &e) {
+            let phase = if inst.behind_ns(now).is_some_and(|b| b >= 0) { Phase::Reservation } else { Phase::Weight };
+            self.start(now, h.0, &e, phase);
+            return Verdict::Start;
+        }
+        inst.queue.push_back(e);
+        if was_idle {
+            self.active.push(h.0);
+        }
+        self.held += 1;
+        Verdict::Held
+    }
+
+    fn start(&mut self, now: Nanos, i: u32, e: &Entry, phase: Phase) {
+        let step = self.cost(e.bytes) as u128 * TAG_SCALE;
+        let vtime = self.vtime;
+        let inst = self.inst_mut(i);
+        let step = step.div_ceil(inst.weight as u128);
+        let tag = inst.charge(now, e, phase, vtime, step);
+        if phase == Phase::Weight {
+            self.vtime = self.vtime.max(tag);
+        }
+        self.node.take(now, e.bytes);
+    }
+
+    /// The next held request to start now, already counted; None when none may start yet
+    /// (ask `next_wake` when to try again, and poll after every `finished`).
+    pub fn poll(&mut self, now: Nanos) -> Option<Id> {
+        if self.held == 0 || !self.node.room() {
+            return None;
+        }
+        let (i, phase) = pick::choose(&self.slots, &self.active, now, self.vtime)?;
+        let inst = self.slots[i as usize].as_ref().expect("chosen instances are live");
+        let head = *inst.queue.front().expect("chosen instances hold requests");
+        if !self.node.allows(now, head.bytes) {
+            return None;
+        }
+        self.inst_mut(i).queue.pop_front();
+        self.start(now, i, &head, phase);
+        self.after_dequeue(i);
+        Some(head.id)
+    }
+
+    fn after_dequeue(&mut self, i: u32) {
+        self.held -= 1;
+        if self.slots[i as usize].as_ref().is_some_and(|inst| inst.queue.is_empty()) {
+            let at = self.active.iter().position(|&a| a == i).expect("an instance with requests is active");
+            self.active.swap_remove(at);
+            self.release_if_unused(i);
+        }
+    }
+
+    /// When a held request could start, for the caller's timer: None when nothing is held,
+    /// or when only a finished request can make room (the storage is at its queue depth).
+    pub fn next_wake(&self, now: Nanos) -> Option<Nanos> {
+        if self.held == 0 || !self.node.room() {
+            return None;
+        }
+        let head_of = |i: u32| {
+            let inst = self.slots[i as usize].as_ref().expect("active instances are live");
+            (inst, inst.queue.front().expect("active instances hold requests"))
+        };
+        if let Some((i, _)) = pick::choose(&self.slots, &self.active, now, self.vtime) {
+            return Some(self.node.allowed_at(now, head_of(i).1.bytes));
+        }
+        let at = |&i: &u32| {
+            let (inst, head) = head_of(i);
+            inst.allowed_at(now, head).max(self.node.allowed_at(now, head.bytes))
+        };
+        self.active.iter().map(at).min()
+    }
+
+    /// A started request has left the storage (completed or failed).
+    pub fn finished(&mut self) {
+        self.node.inflight = self.node.inflight.checked_sub(1).expect("finished after a start");
+    }
+
+    /// Drops a held request (its connection closed). False if it was not held there (it
+    /// has started, or was never submitted).
+    pub fn remove(&mut self, h: Handle, id: Id) -> bool {
+        let inst = self.inst_mut(h.0);
+        let Some(at) = inst.queue.iter().position(|e| e.id == id) else { return false };
+        inst.queue.remove(at);
+        self.after_dequeue(h.0);
+        true
+    }
+
+    /// New classes and caps at run time. Held requests stay where they are; each instance
+    /// takes its class's new settings, keeping its tokens (up to the new burst) and debts.
+    /// An instance whose class is gone runs unlimited at the default weight until its last
+    /// connection detaches; a class that changes `shared` applies to attachments made after.
+    pub fn reconfigure(&mut self, now: Nanos, classes: BTreeMap<String, Class>, limits: Limits) -> Result<(), ConfigError> {
+        check(&classes, &limits)?;
+        for inst in self.slots.iter_mut().flatten() {
+            let config = classes.get(&inst.class).cloned().unwrap_or_default();
+            inst.reconfigure(now, &config);
+        }
+        self.node.reconfigure(&limits, now);
+        self.cost_bytes_per_op = cost_bytes_per_op(&limits);
+        self.classes = classes;
+        Ok(())
+    }
+
+    /// Requests held now, in all classes.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Requests started and not yet `finished`.
+    pub fn inflight(&self) -> u32 {
+        self.node.inflight
+    }
+
+    /// Every live class instance, for metrics.
+    pub fn stats(&self, now: Nanos) -> Vec<InstanceStats> {
+        let one = |inst: &Instance| InstanceStats {
+            class: inst.class.clone(),
+            client: inst.client,
+            held: inst.queue.len(),
+            tokens: inst.tokens(now),
+        };
+        self.slots.iter().flatten().map(one).collect()
+    }
+}
