@@ -197,7 +197,8 @@ mod tests {
             b.take(now, 1);
             started += 1;
         }
-        assert_eq!(started, 7 * 86_400 + 1, "one per 1/7 s, to the request");
+        assert_eq!(started, 7 * 86_400, "one per 1/7 s, to the request");
+        assert_eq!(now, 86_400 * S, "the last one exactly at the end of the day");
     }
 
     #[test]
