@@ -14,6 +14,8 @@
 mod instance;
 mod node;
 mod pick;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 
