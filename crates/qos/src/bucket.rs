@@ -51,6 +51,11 @@ impl Bucket {
         (units as i128 * SCALE).min(self.cap)
     }
 
+    /// Whether the bucket has filled up again (nothing of the past is left to remember).
+    pub fn is_full(&self, now: Nanos) -> bool {
+        self.level(now) >= self.cap
+    }
+
     pub fn fits(&self, now: Nanos, units: u64) -> bool {
         self.level(now) >= self.need(units)
     }

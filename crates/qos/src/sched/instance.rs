@@ -133,6 +133,12 @@ impl Instance {
         start
     }
 
+    /// Whether every limit's bucket is full: forgetting the instance then loses nothing (a
+    /// new one starts full), so a client cannot reset its limits by reconnecting.
+    pub fn rested(&self, now: Nanos) -> bool {
+        self.limits.iter().all(|(_, _, b)| b.is_full(now))
+    }
+
     /// Whole tokens left in the class's tightest limit at `now`, for metrics (None: unlimited).
     pub fn tokens(&self, now: Nanos) -> Option<i64> {
         self.limits.iter().map(|(_, _, b)| b.tokens(now)).min()

@@ -60,6 +60,17 @@ pub struct InstanceStats {
     pub tokens: Option<i64>,
 }
 
+/// The scheduler's state as work conservation is judged.
+#[cfg(test)]
+pub(crate) struct Probe {
+    /// The storage may take another request (its queue depth).
+    pub room: bool,
+    /// Instances whose next held request their class limits would let start.
+    pub within_class_limits: usize,
+    /// The server-wide rate caps are full: any one request would fit them.
+    pub caps_rested: bool,
+}
+
 pub struct Scheduler {
     classes: BTreeMap<String, Class>,
     node: Node,
@@ -69,6 +80,9 @@ pub struct Scheduler {
     by_key: HashMap<(String, Option<u64>), u32>,
     /// Instances with held requests.
     active: Vec<u32>,
+    /// Instances nobody is attached to whose buckets have not filled up yet: kept so that a
+    /// client that reconnects finds its debts, freed by a later `attach` once rested.
+    lingering: Vec<u32>,
     held: usize,
     /// Start-time fair queueing's virtual time: the start tag of the last request chosen by
     /// weight. A class that wakes or was held by its limits starts from here.
@@ -102,6 +116,7 @@ impl Scheduler {
             free: Vec::new(),
             by_key: HashMap::new(),
             active: Vec::new(),
+            lingering: Vec::new(),
             held: 0,
             vtime: 0,
         })
@@ -118,6 +133,9 @@ impl Scheduler {
     /// its address, say): the class's one instance if it is shared. Each connection attaches
     /// once and detaches when it closes.
     pub fn attach(&mut self, class: &str, client: u64, now: Nanos) -> Result<Handle, ConfigError> {
+        for i in std::mem::take(&mut self.lingering) {
+            self.release_if_unused(i, now);
+        }
         let config = self.classes.get(class).ok_or_else(|| ConfigError::UnknownClass(class.to_string()))?;
         let key = (class.to_string(), (!config.shared).then_some(client));
         let i = match self.by_key.get(&key) {
@@ -143,20 +161,28 @@ impl Scheduler {
     }
 
     /// A connection closed. Remove its held requests first (`remove`); an instance nobody
-    /// is attached to goes once its queue is empty.
-    pub fn detach(&mut self, h: Handle) {
+    /// is attached to goes once its queue is empty and its buckets are full again.
+    pub fn detach(&mut self, h: Handle, now: Nanos) {
         let inst = self.inst_mut(h.0);
         inst.refs = inst.refs.checked_sub(1).expect("detach after attach");
-        self.release_if_unused(h.0);
+        self.release_if_unused(h.0, now);
     }
 
-    fn release_if_unused(&mut self, i: u32) {
+    fn release_if_unused(&mut self, i: u32, now: Nanos) {
         let inst = self.slots[i as usize].as_ref().expect("live instance");
-        if inst.refs == 0 && inst.queue.is_empty() {
-            let inst = self.slots[i as usize].take().expect("live instance");
-            self.by_key.remove(&(inst.class, inst.client));
-            self.free.push(i);
+        if inst.refs > 0 || !inst.queue.is_empty() {
+            return;
         }
+        if !inst.rested(now) {
+            if !self.lingering.contains(&i) {
+                self.lingering.push(i);
+            }
+            return;
+        }
+        let inst = self.slots[i as usize].take().expect("live instance");
+        self.by_key.remove(&(inst.class, inst.client));
+        self.lingering.retain(|&l| l != i);
+        self.free.push(i);
     }
 
     fn inst_mut(&mut self, i: u32) -> &mut Instance {
@@ -213,16 +239,16 @@ impl Scheduler {
         }
         self.inst_mut(i).queue.pop_front();
         self.start(now, i, &head, phase);
-        self.after_dequeue(i);
+        self.after_dequeue(i, now);
         Some(head.id)
     }
 
-    fn after_dequeue(&mut self, i: u32) {
+    fn after_dequeue(&mut self, i: u32, now: Nanos) {
         self.held -= 1;
         if self.slots[i as usize].as_ref().is_some_and(|inst| inst.queue.is_empty()) {
             let at = self.active.iter().position(|&a| a == i).expect("an instance with requests is active");
             self.active.swap_remove(at);
-            self.release_if_unused(i);
+            self.release_if_unused(i, now);
         }
     }
 
@@ -253,11 +279,11 @@ impl Scheduler {
 
     /// Drops a held request (its connection closed). False if it was not held there (it
     /// has started, or was never submitted).
-    pub fn remove(&mut self, h: Handle, id: Id) -> bool {
+    pub fn remove(&mut self, h: Handle, id: Id, now: Nanos) -> bool {
         let inst = self.inst_mut(h.0);
         let Some(at) = inst.queue.iter().position(|e| e.id == id) else { return false };
         inst.queue.remove(at);
-        self.after_dequeue(h.0);
+        self.after_dequeue(h.0, now);
         true
     }
 
@@ -285,6 +311,16 @@ impl Scheduler {
     /// Requests started and not yet `finished`.
     pub fn inflight(&self) -> u32 {
         self.node.inflight
+    }
+
+    /// What the simulation checks work conservation against, at `now`.
+    #[cfg(test)]
+    pub(crate) fn probe(&self, now: Nanos) -> Probe {
+        let within = |&i: &u32| {
+            let inst = self.slots[i as usize].as_ref().expect("active instances are live");
+            inst.allows(now, inst.queue.front().expect("active instances hold requests"))
+        };
+        Probe { room: self.node.room(), within_class_limits: self.active.iter().filter(|i| within(i)).count(), caps_rested: self.node.rested(now) }
     }
 
     /// Every live class instance, for metrics.

@@ -34,6 +34,11 @@ impl Node {
         self.depth.is_none_or(|d| self.inflight < d)
     }
 
+    /// Whether the rate caps are full (or absent): any one request would fit them.
+    pub fn rested(&self, now: Nanos) -> bool {
+        [&self.iops, &self.bps].into_iter().flatten().all(|b| b.is_full(now))
+    }
+
     pub fn allows(&self, now: Nanos, bytes: u64) -> bool {
         self.iops.as_ref().is_none_or(|b| b.fits(now, 1)) && self.bps.as_ref().is_none_or(|b| b.fits(now, bytes))
     }

@@ -225,11 +225,17 @@ fn removed_requests_never_start() {
     s.submit(0, a, 0, Op::Read, 0);
     s.submit(0, a, 1, Op::Read, 0);
     s.submit(0, a, 2, Op::Read, 0);
-    assert!(s.remove(a, 1));
-    assert!(!s.remove(a, 1) && !s.remove(a, 0), "not held: started, or gone");
-    assert_eq!(drain(&mut s, 5 * S), vec![2]);
-    s.detach(a);
-    assert!(s.stats(5 * S).is_empty(), "the instance goes with its last connection");
+    assert!(s.remove(a, 1, 0));
+    assert!(!s.remove(a, 1, 0) && !s.remove(a, 0, 0), "not held: started, or gone");
+    assert_eq!(drain(&mut s, S), vec![2]);
+    s.detach(a, S);
+    assert_eq!(s.stats(S).len(), 1, "kept while its bucket is not full");
+    let again = s.attach("a", 1, S).unwrap();
+    assert_eq!(s.submit(S, again, 3, Op::Read, 0), Verdict::Held, "reconnecting does not reset a limit");
+    assert!(s.remove(again, 3, S));
+    s.detach(again, S);
+    s.attach("a", 2, 5 * S).unwrap();
+    assert_eq!(s.stats(5 * S).len(), 1, "the rested instance is gone; client 2's is there");
 }
 
 #[test]
