@@ -35,6 +35,7 @@ impl Node {
     }
 
     /// Whether the rate caps are full (or absent): any one request would fit them.
+    #[cfg(test)]
     pub fn rested(&self, now: Nanos) -> bool {
         [&self.iops, &self.bps].into_iter().flatten().all(|b| b.is_full(now))
     }
