@@ -101,13 +101,13 @@ impl Instance {
         ops.max(bytes)
     }
 
-    /// The class has work again after none: nothing owed while idle is kept, and its tag
-    /// moves up to the scheduler's virtual time so idleness is not banked as share either.
-    pub fn wake(&mut self, now: Nanos, vtime: u128) {
+    /// The class has work again after none: nothing owed on its reservation while idle is
+    /// kept. (Its weight tag needs no care here: a tag behind the virtual time counts as
+    /// the virtual time, when chosen and when charged, so idleness is not banked as share.)
+    pub fn wake(&mut self, now: Nanos) {
         for c in [&mut self.reserve_ops, &mut self.reserve_bytes].into_iter().flatten() {
             c.wake(now);
         }
-        self.tag = self.tag.max(vtime);
     }
 
     /// Counts a started request: every limit that covers it; the reservation if it was

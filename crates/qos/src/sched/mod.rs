@@ -193,12 +193,11 @@ impl Scheduler {
     /// waits; `poll` gives its id back when it may start.
     pub fn submit(&mut self, now: Nanos, h: Handle, id: Id, op: Op, bytes: u64) -> Verdict {
         let e = Entry { id, op, bytes };
-        let vtime = self.vtime;
         let node_free = self.held == 0 && self.node.room() && self.node.allows(now, bytes);
         let inst = self.inst_mut(h.0);
         let was_idle = inst.queue.is_empty();
         if was_idle {
-            inst.wake(now, vtime);
+            inst.wake(now);
         }
         if node_free && inst.allows(now, &e) {
             let phase = if inst.behind_ns(now).is_some_and(|b| b >= 0) { Phase::Reservation } else { Phase::Weight };

@@ -152,17 +152,40 @@ fn a_reservation_is_served_first_while_behind() {
     for _ in 0..s.inflight() {
         s.finished();
     }
-    let mut now = 0;
-    while now < 10 * S {
-        while let Some(got) = s.poll(now) {
-            reserved += (got < 20_000) as u64;
-            s.finished();
-        }
-        now = s.next_wake(now).expect("work is held");
-    }
+    let mut got = Vec::new();
+    run_until(&mut s, &mut 0, 10 * S, &mut got);
+    reserved += got.iter().filter(|&&id| id < 20_000).count() as u64;
     // 300 a second, and the first requests that started on submission (all the reserved
     // class's, up to the storage's queue depth).
     assert!((3000..=3010).contains(&reserved), "reserved class got {reserved} in 10 s");
+}
+
+/// Polls at every wake until `until`, the storage finishing whatever started at once.
+fn run_until(s: &mut Scheduler, now: &mut Nanos, until: Nanos, got: &mut Vec<u64>) {
+    while *now < until {
+        got.extend(std::iter::from_fn(|| s.poll(*now)));
+        (0..s.inflight()).for_each(|_| s.finished());
+        *now = s.next_wake(*now).expect("work is held");
+    }
+}
+
+#[test]
+fn an_idle_reserved_class_is_owed_nothing_for_its_idleness() {
+    let limits = Limits { storage_iops: Some(1000), ..Limits::default() };
+    let mut s = sched("[r]\nreservation-iops = 100\nweight = 1\n[f]\nweight = 1000", limits);
+    let (r, f) = (s.attach("r", 1, 0).unwrap(), s.attach("f", 1, 0).unwrap());
+    for id in 0..20_000 {
+        s.submit(0, f, id, Op::Read, 0);
+    }
+    let mut now = 0;
+    run_until(&mut s, &mut now, 10 * S, &mut Vec::new());
+    for id in 100_000..101_000 {
+        s.submit(now, r, id, Op::Read, 0);
+    }
+    let mut got = Vec::new();
+    run_until(&mut s, &mut now, 11 * S, &mut got);
+    let reserved = got.iter().filter(|&&id| id >= 100_000).count();
+    assert!((100..=103).contains(&reserved), "10 s idle bought {reserved} in the next second");
 }
 
 #[test]

@@ -41,7 +41,7 @@ impl Watch {
         self.largest = self.largest.max(units);
         let over = self.consumed - earned - self.worst_base - self.cap.max(self.largest);
         if over > 0 {
-            return Err(format!("{} exceeded by {} units at {now} ns", self.name, over / SCALE));
+            return Err(format!("{} exceeded by {:.6} units at {now} ns", self.name, over as f64 / SCALE as f64));
         }
         Ok(())
     }
