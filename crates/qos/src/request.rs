@@ -1,7 +1,8 @@
 //! What the scheduler is told about one request, and what it answers.
 
-/// The caller's name for a request (the connection core's slot or handle, say). The
-/// scheduler only hands it back; it must be unique among the requests held at once.
+/// The caller's name for a request. The scheduler only hands it back (from `poll`, which
+/// does not say whose it is), so it must be unique across all connections among the
+/// requests held at once: a connection's number and its slot, say.
 pub type Id = u64;
 
 /// Time as the caller passes it in: nanoseconds since an origin of its choosing (the

@@ -26,8 +26,8 @@ fn contention(rng: &mut Rng, storage: &Storage) -> Limits {
     // so shares of the two that add up to under 1 keep it from being the bottleneck.
     // Under 75% in all, so the device's queue stays short and a flooding client always has
     // requests held at the scheduler (beyond that, the device's queue holds them).
-    let ops_share = range(rng, 20, 60);
-    let bytes_share = (75 - ops_share) * range(rng, 30, 100) / 100;
+    let ops_share = range(rng, 20, 50);
+    let bytes_share = (75 - ops_share) * range(rng, 50, 100) / 100;
     Limits {
         storage_iops: Some(storage.iops * ops_share / 100),
         storage_bps: Some(storage.bps * bytes_share / 100),
@@ -42,7 +42,13 @@ fn capacity_ops(storage: &Storage, limits: &Limits, bytes: u64) -> u64 {
 }
 
 fn flood(rng: &mut Rng, sizes: Sizes, limits: &Limits) -> Workload {
-    let depth = 2 * limits.storage_inflight.unwrap_or(0) + range(rng, 32, 128) as u32;
+    // A flood must keep requests held at the scheduler, or there is nothing to share: past
+    // a queue depth, a few more than the depth do; under rate caps alone, started requests
+    // wait in the device's queue instead, and the budget must cover that queue too.
+    let depth = match limits.storage_inflight {
+        Some(d) => 2 * d + range(rng, 16, 64) as u32,
+        None => range(rng, 256, 384) as u32,
+    };
     Workload { arrival: Arrival::Flood, sizes, depth, reads_in_10: rng.below(11), writes_in_10: rng.below(11) }
 }
 
@@ -128,7 +134,10 @@ fn reservation(seed: u64, rng: &mut Rng, storage: Storage, limits: Limits) -> Re
 
 fn limited(seed: u64, rng: &mut Rng, storage: Storage, limits: Limits) -> Result<String, String> {
     let (sizes, bytes) = if chance(rng, 50) { (Sizes::Small, 4096) } else { (Sizes::Large, 1 << 20) };
-    let ops = capacity_ops(&storage, &limits, bytes) * range(rng, 5, 20) / 100;
+    let capacity = capacity_ops(&storage, &limits, bytes);
+    // At least 20 requests a second where the storage allows, so that one request is not
+    // a large part of what the run measures.
+    let ops = (capacity * range(rng, 5, 20) / 100).max(20).min(capacity * 2 / 5);
     let mut class = Class { burst_ns: range(rng, 1, 20) * SEC / 10, ..Class::default() };
     let (dim, applies, _) = class.limits()[rng.below(6) as usize];
     let rate = if dim == Dim::Ops { ops.max(1) } else { (ops * bytes).max(1) };
