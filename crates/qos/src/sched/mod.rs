@@ -286,6 +286,21 @@ impl Scheduler {
         true
     }
 
+    /// Drops every request held in `h`'s instance that `gone` picks (all of a closing
+    /// connection's, say), in one pass over the queue; returns how many.
+    pub fn remove_all(&mut self, h: Handle, now: Nanos, gone: impl Fn(Id) -> bool) -> usize {
+        let queue = &mut self.inst_mut(h.0).queue;
+        let before = queue.len();
+        queue.retain(|e| !gone(e.id));
+        let removed = before - queue.len();
+        if removed > 0 {
+            // All but the last through the count; the last also retires an emptied instance.
+            self.held -= removed - 1;
+            self.after_dequeue(h.0, now);
+        }
+        removed
+    }
+
     /// New classes and caps at run time. Held requests stay where they are; each instance
     /// takes its class's new settings, keeping its tokens (up to the new burst) and debts.
     /// An instance whose class is gone runs unlimited at the default weight until its last

@@ -262,6 +262,20 @@ fn removed_requests_never_start() {
 }
 
 #[test]
+fn remove_all_drops_a_closing_connections_requests_in_one_pass() {
+    let mut s = sched("[sh]\niops = 1\nshared = true", Limits::default());
+    let (one, two) = (s.attach("sh", 1, 0).unwrap(), s.attach("sh", 2, 0).unwrap());
+    s.submit(0, one, 0, Op::Read, 0);
+    for id in 1..10 {
+        s.submit(0, if id % 2 == 0 { one } else { two }, id, Op::Read, 0);
+    }
+    assert_eq!(s.remove_all(two, 0, |id| id % 2 == 1), 5);
+    assert_eq!(s.held(), 4);
+    assert_eq!(s.remove_all(one, 0, |id| id % 2 == 0), 4);
+    assert_eq!((s.held(), s.poll(10 * S), s.remove_all(one, 0, |_| true)), (0, None, 0));
+}
+
+#[test]
 fn a_shared_class_has_one_bucket_and_others_one_per_client() {
     let mut s = sched("[sh]\niops = 2\nshared = true\n[own]\niops = 2", Limits::default());
     let (s1, s2) = (s.attach("sh", 1, 0).unwrap(), s.attach("sh", 2, 0).unwrap());

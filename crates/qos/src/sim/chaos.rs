@@ -59,6 +59,9 @@ impl World {
     fn close(&mut self, c: usize) -> Result<(), String> {
         let (h, _) = self.clients[c].open.take().expect("an open client");
         let mine: Vec<(u64, State)> = self.reqs.iter().filter(|(_, r)| r.client == c && r.state != State::Removed).map(|(&id, r)| (id, r.state)).collect();
+        if chance(&mut self.rng, 50) {
+            return self.close_all(c, h, &mine);
+        }
         for (id, state) in mine {
             let removed = self.sched.remove(h, id, self.now);
             if removed != (state == State::Held) {
@@ -69,10 +72,29 @@ impl World {
                 self.clients[c].outstanding -= 1;
             }
         }
+        self.closed(c, h);
+        Ok(())
+    }
+
+    /// The same with one `remove_all` for the connection's held requests.
+    fn close_all(&mut self, c: usize, h: crate::sched::Handle, mine: &[(u64, State)]) -> Result<(), String> {
+        let held: std::collections::BTreeSet<u64> = mine.iter().filter(|(_, s)| *s == State::Held).map(|(id, _)| *id).collect();
+        let removed = self.sched.remove_all(h, self.now, |id| held.contains(&id));
+        if removed != held.len() {
+            return Err(format!("remove_all removed {removed} of {} held", held.len()));
+        }
+        for id in held {
+            self.reqs.get_mut(&id).expect("listed").state = State::Removed;
+            self.clients[c].outstanding -= 1;
+        }
+        self.closed(c, h);
+        Ok(())
+    }
+
+    fn closed(&mut self, c: usize, h: crate::sched::Handle) {
         self.sched.detach(h, self.now);
         self.clients[c].reopen_at = self.now + range(&mut self.rng, 0, 1000) * MS;
         self.log.push(format!("{} client {c} closes", self.now));
-        Ok(())
     }
 }
 
