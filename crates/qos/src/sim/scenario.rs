@@ -136,11 +136,20 @@ fn limited(seed: u64, rng: &mut Rng, storage: Storage, limits: Limits) -> Result
     let (sizes, bytes) = if chance(rng, 50) { (Sizes::Small, 4096) } else { (Sizes::Large, 1 << 20) };
     let capacity = capacity_ops(&storage, &limits, bytes);
     // At least 20 requests a second where the storage allows, so that one request is not
-    // a large part of what the run measures.
-    let ops = (capacity * range(rng, 5, 20) / 100).max(20).min(capacity * 2 / 5);
-    let mut class = Class { burst_ns: range(rng, 1, 20) * SEC / 10, ..Class::default() };
+    // a large part of what the run measures; at most a fifth of the capacity, so that with
+    // as few as half its requests counted the class needs at most 40% of the storage, and
+    // its half share by weight (against the flood) lets it reach the limit.
+    let ops = (capacity * range(rng, 5, 20) / 100).max(20).min(capacity / 5);
+    // Far more weight than the flood beside it: the class must be able to reach its limit
+    // whatever its requests cost against the flood's (the weights share cost, and cost counts
+    // bytes at 64 KiB an operation where the storage's own ratio is not given).
+    let mut class = Class { burst_ns: range(rng, 1, 20) * SEC / 10, weight: range(rng, 500, 1000) as u32, ..Class::default() };
     let (dim, applies, _) = class.limits()[rng.below(6) as usize];
     let rate = if dim == Dim::Ops { ops.max(1) } else { (ops * bytes).max(1) };
+    // A bucket that holds less than a request or two loses what it earns while the class's
+    // next counted request waits behind another (a read behind the cap, before a limited
+    // write): a limit is reached only with room for two of its requests.
+    class.burst_ns = class.burst_ns.max(2 * dim.units(bytes) * SEC / rate);
     match (dim, applies) {
         (Dim::Ops, Applies::All) => class.iops = Some(rate),
         (Dim::Bytes, Applies::All) => class.bps = Some(rate),
@@ -159,7 +168,7 @@ fn limited(seed: u64, rng: &mut Rng, storage: Storage, limits: Limits) -> Result
     let burst_ns = class.burst_ns;
     let mut classes = BTreeMap::new();
     classes.insert("l".to_string(), class);
-    classes.insert("f".to_string(), Class::default());
+    classes.insert("f".to_string(), Class { weight: range(rng, 1, 10) as u32, ..Class::default() });
     let other = gen::sizes(rng);
     let ff = flood(rng, other, &limits);
     let mut w = world(seed, classes, limits, storage);
