@@ -8,6 +8,18 @@
 //!   requests (start now, or held), `poll` for held ones that may start, `next_wake` for
 //!   the caller's timer, `finished`, `remove`, `reconfigure`.
 //!
+//! What the classes get, under contention: first each class's reservation (mClock's
+//! reservation phase, most-behind first), then shares of the rest by weight, never past a
+//! class's limits or the server-wide caps. As in mClock (and Ceph's dmClock), requests
+//! served for a reservation count towards the class's share too, and requests served by
+//! weight do not use up its reservation: a class gets about the larger of the two.
+//!
+//! Cost: limits count what they name (operations or bytes, each its own bucket). Weights
+//! share one number per request, one operation plus its bytes in operations of
+//! `storage-bps / storage-iops` bytes (the device the operator described), else of 64 KiB:
+//! a 1 MiB request then costs 17 and a 4 KiB one 1.06, so a tenant of large requests and
+//! one of small ones share the device's time rather than its request count or its bytes.
+//!
 //! The scheduler owns no socket, clock or thread: time comes in as nanoseconds since an
 //! origin of the caller's choosing. The seeded simulation in `sim` (tests only) drives it
 //! against simulated storage and checks its promises after every step.

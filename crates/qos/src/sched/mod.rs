@@ -189,8 +189,10 @@ impl Scheduler {
         self.slots[i as usize].as_mut().expect("a handle names a live instance")
     }
 
-    /// A request arrives. `Start`: it is counted and may go to storage now. `Held`: it
-    /// waits; `poll` gives its id back when it may start.
+    /// A request arrives (after validation, before storage). `Start`: it is counted and
+    /// may go to storage now. `Held`: it waits; `poll` gives its id back when it may start.
+    /// While anything is held the uncontended path is off, so a held request may be
+    /// startable at once: poll after every `Held`, as after every `finished` and wake.
     pub fn submit(&mut self, now: Nanos, h: Handle, id: Id, op: Op, bytes: u64) -> Verdict {
         let e = Entry { id, op, bytes };
         let node_free = self.held == 0 && self.node.room() && self.node.allows(now, bytes);
