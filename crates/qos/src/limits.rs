@@ -46,6 +46,19 @@ pub const COST_UNITS_PER_OP: u64 = 1 << 16;
 /// so shares do not drift over any run.
 pub const TAG_SCALE: u128 = 1 << 32;
 
+/// Class instances kept after their last connection closed, until their buckets fill up
+/// again (so that reconnecting does not reset a limit). A peer that churns through client
+/// addresses would otherwise make the scheduler hold an instance per address for up to the
+/// longest burst; past this many, the oldest is forgotten (about 200 bytes each: under a
+/// MiB in all).
+pub const LINGERING_INSTANCES_MAX: usize = 4096;
+
+/// Lingering instances looked at (and forgotten if rested) per `attach`: a few, so that
+/// an attach costs little however many linger, and more than one, so that they are
+/// looked at faster than connections can add them.
+pub const LINGERING_SWEEP_COUNT: usize = 4;
+
+const _: () = assert!(LINGERING_SWEEP_COUNT > 1 && LINGERING_SWEEP_COUNT <= LINGERING_INSTANCES_MAX);
 const _: () = assert!(WEIGHT_DEFAULT >= 1 && WEIGHT_DEFAULT <= WEIGHT_MAX);
 const _: () = assert!(BURST_DEFAULT_NS <= BURST_MAX_NS && STORAGE_BURST_NS <= BURST_MAX_NS);
 // Tokens are kept in units times nanoseconds-per-second; the largest bucket must fit an i128

@@ -38,10 +38,14 @@ pub struct Instance {
     /// in `TAG_SCALE` fixed point.
     pub tag: u128,
     pub weight: u32,
+    /// Which instance this is, of all the scheduler created (slots are reused).
+    pub serial: u64,
+    /// Listed among the instances kept for their debts after their last connection.
+    pub lingering: bool,
 }
 
 impl Instance {
-    pub fn new(class: &str, client: Option<u64>, config: &Class, now: Nanos) -> Instance {
+    pub fn new(class: &str, client: Option<u64>, config: &Class, now: Nanos, serial: u64) -> Instance {
         let mut inst = Instance {
             class: class.to_string(),
             client,
@@ -52,6 +56,8 @@ impl Instance {
             reserve_bytes: None,
             tag: 0,
             weight: config.weight,
+            serial,
+            lingering: false,
         };
         inst.reconfigure(now, config);
         inst

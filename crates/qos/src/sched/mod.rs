@@ -17,10 +17,10 @@ mod pick;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::class::{Class, Limits};
-use crate::limits::{COST_BYTES_PER_OP_DEFAULT, COST_UNITS_PER_OP, TAG_SCALE};
+use crate::limits::{COST_BYTES_PER_OP_DEFAULT, COST_UNITS_PER_OP, LINGERING_INSTANCES_MAX, LINGERING_SWEEP_COUNT, TAG_SCALE};
 use crate::request::{Id, Nanos, Op, Verdict};
 use instance::{Entry, Instance, Phase};
 use node::Node;
@@ -82,7 +82,9 @@ pub struct Scheduler {
     active: Vec<u32>,
     /// Instances nobody is attached to whose buckets have not filled up yet: kept so that a
     /// client that reconnects finds its debts, freed by a later `attach` once rested.
-    lingering: Vec<u32>,
+    lingering: VecDeque<(u32, u64)>,
+    /// Instances created so far: each one's serial, so a stale `lingering` entry is known.
+    created: u64,
     held: usize,
     /// Start-time fair queueing's virtual time: the start tag of the last request chosen by
     /// weight. A class that wakes or was held by its limits starts from here.
@@ -116,7 +118,8 @@ impl Scheduler {
             free: Vec::new(),
             by_key: HashMap::new(),
             active: Vec::new(),
-            lingering: Vec::new(),
+            lingering: VecDeque::new(),
+            created: 0,
             held: 0,
             vtime: 0,
         })
@@ -133,15 +136,14 @@ impl Scheduler {
     /// its address, say): the class's one instance if it is shared. Each connection attaches
     /// once and detaches when it closes.
     pub fn attach(&mut self, class: &str, client: u64, now: Nanos) -> Result<Handle, ConfigError> {
-        for i in std::mem::take(&mut self.lingering) {
-            self.release_if_unused(i, now);
-        }
+        self.sweep(now);
         let config = self.classes.get(class).ok_or_else(|| ConfigError::UnknownClass(class.to_string()))?;
         let key = (class.to_string(), (!config.shared).then_some(client));
         let i = match self.by_key.get(&key) {
             Some(&i) => i,
             None => {
-                let inst = Instance::new(class, key.1, config, now);
+                self.created += 1;
+                let inst = Instance::new(class, key.1, config, now, self.created);
                 let i = match self.free.pop() {
                     Some(i) => {
                         self.slots[i as usize] = Some(inst);
@@ -173,15 +175,52 @@ impl Scheduler {
         if inst.refs > 0 || !inst.queue.is_empty() {
             return;
         }
-        if !inst.rested(now) {
-            if !self.lingering.contains(&i) {
-                self.lingering.push(i);
-            }
-            return;
+        if inst.rested(now) {
+            return self.forget(i);
         }
+        if !inst.lingering {
+            let serial = inst.serial;
+            self.inst_mut(i).lingering = true;
+            self.lingering.push_back((i, serial));
+        }
+        if self.lingering.len() > LINGERING_INSTANCES_MAX {
+            let oldest = self.lingering.pop_front().expect("over the maximum");
+            if let Some(inst) = self.listed(oldest) {
+                inst.lingering = false;
+                if inst.refs == 0 && inst.queue.is_empty() {
+                    self.forget(oldest.0);
+                }
+            }
+        }
+    }
+
+    /// The instance a `lingering` entry names, unless the entry is stale.
+    fn listed(&mut self, (i, serial): (u32, u64)) -> Option<&mut Instance> {
+        self.slots[i as usize].as_mut().filter(|inst| inst.serial == serial)
+    }
+
+    /// Looks at a few of the oldest lingering instances: forgets those rested, drops the
+    /// entries of those in use again, keeps the rest (at the back).
+    fn sweep(&mut self, now: Nanos) {
+        for _ in 0..LINGERING_SWEEP_COUNT.min(self.lingering.len()) {
+            let entry = self.lingering.pop_front().expect("counted");
+            let Some(inst) = self.listed(entry) else { continue };
+            inst.lingering = false;
+            if inst.refs > 0 || !inst.queue.is_empty() {
+                continue;
+            }
+            if inst.rested(now) {
+                self.forget(entry.0);
+            } else {
+                inst.lingering = true;
+                self.lingering.push_back(entry);
+            }
+        }
+    }
+
+    fn forget(&mut self, i: u32) {
         let inst = self.slots[i as usize].take().expect("live instance");
         self.by_key.remove(&(inst.class, inst.client));
-        self.lingering.retain(|&l| l != i);
         self.free.push(i);
     }
 

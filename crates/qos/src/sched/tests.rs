@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::{ConfigError, Scheduler};
 use crate::class::{Class, Limits};
-use crate::limits::NANOS_PER_SEC;
+use crate::limits::{LINGERING_INSTANCES_MAX, NANOS_PER_SEC};
 use crate::request::{Nanos, Op, Verdict};
 
 const S: Nanos = NANOS_PER_SEC;
@@ -273,6 +273,17 @@ fn remove_all_drops_a_closing_connections_requests_in_one_pass() {
     assert_eq!(s.held(), 4);
     assert_eq!(s.remove_all(one, 0, |id| id % 2 == 0), 4);
     assert_eq!((s.held(), s.poll(10 * S), s.remove_all(one, 0, |_| true)), (0, None, 0));
+}
+
+#[test]
+fn instances_kept_for_their_debts_are_bounded() {
+    let mut s = sched("[a]\niops = 1\nburst = 3600", Limits::default());
+    for client in 0..(LINGERING_INSTANCES_MAX as u64 + 100) {
+        let h = s.attach("a", client, 0).unwrap();
+        assert_eq!(s.submit(0, h, client, Op::Read, 0), Verdict::Start);
+        s.detach(h, 0);
+    }
+    assert_eq!(s.stats(0).len(), LINGERING_INSTANCES_MAX);
 }
 
 #[test]
