@@ -86,6 +86,10 @@ pub struct Scheduler {
     /// Instances created so far: each one's serial, so a stale `lingering` entry is known.
     created: u64,
     held: usize,
+    /// Until when every held request is known to wait for its own class's limits (0: not
+    /// known). Before then a request of another instance may start at once, as when
+    /// nothing is held: it passes nobody who could go. Found when `poll` finds nothing.
+    blocked_until: Nanos,
     /// Start-time fair queueing's virtual time: the start tag of the last request chosen by
     /// weight. A class that wakes or was held by its limits starts from here.
     vtime: u128,
@@ -121,6 +125,7 @@ impl Scheduler {
             lingering: VecDeque::new(),
             created: 0,
             held: 0,
+            blocked_until: 0,
             vtime: 0,
         })
     }
@@ -234,13 +239,14 @@ impl Scheduler {
     /// startable at once: poll after every `Held`, as after every `finished` and wake.
     pub fn submit(&mut self, now: Nanos, h: Handle, id: Id, op: Op, bytes: u64) -> Verdict {
         let e = Entry { id, op, bytes };
-        let node_free = self.held == 0 && self.node.room() && self.node.allows(now, bytes);
+        let uncontended = self.held == 0 || now < self.blocked_until;
+        let node_free = uncontended && self.node.room() && self.node.allows(now, bytes);
         let inst = self.inst_mut(h.0);
         let was_idle = inst.queue.is_empty();
         if was_idle {
             inst.wake(now);
         }
-        if node_free && inst.allows(now, &e) {
+        if node_free && was_idle && inst.allows(now, &e) {
             let phase = if inst.behind_ns(now).is_some_and(|b| b >= 0) { Phase::Reservation } else { Phase::Weight };
             self.start(now, h.0, &e, phase);
             return Verdict::Start;
@@ -250,6 +256,7 @@ impl Scheduler {
             self.active.push(h.0);
         }
         self.held += 1;
+        self.blocked_until = 0;
         Verdict::Held
     }
 
@@ -271,7 +278,11 @@ impl Scheduler {
         if self.held == 0 || !self.node.room() {
             return None;
         }
-        let (i, phase) = pick::choose(&self.slots, &self.active, now, self.vtime)?;
+        self.blocked_until = 0;
+        let Some((i, phase)) = pick::choose(&self.slots, &self.active, now, self.vtime) else {
+            self.blocked_until = self.active.iter().map(|&i| self.class_allows_at(i, now)).min().unwrap_or(0);
+            return None;
+        };
         let inst = self.slots[i as usize].as_ref().expect("chosen instances are live");
         let head = *inst.queue.front().expect("chosen instances hold requests");
         if !self.node.allows(now, head.bytes) {
@@ -305,11 +316,14 @@ impl Scheduler {
         if let Some((i, _)) = pick::choose(&self.slots, &self.active, now, self.vtime) {
             return Some(self.node.allowed_at(now, head_of(i).1.bytes));
         }
-        let at = |&i: &u32| {
-            let (inst, head) = head_of(i);
-            inst.allowed_at(now, head).max(self.node.allowed_at(now, head.bytes))
-        };
+        let at = |&i: &u32| self.class_allows_at(i, now).max(self.node.allowed_at(now, head_of(i).1.bytes));
         self.active.iter().map(at).min()
+    }
+
+    /// When the limits of an active instance's class let its next request start.
+    fn class_allows_at(&self, i: u32, now: Nanos) -> Nanos {
+        let inst = self.slots[i as usize].as_ref().expect("active instances are live");
+        inst.allowed_at(now, inst.queue.front().expect("active instances hold requests"))
     }
 
     /// A started request has left the storage (completed or failed).
@@ -323,6 +337,7 @@ impl Scheduler {
         let inst = self.inst_mut(h.0);
         let Some(at) = inst.queue.iter().position(|e| e.id == id) else { return false };
         inst.queue.remove(at);
+        self.blocked_until = 0;
         self.after_dequeue(h.0, now);
         true
     }
@@ -335,6 +350,7 @@ impl Scheduler {
         queue.retain(|e| !gone(e.id));
         let removed = before - queue.len();
         if removed > 0 {
+            self.blocked_until = 0;
             // All but the last through the count; the last also retires an emptied instance.
             self.held -= removed - 1;
             self.after_dequeue(h.0, now);
@@ -348,6 +364,7 @@ impl Scheduler {
     /// connection detaches; a class that changes `shared` applies to attachments made after.
     pub fn reconfigure(&mut self, now: Nanos, classes: BTreeMap<String, Class>, limits: Limits) -> Result<(), ConfigError> {
         check(&classes, &limits)?;
+        self.blocked_until = 0;
         for inst in self.slots.iter_mut().flatten() {
             let config = classes.get(&inst.class).cloned().unwrap_or_default();
             inst.reconfigure(now, &config);

@@ -324,6 +324,19 @@ fn server_wide_caps_hold_every_class_together() {
 }
 
 #[test]
+fn a_class_held_by_its_own_limit_leaves_the_others_uncontended() {
+    let mut s = sched("[slow]\niops = 1\n[fast]", Limits::default());
+    let (slow, fast) = (s.attach("slow", 1, 0).unwrap(), s.attach("fast", 1, 0).unwrap());
+    s.submit(0, slow, 0, Op::Read, 0);
+    s.submit(0, slow, 1, Op::Read, 0);
+    assert_eq!(s.poll(0), None, "slow waits for its limit until 1 s");
+    assert_eq!(s.submit(MS, fast, 2, Op::Read, 0), Verdict::Start);
+    assert_eq!(s.submit(S - 1, fast, 3, Op::Read, 0), Verdict::Start);
+    assert_eq!(s.submit(S, fast, 4, Op::Read, 0), Verdict::Held, "from 1 s slow may go: fast waits its turn");
+    assert_eq!(drain(&mut s, S).len(), 2);
+}
+
+#[test]
 fn a_request_held_behind_another_class_starts_at_the_next_poll() {
     let mut s = sched("[slow]\niops = 1\n[fast]", Limits::default());
     let (slow, fast) = (s.attach("slow", 1, 0).unwrap(), s.attach("fast", 1, 0).unwrap());
