@@ -190,7 +190,13 @@ impl World {
         self.reqs.insert(id, Req { client: c, class, op, bytes, state: State::Held });
         self.clients[c].outstanding += 1;
         self.clients[c].next_arrival = self.next_arrival(c);
+        // Fairness of the uncontended path: a request may start on arrival while others are
+        // held only if every one of those waits for its own class's limits.
+        let could_go = (self.sched.held() > 0).then(|| self.sched.probe(self.now).within_class_limits);
         if self.sched.submit(self.now, h, id, op, bytes) == Verdict::Start {
+            if let Some(n @ 1..) = could_go {
+                return Err(format!("{id} started on arrival past held requests of {n} instances that could start"));
+            }
             self.started(id)?;
         }
         Ok(())
