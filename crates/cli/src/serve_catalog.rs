@@ -110,6 +110,9 @@ fn moves(path: &str, client: &sluice_client::Client) -> Result<Changes, String> 
     let status = client.pool_status().ok_or("not a pool")?;
     // A grown mirror has a copy more per member added.
     let copies_kept = spec.copies == status.copies || (spec.layout == Layout::Mirror && spec.copies == spec.members.len());
+    if spec.placement != status.placement {
+        return Err(format!("placement cannot change: the pool was made with placement \"{}\" (it moves every copy)", status.placement.name()));
+    }
     let same = spec.layout == status.layout && copies_kept && spec.members.len() >= now.len();
     if !same || (spec.layout != Layout::Mirror && spec.stripe_unit != status.stripe_unit) {
         return Err("only member addresses can change, and members be appended (sluice pool grow), while the pool is served (layout, copies, stripe unit and fewer members take a restart)".into());

@@ -80,9 +80,15 @@ async fn offset_placement_survives_the_loss_of_any_one_member() {
 #[test]
 fn the_placement_a_pool_was_made_with_cannot_change() {
     let p = Pool::raid10(MEMBER_DATA, "placement = \"offset\"");
+    let c = p.serve();
     let file = p.spec.strip_prefix("pool:").unwrap();
     let text = std::fs::read_to_string(file).unwrap();
     std::fs::write(file, text.replace("placement = \"offset\"", "placement = \"near\"")).unwrap();
+    // Served: the reload is refused and the pool goes on as it was.
+    signal(c.pid(), libc::SIGHUP);
+    let refused = |log: &str| log.contains("reload refused") && log.contains("placement cannot change");
+    wait_until("the refused reload", std::time::Duration::from_secs(30), || refused(&c.log_text()), || c.log_text());
+    c.stop_clean();
     let (ok, out, err) = run(SLUICE, &["info", &p.spec]);
     assert!(!ok && err.contains("placement \"offset\"") && err.contains("cannot change"), "info after the placement was edited: {out}{err}");
 }
