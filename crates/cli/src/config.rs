@@ -2,16 +2,19 @@
 //! is parsed and checked here, and an error names the file, the key and the bad value.
 //! Command-line options override or add to what it says.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sluice_qos::Class;
 use sluice_server::access::Rule;
 use sluice_server::export::DataPath;
 use sluice_server::Limits;
 
 use crate::serve_access::{rule_list, some_rule_list};
 use crate::serve_export::ExportEntry;
+use crate::serve_qos::MatchEntry;
 use crate::serve_settings::{parsed_some, ChunkChoice, KtlsChoice, ListenAddr, LogLevel, TlsChoice};
 
 #[derive(Debug, Default, Deserialize)]
@@ -54,6 +57,12 @@ pub struct FileConfig {
     pub limits: Limits,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportEntry>,
+    /// Load restriction classes, `[qos.NAME]` (serve_qos.rs).
+    #[serde(default)]
+    pub qos: BTreeMap<String, Class>,
+    /// Clients put in classes, `[[qos-match]]`.
+    #[serde(default)]
+    pub qos_match: Vec<MatchEntry>,
 }
 
 pub fn load(path: &Path) -> Result<FileConfig, String> {

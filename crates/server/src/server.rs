@@ -12,6 +12,7 @@ use crate::export::{Export, Exports};
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Endpoint, Listener, Served};
 use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource};
+use crate::qos::{Qos, QosConfig, WORKERS_MAX};
 use crate::tls::TlsServer;
 use crate::worker;
 
@@ -36,6 +37,9 @@ pub struct Config {
     /// Listening sockets made by someone else (systemd's socket activation), served
     /// beside those named above.
     pub inherited: Vec<Listener>,
+    /// Load restriction: classes, which export and client gets which (the storage caps
+    /// are in `limits`).
+    pub qos: QosConfig,
 }
 
 #[derive(Debug)]
@@ -66,12 +70,16 @@ pub struct Server {
     shutdown: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
     metrics_server: Option<MetricsServer>,
+    qos: Arc<Qos>,
 }
 
 impl Server {
     /// Binds every listener, so address errors surface before anything is served.
     pub fn bind(mut config: Config) -> Result<Server, StartError> {
         config.limits.check().map_err(StartError::Config)?;
+        if config.threads > WORKERS_MAX {
+            return Err(StartError::Config(format!("at most {WORKERS_MAX} threads")));
+        }
         let mut listeners: Vec<Arc<Listener>> = config.inherited.drain(..).map(Arc::new).collect();
         for addr in &config.tcp {
             match Listener::bind_tcp(*addr) {
@@ -92,6 +100,10 @@ impl Server {
         }
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
         let metrics = Metrics::with_pools(&names, pool_sources(&config.exports));
+        let qos = Qos::new(config.qos.clone(), &config.limits, config.threads.max(1), Arc::clone(&metrics.qos));
+        let qos = Arc::new(qos.map_err(StartError::Config)?);
+        let weak = Arc::downgrade(&qos);
+        metrics.qos.set_probe(Box::new(move || weak.upgrade().map(|q| q.samples()).unwrap_or_default()));
         let metrics_server = match config.metrics {
             Some(addr) => Some(
                 metrics::serve_http(addr, Arc::clone(&metrics))
@@ -99,7 +111,7 @@ impl Server {
             ),
             None => None,
         };
-        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)), metrics, metrics_server })
+        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)), metrics, metrics_server, qos })
     }
 
     pub fn addresses(&self) -> Vec<String> {
@@ -128,11 +140,13 @@ impl Server {
 
     /// Starts the workers and the accept loops; connections are accepted once this returns.
     pub fn start(self, stopper: &Stopper) -> Result<Running, StartError> {
-        let Server { listeners, config, shutdown, metrics, metrics_server } = self;
+        let Server { listeners, config, shutdown, metrics, metrics_server, qos } = self;
         if let Some(m) = &metrics_server {
             log::info!("metrics at http://{}/metrics", m.local_addr());
         }
-        let (handles, joins) = start_workers(&config, &shutdown, &metrics)?;
+        let (handles, joins) = start_workers(&config, &shutdown, &metrics, &qos)?;
+        qos.set_workers(handles.clone());
+        log_qos(&config.qos, &config.limits);
         *stopper.workers.lock().expect("stopper lock") = handles.clone();
         if shutdown.load(Ordering::SeqCst) {
             stopper.stop();
@@ -165,6 +179,7 @@ impl Server {
             metrics_server: Mutex::new(metrics_server),
             workers_limits,
             retired: Mutex::default(),
+            qos,
         })
     }
 }
@@ -173,6 +188,7 @@ fn start_workers(
     config: &Config,
     shutdown: &Arc<AtomicBool>,
     metrics: &Arc<Metrics>,
+    qos: &Arc<Qos>,
 ) -> Result<(Vec<worker::WorkerHandle>, Vec<JoinHandle<()>>), StartError> {
     let mut handles = Vec::new();
     let mut joins = Vec::new();
@@ -182,12 +198,27 @@ fn start_workers(
             cpu: (!cpus.is_empty()).then(|| cpus[id % cpus.len()]),
             busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
         };
-        let (h, j) = worker::spawn(id, config.limits, placement, Arc::clone(shutdown), Arc::clone(metrics))
+        let (h, j) = worker::spawn(id, config.limits, placement, Arc::clone(shutdown), Arc::clone(metrics), Arc::clone(qos))
             .map_err(StartError::Engine)?;
         handles.push(h);
         joins.push(j);
     }
     Ok((handles, joins))
+}
+
+fn log_qos(qos: &QosConfig, limits: &Limits) {
+    if !qos.is_on(limits) {
+        return;
+    }
+    let classes: Vec<&str> = qos.classes.keys().map(String::as_str).collect();
+    let caps = limits.storage();
+    log::info!(
+        "qos: classes [{}], storage caps: bps {:?}, iops {:?}, inflight {:?}",
+        classes.join(", "),
+        caps.storage_bps,
+        caps.storage_iops,
+        caps.storage_inflight
+    );
 }
 
 fn log_access(access: &Access) {
@@ -225,6 +256,7 @@ pub struct Reload {
     pub access: Access,
     pub tls: Option<Arc<TlsServer>>,
     pub limits: Limits,
+    pub qos: QosConfig,
 }
 
 /// A server that accepts connections: what it serves can be changed (`reload`) until it is
@@ -239,6 +271,8 @@ pub struct Running {
     /// Exports a reload removed or replaced, kept until no connection uses them, then
     /// closed.
     retired: Mutex<Vec<Arc<Export>>>,
+    /// The QoS scheduler; a reload gives it new classes and caps.
+    qos: Arc<Qos>,
 }
 
 impl Running {
@@ -272,6 +306,8 @@ impl Running {
     /// opened (one removed finishes its requests; it is closed when the last one leaves).
     /// Returns the limits that changed but take a restart.
     pub fn reload(&self, next: Reload) -> Result<Vec<&'static str>, String> {
+        next.limits.check()?;
+        next.qos.check(&next.limits)?;
         for e in next.exports.iter() {
             if self.metrics.add_export(&e.name).is_none() {
                 return Err(format!("export {:?}: a running server adds at most {} exports; restart to serve more", e.name, crate::limits::METRICS_EXPORTS_ADDED_MAX));
@@ -285,6 +321,8 @@ impl Running {
         if *self.acceptor.served().access != next.access {
             log_access(&next.access);
         }
+        self.qos.reconfigure(next.qos.clone(), &next.limits)?;
+        log_qos(&next.qos, &next.limits);
         let served = Served { exports: Arc::new(next.exports), access: Arc::new(next.access), tls: next.tls, limits: next.limits };
         let before = self.acceptor.swap(served);
         let now = self.exports();

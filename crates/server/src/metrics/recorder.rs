@@ -84,7 +84,7 @@ pub(super) struct Histogram {
 }
 
 impl Histogram {
-    fn observe(&self, ns: u64) {
+    pub(super) fn observe(&self, ns: u64) {
         self.buckets[bucket_index(ns)].fetch_add(1, Ordering::Relaxed);
         self.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
@@ -132,6 +132,8 @@ pub struct Metrics {
     pub(super) boards: Boards,
     /// Connections turned away, by reason.
     pub refused: super::Refusals,
+    /// What the QoS scheduler held and let go, per class.
+    pub qos: Arc<super::QosRecorder>,
 }
 
 impl Metrics {
@@ -151,6 +153,7 @@ impl Metrics {
             buffers: Arc::default(),
             boards: Boards::new(capacity),
             refused: Default::default(),
+            qos: Arc::default(),
         };
         for name in export_names {
             metrics.add_export(name).expect("room for the first exports");
