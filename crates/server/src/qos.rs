@@ -25,7 +25,6 @@ use sluice_qos::{Class, Handle, Id, Nanos, Op, Scheduler, Verdict};
 use crate::access::{Client, Rule};
 use crate::limits::Limits;
 use crate::metrics::{QosRecorder, QosSample};
-use crate::worker::WorkerHandle;
 
 /// The class connections get when neither their export nor a `[[qos-match]]` rule names
 /// one, while QoS is on (a class or a storage cap is configured): no limits, the default
@@ -38,6 +37,9 @@ const PLACE_BITS: u32 = 24;
 const GENERATION_BITS: u32 = 12;
 const WORKER_BITS: u32 = 12;
 const _: () = assert!(SLOT_BITS + PLACE_BITS + GENERATION_BITS + WORKER_BITS == 64);
+
+/// Wakes one worker.
+pub type Waker = Box<dyn Fn() + Send + Sync>;
 
 /// No timer wanted.
 const NO_WAKE: u64 = u64::MAX;
@@ -114,7 +116,7 @@ pub struct Qos {
     origin: Instant,
     state: Mutex<State>,
     mailboxes: Box<[Mailbox]>,
-    wakes: OnceLock<Vec<WorkerHandle>>,
+    wakers: OnceLock<Vec<Waker>>,
     recorder: Arc<QosRecorder>,
 }
 
@@ -125,12 +127,12 @@ impl Qos {
         let on = config.is_on(limits);
         let mailboxes = (0..workers).map(|_| Mailbox { ready: Mutex::default(), due: AtomicU64::new(NO_WAKE) }).collect();
         let state = Mutex::new(State { sched, config, on, ready: Vec::new() });
-        Ok(Qos { origin: Instant::now(), state, mailboxes, wakes: OnceLock::new(), recorder })
+        Ok(Qos { origin: Instant::now(), state, mailboxes, wakers: OnceLock::new(), recorder })
     }
 
-    /// The workers to wake when a request of theirs may start; set once they run.
-    pub fn set_workers(&self, handles: Vec<WorkerHandle>) {
-        let _ = self.wakes.set(handles);
+    /// How to wake each worker when a request of theirs may start; set once they run.
+    pub fn set_wakers(&self, wakers: Vec<Waker>) {
+        let _ = self.wakers.set(wakers);
     }
 
     fn nanos(&self, now: Instant) -> Nanos {
@@ -189,8 +191,8 @@ impl Qos {
             let w = Parts::of(id).worker;
             self.mailboxes[w].ready.lock().unwrap_or_else(|e| e.into_inner()).push(id);
             if Some(w) != caller {
-                if let Some(handle) = self.wakes.get().and_then(|h| h.get(w)) {
-                    handle.wake();
+                if let Some(wake) = self.wakers.get().and_then(|h| h.get(w)) {
+                    wake();
                 }
             }
         }

@@ -11,7 +11,7 @@ use crate::access::Access;
 use crate::export::{Export, Exports};
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Endpoint, Listener, Served};
-use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource};
+use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource, QosRecorder};
 use crate::qos::{Qos, QosConfig, WORKERS_MAX};
 use crate::tls::TlsServer;
 use crate::worker;
@@ -100,10 +100,7 @@ impl Server {
         }
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
         let metrics = Metrics::with_pools(&names, pool_sources(&config.exports));
-        let qos = Qos::new(config.qos.clone(), &config.limits, config.threads.max(1), Arc::clone(&metrics.qos));
-        let qos = Arc::new(qos.map_err(StartError::Config)?);
-        let weak = Arc::downgrade(&qos);
-        metrics.qos.set_probe(Box::new(move || weak.upgrade().map(|q| q.samples()).unwrap_or_default()));
+        let qos = start_qos(&config, &metrics)?;
         let metrics_server = match config.metrics {
             Some(addr) => Some(
                 metrics::serve_http(addr, Arc::clone(&metrics))
@@ -145,7 +142,10 @@ impl Server {
             log::info!("metrics at http://{}/metrics", m.local_addr());
         }
         let (handles, joins) = start_workers(&config, &shutdown, &metrics, &qos)?;
-        qos.set_workers(handles.clone());
+        qos.set_wakers(handles.iter().map(|h| {
+            let h = h.clone();
+            Box::new(move || h.wake()) as Box<dyn Fn() + Send + Sync>
+        }).collect());
         log_qos(&config.qos, &config.limits);
         *stopper.workers.lock().expect("stopper lock") = handles.clone();
         if shutdown.load(Ordering::SeqCst) {
@@ -182,6 +182,20 @@ impl Server {
             qos,
         })
     }
+}
+
+/// The QoS scheduler, and its families in the metrics (the scheduler is asked at scrape
+/// time through a weak reference, so the two do not keep each other alive).
+fn start_qos(config: &Config, metrics: &Metrics) -> Result<Arc<Qos>, StartError> {
+    let recorder = Arc::new(QosRecorder::default());
+    let qos = Qos::new(config.qos.clone(), &config.limits, config.threads.max(1), Arc::clone(&recorder));
+    let qos = Arc::new(qos.map_err(StartError::Config)?);
+    let weak = Arc::downgrade(&qos);
+    metrics.set_qos(Box::new(move || {
+        let samples = weak.upgrade().map(|q| q.samples()).unwrap_or_default();
+        metrics::qos_families(&recorder, &samples)
+    }));
+    Ok(qos)
 }
 
 fn start_workers(

@@ -13,7 +13,7 @@ mod watch;
 
 pub use endpoint::{serve_http, MetricsServer};
 pub use pool::{PoolProbe, PoolSource};
-pub use qos::{QosClassRecorder, QosRecorder, QosSample};
-pub use recorder::{Metrics, Op, Phases};
+pub use qos::{qos_families, QosClassRecorder, QosRecorder, QosSample};
+pub use recorder::{Families, Metrics, Op, Phases};
 pub use refused::{Refusals, Refused};
 pub use watch::{Board, Look};

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use prometheus::proto::{self, MetricFamily, MetricType};
 
@@ -20,9 +20,6 @@ pub struct QosSample {
     /// Whole tokens in its tightest limit, the lowest over its instances (None: no limit).
     pub tokens: Option<i64>,
 }
-
-/// Asks the scheduler for its classes now.
-pub type QosProbe = Box<dyn Fn() -> Vec<QosSample> + Send + Sync>;
 
 /// Counters of one class, added to by the workers.
 #[derive(Default)]
@@ -45,12 +42,10 @@ impl QosClassRecorder {
     }
 }
 
-/// Every class's counters (made when a connection of the class first attaches), and the
-/// scheduler to ask at scrape time.
+/// Every class's counters, made when a connection of the class first attaches.
 #[derive(Default)]
 pub struct QosRecorder {
     classes: Mutex<BTreeMap<String, Arc<QosClassRecorder>>>,
-    probe: OnceLock<QosProbe>,
 }
 
 impl QosRecorder {
@@ -58,18 +53,14 @@ impl QosRecorder {
         let mut classes = self.classes.lock().unwrap_or_else(|e| e.into_inner());
         Arc::clone(classes.entry(name.to_owned()).or_default())
     }
-
-    pub fn set_probe(&self, probe: QosProbe) {
-        let _ = self.probe.set(probe);
-    }
 }
 
-/// The families; those without series (no class seen yet) are left out by the caller.
-pub fn families(recorder: &QosRecorder) -> Vec<MetricFamily> {
-    let samples = recorder.probe.get().map(|p| p()).unwrap_or_default();
+/// The families, from the recorder and what the scheduler says now (`samples`); those
+/// without series (no class seen yet) are left out, as the encoder would stop at them.
+pub fn qos_families(recorder: &QosRecorder, samples: &[QosSample]) -> Vec<MetricFamily> {
     let mut held = Family::new("sluice_qos_held_requests", "Requests the QoS scheduler holds now, before the storage.", MetricType::GAUGE);
     let mut tokens = Family::new("sluice_qos_tokens", "Whole tokens left in the class's tightest limit (lowest over its clients); negative: in debt.", MetricType::GAUGE);
-    for s in &samples {
+    for s in samples {
         held.gauge(&[("class", &s.class)], s.held);
         if let Some(t) = s.tokens {
             tokens.gauge_f64(&[("class", &s.class)], t as f64);
@@ -97,13 +88,14 @@ mod tests {
 
     fn render(r: &QosRecorder) -> String {
         let mut out = String::new();
-        prometheus::TextEncoder::new().encode_utf8(&families(r), &mut out).unwrap();
+        let samples = [QosSample { class: "gold".into(), held: 2, tokens: Some(-1) }, QosSample { class: "default".into(), held: 0, tokens: None }];
+        prometheus::TextEncoder::new().encode_utf8(&qos_families(r, &samples), &mut out).unwrap();
         out
     }
 
     #[test]
     fn nothing_configured_gives_no_family() {
-        assert!(families(&QosRecorder::default()).is_empty());
+        assert!(qos_families(&QosRecorder::default(), &[]).is_empty());
     }
 
     #[test]
@@ -111,7 +103,6 @@ mod tests {
         let r = QosRecorder::default();
         r.class("gold").released(3_000, 4096);
         r.class("gold").started(512);
-        r.set_probe(Box::new(|| vec![QosSample { class: "gold".into(), held: 2, tokens: Some(-1) }, QosSample { class: "default".into(), held: 0, tokens: None }]));
         let out = render(&r);
         for line in [
             "sluice_qos_held_requests{class=\"gold\"} 2",
