@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -108,6 +108,9 @@ struct State {
 #[derive(Default)]
 struct Mailbox {
     ready: Mutex<Vec<Id>>,
+    /// Whether `ready` may hold ids: the worker looks at this, not the lock, on every turn
+    /// of its loop, so a server without QoS never takes the lock.
+    filled: AtomicBool,
     due: AtomicU64,
 }
 
@@ -125,7 +128,7 @@ impl Qos {
         config.check(limits)?;
         let sched = Scheduler::new(config.with_default(), limits.storage(), 0).map_err(|e| e.to_string())?;
         let on = config.is_on(limits);
-        let mailboxes = (0..workers).map(|_| Mailbox { ready: Mutex::default(), due: AtomicU64::new(NO_WAKE) }).collect();
+        let mailboxes = (0..workers).map(|_| Mailbox { due: AtomicU64::new(NO_WAKE), ..Mailbox::default() }).collect();
         let state = Mutex::new(State { sched, config, on, ready: Vec::new() });
         Ok(Qos { origin: Instant::now(), state, mailboxes, wakers: OnceLock::new(), recorder })
     }
@@ -190,6 +193,8 @@ impl Qos {
         for id in ready.drain(..) {
             let w = Parts::of(id).worker;
             self.mailboxes[w].ready.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+            // Before the wake: the woken worker must see it.
+            self.mailboxes[w].filled.store(true, Ordering::Release);
             if Some(w) != caller {
                 if let Some(wake) = self.wakers.get().and_then(|h| h.get(w)) {
                     wake();
@@ -214,7 +219,12 @@ impl Qos {
 
     /// The ids of `worker`'s requests that may start now, into `out`.
     pub fn take_ready(&self, worker: usize, out: &mut Vec<Id>) {
-        out.append(&mut self.mailboxes[worker].ready.lock().unwrap_or_else(|e| e.into_inner()));
+        let mailbox = &self.mailboxes[worker];
+        if mailbox.filled.load(Ordering::Acquire) {
+            let mut ready = mailbox.ready.lock().unwrap_or_else(|e| e.into_inner());
+            mailbox.filled.store(false, Ordering::Relaxed);
+            out.append(&mut ready);
+        }
     }
 
     /// A request let go after its connection closed: it never reaches the storage.
