@@ -227,6 +227,19 @@ impl Qos {
         }
     }
 
+    /// Whether `take_ready` would give anything now.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn has_ready(&self, worker: usize) -> bool {
+        self.mailboxes[worker].filled.load(Ordering::Acquire)
+    }
+
+    /// Nothing held, nothing counted at the storage.
+    #[cfg(any(test, feature = "sim"))]
+    pub fn is_idle(&self) -> bool {
+        let st = self.lock();
+        st.sched.held() == 0 && st.sched.inflight() == 0
+    }
+
     /// A request let go after its connection closed: it never reaches the storage.
     pub fn stray(&self, worker: usize) {
         let now = self.nanos(Instant::now());
