@@ -165,8 +165,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "auto|off")]
     tls_ktls: Option<KtlsChoice>,
 
-    /// TOML configuration file (listeners, exports, limits). Listeners and exports given
-    /// here are added to the file's; --threads, --log-level and --read-only override it.
+    /// TOML configuration file (listeners, exports, limits, load restriction classes).
+    /// Listeners and exports given here are added to the file's; --threads, --log-level
+    /// and --read-only override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 

@@ -76,6 +76,19 @@ fn an_iops_limit_holds_across_connections_and_workers() {
 }
 
 #[test]
+fn a_qos_match_rule_puts_a_client_in_its_class() {
+    // Over the Unix socket the client is its uid.
+    let uid = rustix::process::getuid().as_raw();
+    let text = format!("[qos.me]\niops = 100\nburst = 0.5\n[[qos-match]]\nclient = \"uid:{uid}\"\nclass = \"me\"\n");
+    let (_dir, config) = qos_file(&text);
+    let s = Sluice::start(&["--export", "disk=memory:1M", "--config", &config]);
+    let (n, seconds) = measure(&s.socket, "disk", 2, 4096);
+    assert!(n > 0);
+    assert_within("reads of a client matched into a class", n as f64, 100.0, seconds, 0.5, 2);
+    assert!(s.stop().success());
+}
+
+#[test]
 fn a_bytes_limit_counts_bytes_not_requests() {
     let (_dir, config) = qos_file("[qos.narrow]\nbps = \"2M\"\n");
     let s = Sluice::start(&["--export", "disk=memory:4M,qos=narrow", "--config", &config]);

@@ -248,15 +248,20 @@ impl Qos {
         self.settle(&mut st, now, Some(worker));
     }
 
-    /// What the metrics show of each class now.
+    /// What the metrics show of each class now: every configured class (and `default`),
+    /// so that a series does not come and go with the class's connections.
     pub fn samples(&self) -> Vec<QosSample> {
         let now = self.nanos(Instant::now());
-        let stats = self.lock().sched.stats(now);
-        let mut by_class: BTreeMap<String, QosSample> = BTreeMap::new();
-        for s in stats {
-            let sample = by_class.entry(s.class.clone()).or_insert_with(|| QosSample { class: s.class.clone(), held: 0, tokens: None });
-            sample.held += s.held as u64;
-            sample.tokens = match (sample.tokens, s.tokens) {
+        let st = self.lock();
+        if !st.on {
+            return Vec::new();
+        }
+        let sample = |class: &str| QosSample { class: class.to_owned(), held: 0, tokens: None };
+        let mut by_class: BTreeMap<String, QosSample> = st.config.with_default().keys().map(|c| (c.clone(), sample(c))).collect();
+        for s in st.sched.stats(now) {
+            let entry = by_class.entry(s.class.clone()).or_insert_with(|| sample(&s.class));
+            entry.held += s.held as u64;
+            entry.tokens = match (entry.tokens, s.tokens) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
