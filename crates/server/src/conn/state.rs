@@ -59,7 +59,8 @@ pub(super) enum Hold {
     Off,
     /// Waiting in the scheduler since then; counted in the slot and byte budgets.
     Held(Instant),
-    /// Let go by the scheduler: counted at the storage until it is done there.
+    /// Started by the scheduler (at once, or let go after a hold): counted at the storage
+    /// until it is done there.
     Started,
 }
 
