@@ -38,8 +38,7 @@ fn measure(socket: &Path, export: &str, connections: usize, len: u32) -> (u64, f
 }
 
 /// At most `rate` per second over `seconds`, plus the `burst` seconds' worth a full bucket
-/// holds, plus one per connection: a request starts while tokens are left and may take the
-/// bucket into debt.
+/// holds (every request here is smaller than a burst), plus one per connection to spare.
 fn assert_within(what: &str, n: f64, rate: f64, seconds: f64, burst: f64, connections: usize) {
     let most = rate * (seconds + burst) + connections as f64;
     eprintln!("{what}: {n} in {seconds:.3} s, at most {most:.0}");
