@@ -405,7 +405,8 @@ fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
         lines.push("no exports: clients are refused until a reload adds one".into());
     }
     lines.extend(s.access.describe().into_iter().map(|l| format!("access: {l}")));
-    lines.extend(serve_access::doubts(&s.access, tls.is_some()).into_iter().map(|d| format!("warning: {d}")));
+    let doubts = serve_access::doubts(&s.access, tls.is_some()).into_iter().chain(serve_qos::doubts(&s.qos, tls.is_some()));
+    lines.extend(doubts.map(|d| format!("warning: {d}")));
     lines.extend(serve_qos::describe(&s.qos, &s.limits));
     if let Some(t) = tls {
         lines.push(format!("TLS {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }));
@@ -436,7 +437,7 @@ fn build(args: &ServeArgs, inherited: Vec<(Listener, String)>) -> Result<Built, 
     }
     let inherited: Vec<Listener> = inherited.into_iter().map(|(l, _)| l).collect();
     let tls = TlsServer::load(&s.tls).map_err(Usage)?;
-    for doubt in serve_access::doubts(&s.access, tls.is_some()) {
+    for doubt in serve_access::doubts(&s.access, tls.is_some()).into_iter().chain(serve_qos::doubts(&s.qos, tls.is_some())) {
         log::warn!("{doubt}");
     }
     let (catalog, exports) = Catalog::default().reopen(s.wanted).map_err(Usage)?;

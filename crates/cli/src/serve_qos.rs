@@ -40,6 +40,15 @@ pub fn config(classes: &BTreeMap<String, Class>, matches: &[MatchEntry], exports
     Ok(config)
 }
 
+/// A `[[qos-match]]` rule of a TLS form (psk:, x509:, x509-cn:) on a server without TLS
+/// matches no one.
+pub fn doubts(config: &QosConfig, tls: bool) -> Vec<String> {
+    match config.matches.iter().find(|m| !m.rule.is_for_connections()) {
+        Some(m) if !tls => vec![format!("qos-match {} can match no one: TLS is off (see --tls)", m.rule)],
+        _ => Vec::new(),
+    }
+}
+
 /// What `--check` says of load restriction.
 pub fn describe(config: &QosConfig, limits: &Limits) -> Vec<String> {
     if !config.is_on(limits) {

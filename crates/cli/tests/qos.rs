@@ -169,7 +169,14 @@ fn configuration_errors_are_refused_with_the_reason() {
     let config = write_config(dir.path(), text);
     let (ok, out, err) = run(SLUICE, &["serve", "--check", "--unix", sock, "--config", config.to_str().unwrap(), "--export", "d=memory:1M,qos=gold"]);
     assert!(ok, "{out}{err}");
-    for line in ["qos: class gold", "qos: export \"d\" in class gold", "qos: clients matching psk:node7 in class gold", "qos: storage-iops = 900"] {
+    let expected = [
+        "qos: class gold",
+        "qos: export \"d\" in class gold",
+        "qos: clients matching psk:node7 in class gold",
+        "qos: storage-iops = 900",
+        "warning: qos-match psk:node7 can match no one: TLS is off (see --tls)",
+    ];
+    for line in expected {
         assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
     }
 }
