@@ -158,6 +158,16 @@ mod tests {
     }
 
     #[test]
+    fn qos_tables_parse_and_name_their_keys() {
+        let c = parse("[qos.gold]\niops = 100\nbps = \"1M\"\n[[qos-match]]\nclient = \"10.0.0.0/8\"\nclass = \"gold\"\n[limits]\nstorage-bps = \"2M\"\n[[export]]\nspec = \"memory:1M\"\nqos = \"gold\"").unwrap();
+        assert_eq!((c.qos["gold"].iops, c.qos["gold"].bps), (Some(100), Some(1 << 20)));
+        assert_eq!((c.qos_match[0].class.as_str(), c.qos_match[0].client.to_string()), ("gold", "10.0.0.0/8".to_owned()));
+        assert_eq!((c.limits.storage_bps, c.exports[0].qos.as_deref()), (Some(2 << 20), Some("gold")));
+        assert!(parse("[qos.gold]\nburst = -1").unwrap_err().starts_with("qos.gold.burst: "));
+        assert!(parse("[[qos-match]]\nclient = \"nowhere\"\nclass = \"a\"").unwrap_err().starts_with("qos-match[0].client: "));
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         assert!(parse("listne = []").unwrap_err().contains("listne"));
     }

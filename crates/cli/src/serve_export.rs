@@ -160,6 +160,8 @@ mod tests {
         assert!("x=memory:1G,rw".parse::<ExportEntry>().is_err());
         assert!("x=memory:1G,data-path=fast".parse::<ExportEntry>().unwrap_err().contains("\"fast\""));
         assert!("x=memory:12Q".parse::<ExportEntry>().unwrap_err().contains("\"12Q\""));
+        assert_eq!("x=memory:1M,qos=gold".parse::<ExportEntry>().unwrap().qos.as_deref(), Some("gold"));
+        assert!("x=memory:1M,qos=".parse::<ExportEntry>().unwrap_err().contains("qos="));
     }
 
     #[test]
