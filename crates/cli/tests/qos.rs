@@ -23,6 +23,8 @@ fn measure(socket: &Path, export: &str, connections: usize, len: u32) -> (u64, f
             let (socket, export) = (socket.to_owned(), export.to_owned());
             std::thread::spawn(move || {
                 let (mut c, _) = Client::connect(&socket, &export, true, false);
+                // A request the scheduler never lets go fails the test rather than hang it.
+                c.set_read_timeout(Duration::from_secs(20));
                 let mut n = 0u64;
                 while start.elapsed() < LOOP {
                     assert_eq!(c.read(0, len).len(), len as usize);
@@ -116,6 +118,23 @@ fn the_storage_caps_hold_for_all_exports_together() {
     assert!(na > 0 && nb > 0);
     // The storage caps' burst is one second (sluice_qos::limits::STORAGE_BURST_NS).
     assert_within("reads of both exports", (na + nb) as f64, 300.0, ta.max(tb), 1.0, 4);
+    assert!(s.stop().success());
+}
+
+#[test]
+fn a_storage_queue_depth_of_one_serves_many_connections_over_both_workers() {
+    // Every request waits for the one before it, whichever worker's connection sent it:
+    // held requests are let go by the worker whose request finished, through the owner's
+    // mailbox.
+    let text = "threads = 2\n[limits]\nstorage-inflight = 1\n[[export]]\nname = \"d\"\nspec = \"memory:4M\"\n";
+    let (_dir, config) = qos_file(text);
+    let port = free_port();
+    let s = Sluice::start(&["--config", &config, "--metrics", &format!("127.0.0.1:{port}")]);
+    let (n, _) = measure(&s.socket, "d", 8, 64 << 10);
+    assert!(n > 0);
+    let metrics = http_get(port, "/metrics").1;
+    assert_eq!(sample(&metrics, r#"sluice_qos_held_requests{class="default"}"#), 0.0, "{metrics}");
+    assert!(sample(&metrics, r#"sluice_qos_started_requests_total{class="default"}"#) >= n as f64, "{metrics}");
     assert!(s.stop().success());
 }
 
