@@ -4,6 +4,7 @@
 //! Only upper bounds are asserted: a slow, shared machine can make any client slower.
 mod common;
 mod raw;
+use common::tls::Keys;
 use common::*;
 use raw::*;
 
@@ -86,6 +87,30 @@ fn a_qos_match_rule_puts_a_client_in_its_class() {
     let (n, seconds) = measure(&s.socket, "disk", 2, 4096);
     assert!(n > 0);
     assert_within("reads of a client matched into a class", n as f64, 100.0, seconds, 0.5, 2);
+    assert!(s.stop().success());
+}
+
+#[test]
+fn a_qos_match_rule_by_psk_identity_applies_over_tls() {
+    require!("nbdsh", "psktool", "certtool");
+    let keys = Keys::generate();
+    let psk = keys.psk_file();
+    let (_dir, config) = qos_file("[qos.alice]\niops = 100\nburst = 0.5\n[[qos-match]]\nclient = \"psk:alice\"\nclass = \"alice\"\n");
+    let s = Sluice::start(&["--config", &config, "--export", "d=memory:1M", "--tls", "require", "--tls-psk", psk.to_str().unwrap()]);
+    let uri = format!("nbds://alice@localhost:{}/d?tls-psk-file={}", s.port, psk.display());
+    // One client, one request at a time, for 1.5 s by its own clock; the bound is taken
+    // over the whole run of nbdsh, which holds that time and more.
+    let script = format!(
+        "import time\nh.set_uri_allow_local_file(True)\nh.connect_uri({uri:?})\nt = time.monotonic()\nn = 0\n\
+         while time.monotonic() - t < 1.5:\n    h.pread(4096, 0)\n    n += 1\nprint(n)\n"
+    );
+    let start = Instant::now();
+    let (ok, out, err) = run("nbdsh", &["-c", &script]);
+    let seconds = start.elapsed().as_secs_f64();
+    assert!(ok, "{out}{err}\n{}", s.log_text());
+    let n: f64 = out.trim().parse().unwrap_or_else(|_| panic!("nbdsh printed {out:?}"));
+    assert!(n > 0.0);
+    assert_within("reads of psk:alice over TLS", n, 100.0, seconds, 0.5, 1);
     assert!(s.stop().success());
 }
 

@@ -225,14 +225,11 @@ fn log_qos(qos: &QosConfig, limits: &Limits) {
         return;
     }
     let classes: Vec<&str> = qos.classes.keys().map(String::as_str).collect();
-    let caps = limits.storage();
-    log::info!(
-        "qos: classes [{}], storage caps: bps {:?}, iops {:?}, inflight {:?}",
-        classes.join(", "),
-        caps.storage_bps,
-        caps.storage_iops,
-        caps.storage_inflight
-    );
+    let c = limits.storage();
+    let caps = [("storage-bps", c.storage_bps), ("storage-iops", c.storage_iops), ("storage-inflight", c.storage_inflight.map(u64::from))];
+    let caps: Vec<String> = caps.iter().filter_map(|(k, v)| v.map(|v| format!("{k} = {v}"))).collect();
+    let or_none = |list: Vec<String>| if list.is_empty() { "none".to_owned() } else { list.join(", ") };
+    log::info!("qos: classes: {}; storage caps: {}", or_none(classes.iter().map(|c| c.to_string()).collect()), or_none(caps));
 }
 
 fn log_access(access: &Access) {
