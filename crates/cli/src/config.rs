@@ -2,16 +2,19 @@
 //! is parsed and checked here, and an error names the file, the key and the bad value.
 //! Command-line options override or add to what it says.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sluice_qos::Class;
 use sluice_server::access::Rule;
 use sluice_server::export::DataPath;
 use sluice_server::Limits;
 
 use crate::serve_access::{rule_list, some_rule_list};
 use crate::serve_export::ExportEntry;
+use crate::serve_qos::MatchEntry;
 use crate::serve_settings::{parsed_some, ChunkChoice, KtlsChoice, ListenAddr, LogLevel, TlsChoice};
 
 #[derive(Debug, Default, Deserialize)]
@@ -54,6 +57,12 @@ pub struct FileConfig {
     pub limits: Limits,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportEntry>,
+    /// Load restriction classes, `[qos.NAME]` (serve_qos.rs).
+    #[serde(default)]
+    pub qos: BTreeMap<String, Class>,
+    /// Clients put in classes, `[[qos-match]]`.
+    #[serde(default)]
+    pub qos_match: Vec<MatchEntry>,
 }
 
 pub fn load(path: &Path) -> Result<FileConfig, String> {
@@ -146,6 +155,16 @@ mod tests {
         assert_eq!(parse("chunk = \"auto\"").unwrap().chunk, Some(ChunkChoice(Chunking::Auto)));
         assert_eq!(parse("chunk = \"0\"").unwrap().chunk, Some(ChunkChoice(Chunking::Off)));
         assert_eq!(parse("").unwrap().chunk, None, "absent: the default (auto) applies");
+    }
+
+    #[test]
+    fn qos_tables_parse_and_name_their_keys() {
+        let c = parse("[qos.gold]\niops = 100\nbps = \"1M\"\n[[qos-match]]\nclient = \"10.0.0.0/8\"\nclass = \"gold\"\n[limits]\nstorage-bps = \"2M\"\n[[export]]\nspec = \"memory:1M\"\nqos = \"gold\"").unwrap();
+        assert_eq!((c.qos["gold"].iops, c.qos["gold"].bps), (Some(100), Some(1 << 20)));
+        assert_eq!((c.qos_match[0].class.as_str(), c.qos_match[0].client.to_string()), ("gold", "10.0.0.0/8".to_owned()));
+        assert_eq!((c.limits.storage_bps, c.exports[0].qos.as_deref()), (Some(2 << 20), Some("gold")));
+        assert!(parse("[qos.gold]\nburst = -1").unwrap_err().starts_with("qos.gold.burst: "));
+        assert!(parse("[[qos-match]]\nclient = \"nowhere\"\nclass = \"a\"").unwrap_err().starts_with("qos-match[0].client: "));
     }
 
     #[test]

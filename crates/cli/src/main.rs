@@ -24,6 +24,7 @@ mod serve;
 mod serve_access;
 mod serve_catalog;
 mod serve_export;
+mod serve_qos;
 mod serve_run;
 mod serve_settings;
 mod serve_systemd;

@@ -16,6 +16,7 @@ use sluice_server::access::{Access, Rule};
 use sluice_server::backend::RbdAccess;
 use sluice_server::export::{DataPath, Options};
 use sluice_server::limits::BUSY_POLL_DEFAULT_US;
+use sluice_server::qos::QosConfig;
 use sluice_server::{Config, Limits, Listener, Reload, Running, Server, Spec, Stopper, TlsServer, TlsSettings};
 
 use crate::config::{self, FileConfig};
@@ -25,6 +26,7 @@ use crate::pid_file::PidFile;
 use crate::serve_access;
 use crate::serve_catalog::{self, Catalog, Wanted};
 use crate::serve_export::ExportEntry;
+use crate::serve_qos;
 use crate::serve_run::{self, Captive, PrivateSocket};
 use crate::serve_systemd::{Housekeeping, Notifier, Poke};
 use crate::serve_settings::{
@@ -74,8 +76,10 @@ pub struct ServeArgs {
     /// Ceph RBD image rbd:POOL/[NAMESPACE/]IMAGE[@SNAPSHOT] (a snapshot is read-only);
     /// options follow after commas: `ro`, `degraded` (a pool: may start with members
     /// missing, see --degraded), `data-path=PATH`, for RBD `rbd-conf=FILE`, `rbd-id=ID` and
-    /// `rbd-keyring=FILE`, and `description=TEXT` (last, may contain commas).
-    #[arg(long, value_name = "NAME=SPEC[,ro][,degraded][,data-path=PATH][,rbd-...=VALUE][,description=TEXT]")]
+    /// `rbd-keyring=FILE`, `qos=NAME` (the load restriction class of its connections, a
+    /// `[qos.NAME]` table of the --config file) and `description=TEXT` (last, may contain
+    /// commas).
+    #[arg(long, value_name = "NAME=SPEC[,ro][,degraded][,data-path=PATH][,rbd-...=VALUE][,qos=NAME][,description=TEXT]")]
     export: Vec<ExportEntry>,
 
     /// Ceph configuration file for rbd: exports that name none. Default: where Ceph's
@@ -161,8 +165,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "auto|off")]
     tls_ktls: Option<KtlsChoice>,
 
-    /// TOML configuration file (listeners, exports, limits). Listeners and exports given
-    /// here are added to the file's; --threads, --log-level and --read-only override it.
+    /// TOML configuration file (listeners, exports, limits, load restriction classes).
+    /// Listeners and exports given here are added to the file's; --threads, --log-level
+    /// and --read-only override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -358,7 +363,7 @@ impl Reloader {
         let tls = TlsServer::load(&s.tls).map_err(Usage)?;
         let (catalog, exports) = self.catalog.reopen(s.wanted).map_err(Usage)?;
         let pool_moves = self.catalog.pool_moves(&catalog).map_err(Usage)?;
-        let restart = running.reload(Reload { exports, access: s.access, tls, limits: s.limits }).map_err(Usage)?;
+        let restart = running.reload(Reload { exports, access: s.access, tls, limits: s.limits, qos: s.qos }).map_err(Usage)?;
         self.catalog = catalog;
         serve_catalog::apply_pool_moves(pool_moves);
         log::set_max_level(s.log_level);
@@ -400,7 +405,9 @@ fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
         lines.push("no exports: clients are refused until a reload adds one".into());
     }
     lines.extend(s.access.describe().into_iter().map(|l| format!("access: {l}")));
-    lines.extend(serve_access::doubts(&s.access, tls.is_some()).into_iter().map(|d| format!("warning: {d}")));
+    let doubts = serve_access::doubts(&s.access, tls.is_some()).into_iter().chain(serve_qos::doubts(&s.qos, tls.is_some()));
+    lines.extend(doubts.map(|d| format!("warning: {d}")));
+    lines.extend(serve_qos::describe(&s.qos, &s.limits));
     if let Some(t) = tls {
         lines.push(format!("TLS {}", if t.mode == sluice_proto::TlsMode::Require { "required" } else { "offered" }));
     }
@@ -430,7 +437,7 @@ fn build(args: &ServeArgs, inherited: Vec<(Listener, String)>) -> Result<Built, 
     }
     let inherited: Vec<Listener> = inherited.into_iter().map(|(l, _)| l).collect();
     let tls = TlsServer::load(&s.tls).map_err(Usage)?;
-    for doubt in serve_access::doubts(&s.access, tls.is_some()) {
+    for doubt in serve_access::doubts(&s.access, tls.is_some()).into_iter().chain(serve_qos::doubts(&s.qos, tls.is_some())) {
         log::warn!("{doubt}");
     }
     let (catalog, exports) = Catalog::default().reopen(s.wanted).map_err(Usage)?;
@@ -453,6 +460,7 @@ fn build(args: &ServeArgs, inherited: Vec<(Listener, String)>) -> Result<Built, 
         metrics: f.metrics,
         tls,
         inherited,
+        qos: s.qos,
     };
     Ok(Built { config, catalog, fixed: s.fixed, captive_dir, tls_settings: Some(s.tls) })
 }
@@ -463,6 +471,7 @@ struct Settings {
     access: Access,
     tls: TlsSettings,
     limits: Limits,
+    qos: QosConfig,
     log_level: log::LevelFilter,
     fixed: Fixed,
 }
@@ -508,6 +517,7 @@ fn settings(args: &ServeArgs, inherited: usize) -> Result<Settings, Usage> {
     let wanted = wanted_exports(args, &file, &entries)?;
     let access = serve_access::access(file.allow.as_deref(), &file.deny, &args.allow, &args.deny, entries.iter().map(|e| (e.name.clone(), e.rules())).collect());
     file.limits.check().map_err(|e| Usage(format!("[limits]: {e}")))?;
+    let qos = serve_qos::config(&file.qos, &file.qos_match, &entries, &file.limits).map_err(Usage)?;
     let busy_poll_us = match args.busy_poll.or(file.busy_poll) {
         Some(us) => check_busy_poll(us).map_err(Usage)?,
         None => BUSY_POLL_DEFAULT_US,
@@ -530,7 +540,7 @@ fn settings(args: &ServeArgs, inherited: usize) -> Result<Settings, Usage> {
         verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
         ktls: args.tls_ktls.or(file.tls_ktls).unwrap_or_default().0,
     };
-    Ok(Settings { wanted, access, tls, limits: file.limits, log_level, fixed })
+    Ok(Settings { wanted, access, tls, limits: file.limits, qos, log_level, fixed })
 }
 
 /// Each export with its spec and options resolved; a name given twice is an error.

@@ -1,6 +1,6 @@
 //! An export as the operator describes it, before it is opened: an `[[export]]` table of
 //! the configuration file or an `--export NAME=SPEC[,ro][,degraded][,data-path=PATH]
-//! [,rbd-conf=FILE][,rbd-id=ID][,rbd-keyring=FILE][,description=TEXT]` option, both parsed into the same type.
+//! [,rbd-conf=FILE][,rbd-id=ID][,rbd-keyring=FILE][,qos=NAME][,description=TEXT]` option, both parsed into the same type.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -46,6 +46,8 @@ pub struct ExportEntry {
     /// Clients served this export read-only.
     #[serde(default, deserialize_with = "rule_list")]
     pub read_only_for: Vec<Rule>,
+    /// The QoS class of this export's connections (`[qos.NAME]`).
+    pub qos: Option<String>,
 }
 
 impl ExportEntry {
@@ -64,6 +66,7 @@ impl ExportEntry {
             allow: None,
             deny: None,
             read_only_for: Vec::new(),
+            qos: None,
         }
     }
 
@@ -130,8 +133,9 @@ impl FromStr for ExportEntry {
                     Some(("rbd-conf", p)) if !p.is_empty() => entry.rbd_conf = Some(PathBuf::from(p)),
                     Some(("rbd-id", id)) if !id.is_empty() => entry.rbd_id = Some(id.to_owned()),
                     Some(("rbd-keyring", p)) if !p.is_empty() => entry.rbd_keyring = Some(PathBuf::from(p)),
+                    Some(("qos", class)) if !class.is_empty() => entry.qos = Some(class.to_owned()),
                     _ => {
-                        let known = "ro, degraded, data-path=, rbd-conf=, rbd-id=, rbd-keyring=, description=";
+                        let known = "ro, degraded, data-path=, rbd-conf=, rbd-id=, rbd-keyring=, qos=, description=";
                         return Err(format!("unknown or empty option {other:?} (known: {known})"));
                     }
                 },
@@ -156,6 +160,8 @@ mod tests {
         assert!("x=memory:1G,rw".parse::<ExportEntry>().is_err());
         assert!("x=memory:1G,data-path=fast".parse::<ExportEntry>().unwrap_err().contains("\"fast\""));
         assert!("x=memory:12Q".parse::<ExportEntry>().unwrap_err().contains("\"12Q\""));
+        assert_eq!("x=memory:1M,qos=gold".parse::<ExportEntry>().unwrap().qos.as_deref(), Some("gold"));
+        assert!("x=memory:1M,qos=".parse::<ExportEntry>().unwrap_err().contains("qos="));
     }
 
     #[test]

@@ -5,18 +5,8 @@ mod common;
 use common::tls::Keys;
 use common::*;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
-
-/// Writes the configuration file and returns its path.
-fn write_config(dir: &Path, text: &str) -> PathBuf {
-    let path = dir.join("sluice.toml");
-    // Aside, then renamed: the server never reads half a file.
-    let aside = dir.join("sluice.toml.new");
-    std::fs::write(&aside, text).unwrap();
-    std::fs::rename(&aside, &path).unwrap();
-    path
-}
 
 fn export(name: &str, spec: &str) -> String {
     format!("[[export]]\nname = \"{name}\"\nspec = \"{spec}\"\n")

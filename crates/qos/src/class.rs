@@ -141,8 +141,9 @@ fn weight_default() -> u32 {
     WEIGHT_DEFAULT
 }
 
-/// A size: a number, or a string with a suffix (`"200M"`).
-fn size_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+/// A size: a number, or a string with a suffix (`"200M"`). Public for the server's
+/// `[limits]` table, which holds the storage caps among its other keys.
+pub fn size_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     struct Size;
     impl Visitor<'_> for Size {
         type Value = u64;

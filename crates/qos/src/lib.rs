@@ -24,9 +24,10 @@
 //! origin of the caller's choosing. The seeded simulation in `sim` (tests only) drives it
 //! against simulated storage and checks its promises after every step.
 //!
-//! Not wired into the server yet: this crate is the core only. The server's connection core
-//! is to hold requests here after validation and before storage, with held requests still
-//! counting against the connection's budgets.
+//! The server uses it through `sluice_server::qos` (one scheduler for all workers, with
+//! their mailboxes) and its connection core's `conn/hold.rs`: requests are held after
+//! validation and before storage, and held requests still count against the
+//! connection's budgets.
 #![forbid(unsafe_code)]
 
 pub mod bucket;

@@ -56,6 +56,11 @@ impl<'a> Visible<'a> {
         self.refused.borrow().clone()
     }
 
+    /// What is known of the client now (its TLS identity too, once it started TLS).
+    pub fn client(&self) -> Client {
+        self.client.borrow().clone()
+    }
+
     fn grant(&self, name: &str) -> Grant {
         self.access.grant(name, &self.client.borrow())
     }

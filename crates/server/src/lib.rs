@@ -14,6 +14,7 @@ mod handshake;
 pub mod limits;
 mod listen;
 pub mod metrics;
+pub mod qos;
 pub mod rfc4514;
 pub mod server;
 #[cfg(any(test, feature = "sim"))]

@@ -310,6 +310,13 @@ pub struct Limits {
     pub buffer_pool_quiet_ms: u64,
     /// Time at the backend after which a request is logged and counted as slow; 0: never.
     pub slow_request_ms: u64,
+    /// What all exports together may ask of the node's storage, in bytes and operations
+    /// per second (issue 27), and how many requests may be at the storage at once: the QoS
+    /// scheduler's server-wide caps (`sluice_qos::Limits`). None: no cap.
+    #[serde(deserialize_with = "sluice_qos::class::size_opt")]
+    pub storage_bps: Option<u64>,
+    pub storage_iops: Option<u64>,
+    pub storage_inflight: Option<u32>,
 }
 
 impl Default for Limits {
@@ -324,6 +331,9 @@ impl Default for Limits {
             buffer_pool_bytes_per_worker: BUFFER_POOL_BYTES_PER_WORKER_DEFAULT,
             buffer_pool_quiet_ms: BUFFER_POOL_QUIET_MS_DEFAULT,
             slow_request_ms: SLOW_REQUEST_MS_DEFAULT,
+            storage_bps: None,
+            storage_iops: None,
+            storage_inflight: None,
         }
     }
 }
@@ -362,7 +372,17 @@ impl Limits {
         if self.connections_per_client == 0 {
             return Err("connections-per-client must be at least 1".into());
         }
-        Ok(())
+        self.storage().validate()
+    }
+
+    /// The server-wide storage caps, as the QoS scheduler takes them.
+    pub fn storage(&self) -> sluice_qos::Limits {
+        sluice_qos::Limits { storage_bps: self.storage_bps, storage_iops: self.storage_iops, storage_inflight: self.storage_inflight }
+    }
+
+    /// Whether any storage cap is set: then every connection goes through the scheduler.
+    pub fn caps_storage(&self) -> bool {
+        self.storage() != sluice_qos::Limits::default()
     }
 
     /// How often a worker looks for slow requests while any request is at a backend: a

@@ -379,7 +379,8 @@ impl Acceptor {
                     Err(e) => return log::warn!("{peer}: {e}"),
                 };
                 let n = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-                self.workers[n].hand_over(NewConnection { fd, peer, export, session, tls, tls_client, permit });
+                let client = visible.client();
+                self.workers[n].hand_over(NewConnection { fd, peer, export, session, tls, tls_client, permit, client });
             }
             Ok(None) => {}
             Err(e) => log::info!("{peer}: handshake ended: {e}"),

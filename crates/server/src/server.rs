@@ -11,7 +11,8 @@ use crate::access::Access;
 use crate::export::{Export, Exports};
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Endpoint, Listener, Served};
-use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource};
+use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource, QosRecorder};
+use crate::qos::{Qos, QosConfig, WORKERS_MAX};
 use crate::tls::TlsServer;
 use crate::worker;
 
@@ -36,6 +37,9 @@ pub struct Config {
     /// Listening sockets made by someone else (systemd's socket activation), served
     /// beside those named above.
     pub inherited: Vec<Listener>,
+    /// Load restriction: classes, which export and client gets which (the storage caps
+    /// are in `limits`).
+    pub qos: QosConfig,
 }
 
 #[derive(Debug)]
@@ -66,12 +70,16 @@ pub struct Server {
     shutdown: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
     metrics_server: Option<MetricsServer>,
+    qos: Arc<Qos>,
 }
 
 impl Server {
     /// Binds every listener, so address errors surface before anything is served.
     pub fn bind(mut config: Config) -> Result<Server, StartError> {
         config.limits.check().map_err(StartError::Config)?;
+        if config.threads > WORKERS_MAX {
+            return Err(StartError::Config(format!("at most {WORKERS_MAX} threads")));
+        }
         let mut listeners: Vec<Arc<Listener>> = config.inherited.drain(..).map(Arc::new).collect();
         for addr in &config.tcp {
             match Listener::bind_tcp(*addr) {
@@ -92,6 +100,7 @@ impl Server {
         }
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
         let metrics = Metrics::with_pools(&names, pool_sources(&config.exports));
+        let qos = start_qos(&config, &metrics)?;
         let metrics_server = match config.metrics {
             Some(addr) => Some(
                 metrics::serve_http(addr, Arc::clone(&metrics))
@@ -99,7 +108,7 @@ impl Server {
             ),
             None => None,
         };
-        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)), metrics, metrics_server })
+        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)), metrics, metrics_server, qos })
     }
 
     pub fn addresses(&self) -> Vec<String> {
@@ -128,11 +137,16 @@ impl Server {
 
     /// Starts the workers and the accept loops; connections are accepted once this returns.
     pub fn start(self, stopper: &Stopper) -> Result<Running, StartError> {
-        let Server { listeners, config, shutdown, metrics, metrics_server } = self;
+        let Server { listeners, config, shutdown, metrics, metrics_server, qos } = self;
         if let Some(m) = &metrics_server {
             log::info!("metrics at http://{}/metrics", m.local_addr());
         }
-        let (handles, joins) = start_workers(&config, &shutdown, &metrics)?;
+        let (handles, joins) = start_workers(&config, &shutdown, &metrics, &qos)?;
+        qos.set_wakers(handles.iter().map(|h| {
+            let h = h.clone();
+            Box::new(move || h.wake()) as Box<dyn Fn() + Send + Sync>
+        }).collect());
+        log_qos(&config.qos, &config.limits);
         *stopper.workers.lock().expect("stopper lock") = handles.clone();
         if shutdown.load(Ordering::SeqCst) {
             stopper.stop();
@@ -165,14 +179,30 @@ impl Server {
             metrics_server: Mutex::new(metrics_server),
             workers_limits,
             retired: Mutex::default(),
+            qos,
         })
     }
+}
+
+/// The QoS scheduler, and its families in the metrics (the scheduler is asked at scrape
+/// time through a weak reference, so the two do not keep each other alive).
+fn start_qos(config: &Config, metrics: &Metrics) -> Result<Arc<Qos>, StartError> {
+    let recorder = Arc::new(QosRecorder::default());
+    let qos = Qos::new(config.qos.clone(), &config.limits, config.threads.max(1), Arc::clone(&recorder));
+    let qos = Arc::new(qos.map_err(StartError::Config)?);
+    let weak = Arc::downgrade(&qos);
+    metrics.set_qos(Box::new(move || {
+        let samples = weak.upgrade().map(|q| q.samples()).unwrap_or_default();
+        metrics::qos_families(&recorder, &samples)
+    }));
+    Ok(qos)
 }
 
 fn start_workers(
     config: &Config,
     shutdown: &Arc<AtomicBool>,
     metrics: &Arc<Metrics>,
+    qos: &Arc<Qos>,
 ) -> Result<(Vec<worker::WorkerHandle>, Vec<JoinHandle<()>>), StartError> {
     let mut handles = Vec::new();
     let mut joins = Vec::new();
@@ -182,12 +212,24 @@ fn start_workers(
             cpu: (!cpus.is_empty()).then(|| cpus[id % cpus.len()]),
             busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
         };
-        let (h, j) = worker::spawn(id, config.limits, placement, Arc::clone(shutdown), Arc::clone(metrics))
+        let (h, j) = worker::spawn(id, config.limits, placement, Arc::clone(shutdown), Arc::clone(metrics), Arc::clone(qos))
             .map_err(StartError::Engine)?;
         handles.push(h);
         joins.push(j);
     }
     Ok((handles, joins))
+}
+
+fn log_qos(qos: &QosConfig, limits: &Limits) {
+    if !qos.is_on(limits) {
+        return;
+    }
+    let classes: Vec<&str> = qos.classes.keys().map(String::as_str).collect();
+    let c = limits.storage();
+    let caps = [("storage-bps", c.storage_bps), ("storage-iops", c.storage_iops), ("storage-inflight", c.storage_inflight.map(u64::from))];
+    let caps: Vec<String> = caps.iter().filter_map(|(k, v)| v.map(|v| format!("{k} = {v}"))).collect();
+    let or_none = |list: Vec<String>| if list.is_empty() { "none".to_owned() } else { list.join(", ") };
+    log::info!("qos: classes: {}; storage caps: {}", or_none(classes.iter().map(|c| c.to_string()).collect()), or_none(caps));
 }
 
 fn log_access(access: &Access) {
@@ -225,6 +267,7 @@ pub struct Reload {
     pub access: Access,
     pub tls: Option<Arc<TlsServer>>,
     pub limits: Limits,
+    pub qos: QosConfig,
 }
 
 /// A server that accepts connections: what it serves can be changed (`reload`) until it is
@@ -239,6 +282,8 @@ pub struct Running {
     /// Exports a reload removed or replaced, kept until no connection uses them, then
     /// closed.
     retired: Mutex<Vec<Arc<Export>>>,
+    /// The QoS scheduler; a reload gives it new classes and caps.
+    qos: Arc<Qos>,
 }
 
 impl Running {
@@ -272,6 +317,8 @@ impl Running {
     /// opened (one removed finishes its requests; it is closed when the last one leaves).
     /// Returns the limits that changed but take a restart.
     pub fn reload(&self, next: Reload) -> Result<Vec<&'static str>, String> {
+        next.limits.check()?;
+        next.qos.check(&next.limits)?;
         for e in next.exports.iter() {
             if self.metrics.add_export(&e.name).is_none() {
                 return Err(format!("export {:?}: a running server adds at most {} exports; restart to serve more", e.name, crate::limits::METRICS_EXPORTS_ADDED_MAX));
@@ -285,6 +332,8 @@ impl Running {
         if *self.acceptor.served().access != next.access {
             log_access(&next.access);
         }
+        self.qos.reconfigure(next.qos.clone(), &next.limits)?;
+        log_qos(&next.qos, &next.limits);
         let served = Served { exports: Arc::new(next.exports), access: Arc::new(next.access), tls: next.tls, limits: next.limits };
         let before = self.acceptor.swap(served);
         let now = self.exports();

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use sluice_ktls::sys::ktls_send_record;
 use sluice_proto::Session;
 
+use crate::access::Client;
 use crate::admission::{Budget, Permit};
 use crate::busy_poll::BusyPoll;
 use crate::conn::{Conn, Env, Io, Shutdown};
@@ -19,6 +20,7 @@ use crate::engine::{unacked_bytes, Buf, Completion, ConnId, Pipes, Pool, Ring, S
 use crate::export::Export;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::{Board, Look, Metrics};
+use crate::qos::{Parts, Qos};
 use crate::tls::{Answer, Encryption, TlsLink, Wire};
 
 /// A connection that finished its handshake, on its way to a worker.
@@ -33,6 +35,8 @@ pub struct NewConnection {
     pub tls_client: Option<String>,
     /// Released when the connection closes; counts against the connection limit.
     pub permit: Permit,
+    /// Who the client is, for its QoS class.
+    pub client: Client,
 }
 
 /// The acceptor's handle on a worker.
@@ -69,6 +73,7 @@ pub fn spawn(
     placement: Placement,
     shutdown: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
+    qos: Arc<Qos>,
 ) -> std::io::Result<(WorkerHandle, std::thread::JoinHandle<()>)> {
     let wake = Arc::new(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)?);
     let (tx, rx) = channel();
@@ -85,7 +90,8 @@ pub fn spawn(
         };
         let quiet = Duration::from_millis(limits.buffer_pool_quiet_ms);
         let pool = Pool::new(limits.buffer_pool_bytes_per_worker, quiet, Arc::clone(&metrics.buffers));
-        let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics);
+        let held = Held { qos, worker: id, generations: Vec::new(), ready: Vec::new() };
+        let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics, held);
         worker.busy_poll = [BusyPoll::new(placement.busy_poll), BusyPoll::new(placement.busy_poll)];
         let _ = ready_tx.send(Ok(()));
         if let Err(e) = worker.run() {
@@ -169,9 +175,22 @@ struct Worker {
     next_look: Option<Instant>,
     looks: Vec<Look>,
     posted: bool,
+    held: Held,
+}
+
+/// The worker's side of the QoS scheduler: its number (in request ids), the generation of
+/// each connection place (an id of a closed connection is known as stale), and the ids
+/// its mailbox gave.
+struct Held {
+    qos: Arc<Qos>,
+    worker: usize,
+    generations: Vec<u16>,
+    ready: Vec<sluice_qos::Id>,
 }
 
 impl Worker {
+    // The worker's parts, each made by the thread that spawns it.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         mut ring: Ring,
         pool: Pool,
@@ -180,6 +199,7 @@ impl Worker {
         wake: Arc<OwnedFd>,
         shutdown: Arc<AtomicBool>,
         metrics: Arc<Metrics>,
+        held: Held,
     ) -> Worker {
         if let Err(e) = ring.reserve_fixed(pool.slots()) {
             log::warn!("could not set up registered I/O buffers ({e}); using unregistered buffers");
@@ -207,6 +227,7 @@ impl Worker {
             next_look: None,
             looks,
             posted: false,
+            held,
         }
     }
 
@@ -235,12 +256,14 @@ impl Worker {
             let release = self.pool.tick(now, |slab| ring.unfix(slab)).map(|due| due.saturating_duration_since(now));
             let drain = draining_since.map(|_| Duration::from_millis(SHUTDOWN_POLL_MS));
             let look = self.next_look.map(|due| due.saturating_duration_since(now));
-            let timeout = [release, drain, look].into_iter().flatten().min();
+            let qos = self.held.qos.due(self.held.worker).map(|due| due.saturating_duration_since(now));
+            let timeout = [release, drain, look, qos].into_iter().flatten().min();
             self.wait(&mut completions, timeout, draining_since.is_none())?;
             for c in completions.drain(..) {
                 self.route(c);
             }
             self.resume_waiters();
+            self.start_held();
             self.look_if_due();
         }
     }
@@ -354,6 +377,7 @@ impl Worker {
         event(entry, &mut shared, id);
         drive(entry, id, &mut shared);
         if entry.conn.is_done() && entry.tls.as_ref().is_none_or(TlsLink::is_idle) {
+            entry.conn.unrestrict(&mut shared.env());
             self.close(id);
         }
     }
@@ -365,11 +389,17 @@ impl Worker {
             }
             let index = self.free.pop().unwrap_or_else(|| {
                 self.entries.push(None);
+                self.held.generations.push(0);
                 (self.entries.len() - 1) as u32
             });
             let metrics = Arc::clone(&self.metrics);
             let label = label(&new.export, new.session.read_only(), new.tls_client.as_deref());
             let mut conn = Conn::new(new.peer, Arc::clone(&new.export), new.session, self.limits, metrics);
+            if let Some(mut port) = self.held.qos.attach(&new.export.name, &new.client, self.held.worker) {
+                debug_assert!((index as usize) < crate::qos::PLACES_MAX);
+                port.place(index, self.held.generations[index as usize]);
+                conn.restrict(port);
+            }
             let (tls, ktls) = secure(&mut conn, &label, new.tls);
             self.entries[index as usize] =
                 Some(Entry { conn, fd: new.fd, tls, ktls, export: new.export, label, _permit: new.permit });
@@ -384,6 +414,39 @@ impl Worker {
             if self.entries.get(id.0 as usize).is_some_and(Option::is_some) {
                 self.on(id, |c, env| c.resume(env));
             }
+        }
+    }
+
+    /// Starts the held requests the QoS scheduler let go (polling it first when this
+    /// worker's timer is due), until none is left: starting one may let go another.
+    fn start_held(&mut self) {
+        let now = Instant::now();
+        if self.held.qos.due(self.held.worker).is_some_and(|due| due <= now) {
+            self.held.qos.tick(self.held.worker, now);
+        }
+        loop {
+            let mut ready = std::mem::take(&mut self.held.ready);
+            self.held.qos.take_ready(self.held.worker, &mut ready);
+            if ready.is_empty() {
+                self.held.ready = ready;
+                return;
+            }
+            for id in ready.drain(..) {
+                self.start_one(Parts::of(id));
+            }
+            self.held.ready = ready;
+        }
+    }
+
+    fn start_one(&mut self, p: Parts) {
+        let place = p.place as usize;
+        let live = self.entries.get(place).is_some_and(Option::is_some) && self.held.generations[place] == p.generation;
+        let mut started = false;
+        if live {
+            self.on(ConnId(p.place), |c, env| started = c.handle_qos_start(env, p.slot));
+        }
+        if !started {
+            self.held.qos.stray(self.held.worker);
         }
     }
 
@@ -406,6 +469,8 @@ impl Worker {
             }
             log::info!("{}: closed {}; {}", entry.conn.peer(), entry.label, entry.conn.audit());
             self.budget.forget(id);
+            let generation = &mut self.held.generations[id.0 as usize];
+            *generation = Parts::next_generation(*generation);
             self.free.push(id.0);
             self.live -= 1;
         }

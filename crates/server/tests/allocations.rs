@@ -100,6 +100,7 @@ fn no_allocation_per_request() {
         metrics: None,
         tls: None,
         inherited: Vec::new(),
+        qos: Default::default(),
     })
     .unwrap();
     let stopper = server.stopper();

@@ -290,6 +290,16 @@ pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool, l
 }
 
 /// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+/// Writes `sluice.toml` in `dir` and returns its path: aside, then renamed, so a server
+/// reloading it never reads half a file.
+pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("sluice.toml");
+    let aside = dir.join("sluice.toml.new");
+    std::fs::write(&aside, text).unwrap();
+    std::fs::rename(&aside, &path).unwrap();
+    path
+}
+
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut v = Vec::with_capacity(len);

@@ -38,7 +38,7 @@ impl Conn {
                 self.slot_mut(slot).buf = Some(buf);
                 self.slot_mut(slot).times.received = Some(env.now);
                 self.receiving = Receiving::Headers;
-                self.dispatch(env, slot);
+                self.admit(env, slot);
             }
         }
         if self.is_open() {
@@ -167,7 +167,7 @@ impl Conn {
             }
             _ => {}
         }
-        self.dispatch(env, slot);
+        self.admit(env, slot);
         true
     }
 
@@ -186,7 +186,7 @@ impl Conn {
         let s = self.slot_mut(slot);
         s.buf = Some(buf);
         s.times.received = Some(env.now);
-        self.dispatch(env, slot);
+        self.admit(env, slot);
         true
     }
 }

@@ -9,6 +9,7 @@
 //! `intake` (framing, validation, slots), `execute` (commands other than READ, through the
 //! backend's emulation layer), `read` (reads split into chunks, each sent as soon as it is
 //! read), `pace` (storage and network rates, and the chunk size and window they call for),
+//! `hold` (requests held before the storage by the QoS scheduler),
 //! `reply` (the ordering rules for simple and structured replies), `send` (batches
 //! and splicing out), `slot` (taking, accounting and releasing a request's slot), `state`
 //! (the per-request data they share), `watch` (requests held at the backend too long).
@@ -28,6 +29,7 @@ use crate::limits::{Limits, RECV_BUFFER_BYTES, SEND_PARTS_MAX};
 use crate::metrics::Metrics;
 
 mod execute;
+mod hold;
 mod intake;
 mod pace;
 mod read;
@@ -141,6 +143,9 @@ pub struct Conn {
     /// Storage and network rates, which size automatic read chunks (pace.rs).
     pace: pace::Pace,
 
+    /// The QoS scheduler, when load restriction applies to this connection (hold.rs).
+    qos: Option<crate::qos::Port>,
+
     metrics: Arc<Metrics>,
     metrics_export: usize,
     /// For the closing log line: payload bytes read and written for the client, and why
@@ -194,6 +199,7 @@ impl Conn {
             finished_parts: Vec::with_capacity(SEND_PARTS_MAX),
             sending_since: None,
             pace: pace::Pace::default(),
+            qos: None,
             metrics,
             metrics_export,
             bytes_read: 0,
@@ -299,6 +305,7 @@ impl Conn {
         } else {
             self.storage_done(env, tag.slot, result, held);
         }
+        self.storage_maybe_over(env.now, tag.slot);
     }
 
     /// Sends what `handle_storage_now` queued.

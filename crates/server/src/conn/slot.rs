@@ -4,7 +4,7 @@
 
 use sluice_proto::Command;
 
-use super::state::Slot;
+use super::state::{Hold, Slot};
 use super::{Conn, Env};
 use crate::metrics;
 
@@ -53,6 +53,8 @@ impl Conn {
 
     /// Frees a slot: its chunks, its bytes, its place in the reply order; records it.
     pub(super) fn release(&mut self, env: &mut Env, slot: u16) {
+        debug_assert!(!matches!(self.slot(slot).hold, Hold::Held(_)), "a held request is dropped through unrestrict");
+        self.storage_over(env.now, slot);
         // Chunks never sent (after an error or a failed connection) give back their buffers.
         self.chunks[slot as usize].clear();
         self.stream_waiters.retain(|&w| w != slot);

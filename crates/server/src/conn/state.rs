@@ -47,7 +47,21 @@ pub(super) struct Slot {
     pub(super) slow: bool,
     /// Refused by validation, with the error to answer (metrics leave these out).
     pub(super) rejection: Option<(Errno, &'static str)>,
+    /// Where the request stands with the QoS scheduler (hold.rs).
+    pub(super) hold: Hold,
     pub(super) times: Times,
+}
+
+/// A request's place in load restriction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hold {
+    /// Not restricted, or done with the storage.
+    Off,
+    /// Waiting in the scheduler since then; counted in the slot and byte budgets.
+    Held(Instant),
+    /// Started by the scheduler (at once, or let go after a hold): counted at the storage
+    /// until it is done there.
+    Started,
 }
 
 impl Slot {
@@ -70,6 +84,7 @@ impl Slot {
             failed: false,
             slow: false,
             rejection: None,
+            hold: Hold::Off,
             times: Times::new(now),
         }
     }

@@ -139,6 +139,7 @@ impl Collector for Metrics {
         out.extend(super::pool::families(&self.pools.lock().unwrap_or_else(|e| e.into_inner())));
         out.extend(super::buffers::families(&self.buffers));
         out.extend(super::refused::families(&self.refused));
+        out.extend(self.qos.get().map(|families| families()).unwrap_or_default());
         // The encoder stops at a family without series: whatever a source yields, leave
         // those out rather than lose every family after it.
         out.retain(|family| !family.get_metric().is_empty());
@@ -216,7 +217,7 @@ fn counter_metric(labels: Vec<proto::LabelPair>, value: u64) -> proto::Metric {
 /// Finite buckets only: the encoder writes the `+Inf` bucket from the count, which comes
 /// from the same reads as the other buckets, so they agree within a scrape even while
 /// workers keep recording.
-fn histogram(h: &Histogram) -> proto::Histogram {
+pub(super) fn histogram(h: &Histogram) -> proto::Histogram {
     let mut cumulative = 0u64;
     let buckets = h.buckets[..PHASE_BUCKETS_FINITE_COUNT]
         .iter()

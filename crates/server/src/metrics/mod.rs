@@ -6,12 +6,14 @@ mod buffers;
 mod endpoint;
 mod exposition;
 mod pool;
+mod qos;
 mod recorder;
 mod refused;
 mod watch;
 
 pub use endpoint::{serve_http, MetricsServer};
 pub use pool::{PoolProbe, PoolSource};
-pub use recorder::{Metrics, Op, Phases};
+pub use qos::{qos_families, QosClassRecorder, QosRecorder, QosSample};
+pub use recorder::{Families, Metrics, Op, Phases};
 pub use refused::{Refusals, Refused};
 pub use watch::{Board, Look};

@@ -84,7 +84,7 @@ pub(super) struct Histogram {
 }
 
 impl Histogram {
-    fn observe(&self, ns: u64) {
+    pub(super) fn observe(&self, ns: u64) {
         self.buckets[bucket_index(ns)].fetch_add(1, Ordering::Relaxed);
         self.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
@@ -132,7 +132,12 @@ pub struct Metrics {
     pub(super) boards: Boards,
     /// Connections turned away, by reason.
     pub refused: super::Refusals,
+    /// The QoS scheduler's families, built at each scrape (`set_qos`).
+    pub(super) qos: OnceLock<Families>,
 }
+
+/// Builds metric families at scrape time.
+pub type Families = Box<dyn Fn() -> Vec<prometheus::proto::MetricFamily> + Send + Sync>;
 
 impl Metrics {
     /// Lays out every counter the server will touch. A name given twice gets one set of
@@ -151,6 +156,7 @@ impl Metrics {
             buffers: Arc::default(),
             boards: Boards::new(capacity),
             refused: Default::default(),
+            qos: OnceLock::new(),
         };
         for name in export_names {
             metrics.add_export(name).expect("room for the first exports");
@@ -181,6 +187,12 @@ impl Metrics {
     /// Every export's counters, in the order the names came.
     pub(super) fn exports(&self) -> Vec<&ExportMetrics> {
         self.exports.iter().map_while(|slot| slot.get().map(|b| &**b)).collect()
+    }
+
+    /// Shows what `families` builds at every scrape (the QoS scheduler's classes); the
+    /// first one set stays.
+    pub fn set_qos(&self, families: Families) {
+        let _ = self.qos.set(families);
     }
 
     /// Replaces the pools shown at each scrape (a reload added or removed some).

@@ -3,8 +3,10 @@
 //! order, short receives and sends, storage errors and short reads, and abrupt closes. After
 //! every step it checks what the core may never do; at the end, that every request was
 //! answered exactly once (when nothing cut the connection) and that every buffer, pipe and
-//! budget byte came back. `cargo test` runs it over many seeds; the fuzz target `conn`
-//! feeds it bytes.
+//! budget byte came back. Some runs hold requests in a QoS scheduler whose storage queue
+//! depth is small, letting them go in random order between the other steps; at the end the
+//! scheduler must hold nothing and count nothing at the storage. `cargo test` runs it over
+//! many seeds; the fuzz target `conn` feeds it bytes.
 
 mod client;
 
@@ -24,7 +26,8 @@ use crate::conn::{Conn, Env, Io, Shutdown};
 use crate::engine::{Buf, Pipe, Pipes, Pool, Ring, SendBatch, StorageId, Tag};
 use crate::export::{Chunking, DataPath, Export};
 use crate::limits::{Limits, CHUNK_WINDOW_COUNT, PIPE_BYTES};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, QosRecorder};
+use crate::qos::{Parts, Qos, QosConfig};
 use client::{Checker, Sent};
 pub use sluice_proto::rng::Rng;
 
@@ -58,6 +61,8 @@ pub struct Report {
     pub clean: bool,
     /// The session used extended headers.
     pub extended: bool,
+    /// Requests held by the QoS scheduler and let go later.
+    pub held: usize,
 }
 
 /// Everything outside the core: the worker's resources and the client's view.
@@ -84,6 +89,10 @@ struct World {
     stopped: bool,
     /// Something cut replies short (a failed send or read, a stop): answers may be missing.
     cut: bool,
+    /// The QoS scheduler, in the runs that restrict the connection, and how many requests
+    /// it let go after holding them.
+    qos: Option<Arc<Qos>>,
+    held: usize,
 }
 
 const STEPS_MAX: usize = 200_000;
@@ -132,9 +141,14 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
         shut: false,
         stopped: false,
         cut: false,
+        qos: None,
+        held: 0,
     };
     let metrics = Metrics::new(std::slice::from_ref(&export.name));
     let mut conn = Conn::new("sim".into(), Arc::clone(&export), session, limits, metrics);
+    if world.rng.below(3) == 0 {
+        world.restrict(&mut conn, &export.name)?;
+    }
     conn.resume(&mut world.env());
     world.collect(&mut conn)?;
     let mut steps = 0;
@@ -146,6 +160,7 @@ pub fn run(mut rng: Rng) -> Result<Report, String> {
         world.step(&mut conn)?;
         world.collect(&mut conn)?;
     }
+    conn.unrestrict(&mut world.env());
     drop(conn);
     world.finish(steps)
 }
@@ -257,6 +272,9 @@ impl World {
         if !self.storage.is_empty() {
             choices.extend([3, 3]);
         }
+        if self.qos.as_ref().is_some_and(|q| q.has_ready(0)) {
+            choices.push(4);
+        }
         if choices.is_empty() {
             return Err("nothing in flight, yet the connection is not done".into());
         }
@@ -270,8 +288,35 @@ impl World {
             0 => self.complete_recv(conn),
             1 => self.complete_send(conn),
             2 => self.complete_splice(conn),
-            _ => self.complete_storage(conn),
+            3 => self.complete_storage(conn),
+            _ => self.start_held(conn),
         }
+    }
+
+    /// Restricts the connection: no rate limits (time is the machine's here), a storage
+    /// queue depth of one to three, so requests are held until others finish.
+    fn restrict(&mut self, conn: &mut Conn, export: &str) -> Result<(), String> {
+        let limits = Limits { storage_inflight: Some(1 + self.rng.below(3) as u32), ..Limits::default() };
+        let qos = Arc::new(Qos::new(QosConfig::default(), &limits, 1, Arc::new(QosRecorder::default()))?);
+        let mut port = qos.attach(export, &Default::default(), 0).ok_or("QoS with a storage cap is on")?;
+        port.place(0, 0);
+        conn.restrict(port);
+        self.qos = Some(qos);
+        Ok(())
+    }
+
+    /// Starts the held requests the scheduler let go.
+    fn start_held(&mut self, conn: &mut Conn) -> Result<(), String> {
+        let qos = Arc::clone(self.qos.as_ref().expect("chosen because something is ready"));
+        let mut ready = Vec::new();
+        qos.take_ready(0, &mut ready);
+        for id in ready {
+            if !conn.handle_qos_start(&mut self.env(), Parts::of(id).slot) {
+                return Err(format!("request {id} let go, yet not held"));
+            }
+            self.held += 1;
+        }
+        Ok(())
     }
 
     fn complete_recv(&mut self, conn: &mut Conn) -> Result<(), String> {
@@ -335,6 +380,15 @@ impl World {
 
     /// The checks once the connection is done.
     fn finish(self, steps: usize) -> Result<Report, String> {
+        if let Some(qos) = &self.qos {
+            // Let go just as the connection closed: the worker tells the scheduler.
+            let mut stray = Vec::new();
+            qos.take_ready(0, &mut stray);
+            stray.iter().for_each(|_| qos.stray(0));
+            if !qos.is_idle() {
+                return Err("the QoS scheduler still holds requests or counts some at the storage".into());
+            }
+        }
         if self.budget.used_bytes() != 0 {
             return Err(format!("{} budget bytes never came back", self.budget.used_bytes()));
         }
@@ -355,7 +409,7 @@ impl World {
                 return Err(format!("request {handle} ({s:?}) was never answered"));
             }
         }
-        Ok(Report { steps, answered: answered.len(), clean, extended: self.checker.framing.extended })
+        Ok(Report { steps, answered: answered.len(), clean, extended: self.checker.framing.extended, held: self.held })
     }
 }
 
@@ -368,12 +422,14 @@ mod tests {
         let mut clean = 0;
         let mut answered = 0;
         let mut extended = 0;
+        let mut held = 0;
         for seed in 0..400 {
             match run(Rng::seeded(seed)) {
                 Ok(r) => {
                     clean += r.clean as usize;
                     answered += r.answered;
                     extended += (r.clean && r.extended) as usize;
+                    held += r.held;
                 }
                 Err(e) => panic!("seed {seed}: {e}"),
             }
@@ -382,6 +438,7 @@ mod tests {
         assert!(clean > 100, "only {clean} clean runs");
         assert!(answered > 5_000, "only {answered} requests answered");
         assert!(extended > 30, "only {extended} clean runs with extended headers");
+        assert!(held > 500, "only {held} requests held by the QoS scheduler and let go");
     }
 
     #[test]
