@@ -88,7 +88,18 @@ def slice_for(image_bytes: int, connections: int, bs: int):
 
 def run(command: list, job: Job, json_path: str) -> Result:
     """Run fio, keep its JSON at json_path, and return the totals over reads and writes."""
-    timeout = job.runtime + FIO_GRACE_SECONDS
+    _execute(command, job.runtime, json_path)
+    return parse(json_path)
+
+
+def run_jobs(command: list, runtime: int, json_path: str) -> list:
+    """Run fio with several jobs (no --group_reporting): one Result per job, in order."""
+    _execute(command, runtime, json_path)
+    return parse_jobs(json_path)
+
+
+def _execute(command: list, runtime: int, json_path: str) -> None:
+    timeout = runtime + FIO_GRACE_SECONDS
     with open(json_path + ".stderr", "w") as err:
         try:
             proc = subprocess.run(command + [f"--output={json_path}"], stdin=subprocess.DEVNULL,
@@ -98,7 +109,6 @@ def run(command: list, job: Job, json_path: str) -> Result:
     if proc.returncode != 0:
         why = _error_line(json_path) or _tail(json_path + ".stderr") or "no message"
         raise FioError(f"fio exited with {proc.returncode}: {why}")
-    return parse(json_path)
 
 
 def _error_line(json_path: str) -> str:
@@ -116,6 +126,11 @@ def _error_line(json_path: str) -> str:
 
 
 def parse(json_path: str) -> Result:
+    """The first job's totals: with --group_reporting, all connections together."""
+    return parse_jobs(json_path)[0]
+
+
+def parse_jobs(json_path: str) -> list:
     with open(json_path) as f:
         text = f.read()
     # The nbd engine prints "fio: connected to NBD server" lines before the JSON.
@@ -124,7 +139,11 @@ def parse(json_path: str) -> Result:
         data = json.loads(text[start:])
     except ValueError:
         raise FioError(f"no JSON from fio in {json_path}")
-    job = data["jobs"][0]  # --group_reporting: one entry for all connections
+    ended = data["timestamp_ms"] / 1000.0 if "timestamp_ms" in data else None
+    return [_job_result(job, ended) for job in data["jobs"]]
+
+
+def _job_result(job: dict, ended) -> Result:
     if job.get("error"):
         raise FioError(f"fio job error {job['error']}")
     total_bytes = total_ios = 0
@@ -139,8 +158,7 @@ def parse(json_path: str) -> Result:
     if total_ios == 0:
         raise FioError("fio completed no I/O")
     return Result(bytes=total_bytes, ios=total_ios, seconds=job["job_runtime"] / 1000.0,
-                  bw=bw, iops=iops, lat_us=lat_weighted / total_ios / 1000.0,
-                  ended=data["timestamp_ms"] / 1000.0 if "timestamp_ms" in data else None)
+                  bw=bw, iops=iops, lat_us=lat_weighted / total_ios / 1000.0, ended=ended)
 
 
 def _tail(path: str, lines: int = 3) -> str:
