@@ -92,14 +92,15 @@ def run(command: list, job: Job, json_path: str) -> Result:
     return parse(json_path)
 
 
-def run_jobs(command: list, runtime: int, json_path: str) -> list:
-    """Run fio with several jobs (no --group_reporting): one Result per job, in order."""
-    _execute(command, runtime, json_path)
+def run_jobs(command: list, runtime: int, json_path: str, grace: int = FIO_GRACE_SECONDS) -> list:
+    """Run fio with several jobs (no --group_reporting): one Result per job, in order.
+    grace: seconds past the runtime before fio is killed."""
+    _execute(command, runtime, json_path, grace)
     return parse_jobs(json_path)
 
 
-def _execute(command: list, runtime: int, json_path: str) -> None:
-    timeout = runtime + FIO_GRACE_SECONDS
+def _execute(command: list, runtime: int, json_path: str, grace: int = FIO_GRACE_SECONDS) -> None:
+    timeout = runtime + grace
     with open(json_path + ".stderr", "w") as err:
         try:
             proc = subprocess.run(command + [f"--output={json_path}"], stdin=subprocess.DEVNULL,

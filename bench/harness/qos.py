@@ -19,6 +19,7 @@ from typing import Optional
 
 import cache
 import fio
+import metrics
 import qos_report as report
 import servers
 from measure import Context, Point, run_point
@@ -28,12 +29,16 @@ from units import fmt
 SECONDS, QUICK_SECONDS = 10, 3
 # Row 1: the limits under test and the burst of the burst rows (seconds of the limit).
 BPS_TEXT, BPS_LIMIT, IOPS_LIMIT, BURST = "100M", 100 << 20, 2000, 2
-# Row 2: the weights, and the storage caps that make the two connections contend. The
-# iops cap is far below what this machine serves warm, so the scheduler, not how two CPUs
-# happen to be shared, divides it; the inflight cap is mClock's fixed queue depth.
+# Row 2: the weights, and the storage caps that make the two connections contend: (label,
+# [limits], data path). The iops cap is far below what this machine serves warm, so the
+# scheduler, not how two CPUs happen to be shared, divides it. The inflight cap (mClock's
+# fixed queue depth) contends only where the storage is the slow stage: warm, a read leaves
+# the storage stage at once and the CPUs decide, so that variant reads the disk (O_DIRECT).
 WEIGHTS = (100, 300)
-SHARE_CAPS = (("storage-iops = 8000", {"storage-iops": 8000}),
-              ("storage-inflight = 4", {"storage-inflight": 4}))
+SHARE_CAPS = (("storage-iops = 8000, warm", {"storage-iops": 8000}, None),
+              ("storage-inflight = 4, data-path direct (disk)", {"storage-inflight": 4}, "direct"))
+# A run that has not ended this long after its runtime has requests stuck in the server.
+GRACE_SECONDS = 15
 # Row 3: the reservation, the cap both classes contend for, and the flood's weight (the
 # most there is), so that without its reservation the reserved class would get ~1%.
 RESERVATION, RESERVATION_CAP, FLOOD_WEIGHT = 2000, 4000, 10000
@@ -49,6 +54,7 @@ class Setup:
     classes: dict
     exports: dict
     limits: dict = field(default_factory=dict)
+    data_path: Optional[str] = None     # every export's; None: the server's default
 
 
 def _value(v) -> str:
@@ -69,6 +75,8 @@ def config_text(setup: Setup, image: str) -> str:
                   "read-only = true"]
         if cls:
             lines.append(f'qos = "{cls}"')
+        if setup.data_path:
+            lines.append(f'data-path = "{setup.data_path}"')
     return "\n".join(lines) + "\n"
 
 
@@ -81,10 +89,10 @@ def qos_server(ctx: Context, setup: Setup) -> servers.Server:
 
     def argv(launch: servers.Launch) -> list:
         return [ctx.binary, "serve", "--config", path, "--listen", f"127.0.0.1:{launch.port}",
-                "--log-level", "warn"]
+                "--log-level", "warn", "--metrics", f"127.0.0.1:{launch.metrics_port}"]
 
     return servers.Server(name=f"sluice qos {setup.name}", kind="sluice", cache="page cache",
-                          argv=argv, extra_files=write)
+                          argv=argv, extra_files=write, metrics=True)
 
 
 def uri(running: servers.Running, export: str) -> str:
@@ -105,15 +113,41 @@ def fio_argv(targets: list, rw: str, bs: int, qd: int, seconds: int,
     return argv
 
 
-def first_second(log: str, kind: str) -> float:
-    """The first one-second window of fio's log: bytes (bw, logged in KiB/s) or requests."""
-    with open(f"{log}_{kind}.1.log") as f:
+def first_second(log: str, kind: str, job: int = 1) -> float:
+    """The first one-second window of fio's log of its job-th job: bytes (bw, logged in
+    KiB/s) or requests (iops)."""
+    with open(f"{log}_{kind}.{job}.log") as f:
         value = float(f.readline().split(",")[1])
     return value * 1024 if kind == "bw" else value
 
 
-def _run_fio(ctx: Context, name: str, argv: list, seconds: int) -> list:
-    return fio.run_jobs(argv, seconds, os.path.join(ctx.fiodir, f"qos-{name}.json"))
+def after_first(result: fio.Result, first: float, kind: str) -> float:
+    """The rate from the second second on: the run's total less the first second."""
+    total = result.bytes if kind == "bw" else result.ios
+    return (total - first) / (result.seconds - 1)
+
+
+def _run_fio(ctx: Context, running, name: str, argv: list, seconds: int) -> list:
+    try:
+        return fio.run_jobs(argv, seconds, os.path.join(ctx.fiodir, f"qos-{name}.json"),
+                            GRACE_SECONDS)
+    except fio.FioError as e:
+        raise fio.FioError(f"{e}; {held_text(running)}")
+
+
+def held_text(running) -> str:
+    """What the server's scheduler holds now, from its metrics: evidence for a stuck run."""
+    try:
+        samples = metrics.scrape(running.metrics_url)
+    except OSError as e:
+        return f"no metrics ({e})"
+    held = {dict(k[1]).get("class"): v for k, v in samples.items()
+            if k[0] == "sluice_qos_held_requests" and v}
+    tokens = {dict(k[1]).get("class"): v for k, v in samples.items()
+              if k[0] == "sluice_qos_tokens"}
+    parts = [f"class {c}: {v:.0f} held, {tokens.get(c, float('nan')):.0f} tokens"
+             for c, v in held.items()]
+    return "sluice holds " + ("; ".join(parts) if parts else "no request")
 
 
 def run(ctx: Context) -> None:
@@ -161,20 +195,20 @@ def _limit_case(ctx, running, case, seconds) -> list:
     export, keys, rw, bs, qd, kind, unit, limit = case
     log = os.path.join(ctx.workdir, f"qos-{export}")
     label = f"{export}: {', '.join(f'{k} = {v}' for k, v in keys.items())}"
-    job = f"{'1M read QD8' if bs == 1 << 20 else '4K randread QD32'}"
+    job = "1M read QD8" if bs == 1 << 20 else "4K randread QD32"
+    argv = fio_argv([(export, uri(running, export))], rw, bs, qd, seconds, log)
     try:
-        result = _run_fio(ctx, export, fio_argv([(export, uri(running, export))], rw, bs, qd,
-                                                seconds, log), seconds)[0]
+        result = _run_fio(ctx, running, export, argv, seconds)[0]
         first = first_second(log, kind)
     except (fio.FioError, OSError, ValueError, IndexError) as e:
-        return [Row("limit", f"{label}, {job}", error=str(e))]
+        return [Row("burst" if "burst" in keys else "limit", f"{label}, {job}", error=str(e))]
     total = result.bytes if kind == "bw" else result.ios
     ctx.report.progress(f"qos | {label} | first second {fmt(first / _scale(unit))} {unit}, "
                         f"run {fmt(total / result.seconds / _scale(unit))} {unit}")
-    burst = keys.get("burst", 1)
     if "burst" in keys:
-        return [report.burst_row(label, job, first, limit, burst, unit)]
-    return report.limit_rows(label, job, first, total, result.seconds, limit, burst, unit)
+        return [report.burst_row(label, job, first, limit, keys["burst"], unit)]
+    return report.limit_rows(label, job, seconds, first, result, after_first(result, first, kind),
+                             limit, unit)
 
 
 def _scale(unit: str) -> float:
@@ -185,31 +219,35 @@ def _scale(unit: str) -> float:
 
 def _share_rows(ctx: Context, seconds: int) -> list:
     rows = []
-    for cap_label, cap in SHARE_CAPS:
+    for cap_label, cap, data_path in SHARE_CAPS:
         classes = {f"w{w}": {"weight": w} for w in WEIGHTS}
-        setup = Setup("shares-" + next(iter(cap)), classes, {c: c for c in classes}, cap)
+        setup = Setup("shares-" + next(iter(cap)), classes, {c: c for c in classes}, cap,
+                      data_path)
         rates = _contend(ctx, setup, list(classes), seconds)
         rows.append(report.share_row(cap_label, WEIGHTS, rates))
     return rows
 
 
 def _contend(ctx: Context, setup: Setup, exports: list, seconds: int):
-    """IOPS of each export's connection, all reading 4K at random at QD32 at once: a list in
-    the order of `exports`, or the error text."""
+    """Each export's connection reading 4K at random at QD32, all at once: per export, in
+    order, (IOPS from the second second on, IOPS over the whole run); or the error text."""
     running = ctx.start(qos_server(ctx, setup), ctx.image)
     if running is None:
         return "sluice did not start (see its log)"
+    log = os.path.join(ctx.workdir, f"qos-{setup.name}")
     try:
         targets = [(e, uri(running, e)) for e in exports]
-        results = _run_fio(ctx, setup.name, fio_argv(targets, "randread", 4096, 32, seconds),
-                           seconds)
-    except fio.FioError as e:
+        results = _run_fio(ctx, running, setup.name,
+                           fio_argv(targets, "randread", 4096, 32, seconds, log), seconds)
+        rates = [(after_first(res, first_second(log, "iops", i + 1), "iops"), res.iops)
+                 for i, res in enumerate(results)]
+    except (fio.FioError, OSError, ValueError, IndexError) as e:
         return str(e)
     finally:
         running.stop()
     ctx.report.progress(f"qos | {setup.name} | " + ", ".join(
-        f"{e} {fmt(res.iops)} IOPS" for e, res in zip(exports, results)))
-    return [res.iops for res in results]
+        f"{e} {fmt(steady)} IOPS (run {fmt(whole)})" for e, (steady, whole) in zip(exports, rates)))
+    return rates
 
 
 # --- 3. reservation ----------------------------------------------------------------------------

@@ -59,18 +59,19 @@ def _rate(value: float, unit: str) -> str:
     return f"{value / 1e6:,.1f} MB/s" if unit == "MB/s" else f"{value:,.0f} IOPS"
 
 
-def limit_rows(label, job, first, total, seconds, limit, burst, unit) -> list:
+def limit_rows(label, job, seconds, first, result, steady, limit, unit) -> list:
     """The rate after the first second (the burst spent) against the limit; the whole run
-    against what the limit allows over it, rate x (runtime + burst)."""
-    steady = (total - first) / (seconds - 1)
-    allowed = limit * (seconds + burst) / seconds
+    against what the limit allows over it, rate x (runtime + burst), burst 1 s here."""
+    total = result.bytes if unit == "MB/s" else result.ios
+    allowed = limit * (result.seconds + 1) / result.seconds
+    whole = total / result.seconds
     return [
-        Row("limit", f"{label}, {job}: seconds 2..{seconds:g}",
+        Row("limit", f"{label}, {job}: seconds 2..{seconds}",
             f"{_rate(steady, unit)} of {_rate(limit, unit)}", steady / limit,
             1 - LIMIT_TOLERANCE, 1 + LIMIT_TOLERANCE),
-        Row("limit", f"{label}, {job}: whole run (burst included)",
-            f"{_rate(total / seconds, unit)} of {_rate(allowed, unit)} allowed",
-            total / seconds / allowed, None, 1 + LIMIT_TOLERANCE),
+        Row("limit", f"{label}, {job}: whole run, first second's burst included",
+            f"{_rate(whole, unit)} of {_rate(allowed, unit)} allowed", whole / allowed,
+            None, 1 + LIMIT_TOLERANCE),
     ]
 
 
@@ -81,24 +82,28 @@ def burst_row(label, job, first, limit, burst, unit) -> Row:
                1 - LIMIT_TOLERANCE, 1 + LIMIT_TOLERANCE)
 
 
+def _pair(rates) -> str:
+    """'a + b IOPS from the second second on (whole run a' + b')'."""
+    (s0, w0), (s1, w1) = rates
+    return f"{fmt(s0)} + {fmt(s1)} IOPS (whole run {fmt(w0)} + {fmt(w1)})"
+
+
 def share_row(cap_label: str, weights: tuple, rates) -> Row:
-    what = f"weights {weights[0]}:{weights[1]}, 4K randread QD32 each, {cap_label}"
+    what = f"w{weights[0]} + w{weights[1]}, 4K randread QD32 each, {cap_label}: seconds 2..N"
     if isinstance(rates, str):
         return Row("shares", what, error=rates)
     target = weights[1] / weights[0]
-    figures = (f"w{weights[0]} {fmt(rates[0])}, w{weights[1]} {fmt(rates[1])} IOPS "
-               f"(sum {fmt(sum(rates))})")
-    return Row("shares", what, figures, rates[1] / rates[0] if rates[0] else None,
+    (low, _), (high, _) = rates
+    return Row("shares", what, _pair(rates), high / low if low else None,
                target * (1 - SHARE_TOLERANCE), target * (1 + SHARE_TOLERANCE))
 
 
 def reservation_row(reserved: bool, reservation: int, cap: int, flood_weight: int, rates) -> Row:
-    what = (f"{'reservation-iops = ' + str(reservation) if reserved else 'control: no reservation'}"
-            f", weight 100 vs a flood of weight {flood_weight}, storage-iops = {cap}")
+    what = (f"{'reservation-iops = ' + str(reservation) if reserved else 'control, no reservation'}"
+            f" (w100) + flood (w{flood_weight}), storage-iops = {cap}: seconds 2..N")
     if isinstance(rates, str):
         return Row("reservation", what, error=rates)
-    figures = f"critical {fmt(rates[0])}, flood {fmt(rates[1])} IOPS"
-    return Row("reservation", what, figures, rates[0] / reservation,
+    return Row("reservation", what, _pair(rates), rates[0][0] / reservation,
                RESERVATION_KEPT if reserved else None, None)
 
 
@@ -134,9 +139,15 @@ def intro(ctx, seconds: int, loads: tuple) -> list:
         "the rate once the burst (1 s of the limit by default) is spent. A bucket starts "
         "full, so the first second may carry rate x (1 + burst).",
         "shares and reservation rows: two fio jobs in one fio (two connections, started "
-        "together), each on its own export of the same image, the export naming the class; "
+        "together), each on its own export of the same image, the export naming the class "
+        "(both connect from 127.0.0.1, so [[qos-match]] by address cannot tell them apart); "
         "the storage cap makes them contend (without one the page cache answers both at once "
-        "and there is nothing to divide).",
+        "and there is nothing to divide). Figures: each connection's IOPS from the second "
+        "second on (fio's per-second log, as above), so the cap's 1 s burst, spent before "
+        "anyone waits, does not blur the split; the whole run's in parentheses. The ratio: "
+        "w300's over w100's (shares), the reserved class's over its reservation.",
+        "a row whose fio has not ended 15 s after its runtime has requests stuck in sluice: "
+        "fio is killed and the row shows what sluice's metrics say it holds.",
         "overhead rows: sluice with no QoS configured and sluice with one class whose limits "
         "are never reached (iops = 100000000, bps = 1T), both running; the fio runs alternate "
         "between them, the first server changing each round; medians over the rounds, "
