@@ -14,6 +14,7 @@ Run only with `--only qos`; qos_report.py prints the table and writes the files.
 """
 
 import os
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -55,6 +56,9 @@ class Setup:
     exports: dict
     limits: dict = field(default_factory=dict)
     data_path: Optional[str] = None     # every export's; None: the server's default
+    # --metrics, to show what a stuck run holds; off where CPU is compared with a server
+    # started without it.
+    metrics: bool = True
 
 
 def _value(v) -> str:
@@ -88,11 +92,14 @@ def qos_server(ctx: Context, setup: Setup) -> servers.Server:
             f.write(config_text(setup, launch.image))
 
     def argv(launch: servers.Launch) -> list:
-        return [ctx.binary, "serve", "--config", path, "--listen", f"127.0.0.1:{launch.port}",
-                "--log-level", "warn", "--metrics", f"127.0.0.1:{launch.metrics_port}"]
+        args = [ctx.binary, "serve", "--config", path, "--listen", f"127.0.0.1:{launch.port}",
+                "--log-level", "warn"]
+        if launch.metrics_port:
+            args += ["--metrics", f"127.0.0.1:{launch.metrics_port}"]
+        return args
 
     return servers.Server(name=f"sluice qos {setup.name}", kind="sluice", cache="page cache",
-                          argv=argv, extra_files=write, metrics=True)
+                          argv=argv, extra_files=write, metrics=setup.metrics)
 
 
 def uri(running: servers.Running, export: str) -> str:
@@ -128,15 +135,26 @@ def after_first(result: fio.Result, first: float, kind: str) -> float:
 
 
 def _run_fio(ctx: Context, running, name: str, argv: list, seconds: int) -> list:
+    """fio's results; a run still going shortly before it is killed has what sluice holds
+    then taken down (once fio is killed, its connections close and nothing is held)."""
+    seen = []
+    watch = threading.Timer(seconds + GRACE_SECONDS - 2, lambda: seen.append(held_text(running)))
+    watch.start()
     try:
         return fio.run_jobs(argv, seconds, os.path.join(ctx.fiodir, f"qos-{name}.json"),
                             GRACE_SECONDS)
     except fio.FioError as e:
-        raise fio.FioError(f"{e}; {held_text(running)}")
+        watch.cancel()  # a run that failed early: no snapshot; a late one: let it finish
+        watch.join()
+        raise fio.FioError(f"{e}; {seen[0] if seen else held_text(running)}")
+    finally:
+        watch.cancel()
 
 
 def held_text(running) -> str:
     """What the server's scheduler holds now, from its metrics: evidence for a stuck run."""
+    if not running.metrics_url:
+        return "no metrics endpoint"
     try:
         samples = metrics.scrape(running.metrics_url)
     except OSError as e:
@@ -271,7 +289,7 @@ def _overhead_rows(ctx: Context, seconds: int) -> tuple:
     """Without QoS and with a roomy class, each job alternating which server goes first over
     at least two rounds, so slow drift of a busy machine falls on both."""
     plain = servers.sluice(ctx.binary)
-    roomy = qos_server(ctx, Setup("roomy", {"roomy": ROOMY}, {"": "roomy"}))
+    roomy = qos_server(ctx, Setup("roomy", {"roomy": ROOMY}, {"": "roomy"}, metrics=False))
     pair = [ctx.start(plain, ctx.image), ctx.start(roomy, ctx.image)]
     if None in pair:
         return [Row("overhead", "no QoS vs a roomy class", error="a server did not start")], []

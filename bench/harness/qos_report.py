@@ -131,7 +131,8 @@ def intro(ctx, seconds: int, loads: tuple) -> list:
         f"machine: {machine.one_line()}",
         f"load average (1, 5, 15 min): {loads[0]} before, {loads[1]} after",
         f"each row: fio's nbd engine against sluice started with a configuration file of its "
-        f"own (--log-level warn, default threads and data path), every export serving "
+        f"own (--log-level warn, default threads and data path; --metrics but for the "
+        f"overhead rows), every export serving "
         f"{ctx.image} read-only, warm (read once before the experiment); {seconds} s per fio run.",
         "limit and burst rows: fio logs its rate averaged over whole seconds "
         "(--write_bw_log/--write_iops_log, --log_avg_msec=1000); the first line is the first "
@@ -147,7 +148,7 @@ def intro(ctx, seconds: int, loads: tuple) -> list:
         "anyone waits, does not blur the split; the whole run's in parentheses. The ratio: "
         "w300's over w100's (shares), the reserved class's over its reservation.",
         "a row whose fio has not ended 15 s after its runtime has requests stuck in sluice: "
-        "fio is killed and the row shows what sluice's metrics say it holds.",
+        "fio is killed and the row shows what sluice's metrics said it held 2 s before.",
         "overhead rows: sluice with no QoS configured and sluice with one class whose limits "
         "are never reached (iops = 100000000, bps = 1T), both running; the fio runs alternate "
         "between them, the first server changing each round; medians over the rounds, "
