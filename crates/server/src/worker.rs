@@ -315,7 +315,11 @@ impl Worker {
         let only_deferred = self.ring.deferred() > 0 && self.ring.storage_in_flight() == self.ring.deferred();
         if spin && !only_deferred && !budget.is_zero() && self.ring.spin(budget)? {
             poll.caught();
-            return self.ring.wait(completions, None);
+            // The spin saw the kernel busy, which need not end in a completion for this
+            // ring: the timer still bounds the wait (a held request's release, the slow
+            // watch). Without it, a worker whose every request was held by the QoS
+            // scheduler slept for good.
+            return self.ring.wait(completions, timeout);
         }
         self.ring.wait(completions, timeout)?;
         poll.slept(idle.elapsed());
