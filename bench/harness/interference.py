@@ -22,6 +22,7 @@ from typing import Optional
 
 import cache
 import fio
+import interference_limit
 import interference_report as report
 import machine
 import proc
@@ -192,16 +193,23 @@ def run(ctx: Context) -> None:
 
 def _passes(setup: report.Setup, binary: str) -> None:
     """Full speed, reported as soon as it is done, so that an interrupted equal-load pass
-    loses none of it; then every server again at one rate, chosen from the first pass."""
+    loses none of it; then every server again at one rate, chosen from the first pass; then
+    sluice with and without a storage cap beside the node's own disk reader
+    (interference_limit.py). --interference-passes picks among them."""
     ctx, place, mib = setup.ctx, setup.place, setup.mib
-    rows = [_control_row(ctx, place, binary, mib)] if place.separated else []
-    rows += _server_rows(ctx, place, binary, mib, None)
-    report.full(setup, rows)
-    rate, why = equal_rate(ctx, rows)
-    if rate is None:
-        report.skipped(setup, why)
-        return
-    report.equal(setup, _server_rows(ctx, place, binary, mib, rate), rate, why, rows)
+    rows = []
+    if "full" in ctx.interference_passes:
+        rows = [_control_row(ctx, place, binary, mib)] if place.separated else []
+        rows += _server_rows(ctx, place, binary, mib, None)
+        report.full(setup, rows)
+    if "equal" in ctx.interference_passes:
+        rate, why = equal_rate(ctx, rows)
+        if rate is None:
+            report.skipped(setup, why)
+        else:
+            report.equal(setup, _server_rows(ctx, place, binary, mib, rate), rate, why, rows)
+    if "restricted" in ctx.interference_passes:
+        interference_limit.run_pass(setup, binary)
 
 
 def _server_rows(ctx: Context, place: Placement, binary: str, mib: int,
@@ -216,6 +224,8 @@ def equal_rate(ctx: Context, rows: list) -> tuple:
         if ctx.interference_rate == 0:
             return None, "--interference-rate 0"
         return ctx.interference_rate, "--interference-rate"
+    if not rows:
+        return None, "no full-speed pass to choose a rate from (give --interference-rate)"
     speeds = [(row.median("io_alone_mb"), row.name) for row in rows
               if row.kind != "control" and row.median("io_alone_mb")]
     if not speeds:

@@ -78,7 +78,7 @@ def full(setup: Setup, rows: list) -> None:
     title = (f"[interference] job slowdown and I/O kept, {setup.load} against a triad on "
              f"{cores(setup.place.job)}")
     markdown = format_markdown(HEADERS, [_table_row(row, ref) for row in rows], left=2)
-    _publish(setup, "interference", title, markdown, _notes(rows, ref))
+    publish(setup, "interference", title, markdown, _notes(rows, ref))
     r = setup.ctx.report
     r.csv("interference.csv", CSV_HEADERS, [_csv_row(setup, row, ref) for row in rows])
     _runs_csv(setup, "interference_runs.csv", rows)
@@ -96,7 +96,7 @@ def equal(setup: Setup, rows: list, rate: int, why: str, full_rows: list) -> Non
     markdown = format_markdown(EQUAL_HEADERS, [_equal_row(row, ref, rate) for row in rows],
                                left=2)
     notes = _equal_notes(rows, rate, why, _control(full_rows))
-    _publish(setup, "interference_equal", title, markdown, notes)
+    publish(setup, "interference_equal", title, markdown, notes)
     setup.ctx.report.csv("interference_equal.csv", EQUAL_CSV_HEADERS,
                          [_equal_csv_row(setup, row, ref, rate) for row in rows])
     _runs_csv(setup, "interference_equal_runs.csv", rows)
@@ -110,7 +110,7 @@ def skipped(setup: Setup, why: str) -> None:
     setup.ctx.report.say(f"[interference] no equal-load pass: {why}")
 
 
-def _publish(setup: Setup, name: str, title: str, markdown: str, notes: list) -> None:
+def publish(setup: Setup, name: str, title: str, markdown: str, notes: list) -> None:
     """Print a table under its title with its notes, and keep the same as NAME.md."""
     r = setup.ctx.report
     r.say()

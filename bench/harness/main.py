@@ -45,6 +45,7 @@ DEFAULT_EXPERIMENTS = ("peers", "sweep", "clients", "client", "scale")
 # of 1 s; a run takes about 1.4 s (1.5 s where the page cache is dropped first, up to 5 s
 # with 256 fio threads), so about 44 minutes on a 2-core machine (bench/README.md, Time).
 RUNTIME_SECONDS = 1
+INTERFERENCE_PASSES = ("full", "equal", "restricted")
 REPEAT = 3
 QUICK_RUNTIME_SECONDS = 1
 QUICK_REPEAT = 1
@@ -89,6 +90,10 @@ def parse_args(argv):
                    help="interference's equal-load pass: fio's rate in MB/s for every server "
                         "(default: 60%% of the lowest full-speed rate, in steps of 50; 0: no "
                         "equal-load pass)")
+    p.add_argument("--interference-passes", metavar="LIST", default=",".join(INTERFERENCE_PASSES),
+                   help="interference's passes, comma-separated: full (every server at full "
+                        "speed), equal (at one rate), restricted (sluice with and without a "
+                        "storage cap beside a local disk reader); default %(default)s")
     p.add_argument("--nbdkit-plugins", metavar="DIR", default=os.environ.get(NBDKIT_PLUGINS_ENV),
                    help="give nbdkit its plugins by path from DIR (a carried nbdkit, bench/pack) "
                         f"instead of by name; default ${NBDKIT_PLUGINS_ENV} if set")
@@ -102,6 +107,11 @@ def parse_args(argv):
         p.error("--runtime must be at least 1 second")
     if args.repeat is not None and args.repeat < 1:
         p.error("--repeat must be at least 1")
+    args.interference_passes = tuple(x.strip() for x in args.interference_passes.split(",")
+                                     if x.strip())
+    for x in args.interference_passes:
+        if x not in INTERFERENCE_PASSES:
+            p.error(f"unknown interference pass {x!r}: choose from {', '.join(INTERFERENCE_PASSES)}")
     if args.interference_rate is not None and args.interference_rate < 0:
         p.error("--interference-rate must be 0 (no equal-load pass) or more MB/s")
     try:
@@ -219,7 +229,8 @@ def prepare(args, report, out_dir, workdir, argv):
                    cold_ok=cold_ok, cold_reason=cold_reason,
                    nbdkit_cache_none=tools.nbdkit_has_cache_none(), qemu_aio=tools.qemu_nbd_aio(),
                    missing=missing, allow_install=not args.no_install,
-                   interference_rate=args.interference_rate)
+                   interference_rate=args.interference_rate,
+                   interference_passes=args.interference_passes)
 
 
 def _give_back(out_dir: str) -> None:

@@ -41,6 +41,8 @@ class Context:
     # interference's equal-load pass: fio's rate in MB/s; None: chosen from the full-speed
     # pass; 0: no equal-load pass.
     interference_rate: Optional[int] = None
+    # interference's passes to run: full, equal, restricted (interference.py).
+    interference_passes: tuple = ("full", "equal", "restricted")
     _failed: dict = field(default_factory=dict)
 
     @property
