@@ -32,6 +32,8 @@ pub mod directory;
 pub mod limits;
 pub mod prefetch;
 pub mod slot;
+#[cfg(test)]
+mod sim;
 
 pub use api::{Action, BackingCmd, Failure, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
 pub use config::{CacheFile, Config, Policy, Prefetch};

@@ -51,6 +51,9 @@ pub struct Cache {
     /// simulation can show it catches the stale reads that follow.
     #[cfg(test)]
     pub(crate) break_stale_rule: bool,
+    /// Test hook: slots read back are taken as they are, unchecked.
+    #[cfg(test)]
+    pub(crate) break_verify: bool,
 }
 
 /// The core's in-flight state, for the simulation's bounds and for metrics.
@@ -88,6 +91,8 @@ impl Cache {
             now: 0,
             #[cfg(test)]
             break_stale_rule: false,
+            #[cfg(test)]
+            break_verify: false,
         }
     }
 

@@ -1,0 +1,67 @@
+//! Member faults: deaths the shell reports, deaths seen as failed operations, hangs the
+//! core must time out, silent restarts (all zeros, the same connection), and dropped pages
+//! (an elastic member giving memory back).
+
+use super::World;
+
+impl World {
+    pub(super) fn fault(&mut self) {
+        if self.rng.below(150) != 0 {
+            return;
+        }
+        let m = self.rng.below(self.members.len() as u64) as usize;
+        if !self.members[m].alive {
+            return;
+        }
+        match self.rng.below(6) {
+            0 => {
+                self.members[m].alive = false;
+                self.log.push(format!("{} member {m} dies, reported", self.now));
+                self.cache.handle_member_down(self.now, m);
+                self.schedule_restart(m);
+            }
+            1 => {
+                self.log.push(format!("{} member {m} hangs", self.now));
+                self.members[m].hung = true;
+            }
+            2 => {
+                self.log.push(format!("{} member {m} restarts empty, unreported", self.now));
+                self.members[m].bytes.fill(0);
+            }
+            _ => self.drop_pages(m),
+        }
+    }
+
+    fn drop_pages(&mut self, m: usize) {
+        let pages = self.members[m].bytes.len() / 4096;
+        if pages == 0 {
+            return;
+        }
+        let n = 1 + self.rng.below(pages as u64 / 4 + 1);
+        for _ in 0..n {
+            let p = self.rng.below(pages as u64) as usize;
+            self.members[m].bytes[p * 4096..(p + 1) * 4096].fill(0);
+        }
+        self.log.push(format!("{} member {m} drops {n} pages", self.now));
+    }
+
+    pub(super) fn schedule_restart(&mut self, m: usize) {
+        if self.restart_at[m].is_none() {
+            self.restart_at[m] = Some(self.now + 100_000 + self.rng.below(2_000_000));
+        }
+    }
+
+    /// Members whose restart is due come back, empty, and are reported up.
+    pub(super) fn restarts(&mut self) {
+        for m in 0..self.members.len() {
+            if self.restart_at[m].is_some_and(|t| t <= self.now) {
+                self.restart_at[m] = None;
+                let slots = self.member_slots();
+                let slot_bytes = self.cache.slot_bytes();
+                self.members[m].restart(slots, slot_bytes);
+                self.log.push(format!("{} member {m} up with {slots} slots", self.now));
+                self.cache.handle_member_up(self.now, m, slots);
+            }
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! The simulation's seeds, run by `cargo test -p sluice-cache`: `SLUICE_CACHE_SIM_SEEDS=N`
+//! runs more, `SLUICE_CACHE_SIM_SEED=N` runs one.
+
+use super::{Knobs, World};
+use crate::counters::Counters;
+
+fn seeds(default: u64) -> Vec<u64> {
+    let env = |name: &str| std::env::var(name).ok().and_then(|s| s.parse::<u64>().ok());
+    match (env("SLUICE_CACHE_SIM_SEED"), env("SLUICE_CACHE_SIM_SEEDS")) {
+        (Some(one), _) => vec![one],
+        (None, n) => (0..n.unwrap_or(default)).collect(),
+    }
+}
+
+fn knobs(seed: u64) -> Knobs {
+    Knobs {
+        steps: 4000,
+        depth: 1 + (seed % 8) as usize,
+        faults: seed % 4 != 3,
+        write_percent: [5, 20, 40][(seed % 3) as usize],
+        break_stale_rule: false,
+        break_verify: false,
+    }
+}
+
+fn add(total: &mut Counters, c: Counters) {
+    total.hits += c.hits;
+    total.misses += c.misses;
+    total.hit_bytes += c.hit_bytes;
+    total.miss_bytes += c.miss_bytes;
+    total.fills += c.fills;
+    total.prefetched_used_bytes += c.prefetched_used_bytes;
+    total.prefetched_wasted_bytes += c.prefetched_wasted_bytes;
+    total.evictions += c.evictions;
+    total.verify_failures += c.verify_failures;
+    total.member_failures += c.member_failures;
+}
+
+#[test]
+fn random_runs_never_read_stale_data() {
+    let (mut faulty, mut calm) = (Counters::default(), Counters::default());
+    for seed in seeds(150) {
+        let mut w = World::new(seed, knobs(seed));
+        match w.run() {
+            Ok(c) if w.knobs.faults => add(&mut faulty, c),
+            Ok(c) => add(&mut calm, c),
+            Err(e) => panic!("{}", w.failure(seed, &e)),
+        }
+    }
+    for (name, c) in [("with faults", faulty), ("without faults", calm)] {
+        eprintln!("cache sim {name}: hit rate {:.1}% ({} hits, {} misses), {c:?}", c.hit_percent(), c.hits, c.misses);
+    }
+}
+
+/// Runs seeds with a rule broken until one fails: the model must catch it.
+fn caught(break_stale_rule: bool, break_verify: bool) -> Option<(u64, String)> {
+    (0..200).find_map(|seed| {
+        let mut w = World::new(seed, Knobs { break_stale_rule, break_verify, ..knobs(seed) });
+        w.run().err().map(|e| (seed, e))
+    })
+}
+
+#[test]
+fn breaking_the_stale_fill_rule_is_caught() {
+    let (seed, e) = caught(true, false).expect("fills that ignore writes under them went unnoticed");
+    eprintln!("stale rule broken: caught at seed {seed}: {}", e.lines().next().unwrap_or(""));
+}
+
+#[test]
+fn skipping_the_slot_check_is_caught() {
+    let (seed, e) = caught(false, true).expect("unchecked slots went unnoticed");
+    eprintln!("slot check skipped: caught at seed {seed}: {}", e.lines().next().unwrap_or(""));
+}
