@@ -223,3 +223,76 @@ impl Directory {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(members: usize, slots: u64) -> Directory {
+        let names: Vec<String> = (0..members).map(|i| format!("nbd://node{i}/ram")).collect();
+        let mut d = Directory::new(&names);
+        (0..members).for_each(|m| d.member_up(m, slots));
+        d
+    }
+
+    fn fill(d: &mut Directory, m: usize, block: u64, generation: u64) -> Option<Evicted> {
+        let (slot, ev) = d.allocate(m, block, generation).expect("a slot");
+        d.install(m, slot, generation, false);
+        ev
+    }
+
+    #[test]
+    fn placement_moves_only_the_blocks_of_the_member_that_comes_or_goes() {
+        let mut d = dir(3, 1);
+        let before: Vec<Option<usize>> = (0..3000).map(|b| d.place(b)).collect();
+        for m in 0..3 {
+            let share = before.iter().filter(|&&p| p == Some(m)).count();
+            assert!((800..1200).contains(&share), "member {m} got {share} of 3000");
+        }
+        d.member_down(1);
+        for (b, &was) in before.iter().enumerate() {
+            let now = d.place(b as u64);
+            assert!(was == Some(1) || now == was, "block {b} moved from {was:?} to {now:?}");
+        }
+        d.member_up(1, 1);
+        assert!((0..3000).all(|b| d.place(b) == before[b as usize]), "coming back restores the placement");
+    }
+
+    #[test]
+    fn clock_evicts_unreferenced_blocks_first() {
+        let mut d = dir(1, 3);
+        for b in 0..3 {
+            assert_eq!(fill(&mut d, 0, b, b + 1), None);
+        }
+        assert!(!d.read_started(0));
+        d.read_done(0, d.get(0).unwrap().slot);
+        assert_eq!(fill(&mut d, 0, 10, 11), Some(Evicted { block: 1, prefetched: false }));
+        assert!(d.get(0).is_some() && d.get(1).is_none() && d.get(10).is_some());
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn slots_in_use_are_not_taken() {
+        let mut d = dir(1, 2);
+        fill(&mut d, 0, 0, 1);
+        d.read_started(0);
+        let (s, _) = d.allocate(0, 1, 2).unwrap();
+        assert_eq!(d.allocate(0, 2, 3), None, "one slot being read, the other filling");
+        d.release(0, s, 2);
+        assert!(d.allocate(0, 2, 3).is_some());
+    }
+
+    #[test]
+    fn a_member_going_down_forgets_its_blocks() {
+        let mut d = dir(2, 4);
+        for b in 0..4 {
+            fill(&mut d, (b % 2) as usize, b, b + 1);
+        }
+        let gone = d.member_down(1);
+        assert_eq!(gone.len(), 2);
+        assert!(d.get(1).is_none() && d.get(0).is_some());
+        assert_eq!(d.state(1), MemberState::Down { failures: 1 });
+        assert_eq!(d.place(1), Some(0));
+        d.check().unwrap();
+    }
+}

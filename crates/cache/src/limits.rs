@@ -46,6 +46,10 @@ pub const PREFETCH_WINDOW_BLOCKS_MAX: u64 = 256;
 /// a disk's queue busy, few enough that a demand read never queues behind many of them.
 pub const PREFETCH_INFLIGHT_MAX: usize = 8;
 
+/// Demand reads at the backing past which prefetch and hints wait: the backing is busy
+/// serving clients, and read-ahead would only queue in front of their next reads.
+pub const PREFETCH_DEMAND_READS_MAX: usize = 16;
+
 /// The first wait before reconnecting a member that failed, as the pool's members: soon
 /// enough that a restarted member is back in a second.
 pub const MEMBER_RECONNECT_BACKOFF_MIN_MS: u64 = 250;
@@ -63,7 +67,7 @@ const _: () = assert!(BLOCK_MIN_BYTES.is_power_of_two() && BLOCK_MAX_BYTES.is_po
 const _: () = assert!(BLOCK_MIN_BYTES <= BLOCK_DEFAULT_BYTES && BLOCK_DEFAULT_BYTES <= BLOCK_MAX_BYTES);
 const _: () = assert!(SLOT_HEADER_BYTES == BLOCK_MIN_BYTES);
 const _: () = assert!(MEMBER_SLOTS_MAX <= u32::MAX as u64 && MEMBERS_MAX <= u16::MAX as usize);
-const _: () = assert!(PREFETCH_TRIGGER_READS >= 1 && PREFETCH_INFLIGHT_MAX >= 1);
+const _: () = assert!(PREFETCH_TRIGGER_READS >= 1 && PREFETCH_INFLIGHT_MAX >= 1 && PREFETCH_DEMAND_READS_MAX >= 1);
 const _: () = assert!(MEMBER_RECONNECT_BACKOFF_MIN_MS <= MEMBER_RECONNECT_BACKOFF_MAX_MS);
 
 /// How long to wait before reconnection attempt `failures` (1 for the first) of a member:

@@ -1,14 +1,15 @@
 //! Fills: a block read from the backing goes into a slot on the member placement picks,
 //! and into the directory when the slot write is done, unless it went stale on the way
 //! (see `state::Fill`). Prefetch and NBD_CMD_CACHE fills are paced: at most
-//! `PREFETCH_INFLIGHT_MAX` of their backing reads at once, each queued behind the demand
-//! work of the same call.
+//! `PREFETCH_INFLIGHT_MAX` of them (backing read and slot write) at once, none started
+//! while `PREFETCH_DEMAND_READS_MAX` demand reads are at the backing, and each queued
+//! behind the demand work of the same call.
 
 use super::state::{Fill, Hint, OpKind, Source, Stage};
 use super::Cache;
 use crate::api::{Action, BackingCmd, MemberCmd, Outcome, ReqId};
 use crate::directory::Entry;
-use crate::limits::{PREFETCH_INFLIGHT_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
+use crate::limits::{PREFETCH_DEMAND_READS_MAX, PREFETCH_INFLIGHT_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
 use crate::slot::{self, Header};
 
 impl Cache {
@@ -34,9 +35,6 @@ impl Cache {
     pub(super) fn fill_read_done(&mut self, f: u64, data: Option<Vec<u8>>) {
         let fill = self.fills.get_mut(&f).expect("a live fill");
         let (block, source, waiters) = (fill.block, fill.source, std::mem::take(&mut fill.waiters));
-        if source.paced() {
-            self.paced -= 1;
-        }
         let Some(data) = data else {
             waiters.into_iter().for_each(|w| self.reread(w, block));
             return self.end_fill(f, false);
@@ -101,6 +99,9 @@ impl Cache {
     pub(super) fn end_fill(&mut self, f: u64, installed: bool) {
         let fill = self.fills.remove(&f).expect("a live fill");
         self.fill_of.remove(&fill.block);
+        if fill.source.paced() {
+            self.paced -= 1;
+        }
         if !installed && fill.source.paced() {
             self.counters.prefetched_wasted_bytes += self.p.block_bytes;
         }
@@ -155,7 +156,7 @@ impl Cache {
     pub(super) fn pump(&mut self) {
         let mut i = 0;
         while i < self.hints.len() {
-            while self.paced < PREFETCH_INFLIGHT_MAX && self.hints[i].next < self.hints[i].end {
+            while self.room_to_pace() && self.hints[i].next < self.hints[i].end {
                 let (req, b) = (self.hints[i].req, self.hints[i].next);
                 self.hints[i].next += 1;
                 if self.paced_fill(b, Source::Hint(req)) {
@@ -171,10 +172,14 @@ impl Cache {
                 i += 1;
             }
         }
-        while self.paced < PREFETCH_INFLIGHT_MAX {
+        while self.room_to_pace() {
             let Some(b) = self.prefetch_queue.pop_front() else { break };
             self.paced_fill(b, Source::Prefetch);
         }
+    }
+
+    fn room_to_pace(&self) -> bool {
+        self.paced < PREFETCH_INFLIGHT_MAX && self.demand_reads < PREFETCH_DEMAND_READS_MAX
     }
 
     fn paced_fill(&mut self, block: u64, source: Source) -> bool {

@@ -14,6 +14,8 @@
 mod fill;
 mod read;
 mod state;
+#[cfg(test)]
+mod tests;
 mod write;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -41,8 +43,10 @@ pub struct Cache {
     /// Blocks a stream asked to read ahead, not yet started.
     prefetch_queue: VecDeque<u64>,
     hints: VecDeque<Hint>,
-    /// Prefetch and hint reads of the backing in flight.
+    /// Prefetch and hint fills in flight (backing read or slot write).
     paced: usize,
+    /// Client reads' backing reads in flight: prefetch waits while there are many.
+    demand_reads: usize,
     next_op: u64,
     next_fill: u64,
     next_generation: u64,
@@ -85,6 +89,7 @@ impl Cache {
             prefetch_queue: VecDeque::new(),
             hints: VecDeque::new(),
             paced: 0,
+            demand_reads: 0,
             next_op: 0,
             next_fill: 0,
             next_generation: 1,

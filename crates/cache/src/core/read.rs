@@ -67,6 +67,7 @@ impl Cache {
         let bs = self.p.block_bytes;
         let end = ((first + fills.len() as u64) * bs).min(self.p.volume_bytes);
         let cmd = BackingCmd::Read { offset: first * bs, len: end - first * bs };
+        self.demand_reads += 1;
         self.backing(OpKind::BackingRead { req: Some(req), first, fills }, cmd);
     }
 
@@ -78,6 +79,14 @@ impl Cache {
 
     pub(super) fn backing_read_done(&mut self, req: Option<ReqId>, first: u64, fills: Vec<Option<u64>>, outcome: Outcome) {
         let bs = self.p.block_bytes as usize;
+        if req.is_some() {
+            self.demand_reads -= 1;
+        }
+        let want = ((first + fills.len() as u64) * bs as u64).min(self.p.volume_bytes) - first * bs as u64;
+        let outcome = outcome.and_then(|d| match d.len() as u64 == want {
+            true => Ok(d),
+            false => Err(format!("{} bytes back of {want}", d.len())),
+        });
         match outcome {
             Ok(data) => {
                 if let Some(req) = req {
@@ -124,7 +133,7 @@ impl Cache {
             if prefetched {
                 self.counters.prefetched_wasted_bytes += self.p.block_bytes;
             }
-            if self.dir.get(block) == Some(e) {
+            if self.dir.get(block).is_some_and(|now| (now.member, now.slot, now.generation) == (e.member, e.slot, e.generation)) {
                 self.dir.invalidate(block);
             }
             return self.reread(req, block);

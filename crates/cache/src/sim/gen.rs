@@ -10,6 +10,9 @@ impl World {
     /// blocks, mostly fewer, so eviction runs.
     pub(super) fn member_slots(&mut self) -> u64 {
         let blocks = self.p.volume_bytes.div_ceil(self.p.block_bytes);
+        if self.knobs.ample {
+            return blocks;
+        }
         1 + self.rng.below(blocks / 2 + 2)
     }
 
@@ -32,12 +35,12 @@ impl World {
     }
 
     pub(super) fn arrive(&mut self) -> Result<(), String> {
-        let roll = self.rng.below(100);
-        let (offset, len) = if roll < 30 { self.sequential() } else { self.range() };
-        if roll >= 30 && roll < 30 + self.knobs.write_percent && self.model.free(offset, len) {
+        let (roll, seq) = (self.rng.below(100), self.knobs.sequential_percent);
+        let (offset, len) = if roll < seq { self.sequential() } else { self.range() };
+        if roll >= seq && roll < seq + self.knobs.write_percent && self.model.free(offset, len) {
             return self.write(offset, len);
         }
-        match self.rng.below(40) {
+        match self.rng.below(if roll < seq { 1000 } else { 40 }) {
             0 => self.submit(Kind::Other, 0, 0, Request::Flush),
             1 | 2 => self.submit(Kind::Other, offset, len, Request::Cache { offset, len }),
             _ => self.submit(Kind::Read, offset, len, Request::Read { offset, len }),

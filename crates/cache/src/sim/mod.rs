@@ -33,6 +33,12 @@ pub struct Knobs {
     pub faults: bool,
     /// Percent of requests that are writes, zeroes or trims.
     pub write_percent: u64,
+    /// Percent of requests that continue a sequential stream (reads).
+    pub sequential_percent: u64,
+    /// Members lend a slot for every block (else fewer, so eviction runs).
+    pub ample: bool,
+    /// Prefetch on whatever the seed says.
+    pub force_prefetch: bool,
     pub break_stale_rule: bool,
     pub break_verify: bool,
 }
@@ -74,7 +80,8 @@ pub struct World {
 impl World {
     pub fn new(seed: u64, knobs: Knobs) -> World {
         let mut rng = Rng::seeded(seed);
-        let p = setup::params(&mut rng);
+        let mut p = setup::params(&mut rng);
+        p.prefetch |= knobs.force_prefetch;
         let mut cache = Cache::new(p.clone());
         cache.break_stale_rule = knobs.break_stale_rule;
         cache.break_verify = knobs.break_verify;

@@ -18,6 +18,9 @@ fn knobs(seed: u64) -> Knobs {
         depth: 1 + (seed % 8) as usize,
         faults: seed % 4 != 3,
         write_percent: [5, 20, 40][(seed % 3) as usize],
+        sequential_percent: 30,
+        ample: false,
+        force_prefetch: false,
         break_stale_rule: false,
         break_verify: false,
     }
@@ -70,4 +73,22 @@ fn breaking_the_stale_fill_rule_is_caught() {
 fn skipping_the_slot_check_is_caught() {
     let (seed, e) = caught(false, true).expect("unchecked slots went unnoticed");
     eprintln!("slot check skipped: caught at seed {seed}: {}", e.lines().next().unwrap_or(""));
+}
+
+/// Hit rates in calm conditions, as a sanity figure: warm random reads over a working set
+/// the members hold whole, and cold sequential streams with prefetch.
+#[test]
+fn calm_runs_hit_and_prefetch() {
+    let (mut warm, mut streams) = (Counters::default(), Counters::default());
+    for seed in 0..20 {
+        let base = Knobs { faults: false, write_percent: 0, ample: true, ..knobs(seed) };
+        let mut w = World::new(seed, Knobs { sequential_percent: 0, ..base });
+        add(&mut warm, w.run().unwrap_or_else(|e| panic!("{}", w.failure(seed, &e))));
+        let mut w = World::new(seed, Knobs { sequential_percent: 100, steps: 300, force_prefetch: true, ..base });
+        add(&mut streams, w.run().unwrap_or_else(|e| panic!("{}", w.failure(seed, &e))));
+    }
+    eprintln!("cache sim, warm random reads: hit rate {:.1}%, {warm:?}", warm.hit_percent());
+    eprintln!("cache sim, sequential streams: hit rate {:.1}%, {streams:?}", streams.hit_percent());
+    assert!(warm.hit_percent() > 80.0, "a working set the members hold whole should mostly hit");
+    assert!(streams.prefetched_used_bytes > 0, "sequential streams should use what prefetch read");
 }
