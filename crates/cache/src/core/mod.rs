@@ -58,6 +58,9 @@ pub struct Cache {
     /// Test hook: slots read back are taken as they are, unchecked.
     #[cfg(test)]
     pub(crate) break_verify: bool,
+    /// Test hook: a slot's generation is taken from its header, not checked.
+    #[cfg(test)]
+    pub(crate) break_generation: bool,
 }
 
 /// The core's in-flight state, for the simulation's bounds and for metrics.
@@ -98,6 +101,8 @@ impl Cache {
             break_stale_rule: false,
             #[cfg(test)]
             break_verify: false,
+            #[cfg(test)]
+            break_generation: false,
         }
     }
 

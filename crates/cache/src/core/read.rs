@@ -111,19 +111,21 @@ impl Cache {
 
     pub(super) fn slot_read_done(&mut self, req: ReqId, block: u64, e: Entry, prefetched: bool, outcome: Outcome) {
         self.dir.read_done(e.member, e.slot);
-        let want = Header {
-            block_bytes: self.p.block_bytes as u32,
-            data_len: self.block_len(block) as u32,
-            volume: self.p.identity,
-            offset: block * self.p.block_bytes,
-            generation: e.generation,
-        };
         let bytes = match outcome {
             Ok(bytes) => bytes,
             Err(_) => {
                 self.member_failed(e.member, true);
                 return self.reread(req, block);
             }
+        };
+        #[cfg(test)]
+        let e = Entry { generation: if self.break_generation { slot::claimed_generation(&bytes) } else { e.generation }, ..e };
+        let want = Header {
+            block_bytes: self.p.block_bytes as u32,
+            data_len: self.block_len(block) as u32,
+            volume: self.p.identity,
+            offset: block * self.p.block_bytes,
+            generation: e.generation,
         };
         let checked = slot::verify(&bytes, &want);
         #[cfg(test)]

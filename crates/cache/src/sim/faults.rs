@@ -1,7 +1,8 @@
 //! Member faults: deaths the shell reports, deaths seen as failed operations, hangs the
-//! core must time out, silent restarts (all zeros, the same connection), and dropped pages
-//! (an elastic member giving memory back).
+//! core must time out, silent restarts (all zeros, the same connection), old slot writes
+//! landing again, and dropped pages (an elastic member giving memory back).
 
+use super::store::{self, Cmd};
 use super::World;
 
 impl World {
@@ -13,7 +14,7 @@ impl World {
         if !self.members[m].alive {
             return;
         }
-        match self.rng.below(6) {
+        match self.rng.below(7) {
             0 => {
                 self.members[m].alive = false;
                 self.log.push(format!("{} member {m} dies, reported", self.now));
@@ -28,6 +29,7 @@ impl World {
                 self.log.push(format!("{} member {m} restarts empty, unreported", self.now));
                 self.members[m].bytes.fill(0);
             }
+            3 => self.replay_write(m),
             _ => self.drop_pages(m),
         }
     }
@@ -43,6 +45,29 @@ impl World {
             self.members[m].bytes[p * 4096..(p + 1) * 4096].fill(0);
         }
         self.log.push(format!("{} member {m} drops {n} pages", self.now));
+    }
+
+    /// A slot write done earlier lands again (an old connection's copy arriving late):
+    /// the slot then holds an older fill, of this block or another.
+    fn replay_write(&mut self, m: usize) {
+        let mine: Vec<usize> = (0..self.past_writes.len()).filter(|&i| self.past_writes[i].0 == m).collect();
+        if mine.is_empty() {
+            return;
+        }
+        let cmd = self.past_writes[mine[self.rng.below(mine.len() as u64) as usize]].1.clone();
+        if store::apply(&mut self.members[m].bytes, &cmd).is_ok() {
+            self.log.push(format!("{} member {m}: an old slot write lands again", self.now));
+        }
+    }
+
+    pub(super) fn remember_write(&mut self, m: usize, cmd: Cmd) {
+        const PAST_WRITES_MAX: usize = 64;
+        if self.past_writes.len() == PAST_WRITES_MAX {
+            let i = self.rng.below(PAST_WRITES_MAX as u64) as usize;
+            self.past_writes[i] = (m, cmd);
+        } else {
+            self.past_writes.push((m, cmd));
+        }
     }
 
     pub(super) fn schedule_restart(&mut self, m: usize) {

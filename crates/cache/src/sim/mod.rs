@@ -41,6 +41,7 @@ pub struct Knobs {
     pub force_prefetch: bool,
     pub break_stale_rule: bool,
     pub break_verify: bool,
+    pub break_generation: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +75,8 @@ pub struct World {
     reqs: BTreeMap<ReqId, Req>,
     next_req: u64,
     cursors: Vec<u64>,
+    /// Recent slot writes by member, for faults that land one again late.
+    past_writes: Vec<(usize, Cmd)>,
     log: Vec<String>,
 }
 
@@ -85,6 +88,7 @@ impl World {
         let mut cache = Cache::new(p.clone());
         cache.break_stale_rule = knobs.break_stale_rule;
         cache.break_verify = knobs.break_verify;
+        cache.break_generation = knobs.break_generation;
         let backing = vec![0; p.volume_bytes as usize];
         let members = (0..p.members.len()).map(|_| Member { bytes: Vec::new(), alive: false, hung: false, epoch: 0 }).collect();
         let restart_at = vec![Some(0); p.members.len()];
@@ -103,6 +107,7 @@ impl World {
             reqs: BTreeMap::new(),
             next_req: 0,
             cursors: vec![0, 0],
+            past_writes: Vec::new(),
             log: Vec::new(),
         }
     }
@@ -183,6 +188,9 @@ impl World {
                     return;
                 }
                 let out = store::apply(&mut m.bytes, &f.cmd);
+                if matches!(f.cmd, Cmd::Member(crate::api::MemberCmd::Write { .. })) {
+                    self.remember_write(member, f.cmd.clone());
+                }
                 self.cache.handle_member_done(self.now, f.op, out);
             }
         }

@@ -23,6 +23,7 @@ fn knobs(seed: u64) -> Knobs {
         force_prefetch: false,
         break_stale_rule: false,
         break_verify: false,
+        break_generation: false,
     }
 }
 
@@ -55,24 +56,29 @@ fn random_runs_never_read_stale_data() {
     }
 }
 
-/// Runs seeds with a rule broken until one fails: the model must catch it.
-fn caught(break_stale_rule: bool, break_verify: bool) -> Option<(u64, String)> {
-    (0..200).find_map(|seed| {
-        let mut w = World::new(seed, Knobs { break_stale_rule, break_verify, ..knobs(seed) });
+/// Runs seeds with a rule broken (by `broken`) until one fails: the model must catch it.
+fn caught(what: &str, broken: impl Fn(Knobs) -> Knobs) {
+    let found = (0..300).find_map(|seed| {
+        let mut w = World::new(seed, broken(knobs(seed)));
         w.run().err().map(|e| (seed, e))
-    })
+    });
+    let (seed, e) = found.unwrap_or_else(|| panic!("{what}: went unnoticed in 300 seeds"));
+    eprintln!("{what}: caught at seed {seed}: {}", e.lines().next().unwrap_or(""));
 }
 
 #[test]
 fn breaking_the_stale_fill_rule_is_caught() {
-    let (seed, e) = caught(true, false).expect("fills that ignore writes under them went unnoticed");
-    eprintln!("stale rule broken: caught at seed {seed}: {}", e.lines().next().unwrap_or(""));
+    caught("fills ignore writes under them", |k| Knobs { break_stale_rule: true, ..k });
 }
 
 #[test]
 fn skipping_the_slot_check_is_caught() {
-    let (seed, e) = caught(false, true).expect("unchecked slots went unnoticed");
-    eprintln!("slot check skipped: caught at seed {seed}: {}", e.lines().next().unwrap_or(""));
+    caught("slots taken unchecked", |k| Knobs { break_verify: true, ..k });
+}
+
+#[test]
+fn ignoring_the_generation_is_caught() {
+    caught("the slot generation not checked", |k| Knobs { break_generation: true, ..k });
 }
 
 /// Hit rates in calm conditions, as a sanity figure: warm random reads over a working set
