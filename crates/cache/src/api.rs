@@ -93,6 +93,19 @@ pub struct Params {
 }
 
 impl Params {
+    /// The parameters for a checked file, a backing of `volume_bytes`, and a fresh random
+    /// `identity` (not zero).
+    pub fn new(config: &crate::config::Config, volume_bytes: u64, identity: u64) -> Params {
+        Params {
+            volume_bytes,
+            block_bytes: config.block_bytes,
+            identity,
+            members: config.members.clone(),
+            prefetch: config.prefetch == crate::config::Prefetch::Auto,
+            prefetch_window_blocks: Params::default_window_blocks(config.block_bytes),
+        }
+    }
+
     /// The window for `block_bytes` per the limits: `PREFETCH_WINDOW_BYTES`, bounded.
     pub fn default_window_blocks(block_bytes: u64) -> u64 {
         use crate::limits::{PREFETCH_WINDOW_BLOCKS_MAX, PREFETCH_WINDOW_BYTES};

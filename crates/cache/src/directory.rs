@@ -136,9 +136,12 @@ impl Directory {
     pub fn allocate(&mut self, member: usize, block: u64, generation: u64) -> Option<(u32, Option<Evicted>)> {
         let m = &mut self.members[member];
         let n = m.slots.len();
-        for _ in 0..2 * n + 1 {
+        if n == 0 {
+            return None;
+        }
+        for _ in 0..2 * n {
             let i = m.hand;
-            m.hand = (m.hand + 1) % n.max(1);
+            m.hand = (m.hand + 1) % n;
             let s = &mut m.slots[i];
             if s.busy > 0 || s.filling {
                 continue;

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use crate::api::{Action, BackingCmd, Failure, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
 use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
-use crate::limits::SLOT_HEADER_BYTES;
+use crate::limits::{MEMBER_TIMEOUT_MS, SLOT_HEADER_BYTES};
 use crate::prefetch::Streams;
 use state::{Fill, Hint, Op, OpKind, Pending};
 
@@ -183,6 +183,11 @@ impl Cache {
         self.now = now;
         self.check_timeouts();
         self.pump();
+    }
+
+    /// When to call `handle_tick` next: when the oldest member operation would time out.
+    pub fn next_timeout(&self) -> Option<Nanos> {
+        self.ops.values().filter(|o| o.member.is_some()).map(|o| o.started + MEMBER_TIMEOUT_MS * 1_000_000 + 1).min()
     }
 
     /// What to do next, demand work first (prefetch is queued behind it).

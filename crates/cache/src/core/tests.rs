@@ -171,3 +171,22 @@ fn sequential_reads_prefetch_and_hints_fill() {
     r.read(5, 10 * BS, 3 * BS);
     assert_eq!(r.cache.counters().prefetched_used_bytes, 4 * BS);
 }
+
+#[test]
+fn a_member_that_does_not_answer_times_out() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    r.request(2, Request::Read { offset: 0, len: BS });
+    assert!(matches!(r.held[..], [Action::Member { .. }]));
+    let at = r.cache.next_timeout().expect("a member operation in flight");
+    r.cache.handle_tick(at - 1);
+    r.collect();
+    assert_eq!(r.reconnects, 0);
+    r.cache.handle_tick(at);
+    r.collect();
+    assert_eq!(r.reconnects, 1);
+    r.held.remove(0);
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(2), vec![1; BS as usize])), "served by the backing");
+    assert_eq!(r.cache.next_timeout(), None);
+}

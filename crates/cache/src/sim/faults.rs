@@ -4,6 +4,7 @@
 
 use super::store::{self, Cmd};
 use super::World;
+use crate::api::Outcome;
 
 impl World {
     pub(super) fn fault(&mut self) {
@@ -68,6 +69,20 @@ impl World {
         } else {
             self.past_writes.push((m, cmd));
         }
+    }
+
+    /// Carries out a backing operation; now and then (in runs with faults) it fails, a
+    /// write having landed or not.
+    pub(super) fn backing_op(&mut self, cmd: &Cmd) -> Outcome {
+        if !self.knobs.faults || self.rng.below(300) != 0 {
+            return store::apply(&mut self.backing, cmd);
+        }
+        self.backing_failures += 1;
+        if self.rng.below(2) == 0 {
+            let _ = store::apply(&mut self.backing, cmd);
+        }
+        self.log.push(format!("{} the backing fails an operation", self.now));
+        Err("injected backing failure".into())
     }
 
     pub(super) fn schedule_restart(&mut self, m: usize) {

@@ -77,6 +77,8 @@ pub struct World {
     cursors: Vec<u64>,
     /// Recent slot writes by member, for faults that land one again late.
     past_writes: Vec<(usize, Cmd)>,
+    /// Backing operations made to fail: only then may a request fail.
+    backing_failures: u64,
     log: Vec<String>,
 }
 
@@ -108,6 +110,7 @@ impl World {
             next_req: 0,
             cursors: vec![0, 0],
             past_writes: Vec::new(),
+            backing_failures: 0,
             log: Vec::new(),
         }
     }
@@ -175,7 +178,7 @@ impl World {
     fn deliver(&mut self, f: InFlight) {
         match f.target {
             Target::Backing => {
-                let out = store::apply(&mut self.backing, &f.cmd);
+                let out = self.backing_op(&f.cmd);
                 self.cache.handle_backing_done(self.now, f.op, out);
             }
             Target::Member { member, epoch } => {
@@ -227,13 +230,21 @@ impl World {
     fn reply(&mut self, req: ReqId, result: Result<Vec<u8>, crate::api::Failure>) -> Result<(), String> {
         self.event += 1;
         let r = self.reqs.remove(&req).ok_or_else(|| format!("reply to request {} that is not in flight (twice?)", req.0))?;
-        let data = result.map_err(|e| format!("request {} failed: {}", req.0, e.message))?;
-        self.log.push(format!("{} event {} reply {}", self.now, self.event, req.0));
+        self.log.push(format!("{} event {} reply {} {}", self.now, self.event, req.0, if result.is_ok() { "ok" } else { "failed" }));
+        let data = match result {
+            Ok(data) => data,
+            Err(e) if self.backing_failures == 0 => return Err(format!("request {} failed: {}", req.0, e.message)),
+            Err(_) if r.kind == Kind::Write => {
+                self.model.write_acked(r.offset, r.len, self.event, false);
+                return Ok(());
+            }
+            Err(_) => return Ok(()),
+        };
         match r.kind {
             Kind::Read if data.len() as u64 != r.len => Err(format!("read {} replied {} bytes of {}", req.0, data.len(), r.len)),
             Kind::Read => self.model.check_read(r.offset, &data, r.started, self.event).map_err(|e| format!("read {}: {e}", req.0)),
             Kind::Write => {
-                self.model.write_acked(r.offset, r.len, self.event);
+                self.model.write_acked(r.offset, r.len, self.event, true);
                 Ok(())
             }
             Kind::Other => Ok(()),

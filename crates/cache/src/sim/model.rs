@@ -14,6 +14,8 @@ struct Version {
     version: u64,
     started: u64,
     acked: Option<u64>,
+    /// The write failed: it may or may not have landed, and does not hide what came before.
+    failed: bool,
 }
 
 #[derive(Default)]
@@ -46,8 +48,8 @@ impl Model {
         let mut versions = Vec::new();
         for s in offset / SECTOR..(offset + len) / SECTOR {
             let version = if zero { 0 } else { self.fresh() };
-            let history = self.sectors.entry(s).or_insert_with(|| vec![Version { version: 0, started: 0, acked: Some(0) }]);
-            history.push(Version { version, started: at, acked: None });
+            let history = self.sectors.entry(s).or_insert_with(|| vec![Version { version: 0, started: 0, acked: Some(0), failed: false }]);
+            history.push(Version { version, started: at, acked: None, failed: false });
             assert!(self.busy.insert(s, version).is_none(), "two writes of sector {s} in flight");
             versions.push(version);
         }
@@ -59,11 +61,13 @@ impl Model {
         self.next_version
     }
 
-    pub fn write_acked(&mut self, offset: u64, len: u64, at: u64) {
+    /// The write was replied at event `at`: acknowledged (`ok`) or failed.
+    pub fn write_acked(&mut self, offset: u64, len: u64, at: u64, ok: bool) {
         for s in offset / SECTOR..(offset + len) / SECTOR {
             self.busy.remove(&s);
             let last = self.sectors.get_mut(&s).and_then(|h| h.last_mut()).expect("a started write");
             last.acked = Some(at);
+            last.failed = !ok;
         }
     }
 
@@ -82,7 +86,7 @@ impl Model {
 
     fn allowed(&self, s: u64, started: u64, now: u64) -> Vec<u64> {
         let Some(h) = self.sectors.get(&s) else { return vec![0] };
-        let superseded = |i: usize| h.get(i + 1).is_some_and(|next| next.acked.is_some_and(|a| a < started));
+        let superseded = |i: usize| h[i + 1..].iter().any(|later| !later.failed && later.acked.is_some_and(|a| a < started));
         (0..h.len()).filter(|&i| h[i].started < now && !superseded(i)).map(|i| h[i].version).collect()
     }
 }
@@ -97,10 +101,19 @@ mod tests {
         let v = m.write_started(0, 512, false, 1)[0];
         assert!(m.check_read(0, &sector_bytes(0), 2, 3).is_ok(), "in flight: old allowed");
         assert!(m.check_read(0, &sector_bytes(v), 2, 3).is_ok(), "in flight: new allowed");
-        m.write_acked(0, 512, 4);
+        m.write_acked(0, 512, 4, true);
         assert!(m.check_read(0, &sector_bytes(0), 3, 5).is_ok(), "started before the ack: old allowed");
         assert!(m.check_read(0, &sector_bytes(0), 5, 6).is_err(), "started after the ack: old refused");
         assert!(m.check_read(0, &sector_bytes(v), 5, 6).is_ok());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_either_version() {
+        let mut m = Model::default();
+        let v = m.write_started(0, 512, false, 1)[0];
+        m.write_acked(0, 512, 2, false);
+        assert!(m.check_read(0, &sector_bytes(0), 3, 4).is_ok());
+        assert!(m.check_read(0, &sector_bytes(v), 3, 4).is_ok());
     }
 
     #[test]
