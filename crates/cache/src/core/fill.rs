@@ -22,7 +22,7 @@ impl Cache {
         }
         let f = self.next_fill;
         self.next_fill += 1;
-        self.fills.insert(f, Fill { block, stale: false, source, waiters: Vec::new(), stage: Stage::Reading });
+        self.fills.insert(f, Fill { block, stale: false, source, waiters: Vec::new(), served: false, stage: Stage::Reading });
         self.fill_of.insert(block, f);
         if source.paced() {
             self.paced += 1;
@@ -39,6 +39,7 @@ impl Cache {
             waiters.into_iter().for_each(|w| self.reread(w, block));
             return self.end_fill(f, false);
         };
+        let served = !waiters.is_empty();
         for w in waiters {
             let used = self.copy_into(w, block * self.p.block_bytes, &data[..self.block_len(block) as usize]);
             if source.paced() {
@@ -46,6 +47,7 @@ impl Cache {
             }
             self.part_done(w, None);
         }
+        self.fills.get_mut(&f).expect("a live fill").served |= served;
         let stale = self.fills[&f].stale;
         let placed = self.dir.place(block);
         let generation = self.next_generation;
@@ -102,7 +104,7 @@ impl Cache {
         if fill.source.paced() {
             self.paced -= 1;
         }
-        if !installed && fill.source.paced() {
+        if !installed && !fill.served && fill.source.paced() {
             self.counters.prefetched_wasted_bytes += self.p.block_bytes;
         }
         if let Source::Hint(req) = fill.source {

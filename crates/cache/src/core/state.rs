@@ -51,6 +51,8 @@ pub struct Fill {
     /// Client reads that missed this block while its backing read was in flight: they get
     /// its data instead of reading the backing again (only while not stale).
     pub waiters: Vec<ReqId>,
+    /// Some waiter got its data (a prefetch that was used, even if it never installs).
+    pub served: bool,
     pub stage: Stage,
 }
 
