@@ -188,7 +188,7 @@ impl Cache {
         let Some(f) = self.try_fill(block, source) else { return false };
         let bs = self.p.block_bytes;
         let cmd = BackingCmd::Read { offset: block * bs, len: self.block_len(block) };
-        self.backing(OpKind::BackingRead { req: None, first: block, fills: vec![Some(f)] }, cmd);
+        self.backing(OpKind::BackingRead { req: None, first: block, start: block * bs, len: self.block_len(block), fills: vec![Some(f)] }, cmd);
         true
     }
 }

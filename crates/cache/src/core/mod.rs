@@ -137,7 +137,13 @@ impl Cache {
         self.now = now;
         let Some(o) = self.ops.remove(&op) else { return };
         match o.kind {
-            OpKind::BackingRead { req, first, fills } => self.backing_read_done(req, first, fills, outcome),
+            OpKind::BackingRead { req, first, start, len, fills } => {
+                let outcome = outcome.and_then(|d| match d.len() as u64 == len {
+                    true => Ok(d),
+                    false => Err(format!("{} bytes back of {len}", d.len())),
+                });
+                self.backing_read_done(req, first, start, fills, outcome)
+            }
             OpKind::BackingWrite { req, .. } => {
                 self.writes.remove(&op);
                 self.part_done(req, outcome.err().map(|e| Failure::io(format!("backing: {e}"))));

@@ -55,20 +55,28 @@ impl Cache {
         self.fills.get_mut(&fill).expect("a live fill").waiters.push(req);
     }
 
-    /// Blocks `first..first + fills.len()` from the backing for `req` (nothing if empty).
+    /// Blocks `first..first + fills.len()` from the backing for `req` (nothing if empty):
+    /// whole blocks, except that an end block without a fill is read only as far as `req`
+    /// needs it (so reads that cannot fill, with every member down, read no more than asked).
     pub(super) fn read_run(&mut self, req: ReqId, first: u64, fills: Vec<Option<u64>>) {
-        if fills.is_empty() {
-            return;
-        }
+        let (Some(head), Some(tail)) = (fills.first(), fills.last()) else { return };
         for b in first..first + fills.len() as u64 {
             self.count_miss(req, b);
         }
-        self.reqs.get_mut(&req).expect("a pending read").parts += 1;
+        let p = self.reqs.get_mut(&req).expect("a pending read");
+        p.parts += 1;
         let bs = self.p.block_bytes;
-        let end = ((first + fills.len() as u64) * bs).min(self.p.volume_bytes);
-        let cmd = BackingCmd::Read { offset: first * bs, len: end - first * bs };
+        let mut start = first * bs;
+        let mut end = ((first + fills.len() as u64) * bs).min(self.p.volume_bytes);
+        if head.is_none() {
+            start = start.max(p.offset);
+        }
+        if tail.is_none() {
+            end = end.min(p.offset + p.buf.len() as u64);
+        }
         self.demand_reads += 1;
-        self.backing(OpKind::BackingRead { req: Some(req), first, fills }, cmd);
+        let kind = OpKind::BackingRead { req: Some(req), first, start, len: end - start, fills };
+        self.backing(kind, BackingCmd::Read { offset: start, len: end - start });
     }
 
     fn count_miss(&mut self, req: ReqId, block: u64) {
@@ -77,35 +85,31 @@ impl Cache {
         self.counters.miss_bytes += bytes;
     }
 
-    pub(super) fn backing_read_done(&mut self, req: Option<ReqId>, first: u64, fills: Vec<Option<u64>>, outcome: Outcome) {
-        let bs = self.p.block_bytes as usize;
+    /// A backing read is done: `start` is where it began (blocks from `first`).
+    pub(super) fn backing_read_done(&mut self, req: Option<ReqId>, first: u64, start: u64, fills: Vec<Option<u64>>, outcome: Outcome) {
+        let bs = self.p.block_bytes;
         if req.is_some() {
             self.demand_reads -= 1;
         }
-        let want = ((first + fills.len() as u64) * bs as u64).min(self.p.volume_bytes) - first * bs as u64;
-        let outcome = outcome.and_then(|d| match d.len() as u64 == want {
-            true => Ok(d),
-            false => Err(format!("{} bytes back of {want}", d.len())),
-        });
-        match outcome {
-            Ok(data) => {
-                if let Some(req) = req {
-                    self.copy_into(req, first * bs as u64, &data);
-                    self.part_done(req, None);
-                }
-                for (i, f) in fills.into_iter().enumerate() {
-                    let Some(f) = f else { continue };
-                    let mut block = data[i * bs..((i + 1) * bs).min(data.len())].to_vec();
-                    block.resize(bs, 0);
-                    self.fill_read_done(f, Some(block));
-                }
-            }
+        let data = match outcome {
+            Ok(data) => data,
             Err(e) => {
                 if let Some(req) = req {
                     self.part_done(req, Some(Failure::io(format!("backing read: {e}"))));
                 }
-                fills.into_iter().flatten().for_each(|f| self.fill_read_done(f, None));
+                return fills.into_iter().flatten().for_each(|f| self.fill_read_done(f, None));
             }
+        };
+        if let Some(req) = req {
+            self.copy_into(req, start, &data);
+            self.part_done(req, None);
+        }
+        for (i, f) in fills.into_iter().enumerate() {
+            let Some(f) = f else { continue };
+            let lo = ((first + i as u64) * bs - start) as usize;
+            let mut block = data.get(lo..(lo + bs as usize).min(data.len())).unwrap_or_default().to_vec();
+            block.resize(bs as usize, 0);
+            self.fill_read_done(f, Some(block));
         }
     }
 

@@ -59,9 +59,10 @@ pub struct Fill {
 /// What an operation the shell carries out is for.
 #[derive(Clone, Debug)]
 pub enum OpKind {
-    /// Blocks `first..first + fills.len()` read from the backing, for client read `req`
-    /// (None for prefetch and hints), each with the fill it carries (if any).
-    BackingRead { req: Option<ReqId>, first: u64, fills: Vec<Option<u64>> },
+    /// Blocks `first..first + fills.len()` read from the backing: `len` bytes from volume
+    /// offset `start`, for client read `req` (None for prefetch and hints), each with the fill it
+    /// carries (if any).
+    BackingRead { req: Option<ReqId>, first: u64, start: u64, len: u64, fills: Vec<Option<u64>> },
     /// A write, zero or trim for `req` (its blocks are in `Cache::writes`).
     BackingWrite { req: ReqId },
     BackingFlush { req: ReqId },

@@ -190,3 +190,14 @@ fn a_member_that_does_not_answer_times_out() {
     assert_eq!(r.replies.pop(), Some((ReqId(2), vec![1; BS as usize])), "served by the backing");
     assert_eq!(r.cache.next_timeout(), None);
 }
+
+#[test]
+fn with_no_member_a_read_takes_only_what_it_asked() {
+    let mut r = Rig::new(false);
+    r.cache.handle_member_down(0, 0);
+    r.request(1, Request::Read { offset: 100, len: 500 });
+    assert_eq!(r.held, vec![Action::Backing { op: OpId(0), cmd: BackingCmd::Read { offset: 100, len: 500 } }]);
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(1), vec![1; 500])));
+    assert_eq!(r.cache.counters().fills, 0);
+}
