@@ -10,7 +10,7 @@ use super::Cache;
 use crate::api::{Action, BackingCmd, MemberCmd, Outcome, ReqId};
 use crate::directory::Entry;
 use crate::limits::{PREFETCH_DEMAND_READS_MAX, PREFETCH_INFLIGHT_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
-use crate::slot::{self, Header};
+use crate::slot;
 
 impl Cache {
     /// A fill for `block` if it may start one: not cached, no fill already, no write in
@@ -65,13 +65,7 @@ impl Cache {
         }
         let entry = Entry { member, slot, generation, prefetched: source.paced() };
         self.fills.get_mut(&f).expect("a live fill").stage = Stage::Writing(entry);
-        let header = Header {
-            block_bytes: self.p.block_bytes as u32,
-            data_len: self.block_len(block) as u32,
-            volume: self.p.identity,
-            offset: block * self.p.block_bytes,
-            generation,
-        };
+        let header = self.header(block, generation);
         let offset = slot as u64 * self.slot_bytes();
         self.member_op(member, OpKind::SlotWrite { fill: f }, MemberCmd::Write { offset, data: slot::encode(&header, &data) });
     }

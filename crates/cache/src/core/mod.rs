@@ -25,6 +25,7 @@ use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
 use crate::limits::{MEMBER_TIMEOUT_MS, SLOT_HEADER_BYTES};
 use crate::prefetch::Streams;
+use crate::slot::Header;
 use state::{Fill, Hint, Op, OpKind, Pending};
 
 pub struct Cache {
@@ -256,6 +257,17 @@ impl Cache {
 
     fn blocks(&self) -> u64 {
         self.p.volume_bytes.div_ceil(self.p.block_bytes)
+    }
+
+    /// The header a slot holding block `b` at `generation` carries.
+    fn header(&self, b: u64, generation: u64) -> Header {
+        Header {
+            block_bytes: self.p.block_bytes as u32,
+            data_len: self.block_len(b) as u32,
+            volume: self.p.identity,
+            offset: b * self.p.block_bytes,
+            generation,
+        }
     }
 
     /// Bytes of block `b` inside the volume (the last block may be short).

@@ -8,7 +8,7 @@ use super::state::{OpKind, Pending, Source, Stage};
 use super::Cache;
 use crate::api::{BackingCmd, Failure, MemberCmd, Outcome, ReqId};
 use crate::directory::Entry;
-use crate::slot::{self, Header};
+use crate::slot;
 
 impl Cache {
     pub(super) fn start_read(&mut self, req: ReqId, offset: u64, len: u64) {
@@ -124,13 +124,7 @@ impl Cache {
         };
         #[cfg(test)]
         let e = Entry { generation: if self.break_generation { slot::claimed_generation(&bytes) } else { e.generation }, ..e };
-        let want = Header {
-            block_bytes: self.p.block_bytes as u32,
-            data_len: self.block_len(block) as u32,
-            volume: self.p.identity,
-            offset: block * self.p.block_bytes,
-            generation: e.generation,
-        };
+        let want = self.header(block, e.generation);
         let checked = slot::verify(&bytes, &want);
         #[cfg(test)]
         let checked = if self.break_verify { Ok(&bytes[crate::limits::SLOT_HEADER_BYTES as usize..]) } else { checked };
