@@ -18,6 +18,8 @@ pub struct Counters {
     pub prefetched_used_bytes: u64,
     /// Bytes brought in by prefetch or hints that left the cache (or never entered it) unread.
     pub prefetched_wasted_bytes: u64,
+    /// Fills dropped because a write to their block started while they were in flight.
+    pub fills_overtaken: u64,
     /// Blocks pushed out of their slot to make room.
     pub evictions: u64,
     /// Slots read back that failed their check (dropped pages, a restarted member, a reuse).

@@ -122,6 +122,7 @@ impl Cache {
         };
         for f in hit {
             let fill = self.fills.get_mut(&f).expect("a live fill");
+            self.counters.fills_overtaken += u64::from(!fill.stale);
             fill.stale = true;
             let (block, waiters) = (fill.block, std::mem::take(&mut fill.waiters));
             waiters.into_iter().for_each(|w| self.reread(w, block));

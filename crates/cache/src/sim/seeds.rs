@@ -36,6 +36,7 @@ fn add(total: &mut Counters, c: Counters) {
     total.prefetched_used_bytes += c.prefetched_used_bytes;
     total.prefetched_wasted_bytes += c.prefetched_wasted_bytes;
     total.evictions += c.evictions;
+    total.fills_overtaken += c.fills_overtaken;
     total.verify_failures += c.verify_failures;
     total.member_failures += c.member_failures;
 }
