@@ -1,0 +1,189 @@
+//! Fills: a block read from the backing goes into a slot on the member placement picks,
+//! and into the directory when the slot write is done, unless it went stale on the way
+//! (see `state::Fill`). Prefetch and NBD_CMD_CACHE fills are paced: at most
+//! `PREFETCH_INFLIGHT_MAX` of them (backing read and slot write) at once, none started
+//! while `PREFETCH_DEMAND_READS_MAX` demand reads are at the backing, and each queued
+//! behind the demand work of the same call.
+
+use super::state::{Fill, Hint, OpKind, Source, Stage};
+use super::Cache;
+use crate::api::{Action, BackingCmd, MemberCmd, Outcome, ReqId};
+use crate::directory::Entry;
+use crate::limits::{PREFETCH_DEMAND_READS_MAX, PREFETCH_INFLIGHT_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
+use crate::slot;
+
+impl Cache {
+    /// A fill for `block` if it may start one: not cached, no fill already, no write in
+    /// flight to it (its data could be older than that write), and a member to put it on.
+    pub(super) fn try_fill(&mut self, block: u64, source: Source) -> Option<u64> {
+        let writing = self.writes.values().any(|&(a, b)| (a..b).contains(&block));
+        if writing || self.fill_of.contains_key(&block) || self.dir.get(block).is_some() || self.dir.place(block).is_none() {
+            return None;
+        }
+        let f = self.next_fill;
+        self.next_fill += 1;
+        self.fills.insert(f, Fill { block, stale: false, source, waiters: Vec::new(), served: false, stage: Stage::Reading });
+        self.fill_of.insert(block, f);
+        if source.paced() {
+            self.paced += 1;
+        }
+        Some(f)
+    }
+
+    /// A fill's backing read is done (`None`: it failed). Waiters get the data; the block
+    /// goes to a slot unless the fill is stale or no member has room.
+    pub(super) fn fill_read_done(&mut self, f: u64, data: Option<Vec<u8>>) {
+        let fill = self.fills.get_mut(&f).expect("a live fill");
+        let (block, source, waiters) = (fill.block, fill.source, std::mem::take(&mut fill.waiters));
+        let Some(data) = data else {
+            waiters.into_iter().for_each(|w| self.reread(w, block));
+            return self.end_fill(f, false);
+        };
+        let served = !waiters.is_empty();
+        for w in waiters {
+            let used = self.copy_into(w, block * self.p.block_bytes, &data[..self.block_len(block) as usize]);
+            if source.paced() {
+                self.counters.prefetched_used_bytes += used;
+            }
+            self.part_done(w, None);
+        }
+        self.fills.get_mut(&f).expect("a live fill").served |= served;
+        let stale = self.fills[&f].stale;
+        let placed = self.dir.place(block);
+        let generation = self.next_generation;
+        let Some((member, slot, evicted)) = placed.filter(|_| !stale).and_then(|m| {
+            self.dir.allocate(m, block, generation).map(|(s, ev)| (m, s, ev))
+        }) else {
+            return self.end_fill(f, false);
+        };
+        self.next_generation += 1;
+        if let Some(ev) = evicted {
+            self.counters.evictions += 1;
+            if ev.prefetched {
+                self.counters.prefetched_wasted_bytes += self.p.block_bytes;
+            }
+        }
+        let entry = Entry { member, slot, generation, prefetched: source.paced() };
+        self.fills.get_mut(&f).expect("a live fill").stage = Stage::Writing(entry);
+        let header = self.header(block, generation);
+        let offset = slot as u64 * self.slot_bytes();
+        self.member_op(member, OpKind::SlotWrite { fill: f }, MemberCmd::Write { offset, data: slot::encode(&header, &data) });
+    }
+
+    pub(super) fn slot_write_done(&mut self, f: u64, outcome: Outcome) {
+        let Stage::Writing(e) = self.fills[&f].stage else { unreachable!("a slot write of a fill not writing") };
+        match outcome {
+            Ok(_) if !self.fills[&f].stale => {
+                self.dir.install(e.member, e.slot, e.generation, e.prefetched);
+                self.counters.fills += 1;
+                self.end_fill(f, true);
+            }
+            Ok(_) => {
+                self.dir.release(e.member, e.slot, e.generation);
+                self.end_fill(f, false);
+            }
+            Err(_) => {
+                self.dir.release(e.member, e.slot, e.generation);
+                self.end_fill(f, false);
+                self.member_failed(e.member, true);
+            }
+        }
+    }
+
+    /// The fill is over, `installed` or not: paced fills not installed are wasted, a hint
+    /// counts it done.
+    pub(super) fn end_fill(&mut self, f: u64, installed: bool) {
+        let fill = self.fills.remove(&f).expect("a live fill");
+        self.fill_of.remove(&fill.block);
+        if fill.source.paced() {
+            self.paced -= 1;
+        }
+        if !installed && !fill.served && fill.source.paced() {
+            self.counters.prefetched_wasted_bytes += self.p.block_bytes;
+        }
+        if let Source::Hint(req) = fill.source {
+            if let Some(h) = self.hints.iter_mut().find(|h| h.req == req) {
+                h.outstanding -= 1;
+            }
+        }
+    }
+
+    /// A write to blocks `first..end` starts: fills of them go stale, and reads waiting on
+    /// those fills read the backing themselves (issued now, after the write started).
+    pub(super) fn stale_fills(&mut self, first: u64, end: u64) {
+        #[cfg(test)]
+        if self.break_stale_rule {
+            return;
+        }
+        let hit: Vec<u64> = if end - first <= self.fills.len() as u64 {
+            (first..end).filter_map(|b| self.fill_of.get(&b).copied()).collect()
+        } else {
+            self.fills.iter().filter(|(_, x)| (first..end).contains(&x.block)).map(|(&f, _)| f).collect()
+        };
+        for f in hit {
+            let fill = self.fills.get_mut(&f).expect("a live fill");
+            self.counters.fills_overtaken += u64::from(!fill.stale);
+            fill.stale = true;
+            let (block, waiters) = (fill.block, std::mem::take(&mut fill.waiters));
+            waiters.into_iter().for_each(|w| self.reread(w, block));
+        }
+    }
+
+    pub(super) fn note_stream(&mut self, offset: u64, len: u64) {
+        if !self.p.prefetch {
+            return;
+        }
+        let (bs, window, blocks) = (self.p.block_bytes, self.p.prefetch_window_blocks, self.blocks());
+        if let Some(ahead) = self.streams.note(offset, len, bs, window, blocks) {
+            self.prefetch_queue.extend(ahead);
+            let max = STREAMS_MAX * PREFETCH_WINDOW_BLOCKS_MAX as usize;
+            while self.prefetch_queue.len() > max {
+                self.prefetch_queue.pop_front();
+            }
+        }
+    }
+
+    pub(super) fn start_hint(&mut self, req: ReqId, offset: u64, len: u64) {
+        let bs = self.p.block_bytes;
+        self.hints.push_back(Hint { req, next: offset / bs, end: (offset + len).div_ceil(bs), outstanding: 0 });
+    }
+
+    /// Starts paced fills while there is room: hints first (a client asked), then prefetch.
+    /// Replies to hints that are done.
+    pub(super) fn pump(&mut self) {
+        let mut i = 0;
+        while i < self.hints.len() {
+            while self.room_to_pace() && self.hints[i].next < self.hints[i].end {
+                let (req, b) = (self.hints[i].req, self.hints[i].next);
+                self.hints[i].next += 1;
+                if self.paced_fill(b, Source::Hint(req)) {
+                    self.hints[i].outstanding += 1;
+                }
+            }
+            let h = &self.hints[i];
+            if h.next == h.end && h.outstanding == 0 {
+                let req = h.req;
+                self.hints.remove(i);
+                self.actions.push_back(Action::Reply { req, result: Ok(Vec::new()) });
+            } else {
+                i += 1;
+            }
+        }
+        while self.room_to_pace() {
+            let Some(b) = self.prefetch_queue.pop_front() else { break };
+            self.paced_fill(b, Source::Prefetch);
+        }
+    }
+
+    fn room_to_pace(&self) -> bool {
+        self.paced < PREFETCH_INFLIGHT_MAX && self.demand_reads < PREFETCH_DEMAND_READS_MAX
+    }
+
+    fn paced_fill(&mut self, block: u64, source: Source) -> bool {
+        let Some(f) = self.try_fill(block, source) else { return false };
+        let bs = self.p.block_bytes;
+        let cmd = BackingCmd::Read { offset: block * bs, len: self.block_len(block) };
+        self.backing(OpKind::BackingRead { req: None, first: block, start: block * bs, len: self.block_len(block), fills: vec![Some(f)] }, cmd);
+        true
+    }
+}

@@ -1,0 +1,203 @@
+//! The core driven by hand, one scenario each, with every operation completed at once
+//! unless the scenario holds it back.
+
+use super::Cache;
+use crate::api::{Action, BackingCmd, MemberCmd, OpId, Params, ReqId, Request};
+
+const BS: u64 = 4096;
+
+struct Rig {
+    cache: Cache,
+    backing: Vec<u8>,
+    member: Vec<u8>,
+    replies: Vec<(ReqId, Vec<u8>)>,
+    /// Operations not yet completed, in the order they were asked for.
+    held: Vec<Action>,
+    reconnects: usize,
+}
+
+impl Rig {
+    fn new(prefetch: bool) -> Rig {
+        let p = Params {
+            volume_bytes: 16 * BS,
+            block_bytes: BS,
+            identity: 99,
+            members: vec!["nbd://a/ram".into()],
+            prefetch,
+            prefetch_window_blocks: 2,
+        };
+        let mut cache = Cache::new(p);
+        cache.handle_member_up(0, 0, 8);
+        let member = vec![0; (8 * cache.slot_bytes()) as usize];
+        let backing = (0..16 * BS).map(|i| (i / BS) as u8 + 1).collect();
+        Rig { cache, backing, member, replies: Vec::new(), held: Vec::new(), reconnects: 0 }
+    }
+
+    fn request(&mut self, id: u64, r: Request) {
+        self.cache.handle_request(0, ReqId(id), r);
+        self.collect();
+    }
+
+    fn collect(&mut self) {
+        while let Some(a) = self.cache.poll_action() {
+            match a {
+                Action::Reply { req, result } => self.replies.push((req, result.expect("no failures here"))),
+                Action::Reconnect { .. } => self.reconnects += 1,
+                other => self.held.push(other),
+            }
+        }
+    }
+
+    /// Completes held operations (the first `n`, in order) against the backing and member.
+    fn complete(&mut self, n: usize) {
+        let now: Vec<Action> = self.held.drain(..n.min(self.held.len())).collect();
+        for a in now {
+            match a {
+                Action::Backing { op, cmd } => {
+                    let out = backing_op(&mut self.backing, cmd);
+                    self.cache.handle_backing_done(0, op, Ok(out));
+                }
+                Action::Member { op, cmd, .. } => self.member_op(op, cmd),
+                _ => unreachable!(),
+            }
+            self.collect();
+        }
+    }
+
+    fn member_op(&mut self, op: OpId, cmd: MemberCmd) {
+        let out = match cmd {
+            MemberCmd::Read { offset, len } => self.member[offset as usize..(offset + len) as usize].to_vec(),
+            MemberCmd::Write { offset, data } => {
+                self.member[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+                Vec::new()
+            }
+        };
+        self.cache.handle_member_done(0, op, Ok(out));
+    }
+
+    fn settle(&mut self) {
+        while !self.held.is_empty() {
+            self.complete(usize::MAX);
+        }
+    }
+
+    fn read(&mut self, id: u64, offset: u64, len: u64) -> Vec<u8> {
+        self.request(id, Request::Read { offset, len });
+        self.settle();
+        let at = self.replies.iter().position(|(r, _)| *r == ReqId(id)).expect("replied");
+        self.replies.remove(at).1
+    }
+}
+
+fn backing_op(b: &mut [u8], cmd: BackingCmd) -> Vec<u8> {
+    match cmd {
+        BackingCmd::Read { offset, len } => b[offset as usize..(offset + len) as usize].to_vec(),
+        BackingCmd::Write { offset, data, .. } => {
+            b[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+            Vec::new()
+        }
+        BackingCmd::Zero { offset, len, .. } | BackingCmd::Trim { offset, len, .. } => {
+            b[offset as usize..(offset + len) as usize].fill(0);
+            Vec::new()
+        }
+        BackingCmd::Flush => Vec::new(),
+    }
+}
+
+#[test]
+fn a_miss_fills_and_the_next_read_hits() {
+    let mut r = Rig::new(false);
+    assert_eq!(r.read(1, 100, 200), vec![1; 200]);
+    assert_eq!((r.cache.counters().misses, r.cache.counters().fills), (1, 1));
+    assert_eq!(r.read(2, BS - 10, 20), [vec![1; 10], vec![2; 10]].concat());
+    assert_eq!(r.cache.counters().hits, 1, "block 0 hit, block 1 missed");
+    assert_eq!(r.read(3, 0, 2 * BS), [vec![1; BS as usize], vec![2; BS as usize]].concat());
+    assert_eq!(r.cache.counters().hits, 3);
+}
+
+#[test]
+fn a_fill_that_a_write_overtakes_is_not_installed() {
+    let mut r = Rig::new(false);
+    r.request(1, Request::Read { offset: 0, len: BS });
+    // The backing read is held; a write to the same block starts and finishes first.
+    r.request(2, Request::Write { offset: 0, data: vec![7; 512], fua: false });
+    r.held.swap(0, 1);
+    r.complete(1);
+    assert!(r.replies.iter().any(|(q, _)| *q == ReqId(2)), "the write is acknowledged");
+    r.settle();
+    assert_eq!(r.cache.counters().fills, 0, "the stale fill stayed out");
+    // The read raced the write (either is allowed); a read after the ack sees the write.
+    let got = r.read(3, 0, 1024);
+    assert_eq!(got, [vec![7; 512], vec![1; 512]].concat());
+}
+
+#[test]
+fn dropped_pages_are_a_miss_and_never_returned() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    let slot = r.cache.slot_bytes() as usize;
+    r.member[..slot].iter_mut().skip(4096).for_each(|b| *b = 0);
+    assert_eq!(r.read(2, 0, BS), vec![1; BS as usize]);
+    assert_eq!(r.cache.counters().verify_failures, 1);
+    r.read(3, 0, BS);
+    assert_eq!(r.cache.counters().hits, 1, "refilled after the failed check");
+}
+
+#[test]
+fn a_failed_member_read_falls_back_and_asks_to_reconnect() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    r.request(2, Request::Read { offset: 0, len: BS });
+    let Some(Action::Member { op, .. }) = r.held.pop() else { panic!("a slot read") };
+    r.cache.handle_member_done(0, op, Err("connection reset".into()));
+    r.collect();
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(2), vec![1; BS as usize])));
+    assert_eq!(r.reconnects, 1);
+    assert_eq!(r.cache.members()[0].0, crate::directory::MemberState::Down { failures: 1 });
+}
+
+#[test]
+fn sequential_reads_prefetch_and_hints_fill() {
+    let mut r = Rig::new(true);
+    r.read(1, 0, BS);
+    r.read(2, BS, BS);
+    assert_eq!(r.cache.counters().fills, 4, "two read, two read ahead");
+    r.read(3, 2 * BS, BS);
+    assert_eq!(r.cache.counters().prefetched_used_bytes, BS);
+    r.request(4, Request::Cache { offset: 10 * BS, len: 3 * BS });
+    r.settle();
+    assert!(r.replies.iter().any(|(q, _)| *q == ReqId(4)));
+    r.read(5, 10 * BS, 3 * BS);
+    assert_eq!(r.cache.counters().prefetched_used_bytes, 4 * BS);
+}
+
+#[test]
+fn a_member_that_does_not_answer_times_out() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    r.request(2, Request::Read { offset: 0, len: BS });
+    assert!(matches!(r.held[..], [Action::Member { .. }]));
+    let at = r.cache.next_timeout().expect("a member operation in flight");
+    r.cache.handle_tick(at - 1);
+    r.collect();
+    assert_eq!(r.reconnects, 0);
+    r.cache.handle_tick(at);
+    r.collect();
+    assert_eq!(r.reconnects, 1);
+    r.held.remove(0);
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(2), vec![1; BS as usize])), "served by the backing");
+    assert_eq!(r.cache.next_timeout(), None);
+}
+
+#[test]
+fn with_no_member_a_read_takes_only_what_it_asked() {
+    let mut r = Rig::new(false);
+    r.cache.handle_member_down(0, 0);
+    r.request(1, Request::Read { offset: 100, len: 500 });
+    assert_eq!(r.held, vec![Action::Backing { op: OpId(0), cmd: BackingCmd::Read { offset: 100, len: 500 } }]);
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(1), vec![1; 500])));
+    assert_eq!(r.cache.counters().fills, 0);
+}

@@ -1,0 +1,84 @@
+//! Writes (write-through), flushes, and members failing. A write, zero or trim goes to the
+//! backing and is replied when the backing has it (FUA and FLUSH pass through unchanged).
+//! When it starts, the blocks it touches, wholly or in part, leave the directory and their
+//! fills go stale, so no read that starts later finds the old data in the cache; reads
+//! already under way may return the old data, which the write had not yet replaced.
+
+use super::state::{OpKind, Pending, Stage};
+use super::Cache;
+use crate::api::{Action, BackingCmd, ReqId};
+use crate::directory::MemberState;
+use crate::limits::MEMBER_TIMEOUT_MS;
+
+impl Cache {
+    pub(super) fn start_write(&mut self, req: ReqId, offset: u64, len: u64, cmd: BackingCmd) {
+        self.reqs.insert(req, Pending { offset, buf: Vec::new(), parts: 1, error: None });
+        let bs = self.p.block_bytes;
+        let (first, end) = (offset / bs, (offset + len).div_ceil(bs));
+        let op = self.backing(OpKind::BackingWrite { req }, cmd);
+        self.writes.insert(op, (first, end));
+        self.invalidate(first, end);
+        self.stale_fills(first, end);
+    }
+
+    /// Blocks `first..end` leave the directory (looking at whichever is fewer: the blocks
+    /// or the entries).
+    fn invalidate(&mut self, first: u64, end: u64) {
+        let blocks: Vec<u64> = if end - first <= self.dir.len() as u64 {
+            (first..end).collect()
+        } else {
+            self.dir.blocks_in(first, end)
+        };
+        for b in blocks {
+            if let Some(e) = self.dir.invalidate(b) {
+                if e.prefetched {
+                    self.counters.prefetched_wasted_bytes += self.p.block_bytes;
+                }
+            }
+        }
+    }
+
+    pub(super) fn start_flush(&mut self, req: ReqId) {
+        self.reqs.insert(req, Pending { offset: 0, buf: Vec::new(), parts: 1, error: None });
+        self.backing(OpKind::BackingFlush { req }, BackingCmd::Flush);
+    }
+
+    /// The member failed: its blocks are forgotten, its reads in flight read the backing,
+    /// its slot writes are abandoned. `tell` (the core saw the failure): ask the shell to
+    /// reconnect it.
+    pub(super) fn member_failed(&mut self, member: usize, tell: bool) {
+        if self.dir.state(member) != MemberState::Up {
+            return;
+        }
+        self.counters.member_failures += 1;
+        for e in self.dir.member_down(member) {
+            if e.prefetched {
+                self.counters.prefetched_wasted_bytes += self.p.block_bytes;
+            }
+        }
+        let ops: Vec<_> = self.ops.iter().filter(|(_, o)| o.member == Some(member)).map(|(&op, _)| op).collect();
+        for op in ops {
+            match self.ops.remove(&op).expect("listed").kind {
+                OpKind::SlotRead { req, block, .. } => self.reread(req, block),
+                OpKind::SlotWrite { fill } => {
+                    debug_assert!(matches!(self.fills[&fill].stage, Stage::Writing(e) if e.member == member));
+                    self.end_fill(fill, false);
+                }
+                _ => unreachable!("a backing operation on a member"),
+            }
+        }
+        if tell {
+            let MemberState::Down { failures } = self.dir.state(member) else { unreachable!("just marked down") };
+            self.actions.push_back(Action::Reconnect { member, failures });
+        }
+    }
+
+    pub(super) fn check_timeouts(&mut self) {
+        let limit = MEMBER_TIMEOUT_MS * 1_000_000;
+        let late: Vec<usize> =
+            self.ops.values().filter(|o| self.now.saturating_sub(o.started) > limit).filter_map(|o| o.member).collect();
+        for m in late {
+            self.member_failed(m, true);
+        }
+    }
+}

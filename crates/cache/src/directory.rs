@@ -1,0 +1,301 @@
+//! The gateway's map of what the members hold: block -> (member, slot, generation), the
+//! members' slot tables with their CLOCK hands, and placement by rendezvous hashing.
+//!
+//! Memory is bounded by the members' capacity: one `SlotMeta` (32 bytes) per slot a member
+//! lends, and at most one `Entry` (a hash map slot of about 40 bytes) per slot, since an
+//! entry exists only for a slot that holds its block. Blocks the cache does not hold cost
+//! nothing here.
+
+use std::collections::HashMap;
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+use crate::limits::MEMBER_SLOTS_MAX;
+
+/// Where a block that may be read from the cache lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub member: usize,
+    pub slot: u32,
+    pub generation: u64,
+    /// Filled by prefetch or a hint and not read since: counts as wasted if evicted so.
+    pub prefetched: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotMeta {
+    block: Option<u64>,
+    generation: u64,
+    /// CLOCK's reference bit: set by a hit, cleared as the hand passes.
+    referenced: bool,
+    /// Reads of the slot in flight: the slot is not reused under them.
+    busy: u32,
+    /// A fill's write is in flight: not yet in the map, and not reusable.
+    filling: bool,
+}
+
+/// A member as the directory sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    Up,
+    /// Failed; `failures` in a row since it was last up (for the reconnect backoff).
+    Down { failures: u32 },
+}
+
+struct Member {
+    seed: u64,
+    state: MemberState,
+    slots: Vec<SlotMeta>,
+    hand: usize,
+}
+
+/// A block pushed out of its slot to make room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evicted {
+    pub block: u64,
+    pub prefetched: bool,
+}
+
+pub struct Directory {
+    blocks: HashMap<u64, Entry>,
+    members: Vec<Member>,
+}
+
+impl Directory {
+    /// Members start down with no slots: the shell reports each up with its capacity.
+    pub fn new(names: &[String]) -> Directory {
+        let members = names
+            .iter()
+            .map(|n| Member { seed: xxh3_64(n.as_bytes()), state: MemberState::Down { failures: 0 }, slots: Vec::new(), hand: 0 })
+            .collect();
+        Directory { blocks: HashMap::new(), members }
+    }
+
+    pub fn get(&self, block: u64) -> Option<Entry> {
+        self.blocks.get(&block).copied()
+    }
+
+    /// The cached blocks in `first..end`.
+    pub fn blocks_in(&self, first: u64, end: u64) -> Vec<u64> {
+        self.blocks.keys().copied().filter(|b| (first..end).contains(b)).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.members.iter().map(|m| m.slots.len() as u64).sum()
+    }
+
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn state(&self, member: usize) -> MemberState {
+        self.members[member].state
+    }
+
+    /// (slots lent, slots holding a block) of a member.
+    pub fn usage(&self, member: usize) -> (u64, u64) {
+        let m = &self.members[member];
+        (m.slots.len() as u64, m.slots.iter().filter(|s| s.block.is_some()).count() as u64)
+    }
+
+    /// The member a block belongs on: the up member with slots whose hash of (block,
+    /// member) is highest, so adding or removing a member moves only its own blocks.
+    pub fn place(&self, block: u64) -> Option<usize> {
+        let key = block.to_le_bytes();
+        let up = self.members.iter().enumerate().filter(|(_, m)| m.state == MemberState::Up && !m.slots.is_empty());
+        up.max_by_key(|(_, m)| xxh3_64_with_seed(&key, m.seed)).map(|(i, _)| i)
+    }
+
+    /// A hit's slot read starts: the slot is referenced and kept from reuse until
+    /// `read_done`. True when the block was prefetched and this is its first use.
+    pub fn read_started(&mut self, block: u64) -> bool {
+        let e = self.blocks.get_mut(&block).expect("a hit has an entry");
+        let s = &mut self.members[e.member].slots[e.slot as usize];
+        s.referenced = true;
+        s.busy += 1;
+        std::mem::replace(&mut e.prefetched, false)
+    }
+
+    pub fn read_done(&mut self, member: usize, slot: u32) {
+        if let Some(s) = self.members.get_mut(member).and_then(|m| m.slots.get_mut(slot as usize)) {
+            s.busy = s.busy.saturating_sub(1);
+        }
+    }
+
+    /// A slot on `member` for a fill of `block`, by CLOCK: the hand passes referenced slots
+    /// (clearing their bit) and slots in use, and takes the first other one, evicting its
+    /// block. None when every slot is in use (the fill is dropped: a miss, not a wait).
+    pub fn allocate(&mut self, member: usize, block: u64, generation: u64) -> Option<(u32, Option<Evicted>)> {
+        let m = &mut self.members[member];
+        let n = m.slots.len();
+        if n == 0 {
+            return None;
+        }
+        for _ in 0..2 * n {
+            let i = m.hand;
+            m.hand = (m.hand + 1) % n;
+            let s = &mut m.slots[i];
+            if s.busy > 0 || s.filling {
+                continue;
+            }
+            if s.block.is_some() && s.referenced {
+                s.referenced = false;
+                continue;
+            }
+            let evicted = s.block.map(|b| {
+                let e = self.blocks.remove(&b).expect("a settled slot's block has its entry");
+                Evicted { block: b, prefetched: e.prefetched }
+            });
+            *s = SlotMeta { block: Some(block), generation, referenced: false, busy: 0, filling: true };
+            return Some((i as u32, evicted));
+        }
+        None
+    }
+
+    /// A fill's slot write is done and still wanted: the block reads from the cache now.
+    pub fn install(&mut self, member: usize, slot: u32, generation: u64, prefetched: bool) {
+        let s = &mut self.members[member].slots[slot as usize];
+        assert!(s.filling && s.generation == generation, "installing a slot that is not this fill's");
+        s.filling = false;
+        let block = s.block.expect("a filling slot names its block");
+        let old = self.blocks.insert(block, Entry { member, slot, generation, prefetched });
+        assert!(old.is_none(), "block {block} installed twice");
+    }
+
+    /// A fill's slot write is done (or failed) and not wanted: the slot is free again.
+    pub fn release(&mut self, member: usize, slot: u32, generation: u64) {
+        if let Some(s) = self.members.get_mut(member).and_then(|m| m.slots.get_mut(slot as usize)) {
+            if s.filling && s.generation == generation {
+                *s = SlotMeta { busy: s.busy, ..SlotMeta::default() };
+            }
+        }
+    }
+
+    /// The block's cached copy is no longer good (written, or failed its check): forget it
+    /// and free its slot (reads of it in flight keep it from reuse until they finish).
+    pub fn invalidate(&mut self, block: u64) -> Option<Entry> {
+        let e = self.blocks.remove(&block)?;
+        let s = &mut self.members[e.member].slots[e.slot as usize];
+        *s = SlotMeta { busy: s.busy, ..SlotMeta::default() };
+        Some(e)
+    }
+
+    /// The member failed: every block it held is forgotten. Returns the entries dropped.
+    pub fn member_down(&mut self, member: usize) -> Vec<Entry> {
+        let m = &mut self.members[member];
+        let failures = match m.state {
+            MemberState::Up => 1,
+            MemberState::Down { failures } => failures + 1,
+        };
+        m.state = MemberState::Down { failures };
+        let gone: Vec<u64> = m.slots.iter().filter(|s| !s.filling).filter_map(|s| s.block).collect();
+        m.slots = Vec::new();
+        m.hand = 0;
+        gone.iter().filter_map(|b| self.blocks.remove(b)).collect()
+    }
+
+    /// The member answers again, empty, lending `slots` slots (bounded).
+    pub fn member_up(&mut self, member: usize, slots: u64) {
+        let m = &mut self.members[member];
+        assert!(m.slots.is_empty(), "a member comes up only after it went down");
+        m.state = MemberState::Up;
+        m.slots = vec![SlotMeta::default(); slots.min(MEMBER_SLOTS_MAX) as usize];
+        m.hand = 0;
+    }
+
+    /// The directory's invariants (for tests and the simulation): every entry's slot holds
+    /// its block at its generation and is settled; entries never outnumber slots.
+    pub fn check(&self) -> Result<(), String> {
+        for (&b, e) in &self.blocks {
+            let s = self.members.get(e.member).and_then(|m| m.slots.get(e.slot as usize)).ok_or("entry past its member's slots")?;
+            if s.block != Some(b) || s.generation != e.generation || s.filling {
+                return Err(format!("block {b}: entry {e:?} but slot {s:?}"));
+            }
+        }
+        if self.blocks.len() as u64 > self.capacity() {
+            return Err(format!("{} entries for {} slots", self.blocks.len(), self.capacity()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(members: usize, slots: u64) -> Directory {
+        let names: Vec<String> = (0..members).map(|i| format!("nbd://node{i}/ram")).collect();
+        let mut d = Directory::new(&names);
+        (0..members).for_each(|m| d.member_up(m, slots));
+        d
+    }
+
+    fn fill(d: &mut Directory, m: usize, block: u64, generation: u64) -> Option<Evicted> {
+        let (slot, ev) = d.allocate(m, block, generation).expect("a slot");
+        d.install(m, slot, generation, false);
+        ev
+    }
+
+    #[test]
+    fn placement_moves_only_the_blocks_of_the_member_that_comes_or_goes() {
+        let mut d = dir(3, 1);
+        let before: Vec<Option<usize>> = (0..3000).map(|b| d.place(b)).collect();
+        for m in 0..3 {
+            let share = before.iter().filter(|&&p| p == Some(m)).count();
+            assert!((800..1200).contains(&share), "member {m} got {share} of 3000");
+        }
+        d.member_down(1);
+        for (b, &was) in before.iter().enumerate() {
+            let now = d.place(b as u64);
+            assert!(was == Some(1) || now == was, "block {b} moved from {was:?} to {now:?}");
+        }
+        d.member_up(1, 1);
+        assert!((0..3000).all(|b| d.place(b) == before[b as usize]), "coming back restores the placement");
+    }
+
+    #[test]
+    fn clock_evicts_unreferenced_blocks_first() {
+        let mut d = dir(1, 3);
+        for b in 0..3 {
+            assert_eq!(fill(&mut d, 0, b, b + 1), None);
+        }
+        assert!(!d.read_started(0));
+        d.read_done(0, d.get(0).unwrap().slot);
+        assert_eq!(fill(&mut d, 0, 10, 11), Some(Evicted { block: 1, prefetched: false }));
+        assert!(d.get(0).is_some() && d.get(1).is_none() && d.get(10).is_some());
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn slots_in_use_are_not_taken() {
+        let mut d = dir(1, 2);
+        fill(&mut d, 0, 0, 1);
+        d.read_started(0);
+        let (s, _) = d.allocate(0, 1, 2).unwrap();
+        assert_eq!(d.allocate(0, 2, 3), None, "one slot being read, the other filling");
+        d.release(0, s, 2);
+        assert!(d.allocate(0, 2, 3).is_some());
+    }
+
+    #[test]
+    fn a_member_going_down_forgets_its_blocks() {
+        let mut d = dir(2, 4);
+        for b in 0..4 {
+            fill(&mut d, (b % 2) as usize, b, b + 1);
+        }
+        let gone = d.member_down(1);
+        assert_eq!(gone.len(), 2);
+        assert!(d.get(1).is_none() && d.get(0).is_some());
+        assert_eq!(d.state(1), MemberState::Down { failures: 1 });
+        assert_eq!(d.place(1), Some(0));
+        d.check().unwrap();
+    }
+}

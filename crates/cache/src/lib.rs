@@ -1,0 +1,54 @@
+//! sluice network memory without I/O (issue 29, first part): a cached volume whose blocks
+//! live in RAM lent by other nodes (the members), in front of a slower volume (the
+//! backing), write-through.
+//!
+//! **Not wired into the server yet**: no `cache:FILE` export spec exists, and nothing
+//! outside this crate uses it. The I/O shell (a server backend made of the backing backend
+//! and NBD connections to the members, like the pool's) is the next step.
+//!
+//! - `config`: the `cache:FILE` file, parsed and checked;
+//! - `slot`: the format of a slot on a member (header page + block), verified on every hit;
+//! - `directory`: which member slot holds which block, CLOCK eviction per member, and
+//!   rendezvous placement;
+//! - `core`: the cache itself (below);
+//! - `prefetch`: sequential stream detection; `counters`: what `/metrics` shows;
+//!   `limits`: every constant, with why.
+//!
+//! The guarantee: a read never returns data older than the last write acknowledged before
+//! it started, whatever the members do (drop pages, restart empty, answer late or never).
+//!
+//! How a shell drives it: `Cache::new(Params::new(&config, backing_size, random_id))`;
+//! `handle_member_up(now, m, member_size / slot_bytes())` for each member that connects;
+//! `handle_request` for each validated client request; `poll_action` until `None` after
+//! every call, carrying out `Action::Backing` and `Action::Member` operations and
+//! reporting them with `handle_backing_done` / `handle_member_done`, sending
+//! `Action::Reply`, and on `Action::Reconnect` (or a lost connection, reported with
+//! `handle_member_down`) reconnecting after `limits::reconnect_backoff_ms`; and
+//! `handle_tick` at `next_timeout()`. Buffers travel by value (a read's reply owns its
+//! bytes): simple, at the cost of a copy per block.
+//!
+//! Choices: a read that covers part of a block is served from the cache if the block is
+//! there; if not, the whole block is read from the backing (so it can be filled), at most
+//! one block of extra reading at each end. A write, zero or trim invalidates every block
+//! it touches, wholly or partly, when it starts (no update in place: the written data is
+//! not put into the cache). The core owns no socket, clock or thread; time comes in as
+//! nanoseconds. The seeded simulation in `sim` (tests only) drives it against an in-memory
+//! backing and members that fail, and checks every read against the acknowledged writes.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod config;
+pub mod core;
+pub mod counters;
+pub mod directory;
+pub mod limits;
+pub mod prefetch;
+pub mod slot;
+#[cfg(test)]
+mod sim;
+
+pub use api::{Action, BackingCmd, Failure, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
+pub use config::{CacheFile, Config, Policy, Prefetch};
+pub use core::{Cache, Inflight};
+pub use counters::Counters;
+pub use directory::MemberState;

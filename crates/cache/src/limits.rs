@@ -1,0 +1,90 @@
+//! Every limit and tuning constant of the cache core, named once with its unit last and the
+//! reason for its value. Relations between them are asserted at compile time.
+
+/// The smallest cache block: a page, the unit a member may drop (an elastic member punches
+/// holes of pages) and the unit of the slot header.
+pub const BLOCK_MIN_BYTES: u64 = 4096;
+
+/// The largest cache block: past 4 MiB a 4 KiB miss reads a thousand times what it needs
+/// from the backing, and one slot write holds a member's connection for milliseconds.
+pub const BLOCK_MAX_BYTES: u64 = 4 << 20;
+
+/// The block when the file names none: 64 KiB is where a 10 GbE link spends about as long
+/// moving the bytes as on the round trip, so larger blocks stop paying for their misses.
+pub const BLOCK_DEFAULT_BYTES: u64 = 64 << 10;
+
+/// Bytes before each block in a slot: one page, so the block itself stays page-aligned on
+/// the member (a dropped page never straddles header and data) and O_DIRECT-friendly.
+pub const SLOT_HEADER_BYTES: u64 = 4096;
+
+/// Slots one member may hold: the directory keeps about 40 bytes per slot in the gateway's
+/// memory, so this caps a member at 640 MiB of gateway memory (16 Mi slots: 1 TiB of 64 KiB
+/// blocks).
+pub const MEMBER_SLOTS_MAX: u64 = 16 << 20;
+
+/// Members one cached volume may have: placement hashes every member on every fill, and a
+/// rack has fewer nodes lending memory than this.
+pub const MEMBERS_MAX: usize = 64;
+
+/// Sequential streams followed at once for prefetch: a few readers (a copy, a scan, a
+/// backup) per volume; more than this and the oldest is forgotten.
+pub const STREAMS_MAX: usize = 8;
+
+/// Consecutive reads that make a stream sequential: two, as the kernel's readahead, so a
+/// lone read next to another does not start a prefetch.
+pub const PREFETCH_TRIGGER_READS: u32 = 2;
+
+/// How far ahead of a sequential reader prefetch reads: 8 MiB covers a disk's ~10 ms of
+/// latency at 800 MB/s, so a reader at the backing's own rate never waits for it.
+pub const PREFETCH_WINDOW_BYTES: u64 = 8 << 20;
+
+/// Blocks a stream's window may hold however small the block: the prefetch queue is
+/// bounded by `STREAMS_MAX * PREFETCH_WINDOW_BLOCKS_MAX` entries.
+pub const PREFETCH_WINDOW_BLOCKS_MAX: u64 = 256;
+
+/// Prefetch and hint (NBD_CMD_CACHE) reads of the backing in flight at once: enough to keep
+/// a disk's queue busy, few enough that a demand read never queues behind many of them.
+pub const PREFETCH_INFLIGHT_MAX: usize = 8;
+
+/// Demand reads at the backing past which prefetch and hints wait: the backing is busy
+/// serving clients, and read-ahead would only queue in front of their next reads.
+pub const PREFETCH_DEMAND_READS_MAX: usize = 16;
+
+/// The first wait before reconnecting a member that failed, as the pool's members: soon
+/// enough that a restarted member is back in a second.
+pub const MEMBER_RECONNECT_BACKOFF_MIN_MS: u64 = 250;
+
+/// The longest wait between reconnection attempts: a node gone for good is tried twice a
+/// minute, cheaply.
+pub const MEMBER_RECONNECT_BACKOFF_MAX_MS: u64 = 30_000;
+
+/// A member operation older than this marks the member down: a RAM member answers in
+/// microseconds, so seconds mean a dead node or link, and its reads are better served by
+/// the backing than waited for.
+pub const MEMBER_TIMEOUT_MS: u64 = 2_000;
+
+const _: () = assert!(BLOCK_MIN_BYTES.is_power_of_two() && BLOCK_MAX_BYTES.is_power_of_two());
+const _: () = assert!(BLOCK_MIN_BYTES <= BLOCK_DEFAULT_BYTES && BLOCK_DEFAULT_BYTES <= BLOCK_MAX_BYTES);
+const _: () = assert!(SLOT_HEADER_BYTES == BLOCK_MIN_BYTES);
+const _: () = assert!(MEMBER_SLOTS_MAX <= u32::MAX as u64 && MEMBERS_MAX <= u16::MAX as usize);
+const _: () = assert!(PREFETCH_TRIGGER_READS >= 1 && PREFETCH_INFLIGHT_MAX >= 1 && PREFETCH_DEMAND_READS_MAX >= 1);
+const _: () = assert!(MEMBER_RECONNECT_BACKOFF_MIN_MS <= MEMBER_RECONNECT_BACKOFF_MAX_MS);
+
+/// How long to wait before reconnection attempt `failures` (1 for the first) of a member:
+/// doubling from the minimum up to the maximum.
+pub fn reconnect_backoff_ms(failures: u32) -> u64 {
+    let shift = failures.saturating_sub(1).min(20);
+    (MEMBER_RECONNECT_BACKOFF_MIN_MS << shift).min(MEMBER_RECONNECT_BACKOFF_MAX_MS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_maximum() {
+        assert_eq!(reconnect_backoff_ms(1), MEMBER_RECONNECT_BACKOFF_MIN_MS);
+        assert_eq!(reconnect_backoff_ms(2), 2 * MEMBER_RECONNECT_BACKOFF_MIN_MS);
+        assert_eq!(reconnect_backoff_ms(100), MEMBER_RECONNECT_BACKOFF_MAX_MS);
+    }
+}

@@ -1,0 +1,107 @@
+//! Member faults: deaths the shell reports, deaths seen as failed operations, hangs the
+//! core must time out, silent restarts (all zeros, the same connection), old slot writes
+//! landing again, and dropped pages (an elastic member giving memory back).
+
+use super::store::{self, Cmd};
+use super::World;
+use crate::api::Outcome;
+
+impl World {
+    pub(super) fn fault(&mut self) {
+        if self.rng.below(150) != 0 {
+            return;
+        }
+        let m = self.rng.below(self.members.len() as u64) as usize;
+        if !self.members[m].alive {
+            return;
+        }
+        match self.rng.below(7) {
+            0 => {
+                self.members[m].alive = false;
+                self.log.push(format!("{} member {m} dies, reported", self.now));
+                self.cache.handle_member_down(self.now, m);
+                self.schedule_restart(m);
+            }
+            1 => {
+                self.log.push(format!("{} member {m} hangs", self.now));
+                self.members[m].hung = true;
+            }
+            2 => {
+                self.log.push(format!("{} member {m} restarts empty, unreported", self.now));
+                self.members[m].bytes.fill(0);
+            }
+            3 => self.replay_write(m),
+            _ => self.drop_pages(m),
+        }
+    }
+
+    fn drop_pages(&mut self, m: usize) {
+        let pages = self.members[m].bytes.len() / 4096;
+        if pages == 0 {
+            return;
+        }
+        let n = 1 + self.rng.below(pages as u64 / 4 + 1);
+        for _ in 0..n {
+            let p = self.rng.below(pages as u64) as usize;
+            self.members[m].bytes[p * 4096..(p + 1) * 4096].fill(0);
+        }
+        self.log.push(format!("{} member {m} drops {n} pages", self.now));
+    }
+
+    /// A slot write done earlier lands again (an old connection's copy arriving late):
+    /// the slot then holds an older fill, of this block or another.
+    fn replay_write(&mut self, m: usize) {
+        let mine: Vec<usize> = (0..self.past_writes.len()).filter(|&i| self.past_writes[i].0 == m).collect();
+        if mine.is_empty() {
+            return;
+        }
+        let cmd = self.past_writes[mine[self.rng.below(mine.len() as u64) as usize]].1.clone();
+        if store::apply(&mut self.members[m].bytes, &cmd).is_ok() {
+            self.log.push(format!("{} member {m}: an old slot write lands again", self.now));
+        }
+    }
+
+    pub(super) fn remember_write(&mut self, m: usize, cmd: Cmd) {
+        const PAST_WRITES_MAX: usize = 64;
+        if self.past_writes.len() == PAST_WRITES_MAX {
+            let i = self.rng.below(PAST_WRITES_MAX as u64) as usize;
+            self.past_writes[i] = (m, cmd);
+        } else {
+            self.past_writes.push((m, cmd));
+        }
+    }
+
+    /// Carries out a backing operation; now and then (in runs with faults) it fails, a
+    /// write having landed or not.
+    pub(super) fn backing_op(&mut self, cmd: &Cmd) -> Outcome {
+        if !self.knobs.faults || self.rng.below(300) != 0 {
+            return store::apply(&mut self.backing, cmd);
+        }
+        self.backing_failures += 1;
+        if self.rng.below(2) == 0 {
+            let _ = store::apply(&mut self.backing, cmd);
+        }
+        self.log.push(format!("{} the backing fails an operation", self.now));
+        Err("injected backing failure".into())
+    }
+
+    pub(super) fn schedule_restart(&mut self, m: usize) {
+        if self.restart_at[m].is_none() {
+            self.restart_at[m] = Some(self.now + 100_000 + self.rng.below(2_000_000));
+        }
+    }
+
+    /// Members whose restart is due come back, empty, and are reported up.
+    pub(super) fn restarts(&mut self) {
+        for m in 0..self.members.len() {
+            if self.restart_at[m].is_some_and(|t| t <= self.now) {
+                self.restart_at[m] = None;
+                let slots = self.member_slots();
+                let slot_bytes = self.cache.slot_bytes();
+                self.members[m].restart(slots, slot_bytes);
+                self.log.push(format!("{} member {m} up with {slots} slots", self.now));
+                self.cache.handle_member_up(self.now, m, slots);
+            }
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! A deterministic simulation of the cache core: an in-memory backing and members whose
+//! operations complete after random delays (so out of order), clients that read at random
+//! and in sequential streams, write, zero, trim, flush and send cache hints, and members
+//! that die (reported or not), hang, restart empty behind the gateway's back, drop pages of
+//! their slots, and have old writes land after they restarted. Every read reply is checked
+//! against the model of acknowledged writes; after every step, the core's invariants and
+//! bounds; at the end, that every request was replied exactly once.
+
+mod faults;
+mod gen;
+mod model;
+mod seeds;
+mod setup;
+mod store;
+
+use std::collections::BTreeMap;
+
+use crate::api::{Action, Nanos, Params, ReqId, Request};
+use crate::core::Cache;
+use crate::counters::Counters;
+use crate::limits::{PREFETCH_INFLIGHT_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
+use model::Model;
+use sluice_proto::rng::Rng;
+use store::{Cmd, InFlight, Member, Target};
+
+const US: Nanos = 1_000;
+
+/// What a run does, chosen from the seed.
+#[derive(Clone, Copy, Debug)]
+pub struct Knobs {
+    pub steps: u64,
+    pub depth: usize,
+    pub faults: bool,
+    /// Percent of requests that are writes, zeroes or trims.
+    pub write_percent: u64,
+    /// Percent of requests that continue a sequential stream (reads).
+    pub sequential_percent: u64,
+    /// Members lend a slot for every block (else fewer, so eviction runs).
+    pub ample: bool,
+    /// Prefetch on whatever the seed says.
+    pub force_prefetch: bool,
+    pub break_stale_rule: bool,
+    pub break_verify: bool,
+    pub break_generation: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+    Other,
+}
+
+struct Req {
+    kind: Kind,
+    offset: u64,
+    len: u64,
+    started: u64,
+}
+
+pub struct World {
+    rng: Rng,
+    now: Nanos,
+    /// Orders starts and replies for the model.
+    event: u64,
+    p: Params,
+    knobs: Knobs,
+    cache: Cache,
+    backing: Vec<u8>,
+    members: Vec<Member>,
+    /// When a member that is down comes back.
+    restart_at: Vec<Option<Nanos>>,
+    inflight: Vec<InFlight>,
+    model: Model,
+    reqs: BTreeMap<ReqId, Req>,
+    next_req: u64,
+    cursors: Vec<u64>,
+    /// Recent slot writes by member, for faults that land one again late.
+    past_writes: Vec<(usize, Cmd)>,
+    /// Backing operations made to fail: only then may a request fail.
+    backing_failures: u64,
+    log: Vec<String>,
+}
+
+impl World {
+    pub fn new(seed: u64, knobs: Knobs) -> World {
+        let mut rng = Rng::seeded(seed);
+        let mut p = setup::params(&mut rng);
+        p.prefetch |= knobs.force_prefetch;
+        let mut cache = Cache::new(p.clone());
+        cache.break_stale_rule = knobs.break_stale_rule;
+        cache.break_verify = knobs.break_verify;
+        cache.break_generation = knobs.break_generation;
+        let backing = vec![0; p.volume_bytes as usize];
+        let members = (0..p.members.len()).map(|_| Member { bytes: Vec::new(), alive: false, hung: false, epoch: 0 }).collect();
+        let restart_at = vec![Some(0); p.members.len()];
+        World {
+            rng,
+            now: 0,
+            event: 1,
+            p,
+            knobs,
+            cache,
+            backing,
+            members,
+            restart_at,
+            inflight: Vec::new(),
+            model: Model::default(),
+            reqs: BTreeMap::new(),
+            next_req: 0,
+            cursors: vec![0, 0],
+            past_writes: Vec::new(),
+            backing_failures: 0,
+            log: Vec::new(),
+        }
+    }
+
+    pub fn run(&mut self) -> Result<Counters, String> {
+        for _ in 0..self.knobs.steps {
+            self.step(true)?;
+        }
+        for _ in 0..1_000_000 {
+            if self.reqs.is_empty() && self.inflight.is_empty() {
+                return self.finish();
+            }
+            self.step(false)?;
+        }
+        Err(format!("no end: {} requests and {} operations still in flight", self.reqs.len(), self.inflight.len()))
+    }
+
+    fn step(&mut self, busy: bool) -> Result<(), String> {
+        self.now += 1 + self.rng.below(20 * US);
+        if busy && self.knobs.faults {
+            self.fault();
+        }
+        self.restarts();
+        while busy && self.reqs.len() < self.knobs.depth && self.rng.below(3) == 0 {
+            self.arrive()?;
+        }
+        if self.members.iter().any(|m| m.hung) && self.rng.below(200) == 0 {
+            self.now += (crate::limits::MEMBER_TIMEOUT_MS + 1) * 1_000_000;
+        }
+        self.complete_due()?;
+        self.cache.handle_tick(self.now);
+        self.drain()?;
+        self.check_bounds()
+    }
+
+    fn submit(&mut self, kind: Kind, offset: u64, len: u64, r: Request) -> Result<(), String> {
+        let req = ReqId(self.next_req);
+        self.next_req += 1;
+        self.event += 1;
+        self.log.push(format!("{} event {} req {} {:?}", self.now, self.event, req.0, short(&r)));
+        self.reqs.insert(req, Req { kind, offset, len, started: self.event });
+        self.cache.handle_request(self.now, req, r);
+        self.drain()
+    }
+
+    /// Delivers operations that are due, in random order.
+    fn complete_due(&mut self) -> Result<(), String> {
+        loop {
+            let due: Vec<usize> = (0..self.inflight.len()).filter(|&i| self.deliverable(&self.inflight[i])).collect();
+            if due.is_empty() {
+                return Ok(());
+            }
+            let i = due[self.rng.below(due.len() as u64) as usize];
+            let op = self.inflight.swap_remove(i);
+            self.deliver(op);
+            self.drain()?;
+        }
+    }
+
+    fn deliverable(&self, op: &InFlight) -> bool {
+        let hung = matches!(op.target, Target::Member { member, epoch } if self.members[member].hung && self.members[member].epoch == epoch);
+        op.due <= self.now && !hung
+    }
+
+    fn deliver(&mut self, f: InFlight) {
+        match f.target {
+            Target::Backing => {
+                let out = self.backing_op(&f.cmd);
+                self.cache.handle_backing_done(self.now, f.op, out);
+            }
+            Target::Member { member, epoch } => {
+                let m = &mut self.members[member];
+                if m.epoch != epoch || !m.alive {
+                    // An old connection's write may still land on the restarted member.
+                    if m.alive && matches!(f.cmd, Cmd::Member(_)) && self.rng.below(2) == 0 {
+                        let _ = store::apply(&mut m.bytes, &f.cmd);
+                    }
+                    return;
+                }
+                let out = store::apply(&mut m.bytes, &f.cmd);
+                if matches!(f.cmd, Cmd::Member(crate::api::MemberCmd::Write { .. })) {
+                    self.remember_write(member, f.cmd.clone());
+                }
+                self.cache.handle_member_done(self.now, f.op, out);
+            }
+        }
+    }
+
+    fn drain(&mut self) -> Result<(), String> {
+        while let Some(a) = self.cache.poll_action() {
+            match a {
+                Action::Backing { op, cmd } => {
+                    let due = self.now + self.delay();
+                    self.inflight.push(InFlight { op, target: Target::Backing, cmd: Cmd::Backing(cmd), due });
+                }
+                Action::Member { op, member, cmd } => {
+                    let (due, epoch) = (self.now + self.delay() / 4, self.members[member].epoch);
+                    self.inflight.push(InFlight { op, target: Target::Member { member, epoch }, cmd: Cmd::Member(cmd), due });
+                }
+                Action::Reply { req, result } => self.reply(req, result)?,
+                Action::Reconnect { member, .. } => {
+                    self.members[member].alive = false;
+                    self.schedule_restart(member);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn delay(&mut self) -> Nanos {
+        match self.rng.below(10) {
+            0 => 200 * US + self.rng.below(800 * US),
+            _ => 5 * US + self.rng.below(100 * US),
+        }
+    }
+
+    fn reply(&mut self, req: ReqId, result: Result<Vec<u8>, crate::api::Failure>) -> Result<(), String> {
+        self.event += 1;
+        let r = self.reqs.remove(&req).ok_or_else(|| format!("reply to request {} that is not in flight (twice?)", req.0))?;
+        self.log.push(format!("{} event {} reply {} {}", self.now, self.event, req.0, if result.is_ok() { "ok" } else { "failed" }));
+        let data = match result {
+            Ok(data) => data,
+            Err(e) if self.backing_failures == 0 => return Err(format!("request {} failed: {}", req.0, e.message)),
+            Err(_) if r.kind == Kind::Write => {
+                self.model.write_acked(r.offset, r.len, self.event, false);
+                return Ok(());
+            }
+            Err(_) => return Ok(()),
+        };
+        match r.kind {
+            Kind::Read if data.len() as u64 != r.len => Err(format!("read {} replied {} bytes of {}", req.0, data.len(), r.len)),
+            Kind::Read => self.model.check_read(r.offset, &data, r.started, self.event).map_err(|e| format!("read {}: {e}", req.0)),
+            Kind::Write => {
+                self.model.write_acked(r.offset, r.len, self.event, true);
+                Ok(())
+            }
+            Kind::Other => Ok(()),
+        }
+    }
+
+    fn check_bounds(&self) -> Result<(), String> {
+        self.cache.check()?;
+        let f = self.cache.inflight();
+        if f.paced > PREFETCH_INFLIGHT_MAX || f.fills > f.ops * setup::RUN_BLOCKS_MAX || f.directory as u64 > f.slots {
+            return Err(format!("bounds broken: {f:?}"));
+        }
+        if f.prefetch_queue > STREAMS_MAX * PREFETCH_WINDOW_BLOCKS_MAX as usize || f.requests != self.reqs.len() {
+            return Err(format!("bounds broken: {f:?} with {} requests in flight", self.reqs.len()));
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<Counters, String> {
+        let f = self.cache.inflight();
+        if f.requests != 0 || f.fills != 0 || f.paced != 0 {
+            return Err(format!("idle, yet the core holds {f:?}"));
+        }
+        Ok(self.cache.counters())
+    }
+
+    /// A failed run's report: the seed, the error, the end of the log.
+    pub fn failure(&self, seed: u64, error: &str) -> String {
+        let tail: Vec<&str> = self.log.iter().rev().take(25).rev().map(String::as_str).collect();
+        format!("seed {seed} ({:?}, {} blocks of {}): {error}\n{}", self.knobs, self.p.volume_bytes.div_ceil(self.p.block_bytes), self.p.block_bytes, tail.join("\n"))
+    }
+}
+
+fn short(r: &Request) -> String {
+    match r {
+        Request::Write { offset, data, .. } => format!("Write {offset}+{}", data.len()),
+        other => format!("{other:?}"),
+    }
+}

@@ -1,0 +1,101 @@
+//! The simulation's seeds, run by `cargo test -p sluice-cache`: `SLUICE_CACHE_SIM_SEEDS=N`
+//! runs more, `SLUICE_CACHE_SIM_SEED=N` runs one.
+
+use super::{Knobs, World};
+use crate::counters::Counters;
+
+fn seeds(default: u64) -> Vec<u64> {
+    let env = |name: &str| std::env::var(name).ok().and_then(|s| s.parse::<u64>().ok());
+    match (env("SLUICE_CACHE_SIM_SEED"), env("SLUICE_CACHE_SIM_SEEDS")) {
+        (Some(one), _) => vec![one],
+        (None, n) => (0..n.unwrap_or(default)).collect(),
+    }
+}
+
+fn knobs(seed: u64) -> Knobs {
+    Knobs {
+        steps: 4000,
+        depth: 1 + (seed % 8) as usize,
+        faults: seed % 4 != 3,
+        write_percent: [5, 20, 40][(seed % 3) as usize],
+        sequential_percent: 30,
+        ample: false,
+        force_prefetch: false,
+        break_stale_rule: false,
+        break_verify: false,
+        break_generation: false,
+    }
+}
+
+fn add(total: &mut Counters, c: Counters) {
+    total.hits += c.hits;
+    total.misses += c.misses;
+    total.hit_bytes += c.hit_bytes;
+    total.miss_bytes += c.miss_bytes;
+    total.fills += c.fills;
+    total.prefetched_used_bytes += c.prefetched_used_bytes;
+    total.prefetched_wasted_bytes += c.prefetched_wasted_bytes;
+    total.evictions += c.evictions;
+    total.fills_overtaken += c.fills_overtaken;
+    total.verify_failures += c.verify_failures;
+    total.member_failures += c.member_failures;
+}
+
+#[test]
+fn random_runs_never_read_stale_data() {
+    let (mut faulty, mut calm) = (Counters::default(), Counters::default());
+    for seed in seeds(150) {
+        let mut w = World::new(seed, knobs(seed));
+        match w.run() {
+            Ok(c) if w.knobs.faults => add(&mut faulty, c),
+            Ok(c) => add(&mut calm, c),
+            Err(e) => panic!("{}", w.failure(seed, &e)),
+        }
+    }
+    for (name, c) in [("with faults", faulty), ("without faults", calm)] {
+        eprintln!("cache sim {name}: hit rate {:.1}% ({} hits, {} misses), {c:?}", c.hit_percent(), c.hits, c.misses);
+    }
+}
+
+/// Runs seeds with a rule broken (by `broken`) until one fails: the model must catch it.
+fn caught(what: &str, broken: impl Fn(Knobs) -> Knobs) {
+    let found = (0..300).find_map(|seed| {
+        let mut w = World::new(seed, broken(knobs(seed)));
+        w.run().err().map(|e| (seed, e))
+    });
+    let (seed, e) = found.unwrap_or_else(|| panic!("{what}: went unnoticed in 300 seeds"));
+    eprintln!("{what}: caught at seed {seed}: {}", e.lines().next().unwrap_or(""));
+}
+
+#[test]
+fn breaking_the_stale_fill_rule_is_caught() {
+    caught("fills ignore writes under them", |k| Knobs { break_stale_rule: true, ..k });
+}
+
+#[test]
+fn skipping_the_slot_check_is_caught() {
+    caught("slots taken unchecked", |k| Knobs { break_verify: true, ..k });
+}
+
+#[test]
+fn ignoring_the_generation_is_caught() {
+    caught("the slot generation not checked", |k| Knobs { break_generation: true, ..k });
+}
+
+/// Hit rates in calm conditions, as a sanity figure: warm random reads over a working set
+/// the members hold whole, and cold sequential streams with prefetch.
+#[test]
+fn calm_runs_hit_and_prefetch() {
+    let (mut warm, mut streams) = (Counters::default(), Counters::default());
+    for seed in 0..20 {
+        let base = Knobs { faults: false, write_percent: 0, ample: true, ..knobs(seed) };
+        let mut w = World::new(seed, Knobs { sequential_percent: 0, ..base });
+        add(&mut warm, w.run().unwrap_or_else(|e| panic!("{}", w.failure(seed, &e))));
+        let mut w = World::new(seed, Knobs { sequential_percent: 100, steps: 300, force_prefetch: true, ..base });
+        add(&mut streams, w.run().unwrap_or_else(|e| panic!("{}", w.failure(seed, &e))));
+    }
+    eprintln!("cache sim, warm random reads: hit rate {:.1}%, {warm:?}", warm.hit_percent());
+    eprintln!("cache sim, sequential streams: hit rate {:.1}%, {streams:?}", streams.hit_percent());
+    assert!(warm.hit_percent() > 80.0, "a working set the members hold whole should mostly hit");
+    assert!(streams.prefetched_used_bytes > 0, "sequential streams should use what prefetch read");
+}

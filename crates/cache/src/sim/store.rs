@@ -1,0 +1,63 @@
+//! The simulated backing and members: byte arrays that apply an operation when it
+//! completes (so completions that arrive out of order apply out of order), each operation
+//! due at a random time.
+
+use crate::api::{BackingCmd, MemberCmd, Nanos, OpId, Outcome};
+
+/// Where an operation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Backing,
+    /// A member, in the epoch (incarnation) the operation was sent to.
+    Member { member: usize, epoch: u64 },
+}
+
+#[derive(Clone, Debug)]
+pub enum Cmd {
+    Backing(BackingCmd),
+    Member(MemberCmd),
+}
+
+pub struct InFlight {
+    pub op: OpId,
+    pub target: Target,
+    pub cmd: Cmd,
+    pub due: Nanos,
+}
+
+pub struct Member {
+    pub bytes: Vec<u8>,
+    pub alive: bool,
+    /// Operations never complete while hung (until the core times them out).
+    pub hung: bool,
+    pub epoch: u64,
+}
+
+impl Member {
+    pub fn restart(&mut self, slots: u64, slot_bytes: u64) {
+        self.bytes = vec![0; (slots * slot_bytes) as usize];
+        self.alive = true;
+        self.hung = false;
+        self.epoch += 1;
+    }
+}
+
+/// Carries out `cmd` on `bytes` and says what the shell would report.
+pub fn apply(bytes: &mut [u8], cmd: &Cmd) -> Outcome {
+    let range = |offset: u64, len: u64| offset as usize..(offset + len) as usize;
+    match cmd {
+        Cmd::Backing(BackingCmd::Read { offset, len }) | Cmd::Member(MemberCmd::Read { offset, len }) => {
+            bytes.get(range(*offset, *len)).map(<[u8]>::to_vec).ok_or_else(|| "read past the end".to_string())
+        }
+        Cmd::Backing(BackingCmd::Write { offset, data, .. }) | Cmd::Member(MemberCmd::Write { offset, data }) => {
+            let to = bytes.get_mut(range(*offset, data.len() as u64)).ok_or("write past the end")?;
+            to.copy_from_slice(data);
+            Ok(Vec::new())
+        }
+        Cmd::Backing(BackingCmd::Zero { offset, len, .. } | BackingCmd::Trim { offset, len, .. }) => {
+            bytes.get_mut(range(*offset, *len)).ok_or("zero past the end")?.fill(0);
+            Ok(Vec::new())
+        }
+        Cmd::Backing(BackingCmd::Flush) => Ok(Vec::new()),
+    }
+}
