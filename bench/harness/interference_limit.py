@@ -7,8 +7,8 @@ on the host's cache, and its rate swung 1.1-3.2 GB/s between runs. The node runs
 its own on the job's cores: triad (memory-bound, as in the other passes) and a local fio
 reading the disk with O_DIRECT, one 1M read at a time (a backup or a build reading files). A
 remote reader (fio's nbd engine, 1M QD32, a busy client) reads it through
-`sluice serve --data-path direct`, so every remote byte is a disk read too. Rows: sluice with no cap, then with
-`[limits] storage-bps` at half the disk's rate, measured first (1M QD8 O_DIRECT reads alone).
+`sluice serve --data-path direct`, so every remote byte is a disk read too. Rows: sluice with
+no cap, then with `[limits] storage-bps` at half the disk's rate, measured first (1M QD8 O_DIRECT reads alone).
 Each run: the node's jobs alone, then with the remote reader.
 """
 

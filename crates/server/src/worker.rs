@@ -313,16 +313,17 @@ impl Worker {
         // need. On 2 cores, RBD reads cost the server 8-10 µs more each with it, and were
         // no faster even one at a time.
         let only_deferred = self.ring.deferred() > 0 && self.ring.storage_in_flight() == self.ring.deferred();
-        if spin && !only_deferred && !budget.is_zero() && self.ring.spin(budget)? {
-            poll.caught();
-            // The spin saw the kernel busy, which need not end in a completion for this
-            // ring: the timer still bounds the wait (a held request's release, the slow
-            // watch). Without it, a worker whose every request was held by the QoS
-            // scheduler slept for good.
-            return self.ring.wait(completions, timeout);
-        }
+        let caught = spin && !only_deferred && !budget.is_zero() && self.ring.spin(budget)?;
+        // One wait, with the timer, whatever the spin saw: a spin that saw the kernel busy
+        // need not end in a completion for this ring, and the timer is what releases a
+        // request the QoS scheduler holds and runs the slow watch. A wait without it after
+        // such a spin once left a worker whose every request was held asleep for good.
         self.ring.wait(completions, timeout)?;
-        poll.slept(idle.elapsed());
+        if caught {
+            poll.caught();
+        } else {
+            poll.slept(idle.elapsed());
+        }
         Ok(())
     }
 
