@@ -93,9 +93,14 @@ def setup(count: int, rate: str) -> None:
 
 def set_rate(count: int, rate: str) -> None:
     for i in range(1, count + 1):
-        tbf = ["root", "tbf", "rate", rate, "burst", TBF_BURST, "latency", TBF_LATENCY]
-        _run(["tc", "qdisc", "replace", "dev", f"spm{i}"] + tbf)
-        _run(["tc", "qdisc", "replace", "dev", f"spm{i}-ns"] + tbf, namespace(i))
+        set_link_rate(i, rate)
+
+
+def set_link_rate(i: int, rate: str) -> None:
+    """Member i's link, both directions."""
+    tbf = ["root", "tbf", "rate", rate, "burst", TBF_BURST, "latency", TBF_LATENCY]
+    _run(["tc", "qdisc", "replace", "dev", f"spm{i}"] + tbf)
+    _run(["tc", "qdisc", "replace", "dev", f"spm{i}-ns"] + tbf, namespace(i))
 
 
 def teardown() -> list:
@@ -157,7 +162,7 @@ class Member:
     options (bench/trapeze: a data path and a chunk)."""
 
     def __init__(self, binary: str, i: int, path: str, log_path: str, extra: list = (),
-                 log_level: str = "warn"):
+                 log_level: str = "warn", env: dict = None):
         self.i = i
         self.uri = member_uri(i)
         argv = ["ip", "netns", "exec", namespace(i), binary, "serve",
@@ -169,7 +174,8 @@ class Member:
         # `ip netns exec` execs the command, so this pid is the server's own.
         self._popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                        stderr=self._log, start_new_session=True,
-                                       preexec_fn=die_with_parent)
+                                       preexec_fn=die_with_parent,
+                                       env=dict(os.environ, **env) if env else None)
         _members.append(self)
         try:
             self._wait_accepting()

@@ -21,12 +21,13 @@ def sh(argv: list) -> str:
 class Disk:
     """`path` read-only behind a loop device, and the blkio cgroup `name` that throttles it."""
 
-    def __init__(self, path: str, name: str):
+    def __init__(self, path: str, name: str, read_only: bool = True):
         self.device = None
         self.cgroup = None
         if not os.path.isdir(BLKIO):
             raise OSError(f"{BLKIO} is not mounted (cgroup v1 blkio is needed)")
-        self.device = sh(["losetup", "--find", "--show", "--direct-io=on", "--read-only", path])
+        flags = ["--read-only"] if read_only else []
+        self.device = sh(["losetup", "--find", "--show", "--direct-io=on"] + flags + [path])
         rdev = os.stat(self.device).st_rdev
         self.majmin = f"{os.major(rdev)}:{os.minor(rdev)}"
         self.cgroup = os.path.join(BLKIO, name)
@@ -35,6 +36,13 @@ class Disk:
     def throttle(self, mbps: float) -> None:
         """Reads of the whole cgroup at most `mbps` MB/s (10^6 bytes); 0: no limit."""
         self._write("blkio.throttle.read_bps_device", f"{self.majmin} {int(mbps * 1e6)}")
+
+    def limit(self, mbps: float, iops: int) -> None:
+        """Reads and writes each at most `mbps` MB/s and `iops` requests a second, like a
+        disk (a real one shares one budget between them; blkio keeps one per direction)."""
+        for direction in ("read", "write"):
+            self._write(f"blkio.throttle.{direction}_bps_device", f"{self.majmin} {int(mbps * 1e6)}")
+            self._write(f"blkio.throttle.{direction}_iops_device", f"{self.majmin} {iops}")
 
     def join(self, pid: int) -> None:
         """Moves a process (all its threads) into the throttled cgroup."""
@@ -53,7 +61,7 @@ class Disk:
         problems = []
         if self.cgroup and os.path.isdir(self.cgroup):
             try:
-                self.throttle(0)
+                self.limit(0, 0)
             except OSError:
                 pass
             try:
