@@ -124,7 +124,7 @@ mod tests {
         assert_eq!(c.metrics.map(|m| m.first()), Some("127.0.0.1:9109".parse().unwrap()));
         assert_eq!(c.exports.len(), 2);
         assert_eq!((c.exports[0].data_path, &c.exports[0].spec), (Some(DataPath::Direct), &Spec::Path("/dev/vdb".into())));
-        assert_eq!((c.exports[1].name.as_str(), &c.exports[1].spec), ("", &Spec::Memory(1 << 30)));
+        assert_eq!((c.exports[1].name.as_str(), &c.exports[1].spec), ("", &Spec::Memory(sluice_server::backend::MemorySpec::plain(1 << 30))));
         assert_eq!(c.limits.inflight_requests_per_connection, 16);
         assert_eq!(c.limits.connections, Limits::default().connections);
         assert_eq!(c.tls, Some(TlsChoice(sluice_proto::TlsMode::Require)));

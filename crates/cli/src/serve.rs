@@ -575,7 +575,7 @@ fn export_entries(args: &ServeArgs, file: &FileConfig) -> Vec<ExportEntry> {
     entries.extend(args.path.iter().map(|spec| ExportEntry::plain("", spec.clone())));
     entries.extend(args.export.iter().cloned());
     if entries.is_empty() && args.config.is_none() {
-        entries.push(ExportEntry::plain("", Spec::Memory(DEFAULT_MEMORY_EXPORT_BYTES)));
+        entries.push(ExportEntry::plain("", Spec::Memory(sluice_server::backend::MemorySpec::plain(DEFAULT_MEMORY_EXPORT_BYTES))));
     }
     entries
 }
