@@ -20,7 +20,7 @@ pub struct ExportEntry {
     /// `""` is the default export.
     #[serde(default)]
     pub name: String,
-    /// A path, `memory:SIZE`, `null:SIZE`, an NBD URI, `pool:FILE` or `rbd:POOL/IMAGE`.
+    /// A path, `memory:SIZE[,elastic[,floor=SIZE]]`, `null:SIZE`, an NBD URI, `pool:FILE` or `rbd:POOL/IMAGE`.
     #[serde(deserialize_with = "spec")]
     pub spec: Spec,
     #[serde(default)]

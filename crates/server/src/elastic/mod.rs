@@ -131,3 +131,42 @@ fn give_back_from(m: &ElasticMemory, cause: &Cause) {
         Err(e) => log::warn!("export {:?}: giving memory back failed: {e}", m.export),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::{Export, Options};
+    use crate::Spec;
+
+    fn exports(specs: &[&str]) -> Exports {
+        let mut all = Exports::default();
+        for (i, s) in specs.iter().enumerate() {
+            all.insert(Export::open(&format!("e{i}"), &Spec::parse(s).unwrap(), Options::default()).unwrap()).unwrap();
+        }
+        all
+    }
+
+    fn running(e: &Elastic) -> bool {
+        e.watcher.lock().unwrap().is_some()
+    }
+
+    #[test]
+    fn no_elastic_export_no_thread() {
+        let e = Elastic::new(&exports(&["memory:1M", "null:1M"]));
+        e.watch().unwrap();
+        assert!(!running(&e));
+        assert_eq!(e.state(), ElasticState::default());
+    }
+
+    #[test]
+    fn an_elastic_export_starts_the_watcher_and_a_stop_ends_it() {
+        let e = Elastic::new(&exports(&["memory:1M"]));
+        e.set_exports(&exports(&["memory:1M", "memory:4M,elastic"]));
+        e.watch().unwrap();
+        assert!(running(&e));
+        let state = e.state();
+        assert_eq!(state.exports.iter().map(|s| s.export.as_str()).collect::<Vec<_>>(), ["e1"]);
+        e.stop();
+        assert!(!running(&e));
+    }
+}
