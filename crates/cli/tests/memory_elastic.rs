@@ -96,17 +96,29 @@ fn wait_for_reading(s: &Sluice, port: u16, available_kib: u64) {
     wait_until(&format!("the watcher to read MemAvailable {available_kib} kB"), WATCH_TIMEOUT, seen, || s.log_text());
 }
 
+/// Fake readings in `dir` (MemAvailable `available_kib`, no memory pressure), and the
+/// environment that points the server at them.
+fn readings(dir: &Path, available_kib: u64) -> (std::path::PathBuf, [(String, String); 2]) {
+    let (info, pressure) = (dir.join("meminfo"), dir.join("pressure"));
+    meminfo(&info, available_kib);
+    put(&pressure, "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n");
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    (info.clone(), [("SLUICE_ELASTIC_MEMINFO".into(), path(&info)), ("SLUICE_ELASTIC_PRESSURE".into(), path(&pressure))])
+}
+
+fn start(args: &[&str], env: &[(String, String)]) -> Sluice {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Sluice::start_with_env(args, &env)
+}
+
 #[test]
 fn an_elastic_export_gives_memory_back_under_a_low_reading_and_a_plain_one_does_not() {
     require!("nbdsh");
     let dir = tempfile::tempdir().unwrap();
-    let (info, pressure) = (dir.path().join("meminfo"), dir.path().join("pressure"));
-    meminfo(&info, PLENTY_KIB);
-    put(&pressure, "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n");
+    let (info, env) = readings(dir.path(), PLENTY_KIB);
     let port = free_port();
-    let env = [("SLUICE_ELASTIC_MEMINFO", info.to_str().unwrap()), ("SLUICE_ELASTIC_PRESSURE", pressure.to_str().unwrap())];
     let addr = format!("127.0.0.1:{port}");
-    let s = Sluice::start_with_env(&["--export", "cache=memory:64M,elastic", "--export", "disk=memory:64M", "--metrics", &addr], &env);
+    let s = start(&["--export", "cache=memory:64M,elastic", "--export", "disk=memory:64M", "--metrics", &addr], &env);
     fill(&s);
     let held = r#"sluice_elastic_held_bytes{export="cache"}"#;
     let given = r#"sluice_elastic_given_back_bytes_total{export="cache"}"#;
@@ -137,5 +149,36 @@ fn an_elastic_export_gives_memory_back_under_a_low_reading_and_a_plain_one_does_
     fill(&s);
     assert_eq!(zeroed_chunks(&s), 0);
     assert_eq!(sample(&metrics(port), held), WRITTEN as f64);
+    assert_eq!(s.stop().code(), Some(0));
+}
+
+/// A server without an elastic export has no watcher; a reload that adds one starts it.
+#[test]
+fn an_elastic_export_added_by_a_reload_is_watched() {
+    require!("nbdsh");
+    let dir = tempfile::tempdir().unwrap();
+    let (info, env) = readings(dir.path(), PLENTY_KIB);
+    let port = free_port();
+    let plain = "[[export]]\nname = \"disk\"\nspec = \"memory:64M\"\n";
+    let config = write_config(dir.path(), plain);
+    let s = start(&["--config", config.to_str().unwrap(), "--metrics", &format!("127.0.0.1:{port}")], &env);
+    assert!(!s.log_text().contains("elastic memory: watching"), "{}", s.log_text());
+    assert!(!metrics(port).contains("sluice_elastic_"), "nothing elastic, no series");
+    write_config(dir.path(), &format!("{plain}[[export]]\nname = \"cache\"\nspec = \"memory:64M,elastic\"\n"));
+    signal(s.pid(), libc::SIGHUP);
+    let watching = || s.log_text().contains("elastic memory: watching");
+    wait_until("the reload to start the elastic watcher", WATCH_TIMEOUT, watching, || s.log_text());
+    // Filled while memory is plentiful, so that no chunk is given back half written.
+    wait_for_reading(&s, port, PLENTY_KIB);
+    fill(&s);
+    meminfo(&info, SHORT_KIB);
+    let given = r#"sluice_elastic_given_back_bytes_total{export="cache"}"#;
+    let gave = || value(&metrics(port), given).is_some_and(|v| v > 0.0);
+    wait_until("the reloaded elastic export to give memory back", WATCH_TIMEOUT, gave, || s.log_text());
+    // Read back once nothing more is given back, so that no read races a punch.
+    meminfo(&info, PLENTY_KIB);
+    wait_for_reading(&s, port, PLENTY_KIB);
+    let zeroed = zeroed_chunks(&s);
+    assert_eq!((zeroed * CHUNK) as f64, sample(&metrics(port), given), "the plain export lost nothing, the elastic one what it says");
     assert_eq!(s.stop().code(), Some(0));
 }
