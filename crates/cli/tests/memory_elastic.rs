@@ -96,6 +96,18 @@ fn wait_for_reading(s: &Sluice, port: u16, available_kib: u64) {
     wait_until(&format!("the watcher to read MemAvailable {available_kib} kB"), WATCH_TIMEOUT, seen, || s.log_text());
 }
 
+/// Makes the node short of memory until the elastic export "cache" has given some back,
+/// then plentiful again until the watcher has read that: nothing more is given back after,
+/// so that no read races a punch.
+fn squeeze(s: &Sluice, port: u16, info: &Path) {
+    meminfo(info, SHORT_KIB);
+    let given = r#"sluice_elastic_given_back_bytes_total{export="cache"}"#;
+    let gave = || value(&metrics(port), given).is_some_and(|v| v > 0.0);
+    wait_until("the elastic export to give memory back", WATCH_TIMEOUT, gave, || s.log_text());
+    meminfo(info, PLENTY_KIB);
+    wait_for_reading(s, port, PLENTY_KIB);
+}
+
 /// Fake readings in `dir` (MemAvailable `available_kib`, no memory pressure), and the
 /// environment that points the server at them.
 fn readings(dir: &Path, available_kib: u64) -> (std::path::PathBuf, [(String, String); 2]) {
@@ -129,14 +141,7 @@ fn an_elastic_export_gives_memory_back_under_a_low_reading_and_a_plain_one_does_
     wait_for_reading(&s, port, PLENTY_KIB);
     assert_eq!(sample(&metrics(port), given), 0.0);
 
-    // Short of memory: the elastic export gives memory back.
-    meminfo(&info, SHORT_KIB);
-    let gave = || value(&metrics(port), given).is_some_and(|v| v > 0.0);
-    wait_until("the elastic export to give memory back", WATCH_TIMEOUT, gave, || s.log_text());
-
-    // Plenty again: once the watcher has read it, nothing more is given back.
-    meminfo(&info, PLENTY_KIB);
-    wait_for_reading(&s, port, PLENTY_KIB);
+    squeeze(&s, port, &info);
     let after = metrics(port);
     let (given_bytes, held_bytes) = (sample(&after, given), sample(&after, held));
     assert!(sample(&after, r#"sluice_elastic_give_backs_total{export="cache"}"#) >= 1.0, "{after}");
@@ -171,14 +176,8 @@ fn an_elastic_export_added_by_a_reload_is_watched() {
     // Filled while memory is plentiful, so that no chunk is given back half written.
     wait_for_reading(&s, port, PLENTY_KIB);
     fill(&s);
-    meminfo(&info, SHORT_KIB);
-    let given = r#"sluice_elastic_given_back_bytes_total{export="cache"}"#;
-    let gave = || value(&metrics(port), given).is_some_and(|v| v > 0.0);
-    wait_until("the reloaded elastic export to give memory back", WATCH_TIMEOUT, gave, || s.log_text());
-    // Read back once nothing more is given back, so that no read races a punch.
-    meminfo(&info, PLENTY_KIB);
-    wait_for_reading(&s, port, PLENTY_KIB);
-    let zeroed = zeroed_chunks(&s);
-    assert_eq!((zeroed * CHUNK) as f64, sample(&metrics(port), given), "the plain export lost nothing, the elastic one what it says");
+    squeeze(&s, port, &info);
+    let given = sample(&metrics(port), r#"sluice_elastic_given_back_bytes_total{export="cache"}"#);
+    assert_eq!((zeroed_chunks(&s) * CHUNK) as f64, given, "the plain export lost nothing, the elastic one what it says");
     assert_eq!(s.stop().code(), Some(0));
 }
