@@ -255,7 +255,12 @@ fn log_access(access: &Access) {
 fn log_export(e: &Export) {
     let ro = if e.read_only { ", read-only" } else { "" };
     let path = if e.caps().instant { String::new() } else { format!(", {} data path", e.data_path) };
-    log::info!("export {:?}: {} backend, {} bytes{ro}{path}", e.name, e.backend.kind(), e.backend.size());
+    let elastic = match &e.elastic {
+        Some(m) if m.floor_bytes > 0 => format!(", elastic (keeps {} bytes)", m.floor_bytes),
+        Some(_) => ", elastic".to_owned(),
+        None => String::new(),
+    };
+    log::info!("export {:?}: {} backend, {} bytes{ro}{elastic}{path}", e.name, e.backend.kind(), e.backend.size());
 }
 
 fn log_tls(t: &TlsServer) {
