@@ -26,27 +26,44 @@ use crate::metrics::{ElasticSample, ElasticState};
 
 /// The elastic exports being served, the watcher that squeezes them, and its last reading.
 pub struct Elastic {
+    /// The elastic exports being served.
     exports: Mutex<Vec<Arc<ElasticMemory>>>,
+    /// Elastic exports a reload removed that connections may still use: their memory is
+    /// still the node's, so they are still squeezed. Weak: each goes with its export.
+    retired: Mutex<Vec<Weak<ElasticMemory>>>,
     last: Mutex<Option<Reading>>,
     watcher: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
 }
 
 impl Elastic {
     pub fn new(exports: &Exports) -> Arc<Elastic> {
-        let e = Elastic { exports: Mutex::default(), last: Mutex::default(), watcher: Mutex::default() };
+        let e = Elastic { exports: Mutex::default(), retired: Mutex::default(), last: Mutex::default(), watcher: Mutex::default() };
         e.set_exports(exports);
         Arc::new(e)
     }
 
-    /// The exports a reload serves from now on. One a reload removed is no longer squeezed
-    /// while its last connections finish.
+    /// The exports a reload serves from now on. One a reload removed is still squeezed
+    /// while connections use it (a cache may keep its connection for good), but no longer
+    /// shown in the metrics.
     pub fn set_exports(&self, exports: &Exports) {
-        let elastic = exports.iter().filter_map(|e| e.elastic.clone()).collect();
-        *self.exports.lock().unwrap_or_else(|e| e.into_inner()) = elastic;
+        let next: Vec<Arc<ElasticMemory>> = exports.iter().filter_map(|e| e.elastic.clone()).collect();
+        let before = std::mem::replace(&mut *self.exports.lock().unwrap_or_else(|e| e.into_inner()), next.clone());
+        let served = |m: &Arc<ElasticMemory>| next.iter().any(|n| Arc::ptr_eq(n, m));
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|w| w.upgrade().is_some_and(|m| !served(&m)));
+        retired.extend(before.iter().filter(|m| !served(m)).map(Arc::downgrade));
     }
 
     fn exports(&self) -> Vec<Arc<ElasticMemory>> {
         self.exports.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Every elastic export whose memory the node may take back: those served, and those
+    /// a reload removed while connections still use them.
+    fn squeezed(&self) -> Vec<Arc<ElasticMemory>> {
+        let mut all = self.exports();
+        all.extend(self.retired.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade));
+        all
     }
 
     /// Starts the watcher when there is an elastic export and none runs yet: a server
@@ -104,7 +121,7 @@ fn run(elastic: &Weak<Elastic>, sources: &Sources, stopped: &Receiver<()>) {
         *elastic.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(reading);
         let now_ms = started.elapsed().as_millis() as u64;
         if let Some(cause) = policy.tick(now_ms, &reading) {
-            for m in elastic.exports() {
+            for m in elastic.squeezed() {
                 give_back_from(&m, &cause);
             }
         }
@@ -168,5 +185,27 @@ mod tests {
         assert_eq!(state.exports.iter().map(|s| s.export.as_str()).collect::<Vec<_>>(), ["e1"]);
         e.stop();
         assert!(!running(&e));
+    }
+
+    fn names(all: Vec<Arc<ElasticMemory>>) -> Vec<String> {
+        all.iter().map(|m| m.export.clone()).collect()
+    }
+
+    /// A reload that removes an elastic export (or changes its spec, which opens a new one)
+    /// leaves it to the connections that use it, which may be there for good (a cache keeps
+    /// its members open): its memory is still the node's to take back until it is released.
+    #[test]
+    fn an_export_a_reload_removed_is_squeezed_until_its_last_connection_lets_go() {
+        let before = exports(&["memory:4M,elastic"]);
+        let e = Elastic::new(&before);
+        let connection = Arc::clone(before.get("e0").unwrap());
+        drop(before);
+        e.set_exports(&exports(&["memory:4M"]));
+        assert_eq!(names(e.squeezed()), ["e0"], "still used: still squeezed");
+        assert!(e.state().exports.is_empty(), "no longer served: no longer shown");
+        e.set_exports(&exports(&["memory:8M,elastic"]));
+        assert_eq!(names(e.squeezed()), ["e0", "e0"], "the new one, and the old one still used");
+        drop(connection);
+        assert_eq!(names(e.squeezed()), ["e0"], "released: only the one served");
     }
 }
