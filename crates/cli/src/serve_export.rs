@@ -144,6 +144,7 @@ impl FromStr for ExportEntry {
                 },
             }
         }
+        entry.spec.check_options().map_err(|e| e.to_string())?;
         Ok(entry)
     }
 }
@@ -170,6 +171,8 @@ mod tests {
         assert!(elastic.read_only);
         assert!("x=/dev/vdb,elastic".parse::<ExportEntry>().unwrap_err().contains("unknown or empty option \"elastic\""));
         assert!("x=memory:1M,floor=1K".parse::<ExportEntry>().unwrap_err().contains("elastic RAM exports only"));
+        let any_order: ExportEntry = "x=memory:64M,floor=8M,ro,elastic".parse().unwrap();
+        assert_eq!(any_order.spec, elastic.spec, "a RAM export's options in any order, among the export's");
     }
 
     #[test]

@@ -77,6 +77,14 @@ impl Spec {
             _ => Ok(false),
         }
     }
+
+    /// Whether the options `take_option` took make sense together, once all are taken.
+    pub fn check_options(&self) -> Result<(), SpecError> {
+        match self {
+            Spec::Memory(m) => m.check().map_err(SpecError),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `nbd://`, `nbd+unix://` and the other schemes of the NBD URI specification, whatever

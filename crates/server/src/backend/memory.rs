@@ -38,11 +38,13 @@ impl MemorySpec {
                 return Err(format!("memory:{s}: unknown option {option:?} (known: elastic, floor=SIZE)"));
             }
         }
+        spec.check()?;
         Ok(spec)
     }
 
     /// Applies `option` when it is one of a RAM export's (`elastic`, `floor=SIZE`); false
     /// when it is not, so that `--export NAME=SPEC,OPTION` can try its own options next.
+    /// Options may come in any order: `check` judges them together once all are taken.
     pub fn take_option(&mut self, option: &str) -> Result<bool, String> {
         if option == "elastic" {
             if self.elastic {
@@ -52,8 +54,8 @@ impl MemorySpec {
             return Ok(true);
         }
         let Some(floor) = option.strip_prefix("floor=") else { return Ok(false) };
-        if !self.elastic {
-            return Err("floor= is for elastic RAM exports only: write memory:SIZE,elastic,floor=SIZE".into());
+        if self.floor_bytes > 0 {
+            return Err("floor= is given twice".into());
         }
         let floor = sluice_proto::size::parse_size(floor)?;
         if floor > self.size {
@@ -61,6 +63,14 @@ impl MemorySpec {
         }
         self.floor_bytes = floor;
         Ok(true)
+    }
+
+    /// Whether the options taken make sense together: a floor is for an elastic export.
+    pub fn check(&self) -> Result<(), String> {
+        if self.floor_bytes > 0 && !self.elastic {
+            return Err("floor= is for elastic RAM exports only: write memory:SIZE,elastic,floor=SIZE".into());
+        }
+        Ok(())
     }
 }
 
@@ -122,6 +132,7 @@ mod tests {
         assert_eq!((e.size, e.elastic, e.floor_bytes), (64 << 20, true, 0));
         let f = MemorySpec::parse("64M,elastic,floor=8M").unwrap();
         assert_eq!(f.floor_bytes, 8 << 20);
+        assert_eq!(MemorySpec::parse("64M,floor=8M,elastic").unwrap(), f, "options in any order");
         for s in ["memory:4096", "memory:67108864,elastic", "memory:67108864,elastic,floor=8388608"] {
             assert_eq!(MemorySpec::parse(&s["memory:".len()..]).unwrap().to_string(), s);
         }
@@ -136,6 +147,7 @@ mod tests {
         assert!(refused("1M,elastic,floor=2M").contains("more than"));
         assert!(refused("1G,elastic,floor=lots").contains("lots"));
         assert!(refused("1G,").contains("unknown option \"\""));
+        assert!(refused("1G,elastic,floor=1M,floor=2M").contains("twice"));
         let mut plain = MemorySpec::plain(1 << 20);
         assert_eq!(plain.take_option("ro"), Ok(false), "not a RAM export's option: left to the caller");
     }
