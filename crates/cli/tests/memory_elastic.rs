@@ -40,12 +40,19 @@ fn metrics(port: u16) -> String {
     http_get(port, "/metrics").1
 }
 
-/// Runs `script` under nbdsh (with /usr/bin first on PATH) and returns its output.
-fn nbdsh(script: &str) -> String {
+/// Runs `script` under nbdsh (with /usr/bin first on PATH) against `s` and returns its
+/// output; a failure shows the server's log too.
+fn nbdsh(s: &Sluice, script: &str) -> String {
     let full = format!("import nbd\n{script}\nprint('SCRIPT-COMPLETED')\n");
     let (ok, out, err) = run("nbdsh", &["-c", &full]);
-    assert!(ok && out.contains("SCRIPT-COMPLETED"), "nbdsh script failed\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(ok && out.contains("SCRIPT-COMPLETED"), "nbdsh script failed\nstdout:\n{out}\nstderr:\n{err}\nserver log:\n{}", s.log_text());
     out
+}
+
+/// Stops the server and checks that it exited cleanly, showing its log when it did not.
+fn stop(s: Sluice) {
+    let (status, log) = s.stop_with_log();
+    assert_eq!(status.code(), Some(0), "sluice exited with {status}\n{log}");
 }
 
 /// Python for the data each 4 KiB block holds: its own offset, so any misplaced or stale
@@ -54,7 +61,7 @@ const BLOCK: &str = "def block(off):\n    return off.to_bytes(8, 'little') * 512
 
 /// Writes WRITTEN bytes of blocks to both exports.
 fn fill(s: &Sluice) {
-    nbdsh(&format!(
+    nbdsh(s, &format!(
         "{BLOCK}\nfor uri in ('{}', '{}'):\n    h = nbd.NBD()\n    h.connect_uri(uri)\n    for off in range(0, {WRITTEN}, {MIB}):\n        h.pwrite(b''.join(block(o) for o in range(off, off + {MIB}, 4096)), off)\n    h.shutdown()\n",
         s.uri_for("cache"),
         s.uri_for("disk"),
@@ -64,7 +71,7 @@ fn fill(s: &Sluice) {
 /// Reads both exports back: every chunk of the elastic one is whole or all zeros, the plain
 /// one is whole; returns how many chunks of the elastic one are zeros.
 fn zeroed_chunks(s: &Sluice) -> u64 {
-    let out = nbdsh(&format!(
+    let out = nbdsh(s, &format!(
         r#"{BLOCK}
 def check(uri, may_lose):
     h = nbd.NBD()
@@ -154,7 +161,7 @@ fn an_elastic_export_gives_memory_back_under_a_low_reading_and_a_plain_one_does_
     fill(&s);
     assert_eq!(zeroed_chunks(&s), 0);
     assert_eq!(sample(&metrics(port), held), WRITTEN as f64);
-    assert_eq!(s.stop().code(), Some(0));
+    stop(s);
 }
 
 /// A server without an elastic export has no watcher; a reload that adds one starts it.
@@ -179,5 +186,5 @@ fn an_elastic_export_added_by_a_reload_is_watched() {
     squeeze(&s, port, &info);
     let given = sample(&metrics(port), r#"sluice_elastic_given_back_bytes_total{export="cache"}"#);
     assert_eq!((zeroed_chunks(&s) * CHUNK) as f64, given, "the plain export lost nothing, the elastic one what it says");
-    assert_eq!(s.stop().code(), Some(0));
+    stop(s);
 }
