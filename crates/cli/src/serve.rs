@@ -71,8 +71,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     unix: Vec<PathBuf>,
 
-    /// Add a named export (repeatable). SPEC is a path, memory:SIZE (memory:SIZE,elastic:
-    /// RAM the node takes back under memory pressure, read as zeros after; not a disk), null:SIZE, an NBD URI
+    /// Add a named export (repeatable). SPEC is a path, memory:SIZE
+    /// (memory:SIZE,elastic[,floor=SIZE]: RAM the node takes back under memory pressure, down
+    /// to the floor, that reads as zeros after; not a disk), null:SIZE, an NBD URI
     /// (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH) to re-export, pool:FILE, or a
     /// Ceph RBD image rbd:POOL/[NAMESPACE/]IMAGE[@SNAPSHOT] (a snapshot is read-only);
     /// options follow after commas: `ro`, `degraded` (a pool: may start with members
