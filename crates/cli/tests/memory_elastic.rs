@@ -178,8 +178,12 @@ fn an_elastic_export_added_by_a_reload_is_watched() {
     assert!(!metrics(port).contains("sluice_elastic_"), "nothing elastic, no series");
     write_config(dir.path(), &format!("{plain}[[export]]\nname = \"cache\"\nspec = \"memory:64M,elastic\"\n"));
     signal(s.pid(), libc::SIGHUP);
-    let watching = || s.log_text().contains("elastic memory: watching");
-    wait_until("the reload to start the elastic watcher", WATCH_TIMEOUT, watching, || s.log_text());
+    // The watcher starts before the reload swaps the exports in; the export's line comes after.
+    let served = || {
+        let log = s.log_text();
+        log.contains("elastic memory: watching") && log.contains("export \"cache\": memory backend, 67108864 bytes, elastic")
+    };
+    wait_until("the reload to start the elastic watcher and serve \"cache\"", WATCH_TIMEOUT, served, || s.log_text());
     // Filled while memory is plentiful, so that no chunk is given back half written.
     wait_for_reading(&s, port, PLENTY_KIB);
     fill(&s);
