@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustix::fs::{FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 
-use crate::limits::ELASTIC_CHUNK_BYTES;
+use crate::limits::{ELASTIC_CHUNK_BYTES, PAGE_BYTES};
 
 /// An elastic RAM export as the watcher sees it: the memfd, and what it gave back.
 #[derive(Debug)]
@@ -82,7 +82,9 @@ impl ElasticMemory {
             if wrapped && chunk >= start {
                 break;
             }
-            let end = (chunk + ELASTIC_CHUNK_BYTES).min(self.size);
+            // To the end of the last page, past the size: a punch that ends inside a page
+            // zeroes that part and keeps the page.
+            let end = (chunk + ELASTIC_CHUNK_BYTES).min(self.size.next_multiple_of(PAGE_BYTES as u64));
             freed += self.data_bytes(chunk, end)?;
             rustix::fs::fallocate(&self.fd, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, chunk, end - chunk)?;
             pos = end;
@@ -177,6 +179,20 @@ mod tests {
         assert_eq!(m.give_back(1).unwrap(), 4096, "the last chunk is a short one");
         assert_eq!(m.held_bytes().unwrap(), 0);
     }
+    /// An export whose size is not a whole number of pages: its last page is punched whole
+    /// (a punch that stops at the size only zeroes that page and keeps it, so every step
+    /// would "give back" its bytes again and free nothing).
+    #[test]
+    fn the_last_partial_page_goes_whole_and_once() {
+        let (fd, m) = memfd(4096 + 512);
+        write(&fd, 0, 4096 + 512);
+        assert_eq!(m.held_bytes().unwrap(), 8192);
+        assert_eq!(m.give_back(1).unwrap(), 4096 + 512);
+        assert_eq!(m.held_bytes().unwrap(), 0, "the partial page is freed too");
+        assert_eq!(m.give_back(1).unwrap(), 0, "nothing left to give");
+        assert!(read(&fd, 0, 4096 + 512).iter().all(|&b| b == 0));
+    }
+
     /// Reads are not ordered with a punch: one that races a give-back may return the chunk's
     /// first pages as data and the rest as zeros (or the reverse), so a slot inside one chunk
     /// can read with its header intact and zeros after it. What holds is each page: whole
