@@ -116,15 +116,20 @@ mod tests {
             data-path = "direct"
             [[export]]
             spec = "memory:1G"
+            [[export]]
+            name = "cache"
+            spec = "memory:1G,elastic,floor=64M"
             "#,
         )
         .unwrap();
         assert_eq!(c.listen, vec!["127.0.0.1:10809".parse().unwrap()]);
         assert_eq!((c.data_path, c.chunk, c.log_level), (Some(DataPath::Copy), Some(ChunkChoice(Chunking::Fixed(512 << 10))), "debug".parse().ok()));
         assert_eq!(c.metrics.map(|m| m.first()), Some("127.0.0.1:9109".parse().unwrap()));
-        assert_eq!(c.exports.len(), 2);
+        assert_eq!(c.exports.len(), 3);
+        let elastic = sluice_server::backend::MemorySpec { elastic: true, floor_bytes: 64 << 20, ..sluice_server::backend::MemorySpec::plain(1 << 30) };
+        assert_eq!(c.exports[2].spec, Spec::Memory(elastic));
         assert_eq!((c.exports[0].data_path, &c.exports[0].spec), (Some(DataPath::Direct), &Spec::Path("/dev/vdb".into())));
-        assert_eq!((c.exports[1].name.as_str(), &c.exports[1].spec), ("", &Spec::Memory(1 << 30)));
+        assert_eq!((c.exports[1].name.as_str(), &c.exports[1].spec), ("", &Spec::Memory(sluice_server::backend::MemorySpec::plain(1 << 30))));
         assert_eq!(c.limits.inflight_requests_per_connection, 16);
         assert_eq!(c.limits.connections, Limits::default().connections);
         assert_eq!(c.tls, Some(TlsChoice(sluice_proto::TlsMode::Require)));
@@ -184,6 +189,7 @@ mod tests {
             ("threads = 0", "threads: "),
             ("tls = \"maybe\"", "tls: unknown TLS mode \"maybe\""),
             ("[[export]]\nspec = \"memory:1G\"\n[[export]]\nspec = \"null:lots\"", "export[1].spec: size \"lots\""),
+            ("[[export]]\nspec = \"memory:1G,elastic,sometimes\"", "export[0].spec: memory:1G,elastic,sometimes: unknown option \"sometimes\""),
             ("[[export]]\nspec = \"m\"\ndata-path = \"zero-copy\"", "export[0].data-path: unknown data path \"zero-copy\""),
         ] {
             let e = parse(text).unwrap_err();

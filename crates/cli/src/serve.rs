@@ -71,7 +71,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     unix: Vec<PathBuf>,
 
-    /// Add a named export (repeatable). SPEC is a path, memory:SIZE, null:SIZE, an NBD URI
+    /// Add a named export (repeatable). SPEC is a path, memory:SIZE
+    /// (memory:SIZE,elastic[,floor=SIZE]: RAM the node takes back under memory pressure, down
+    /// to the floor, that reads as zeros after; not a disk), null:SIZE, an NBD URI
     /// (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH) to re-export, pool:FILE, or a
     /// Ceph RBD image rbd:POOL/[NAMESPACE/]IMAGE[@SNAPSHOT] (a snapshot is read-only);
     /// options follow after commas: `ro`, `degraded` (a pool: may start with members
@@ -575,7 +577,7 @@ fn export_entries(args: &ServeArgs, file: &FileConfig) -> Vec<ExportEntry> {
     entries.extend(args.path.iter().map(|spec| ExportEntry::plain("", spec.clone())));
     entries.extend(args.export.iter().cloned());
     if entries.is_empty() && args.config.is_none() {
-        entries.push(ExportEntry::plain("", Spec::Memory(DEFAULT_MEMORY_EXPORT_BYTES)));
+        entries.push(ExportEntry::plain("", Spec::Memory(sluice_server::backend::MemorySpec::plain(DEFAULT_MEMORY_EXPORT_BYTES))));
     }
     entries
 }

@@ -20,7 +20,7 @@ pub struct ExportEntry {
     /// `""` is the default export.
     #[serde(default)]
     pub name: String,
-    /// A path, `memory:SIZE`, `null:SIZE`, an NBD URI, `pool:FILE` or `rbd:POOL/IMAGE`.
+    /// A path, `memory:SIZE[,elastic[,floor=SIZE]]`, `null:SIZE`, an NBD URI, `pool:FILE` or `rbd:POOL/IMAGE`.
     #[serde(deserialize_with = "spec")]
     pub spec: Spec,
     #[serde(default)]
@@ -124,6 +124,9 @@ impl FromStr for ExportEntry {
         let spec = Spec::parse(parts.next().unwrap_or_default()).map_err(|e| e.to_string())?;
         let mut entry = ExportEntry { description, ..ExportEntry::plain(name, spec) };
         for option in parts {
+            if entry.spec.take_option(option).map_err(|e| e.to_string())? {
+                continue;
+            }
             match option {
                 "ro" | "read-only" => entry.read_only = true,
                 "degraded" => entry.degraded = true,
@@ -135,12 +138,13 @@ impl FromStr for ExportEntry {
                     Some(("rbd-keyring", p)) if !p.is_empty() => entry.rbd_keyring = Some(PathBuf::from(p)),
                     Some(("qos", class)) if !class.is_empty() => entry.qos = Some(class.to_owned()),
                     _ => {
-                        let known = "ro, degraded, data-path=, rbd-conf=, rbd-id=, rbd-keyring=, qos=, description=";
+                        let known = "ro, degraded, data-path=, rbd-conf=, rbd-id=, rbd-keyring=, qos=, description=; for memory: elastic, floor=";
                         return Err(format!("unknown or empty option {other:?} (known: {known})"));
                     }
                 },
             }
         }
+        entry.spec.check_options().map_err(|e| e.to_string())?;
         Ok(entry)
     }
 }
@@ -162,6 +166,13 @@ mod tests {
         assert!("x=memory:12Q".parse::<ExportEntry>().unwrap_err().contains("\"12Q\""));
         assert_eq!("x=memory:1M,qos=gold".parse::<ExportEntry>().unwrap().qos.as_deref(), Some("gold"));
         assert!("x=memory:1M,qos=".parse::<ExportEntry>().unwrap_err().contains("qos="));
+        let elastic: ExportEntry = "x=memory:64M,elastic,ro,floor=8M".parse().unwrap();
+        assert_eq!(elastic.spec, Spec::parse("memory:64M,elastic,floor=8M").unwrap());
+        assert!(elastic.read_only);
+        assert!("x=/dev/vdb,elastic".parse::<ExportEntry>().unwrap_err().contains("unknown or empty option \"elastic\""));
+        assert!("x=memory:1M,floor=1K".parse::<ExportEntry>().unwrap_err().contains("elastic RAM exports only"));
+        let any_order: ExportEntry = "x=memory:64M,floor=8M,ro,elastic".parse().unwrap();
+        assert_eq!(any_order.spec, elastic.spec, "a RAM export's options in any order, among the export's");
     }
 
     #[test]
@@ -195,7 +206,7 @@ mod tests {
         let own: ExportEntry = "a=memory:1M,ro,data-path=copy".parse().unwrap();
         let o = own.options(&defaults);
         assert_eq!((o.read_only, o.data_path, o.chunking), (true, DataPath::Copy, Chunking::Fixed(4096)));
-        let o = ExportEntry::plain("b", Spec::Memory(1 << 20)).options(&Options { read_only: true, ..defaults });
+        let o = ExportEntry::plain("b", Spec::Memory(sluice_server::backend::MemorySpec::plain(1 << 20))).options(&Options { read_only: true, ..defaults });
         assert_eq!((o.read_only, o.data_path), (true, DataPath::Splice));
     }
 }

@@ -132,7 +132,7 @@ fn serve_help_mentions_every_option_and_the_exit_codes() {
     ] {
         assert!(help.contains(option), "serve --help does not mention {option}:\n{help}");
     }
-    for word in ["memory:", "null:", "description=", "ro", "Exit status", "splice-direct", "data-path="] {
+    for word in ["memory:", ",elastic", "floor=SIZE", "null:", "description=", "ro", "Exit status", "splice-direct", "data-path="] {
         assert!(help.contains(word), "serve --help does not mention {word:?}:\n{help}");
     }
     let out = output(Command::new(SLUICE).arg("--help"));

@@ -14,14 +14,16 @@ use serde::Deserialize;
 
 #[cfg(feature = "rbd")]
 use crate::backend::RbdBackend;
-use crate::backend::{self, Backend, Caps, FileBackend, NullBackend, RbdSpec, RemoteBackend};
+use crate::backend::{self, Backend, Caps, FileBackend, MemorySpec, NullBackend, RbdSpec, RemoteBackend};
+use crate::elastic::ElasticMemory;
 use crate::limits::BLOCK_PREFERRED_BYTES;
 
 /// Where an export's data lives, as written on the command line or in the config file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Spec {
     Path(PathBuf),
-    Memory(u64),
+    /// RAM: `memory:SIZE`, or `memory:SIZE,elastic` that the node may take memory back from.
+    Memory(MemorySpec),
     Null(u64),
     /// Another NBD server's export (`nbd://`, `nbd+unix://`) or a sluice pool (`pool:FILE`),
     /// as written: the client library parses it when the export opens.
@@ -42,7 +44,7 @@ impl fmt::Display for SpecError {
 impl std::error::Error for SpecError {}
 
 impl Spec {
-    /// `memory:SIZE`, `null:SIZE`, an NBD URI (`nbd://HOST[:PORT]/NAME`,
+    /// `memory:SIZE[,elastic[,floor=SIZE]]`, `null:SIZE`, an NBD URI (`nbd://HOST[:PORT]/NAME`,
     /// `nbd+unix:///NAME?socket=PATH`), `pool:FILE`, `rbd:POOL/IMAGE[@SNAPSHOT]`, or a path
     /// (`file:PATH` also works for odd names).
     pub fn parse(s: &str) -> Result<Spec, SpecError> {
@@ -54,8 +56,8 @@ impl Spec {
             sluice_client::Uri::parse(s).map_err(|e| SpecError(e.to_string()))?;
             return Ok(Spec::Remote(s.to_owned()));
         }
-        if let Some(size) = s.strip_prefix("memory:") {
-            return Ok(Spec::Memory(parse_size(size)?));
+        if let Some(memory) = s.strip_prefix("memory:") {
+            return MemorySpec::parse(memory).map(Spec::Memory).map_err(SpecError);
         }
         if let Some(size) = s.strip_prefix("null:") {
             return Ok(Spec::Null(parse_size(size)?));
@@ -65,6 +67,23 @@ impl Spec {
             return Err(SpecError("empty export path".into()));
         }
         Ok(Spec::Path(PathBuf::from(path)))
+    }
+
+    /// Applies an option written after the spec that belongs to it rather than to the
+    /// export (a RAM export's `elastic`, `floor=SIZE`); false for any other.
+    pub fn take_option(&mut self, option: &str) -> Result<bool, SpecError> {
+        match self {
+            Spec::Memory(m) => m.take_option(option).map_err(SpecError),
+            _ => Ok(false),
+        }
+    }
+
+    /// Whether the options `take_option` took make sense together, once all are taken.
+    pub fn check_options(&self) -> Result<(), SpecError> {
+        match self {
+            Spec::Memory(m) => m.check().map_err(SpecError),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -81,7 +100,7 @@ impl fmt::Display for Spec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Spec::Path(p) => write!(f, "{}", p.display()),
-            Spec::Memory(size) => write!(f, "memory:{size}"),
+            Spec::Memory(m) => write!(f, "{m}"),
             Spec::Null(size) => write!(f, "null:{size}"),
             Spec::Remote(s) => f.write_str(s),
             Spec::Rbd(r) => write!(f, "{r}"),
@@ -196,11 +215,14 @@ pub struct Export {
     pub backend: Box<dyn Backend>,
     /// See `ExportSummary::identity`.
     pub identity: String,
+    /// What the elastic watcher gives memory back through, for an elastic RAM export.
+    pub elastic: Option<Arc<ElasticMemory>>,
 }
 
 impl Export {
     pub fn open(name: &str, spec: &Spec, options: Options) -> std::io::Result<Export> {
         let Options { mut read_only, description, mut data_path, mut chunking, degraded } = options;
+        let mut elastic = None;
         let backend: Box<dyn Backend> = match spec {
             Spec::Path(p) => {
                 let mut b = FileBackend::open(p, read_only)?;
@@ -213,13 +235,15 @@ impl Export {
                 }
                 Box::new(b)
             }
-            Spec::Memory(size) => {
+            Spec::Memory(m) => {
                 if data_path.uses_direct() {
                     // The page cache is the storage; there is nothing to bypass.
                     data_path = if data_path == DataPath::Direct { DataPath::Copy } else { DataPath::Splice };
                     log::info!("export {name:?}: RAM exports have no storage below the page cache; using the {data_path} path");
                 }
-                Box::new(backend::memory(*size)?)
+                let (b, fd) = backend::memory_shared(m.size)?;
+                elastic = m.elastic.then(|| Arc::new(ElasticMemory::new(name, fd, m.size, m.floor_bytes)));
+                Box::new(b)
             }
             Spec::Null(size) => Box::new(NullBackend::new(*size)),
             Spec::Remote(s) => {
@@ -249,7 +273,7 @@ impl Export {
             }
         };
         let identity = identity(spec, backend.as_ref())?;
-        Ok(Export { name: name.to_owned(), description, read_only, data_path, chunking, backend, identity })
+        Ok(Export { name: name.to_owned(), description, read_only, data_path, chunking, backend, identity, elastic })
     }
 
     pub fn caps(&self) -> Caps {
@@ -433,7 +457,11 @@ mod tests {
 
     #[test]
     fn specs_parse() {
-        assert_eq!(Spec::parse("memory:1G").unwrap(), Spec::Memory(1 << 30));
+        assert_eq!(Spec::parse("memory:1G").unwrap(), Spec::Memory(MemorySpec::plain(1 << 30)));
+        let elastic = MemorySpec { elastic: true, ..MemorySpec::plain(64 << 20) };
+        assert_eq!(Spec::parse("memory:64M,elastic").unwrap(), Spec::Memory(elastic));
+        assert!(Spec::parse("memory:64M,elastic,sometimes").unwrap_err().to_string().contains("unknown option \"sometimes\""));
+        assert!(Spec::parse("null:1M,elastic").is_err(), "only RAM exports are elastic");
         assert_eq!(Spec::parse("null:8").unwrap(), Spec::Null(8));
         assert_eq!(Spec::parse("/dev/sda").unwrap(), Spec::Path("/dev/sda".into()));
         assert_eq!(Spec::parse("file:memory:x").unwrap(), Spec::Path("memory:x".into()));
@@ -450,7 +478,7 @@ mod tests {
 
     #[test]
     fn specs_display_as_written() {
-        for s in ["memory:4096", "null:1", "/dev/sda", "nbd://h:1/e", "pool:/p.toml"] {
+        for s in ["memory:4096", "memory:4096,elastic", "memory:8192,elastic,floor=4096", "null:1", "/dev/sda", "nbd://h:1/e", "pool:/p.toml"] {
             assert_eq!(Spec::parse(s).unwrap().to_string(), s);
         }
     }

@@ -7,6 +7,7 @@ mod admission;
 pub mod busy_poll;
 pub mod backend;
 mod conn;
+pub mod elastic;
 mod engine;
 pub mod errors;
 pub mod export;

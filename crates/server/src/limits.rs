@@ -266,7 +266,52 @@ pub const METRICS_ACCEPT_RETRY_DELAY_MS: u64 = 1_000;
 /// indexes a fixed table. More than this takes a restart.
 pub const METRICS_EXPORTS_ADDED_MAX: usize = 1024;
 
+// ---- elastic RAM exports (`memory:SIZE,elastic`) --------------------------------------
+
+/// How often the watcher reads the node's memory. The kernel's own PSI window is 10 s and
+/// MemAvailable moves in seconds when jobs start; a read of two small /proc files a second
+/// costs nothing.
+pub const ELASTIC_WATCH_INTERVAL_MS: u64 = 1_000;
+
+/// Least time between two give-backs. A step freed is seen in MemAvailable at once, but a
+/// job's demand and the PSI average take a while to answer; pacing lets the first steps act
+/// before more is taken, so a short spike does not empty every cache.
+pub const ELASTIC_STEP_INTERVAL_MS: u64 = 2_000;
+
+/// The node is short of memory when MemAvailable falls below this share of MemTotal (or
+/// `ELASTIC_AVAILABLE_LOW_MIN_BYTES`, the larger): where the kernel's own watermarks and
+/// earlyoom-like tools start to act, so the lent memory goes back before anything is killed.
+pub const ELASTIC_AVAILABLE_LOW_PERCENT: u64 = 5;
+
+/// The low mark on small nodes, where 5 % is only a few tens of MiB.
+pub const ELASTIC_AVAILABLE_LOW_MIN_BYTES: u64 = 256 << 20;
+
+/// Once giving back, keep on until MemAvailable is this much above the low mark (percent of
+/// the mark): stopping at the mark itself would start again at the next small allocation.
+pub const ELASTIC_HYSTERESIS_PERCENT: u64 = 25;
+
+/// The node is short when PSI's memory "some avg10" passes this (percent of the last 10 s in
+/// which some task waited for memory): 10 % is reclaim that jobs feel; lower is noise.
+pub const ELASTIC_PRESSURE_HIGH_PERCENT: f64 = 10.0;
+
+/// Once giving back for pressure, keep on until "some avg10" is below this.
+pub const ELASTIC_PRESSURE_LOW_PERCENT: f64 = 5.0;
+
+/// One give-back takes this share of what an export holds (1/N): enough that a real
+/// shortage is answered within a few steps, little enough that the cache keeps most of its
+/// hits while the node recovers.
+pub const ELASTIC_STEP_FRACTION_DIVISOR: u64 = 8;
+
+/// Memory is given back in aligned chunks of this size: a huge page (so tmpfs can free huge
+/// pages whole), and the unit a cache over the export can lay its slots in so that a slot is
+/// dropped whole or not at all. It is also the least one step gives back.
+pub const ELASTIC_CHUNK_BYTES: u64 = HUGE_PAGE_BYTES as u64;
+
 const _: () = assert!(INFLIGHT_BYTES_PER_CONNECTION_DEFAULT >= REQUEST_MAX_BYTES);
+const _: () = assert!(ELASTIC_STEP_INTERVAL_MS >= ELASTIC_WATCH_INTERVAL_MS);
+const _: () = assert!(ELASTIC_CHUNK_BYTES.is_power_of_two() && ELASTIC_CHUNK_BYTES >= PAGE_BYTES as u64);
+const _: () = assert!(ELASTIC_AVAILABLE_LOW_PERCENT < 100 && ELASTIC_STEP_FRACTION_DIVISOR >= 2);
+const _: () = assert!(ELASTIC_PRESSURE_LOW_PERCENT < ELASTIC_PRESSURE_HIGH_PERCENT);
 const _: () = assert!(INFLIGHT_BYTES_PER_WORKER_DEFAULT >= INFLIGHT_BYTES_PER_CONNECTION_DEFAULT);
 const _: () = assert!(BUFFER_POOL_BYTES_PER_WORKER_DEFAULT >= REQUEST_MAX_BYTES);
 const _: () = assert!(BUFFER_POOL_GROW_STEP_BYTES.is_power_of_two() && BUFFER_POOL_GROW_STEP_BYTES >= PAGE_BYTES);

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::access::Access;
+use crate::elastic::Elastic;
 use crate::export::{Export, Exports};
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Endpoint, Listener, Served};
@@ -71,6 +72,7 @@ pub struct Server {
     metrics: Arc<Metrics>,
     metrics_server: Option<MetricsServer>,
     qos: Arc<Qos>,
+    elastic: Arc<Elastic>,
 }
 
 impl Server {
@@ -101,6 +103,7 @@ impl Server {
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
         let metrics = Metrics::with_pools(&names, pool_sources(&config.exports));
         let qos = start_qos(&config, &metrics)?;
+        let elastic = start_elastic(&config.exports, &metrics);
         let metrics_server = match config.metrics {
             Some(addr) => Some(
                 metrics::serve_http(addr, Arc::clone(&metrics))
@@ -108,7 +111,7 @@ impl Server {
             ),
             None => None,
         };
-        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)), metrics, metrics_server, qos })
+        Ok(Server { listeners, config, shutdown: Arc::new(AtomicBool::new(false)), metrics, metrics_server, qos, elastic })
     }
 
     pub fn addresses(&self) -> Vec<String> {
@@ -137,7 +140,7 @@ impl Server {
 
     /// Starts the workers and the accept loops; connections are accepted once this returns.
     pub fn start(self, stopper: &Stopper) -> Result<Running, StartError> {
-        let Server { listeners, config, shutdown, metrics, metrics_server, qos } = self;
+        let Server { listeners, config, shutdown, metrics, metrics_server, qos, elastic } = self;
         if let Some(m) = &metrics_server {
             log::info!("metrics at http://{}/metrics", m.local_addr());
         }
@@ -161,6 +164,7 @@ impl Server {
             log_tls(t);
         }
         log_access(&config.access);
+        elastic.watch().map_err(StartError::Engine)?;
         let served = Served { exports: Arc::new(config.exports), access: Arc::new(config.access), tls: config.tls, limits: config.limits };
         let acceptor = Arc::new(Acceptor::new(served, handles, Arc::clone(&shutdown), Arc::clone(&metrics)));
         for l in &listeners {
@@ -180,8 +184,18 @@ impl Server {
             workers_limits,
             retired: Mutex::default(),
             qos,
+            elastic,
         })
     }
+}
+
+/// What gives elastic RAM exports' memory back, and its families in the metrics (through a
+/// weak reference, like the QoS scheduler's).
+fn start_elastic(exports: &Exports, metrics: &Metrics) -> Arc<Elastic> {
+    let elastic = Elastic::new(exports);
+    let weak = Arc::downgrade(&elastic);
+    metrics.set_elastic(Box::new(move || weak.upgrade().map(|e| metrics::elastic_families(&e.state())).unwrap_or_default()));
+    elastic
 }
 
 /// The QoS scheduler, and its families in the metrics (the scheduler is asked at scrape
@@ -241,7 +255,12 @@ fn log_access(access: &Access) {
 fn log_export(e: &Export) {
     let ro = if e.read_only { ", read-only" } else { "" };
     let path = if e.caps().instant { String::new() } else { format!(", {} data path", e.data_path) };
-    log::info!("export {:?}: {} backend, {} bytes{ro}{path}", e.name, e.backend.kind(), e.backend.size());
+    let elastic = match &e.elastic {
+        Some(m) if m.floor_bytes > 0 => format!(", elastic (keeps {} bytes)", m.floor_bytes),
+        Some(_) => ", elastic".to_owned(),
+        None => String::new(),
+    };
+    log::info!("export {:?}: {} backend, {} bytes{ro}{elastic}{path}", e.name, e.backend.kind(), e.backend.size());
 }
 
 fn log_tls(t: &TlsServer) {
@@ -284,6 +303,8 @@ pub struct Running {
     retired: Mutex<Vec<Arc<Export>>>,
     /// The QoS scheduler; a reload gives it new classes and caps.
     qos: Arc<Qos>,
+    /// Elastic RAM exports and their watcher; a reload gives it the exports it serves.
+    elastic: Arc<Elastic>,
 }
 
 impl Running {
@@ -325,6 +346,8 @@ impl Running {
             }
         }
         self.metrics.set_pools(pool_sources(&next.exports));
+        self.elastic.set_exports(&next.exports);
+        self.elastic.watch().map_err(|e| format!("cannot start the elastic memory watcher: {e}"))?;
         if let Some(t) = &next.tls {
             log_tls(t);
         }
@@ -375,6 +398,7 @@ impl Running {
         for j in joins {
             let _ = j.join();
         }
+        self.elastic.stop();
         // Accept and handshake threads may still hold the exports: say goodbye to remotes
         // and release pools here, before the process exits.
         let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));

@@ -86,7 +86,7 @@ fn no_allocation_per_request() {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let mut exports = Exports::default();
-    exports.insert(Export::open("", &Spec::Memory(64 << 20), Options::default()).unwrap()).unwrap();
+    exports.insert(Export::open("", &Spec::Memory(sluice_server::backend::MemorySpec::plain(64 << 20)), Options::default()).unwrap()).unwrap();
     let server = Server::bind(Config {
         tcp: vec![addr],
         tcp_ipv6_optional: false,

@@ -24,6 +24,8 @@ pub struct Sluice {
     pub port: u16,
     pub log: PathBuf,
     args: Vec<String>,
+    /// Environment variables the server is started with, beside the test's own.
+    env: Vec<(String, String)>,
     /// Prints the log if the test runner stops the test for taking too long.
     _report: timeout::Registered,
 }
@@ -32,6 +34,11 @@ impl Sluice {
     /// Starts `sluice serve ARGS... --unix SOCK --listen 127.0.0.1:PORT` and waits until
     /// it accepts connections.
     pub fn start(args: &[&str]) -> Sluice {
+        Sluice::start_with_env(args, &[])
+    }
+
+    /// `start`, with these environment variables set for the server.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Sluice {
         // free_port() releases the port before sluice binds it, so another test's outgoing
         // connection may take it in between: retry with a new port when that happens.
         for attempt in 1.. {
@@ -41,7 +48,8 @@ impl Sluice {
             let path = log.clone();
             let report = timeout::on_timeout(&format!("sluice serve {args:?}"), move || tail(&path, 60));
             let args = args.iter().map(|a| a.to_string()).collect();
-            let mut s = Sluice { child: None, dir, socket, port: free_port(), log, args, _report: report };
+            let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            let mut s = Sluice { child: None, dir, socket, port: free_port(), log, args, env, _report: report };
             match s.spawn() {
                 Ok(()) => return s,
                 Err(text) if attempt < 5 && text.contains(&format!("cannot listen on 127.0.0.1:{}", s.port)) => continue,
@@ -59,6 +67,7 @@ impl Sluice {
             .arg("--unix")
             .arg(&self.socket)
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log file"))

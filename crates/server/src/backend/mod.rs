@@ -17,7 +17,7 @@ mod remote;
 
 pub use file::FileBackend;
 pub use interface::{Backend, Caps, Outcome, StorageOp};
-pub use memory::memory;
+pub use memory::{memory, memory_shared, MemorySpec};
 pub use null::NullBackend;
 #[cfg(feature = "rbd")]
 pub use rbd::RbdBackend;

@@ -75,6 +75,7 @@ impl Rig {
             read_only: false,
             data_path,
             chunking,
+            elastic: None,
             identity: String::new(),
             backend: Box::new(Later { splice: data_path.uses_splice() }),
         };

@@ -140,6 +140,7 @@ impl Collector for Metrics {
         out.extend(super::buffers::families(&self.buffers));
         out.extend(super::refused::families(&self.refused));
         out.extend(self.qos.get().map(|families| families()).unwrap_or_default());
+        out.extend(self.elastic.get().map(|families| families()).unwrap_or_default());
         // The encoder stops at a family without series: whatever a source yields, leave
         // those out rather than lose every family after it.
         out.retain(|family| !family.get_metric().is_empty());

@@ -134,6 +134,8 @@ pub struct Metrics {
     pub refused: super::Refusals,
     /// The QoS scheduler's families, built at each scrape (`set_qos`).
     pub(super) qos: OnceLock<Families>,
+    /// The elastic RAM exports' families, built at each scrape (`set_elastic`).
+    pub(super) elastic: OnceLock<Families>,
 }
 
 /// Builds metric families at scrape time.
@@ -157,6 +159,7 @@ impl Metrics {
             boards: Boards::new(capacity),
             refused: Default::default(),
             qos: OnceLock::new(),
+            elastic: OnceLock::new(),
         };
         for name in export_names {
             metrics.add_export(name).expect("room for the first exports");
@@ -193,6 +196,12 @@ impl Metrics {
     /// first one set stays.
     pub fn set_qos(&self, families: Families) {
         let _ = self.qos.set(families);
+    }
+
+    /// Shows what `families` builds at every scrape (the elastic RAM exports); the first
+    /// one set stays.
+    pub fn set_elastic(&self, families: Families) {
+        let _ = self.elastic.set(families);
     }
 
     /// Replaces the pools shown at each scrape (a reload added or removed some).

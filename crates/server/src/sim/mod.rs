@@ -195,6 +195,7 @@ fn random_export(rng: &mut Rng) -> Export {
         read_only: false,
         data_path,
         chunking: CHUNKINGS[rng.below(CHUNKINGS.len() as u64) as usize],
+        elastic: None,
         identity: String::new(),
         backend: Box::new(Simulated { size: SIZE_BYTES, caps }),
     }
