@@ -27,7 +27,7 @@ mod member_io;
 mod open;
 mod pump;
 mod replace;
-mod requests;
+pub(crate) mod requests;
 mod scrub;
 mod scrub_json;
 mod session;
