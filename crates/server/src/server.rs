@@ -11,7 +11,7 @@ use crate::access::Access;
 use crate::export::{Export, Exports};
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Endpoint, Listener, Served};
-use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource, QosRecorder};
+use crate::metrics::{self, CacheProbe, CacheSource, Metrics, MetricsServer, PoolProbe, PoolSource, QosRecorder};
 use crate::qos::{Qos, QosConfig, WORKERS_MAX};
 use crate::tls::TlsServer;
 use crate::worker;
@@ -100,6 +100,7 @@ impl Server {
         }
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
         let metrics = Metrics::with_pools(&names, pool_sources(&config.exports));
+        metrics.set_caches(cache_sources(&config.exports));
         let qos = start_qos(&config, &metrics)?;
         let metrics_server = match config.metrics {
             Some(addr) => Some(
@@ -261,6 +262,19 @@ fn pool_sources(exports: &Exports) -> Vec<PoolSource> {
         .collect()
 }
 
+/// The cached volumes among `exports`, for the metrics' cache families.
+fn cache_sources(exports: &Exports) -> Vec<CacheSource> {
+    exports
+        .iter()
+        .filter(|e| e.backend.kind() == "cache")
+        .map(|e| {
+            let export = Arc::clone(e);
+            let probe: CacheProbe = Box::new(move || export.backend.cache_status());
+            CacheSource { export: e.name.clone(), probe }
+        })
+        .collect()
+}
+
 /// What a reload serves from now on.
 pub struct Reload {
     pub exports: Exports,
@@ -325,6 +339,7 @@ impl Running {
             }
         }
         self.metrics.set_pools(pool_sources(&next.exports));
+        self.metrics.set_caches(cache_sources(&next.exports));
         if let Some(t) = &next.tls {
             log_tls(t);
         }

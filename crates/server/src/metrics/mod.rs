@@ -3,6 +3,7 @@
 //! on the scraper's thread, and `endpoint` serves those over HTTP.
 
 mod buffers;
+mod cache;
 mod endpoint;
 mod exposition;
 mod pool;
@@ -11,6 +12,7 @@ mod recorder;
 mod refused;
 mod watch;
 
+pub use cache::{CacheProbe, CacheSource};
 pub use endpoint::{serve_http, MetricsServer};
 pub use pool::{PoolProbe, PoolSource};
 pub use qos::{qos_families, QosClassRecorder, QosRecorder, QosSample};
