@@ -48,7 +48,7 @@ enum Transport {
     /// A pool's coordinator, which sends them on to its members.
     Pool(PoolDriver<Client>),
     /// A cached volume's task, which sends them on to the backing and the members.
-    Cache(CacheDriver),
+    Cache(CacheDriver<Client>),
 }
 
 impl Client {

@@ -11,9 +11,9 @@
 
 use super::shell::{self, Event};
 use super::status::Status;
-use crate::client::Client;
 use crate::connection::Outcome;
 use crate::error::Error;
+use crate::pool::member::Member;
 use crate::pool::requests::{gather, land};
 use crate::uri::Uri;
 use sluice_cache::{Config, Request};
@@ -24,15 +24,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
-pub(crate) struct CacheDriver {
-    inbox: mpsc::UnboundedSender<Event>,
+pub(crate) struct CacheDriver<M: Member> {
+    inbox: mpsc::UnboundedSender<Event<M>>,
     /// Connections open now: the backing's and the members' (kept by the shell).
     connections: Arc<AtomicUsize>,
 }
 
-impl CacheDriver {
+impl<M: Member> CacheDriver<M> {
     /// Starts the task that owns the core; the members connect in the background.
-    pub(crate) fn start(path: &Path, config: Config, backing: Client, members: Vec<Uri>, member_options: crate::Options) -> CacheDriver {
+    pub(crate) fn start(path: &Path, config: Config, backing: M, members: Vec<Uri>, member_options: M::Options) -> CacheDriver<M> {
         let connections = Arc::new(AtomicUsize::new(backing.connections()));
         let inbox = shell::spawn(path, config, backing, members, member_options, Arc::clone(&connections));
         CacheDriver { inbox, connections }
@@ -79,7 +79,7 @@ impl CacheDriver {
     }
 }
 
-impl Drop for CacheDriver {
+impl<M: Member> Drop for CacheDriver<M> {
     /// The task holds the connections; without a client left, it stops.
     fn drop(&mut self) {
         let _ = self.inbox.send(Event::Stop(None));

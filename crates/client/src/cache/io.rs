@@ -1,35 +1,27 @@
-//! The operations the core asks for, carried out through `Client`s: the backing's and the
-//! members'. Each returns the core's `Outcome` (a read's bytes, or why it failed).
+//! The operations the core asks for, carried out on the backing and the members. Each
+//! returns the core's `Outcome` (a read's bytes, or why it failed). Both are the pool's
+//! `Member` (the library's `Client`, which this module never names, so that the client and
+//! the cache do not import each other).
 
-use crate::client::Client;
 use crate::error::Error;
-use crate::options::Options;
-use crate::uri::Uri;
+use crate::pool::member::Member;
 use sluice_cache::{BackingCmd, MemberCmd, Outcome};
-use std::future::Future;
-use std::pin::Pin;
 
-/// A connection being opened. Boxed: the backing may be a pool, and a `Client` opening a
-/// cached volume is the same async function as the one opening its backing.
-pub(super) fn connect(uri: Uri, options: Options) -> Pin<Box<dyn Future<Output = Result<Client, Error>> + Send>> {
-    Box::pin(async move { Client::connect_with(&uri, &options).await })
-}
-
-pub(super) async fn backing(c: &Client, cmd: BackingCmd) -> Outcome {
+pub(super) async fn backing<M: Member>(c: &M, cmd: BackingCmd) -> Outcome {
     let done = |r: Result<(), Error>| r.map(|()| Vec::new());
     let r = match cmd {
-        BackingCmd::Read { offset, len } => c.read_owned(offset, vec![0; len as usize]).await,
+        BackingCmd::Read { offset, len } => c.read(offset, len as usize).await,
         BackingCmd::Write { offset, data, fua } => done(c.write(offset, &data, fua).await),
-        BackingCmd::Zero { offset, len, fua, may_trim } => done(c.write_zeroes(offset, len, fua, may_trim, false).await),
+        BackingCmd::Zero { offset, len, fua, may_trim } => done(c.write_zeroes(offset, len, fua, may_trim).await),
         BackingCmd::Trim { offset, len, fua } => done(c.trim(offset, len, fua).await),
         BackingCmd::Flush => done(c.flush().await),
     };
     r.map_err(|e| format!("backing: {e}"))
 }
 
-pub(super) async fn member(c: &Client, cmd: MemberCmd) -> Outcome {
+pub(super) async fn member<M: Member>(c: &M, cmd: MemberCmd) -> Outcome {
     let r = match cmd {
-        MemberCmd::Read { offset, len } => c.read_owned(offset, vec![0; len as usize]).await,
+        MemberCmd::Read { offset, len } => c.read(offset, len as usize).await,
         // No FUA: a member's memory is never the only copy of anything.
         MemberCmd::Write { offset, data } => c.write(offset, &data, false).await.map(|()| Vec::new()),
     };

@@ -4,27 +4,26 @@
 //! smaller cache).
 
 use super::driver::CacheDriver;
-use super::io::connect;
 use crate::error::Error;
 use crate::export::Export;
-use crate::options::Options;
+use crate::pool::member::Member;
 use crate::uri::{Address, Uri};
 use sluice_cache::Config;
 use sluice_proto::wire::*;
 use std::path::Path;
 
 /// Opens the cached volume `path` describes; the backing must answer.
-pub(crate) async fn open(path: &Path, options: &Options) -> Result<(Export, CacheDriver), Error> {
+pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options) -> Result<(Export, CacheDriver<M>), Error> {
     let named = |m: String| Error::Cache(format!("cache file {}: {m}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| named(format!("cannot read it: {e}")))?;
     let config = sluice_cache::config::parse(&text).map_err(named)?;
     let backing = backing_uri(&config.backing).map_err(named)?;
     let members = member_uris(&config.members).map_err(named)?;
-    let client = connect(backing, options.clone()).await.map_err(|e| named(format!("backing {}: {e}", config.backing)))?;
+    let client = M::connect(&backing, options).await.map_err(|e| named(format!("backing {}: {e}", config.backing)))?;
     let export = export(path, &config, client.export());
-    // Members are used one connection each, and their failures are the core's to handle.
-    let member_options = Options { connections: 1, reconnect: None, degraded: false, ..options.clone() };
-    let driver = CacheDriver::start(path, config, client, members, member_options);
+    // `Member::connect` makes members connect without reconnecting by themselves: their
+    // failures are the core's to see.
+    let driver = CacheDriver::start(path, config, client, members, options.clone());
     Ok((export, driver))
 }
 

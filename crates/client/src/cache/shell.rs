@@ -7,8 +7,7 @@
 
 use super::io;
 use super::status::{MemberStatus, Status};
-use crate::client::Client;
-use crate::options::Options;
+use crate::pool::member::Member as Conn;
 use crate::uri::Uri;
 use sluice_cache::limits::reconnect_backoff_ms;
 use sluice_cache::{Action, BackingCmd, Cache, Config, Failure, MemberCmd, MemberState, OpId, Outcome, Params, ReqId, Request};
@@ -21,40 +20,40 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 /// What the task is told.
-pub(super) enum Event {
+pub(super) enum Event<M> {
     Request { request: Request, done: oneshot::Sender<Result<Vec<u8>, Failure>> },
     Backing { op: OpId, outcome: Outcome },
     Member { op: OpId, member: usize, outcome: Outcome },
     /// A member's connection attempt ended.
-    Connected { member: usize, result: Result<Client, String> },
+    Connected { member: usize, result: Result<M, String> },
     Status(oneshot::Sender<Status>),
     /// Stop once the requests in flight are answered (and say so, if asked).
     Stop(Option<oneshot::Sender<()>>),
 }
 
-struct Shell {
+struct Shell<M: Conn> {
     core: Cache,
     /// Time zero of the core's clock.
     start: Instant,
     /// The file, for logs.
     name: String,
-    backing: Client,
-    members: Vec<Member>,
-    options: Options,
+    backing: M,
+    members: Vec<Member<M>>,
+    options: M::Options,
     /// Requests the core has not answered yet.
     waiting: HashMap<ReqId, oneshot::Sender<Result<Vec<u8>, Failure>>>,
     next_req: u64,
     /// For the tasks this one starts, to report back.
-    inbox: mpsc::UnboundedSender<Event>,
+    inbox: mpsc::UnboundedSender<Event<M>>,
     connections: Arc<AtomicUsize>,
     /// A stop was asked for: no new requests; these are told when it is done.
     stopping: Option<Vec<oneshot::Sender<()>>>,
 }
 
-struct Member {
+struct Member<M> {
     uri: Uri,
     /// None while down.
-    client: Option<Client>,
+    client: Option<M>,
     /// Its operations in flight, aborted when it is dropped (a stalled member never
     /// answers them, and they hold its connection).
     ops: HashMap<OpId, AbortHandle>,
@@ -64,9 +63,9 @@ struct Member {
 }
 
 /// Starts the task; returns its inbox.
-pub(super) fn spawn(path: &Path, config: Config, backing: Client, uris: Vec<Uri>, options: Options, connections: Arc<AtomicUsize>) -> mpsc::UnboundedSender<Event> {
+pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, uris: Vec<Uri>, options: M::Options, connections: Arc<AtomicUsize>) -> mpsc::UnboundedSender<Event<M>> {
     let (inbox, events) = mpsc::unbounded_channel();
-    let core = Cache::new(Params::new(&config, backing.size(), identity()));
+    let core = Cache::new(Params::new(&config, backing.export().size, identity()));
     let members = uris.into_iter().map(|uri| Member { uri, client: None, ops: HashMap::new(), failures: 0 }).collect();
     let name = path.display().to_string();
     let shell = Shell { core, start: Instant::now(), name, backing, members, options, waiting: HashMap::new(), next_req: 0, inbox: inbox.clone(), connections, stopping: None };
@@ -89,8 +88,8 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-impl Shell {
-    async fn run(mut self, mut events: mpsc::UnboundedReceiver<Event>) {
+impl<M: Conn> Shell<M> {
+    async fn run(mut self, mut events: mpsc::UnboundedReceiver<Event<M>>) {
         for m in 0..self.members.len() {
             self.connect_later(m, 0);
         }
@@ -118,7 +117,7 @@ impl Shell {
         self.start.elapsed().as_nanos() as u64
     }
 
-    fn handle(&mut self, event: Event) {
+    fn handle(&mut self, event: Event<M>) {
         let now = self.now();
         match event {
             // After a stop, the dropped sender answers `Closed`.
@@ -201,13 +200,13 @@ impl Shell {
         let (uri, options, inbox) = (self.members[member].uri.clone(), self.options.clone(), self.inbox.clone());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(wait_ms)).await;
-            let result = io::connect(uri, options).await.map_err(|e| e.to_string());
+            let result = M::connect(&uri, &options).await.map_err(|e| e.to_string());
             let _ = inbox.send(Event::Connected { member, result });
         });
     }
 
     /// A connection attempt ended: the member comes up (empty), or is tried again later.
-    fn connected(&mut self, member: usize, result: Result<Client, String>) {
+    fn connected(&mut self, member: usize, result: Result<M, String>) {
         if self.stopping.is_some() {
             if let Ok(c) = result {
                 tokio::spawn(async move { c.disconnect().await });
@@ -245,7 +244,7 @@ impl Shell {
     }
 
     fn count_connections(&self) {
-        let members: usize = self.members.iter().filter_map(|m| m.client.as_ref()).map(Client::connections).sum();
+        let members: usize = self.members.iter().filter_map(|m| m.client.as_ref()).map(M::connections).sum();
         self.connections.store(self.backing.connections() + members, Ordering::Relaxed);
     }
 
@@ -282,7 +281,7 @@ impl Shell {
 
 /// Slots a connected member can hold: its size over the slot size. A read-only member or
 /// one too small for a slot cannot be used.
-fn usable_slots(c: &Client, slot_bytes: u64) -> Result<u64, String> {
+fn usable_slots<M: Conn>(c: &M, slot_bytes: u64) -> Result<u64, String> {
     let ex = c.export();
     if ex.read_only() {
         return Err("it is read-only; a member must take writes (a RAM export)".into());

@@ -21,7 +21,7 @@ mod fake;
 mod found;
 mod grow;
 mod lease;
-mod member;
+pub(crate) mod member;
 mod member_client;
 mod member_io;
 mod open;
