@@ -29,6 +29,8 @@ struct Setup {
     members: Vec<Sluice>,
     cache: Sluice,
     metrics: u16,
+    /// The cache file.
+    file: std::path::PathBuf,
 }
 
 /// Starts the backing, the members, and the server of the cached volume (prefetch off, so
@@ -45,7 +47,7 @@ fn setup() -> Setup {
     std::fs::write(&file, text).unwrap();
     let metrics = free_port();
     let cache = Sluice::start(&["--export", &format!("v=cache:{}", file.display()), "--metrics", &format!("127.0.0.1:{metrics}")]);
-    Setup { _dir: dir, backing, members, cache, metrics }
+    Setup { _dir: dir, backing, members, cache, metrics, file }
 }
 
 impl Setup {
@@ -113,6 +115,15 @@ async fn reads_hit_once_filled_and_the_cache_hint_fills_ahead() {
     assert_eq!(s.counter("hits"), BLOCKS + 16.0, "{}", s.logs());
     assert_eq!(s.counter("prefetched_used_bytes"), MIB as f64, "{}", s.logs());
     c.disconnect().await;
+
+    // `info` opens the volume itself and shows its members, as JSON too.
+    let spec = format!("cache:{}", s.file.display());
+    let (ok, out, err) = run(SLUICE, &["info", "--json", &spec]);
+    assert!(ok, "info: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("info --json prints JSON");
+    assert_eq!(v["size"], VOLUME);
+    let members = v["cache"]["members"].as_array().expect("the members");
+    assert!(members.len() == 2 && members.iter().all(|m| m["up"] == true && m["slots"] == 240), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,4 +189,29 @@ fn a_bad_cache_file_is_refused_naming_the_file_and_the_key() {
     let out = output(std::process::Command::new(SLUICE).args(["serve", "--export", &format!("v=cache:{}", file.display()), "--unix"]).arg(dir.path().join("s.sock")));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains(&file.display().to_string()) && err.contains("block"), "serve: {err}");
+}
+
+/// fio writes and verifies through the cached volume (4K to 64K at queue depth 16) while a
+/// member is killed and restarted empty: no error, no verify failure.
+#[test]
+fn fio_verifies_through_a_member_killed_and_restarted() {
+    require!("fio");
+    let mut s = setup();
+    s.wait_member(0, true, SETTLE);
+    s.wait_member(1, true, SETTLE);
+    let uri = format!("--uri={}", s.cache.uri_for("v"));
+    let args = ["--name=cache", "--ioengine=nbd", &uri, "--rw=randwrite", "--bsrange=4k-64k", "--iodepth=16", "--size=8M", "--loops=12", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0"];
+    let fio = run_in_background("fio", &args);
+    // A fill or a hit in flight when the member dies fails over to the backing.
+    s.wait_counter("fills", 1.0);
+    s.members[0].kill();
+    assert!(!fio.is_finished(), "fio was done before the member was killed: give it more loops");
+    s.wait_member(0, false, SETTLE);
+    s.members[0].restart();
+    s.wait_member(0, true, BACK_UP);
+    let (ok, out, err) = fio.join().unwrap();
+    let text = format!("{out}{err}");
+    let verify: Vec<&str> = text.lines().filter(|l| l.contains("verify:") || l.contains("bad magic")).collect();
+    assert!(ok && text.contains("err= 0") && verify.is_empty(), "fio through the cache failed: {verify:#?}\n{text}\n{}", s.logs());
+    assert!(s.counter("member_failures") >= 1.0 && s.counter("fills") > 0.0, "{}", s.logs());
 }
