@@ -14,6 +14,8 @@ mod io;
 mod open;
 mod shell;
 mod status;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use driver::CacheDriver;
 pub(crate) use open::open;

@@ -17,7 +17,7 @@ mod file;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 mod found;
 mod grow;
 mod lease;
