@@ -16,7 +16,8 @@ pub(super) async fn backing<M: Member>(c: &M, cmd: BackingCmd) -> Outcome {
         BackingCmd::Trim { offset, len, fua } => done(c.trim(offset, len, fua).await),
         BackingCmd::Flush => done(c.flush().await),
     };
-    r.map_err(|e| format!("backing: {e}"))
+    // The core says "backing" in its messages.
+    r.map_err(|e| e.to_string())
 }
 
 pub(super) async fn member<M: Member>(c: &M, cmd: MemberCmd) -> Outcome {
