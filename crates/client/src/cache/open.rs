@@ -83,6 +83,29 @@ mod tests {
     }
 
     #[test]
+    fn the_volume_is_the_backing_with_cache() {
+        let config = sluice_cache::config::parse("backing = \"nbd://d/v\"\nmembers = [\"nbd://a/ram\"]").unwrap();
+        let flags = FLAG_HAS_FLAGS | FLAG_READ_ONLY | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_FAST_ZERO | FLAG_SEND_WRITE_ZEROES;
+        let backing = Export {
+            name: "v".into(),
+            description: None,
+            size: 1 << 30,
+            flags,
+            block_min: 512,
+            block_preferred: 4096,
+            block_max: 1 << 20,
+            structured: true,
+            extended: true,
+            base_allocation: true,
+            tls: Some("TLSv1.3".into()),
+        };
+        let e = export(Path::new("/etc/c.toml"), &config, &backing);
+        assert_eq!((e.size, e.block_min, e.block_preferred, e.block_max, e.name.as_str()), (1 << 30, 512, 4096, 1 << 20, "/etc/c.toml"));
+        assert!(e.read_only() && e.can_flush() && e.can_fua() && e.can_zero() && e.can_cache());
+        assert!(!e.can_fast_zero() && !e.can_trim() && !e.extended && !e.base_allocation && e.tls.is_none());
+    }
+
+    #[test]
     fn members_are_nbd_uris() {
         assert_eq!(member_uris(&["nbd://a/ram".into()]).unwrap().len(), 1);
         let e = member_uris(&["nbd://a/ram".into(), "pool:/p".into()]).unwrap_err();
