@@ -189,6 +189,15 @@ fn a_bad_cache_file_is_refused_naming_the_file_and_the_key() {
     let out = output(std::process::Command::new(SLUICE).args(["serve", "--export", &format!("v=cache:{}", file.display()), "--unix"]).arg(dir.path().join("s.sock")));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains(&file.display().to_string()) && err.contains("block"), "serve: {err}");
+    // `serve --check` reads the file without contacting the backing or the members.
+    let check = |spec: &str| output(std::process::Command::new(SLUICE).args(["serve", "--check", "--export", &format!("v={spec}"), "--unix"]).arg(dir.path().join("s.sock")));
+    let out = check(&format!("cache:{}", file.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains(&file.display().to_string()) && err.contains("block"), "serve --check: {err}");
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "backing = \"nbd://nowhere.invalid/v\"\nmembers = [\"nbd://nowhere.invalid/ram\"]\n").unwrap();
+    let out = check(&format!("cache:{}", good.display()));
+    assert!(out.status.success(), "serve --check of a good file: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// fio writes and verifies through the cached volume (4K to 64K at queue depth 16) while a

@@ -19,5 +19,6 @@ mod tests;
 
 pub(crate) use driver::CacheDriver;
 pub(crate) use open::open;
-pub use sluice_cache::Counters;
+pub use open::load;
+pub use sluice_cache::{Config, Counters};
 pub use status::{MemberStatus, Status};

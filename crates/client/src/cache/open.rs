@@ -12,13 +12,25 @@ use sluice_cache::Config;
 use sluice_proto::wire::*;
 use std::path::Path;
 
-/// Opens the cached volume `path` describes; the backing must answer.
-pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options) -> Result<(Export, CacheDriver<M>), Error> {
+/// Reads and checks a cache file, without contacting anything: every key, and the
+/// backing and members as URIs. Errors name the file and the key.
+pub fn load(path: &Path) -> Result<Config, Error> {
+    load_uris(path).map(|(config, _, _)| config)
+}
+
+fn load_uris(path: &Path) -> Result<(Config, Uri, Vec<Uri>), Error> {
     let named = |m: String| Error::Cache(format!("cache file {}: {m}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| named(format!("cannot read it: {e}")))?;
     let config = sluice_cache::config::parse(&text).map_err(named)?;
     let backing = backing_uri(&config.backing).map_err(named)?;
     let members = member_uris(&config.members).map_err(named)?;
+    Ok((config, backing, members))
+}
+
+/// Opens the cached volume `path` describes; the backing must answer.
+pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options) -> Result<(Export, CacheDriver<M>), Error> {
+    let named = |m: String| Error::Cache(format!("cache file {}: {m}", path.display()));
+    let (config, backing, members) = load_uris(path)?;
     let client = M::connect(&backing, options).await.map_err(|e| named(format!("backing {}: {e}", config.backing)))?;
     let export = export(path, &config, client.export());
     // `Member::connect` makes members connect without reconnecting by themselves: their
