@@ -224,3 +224,33 @@ fn fio_verifies_through_a_member_killed_and_restarted() {
     assert!(ok && text.contains("err= 0") && verify.is_empty(), "fio through the cache failed: {verify:#?}\n{text}\n{}", s.logs());
     assert!(s.counter("member_failures") >= 1.0 && s.counter("fills") > 0.0, "{}", s.logs());
 }
+
+/// A member that stops answering (SIGSTOP) holds reads up for the member timeout (2 s)
+/// at most: then it is marked down, its reads go to the backing, and writes made
+/// meanwhile read back; killed and restarted, it is used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_member_is_timed_out_and_its_reads_go_to_the_backing() {
+    let mut s = setup();
+    s.wait_member(0, true, SETTLE);
+    s.wait_member(1, true, SETTLE);
+    let c = s.client().await;
+    let first = pattern(RANGE, 5);
+    c.write(0, &first, false).await.expect("write through the cache");
+    read_back(&c, &first, "filling read").await;
+    s.wait_counter("fills", BLOCKS);
+
+    s.members[0].pause();
+    let started = std::time::Instant::now();
+    read_back(&c, &first, "a read with member 0 stalled").await;
+    assert!(started.elapsed() < SETTLE, "the stalled member held the read up for {:?}", started.elapsed());
+    s.wait_member(0, false, SETTLE);
+    let second = pattern(RANGE, 6);
+    c.write(0, &second, false).await.expect("a write with member 0 stalled");
+    read_back(&c, &second, "a read after a write with member 0 stalled").await;
+
+    s.members[0].kill();
+    s.members[0].restart();
+    s.wait_member(0, true, BACK_UP);
+    read_back(&c, &second, "a read with member 0 back").await;
+    c.disconnect().await;
+}
