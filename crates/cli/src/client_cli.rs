@@ -105,11 +105,12 @@ pub fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// The exit status for a client error: 2 for a URI the user mistyped, TLS files or options
-/// that cannot be used, or a pool that cannot be opened (a bad pool file, a member that
-/// cannot be reached), 1 for the rest (TLS the server refused or failed included).
+/// that cannot be used, or a pool or cached volume that cannot be opened (a bad pool or
+/// cache file, a member that cannot be reached), 1 for the rest (TLS the server refused or
+/// failed included).
 pub fn exit_code(e: &Error) -> u8 {
     match e {
-        Error::Uri(_) | Error::TlsConfig(_) | Error::Pool(_) => EXIT_USAGE,
+        Error::Uri(_) | Error::TlsConfig(_) | Error::Pool(_) | Error::Cache(_) => EXIT_USAGE,
         _ => EXIT_FAILURE,
     }
 }

@@ -64,13 +64,14 @@ an unknown or read-only export, a destination too small, a read, write, flush or
 error, TLS); 2 for a bad command line or URI, or TLS options or files that cannot be used.")]
 pub struct CopyArgs {
     /// What to copy: an NBD URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH,
-    /// nbds:// or nbds+unix:// for TLS), a pool (pool:PATH), a file or block device, or -
-    /// for standard input.
+    /// nbds:// or nbds+unix:// for TLS), a pool (pool:PATH), a cached volume (cache:PATH), a
+    /// file or block device, or - for standard input.
     #[arg(value_name = "SRC")]
     src: String,
 
-    /// Where to copy to: an NBD URI, a pool (pool:PATH), a file (created if missing, set
-    /// to SRC's size) or block device, or - for standard output.
+    /// Where to copy to: an NBD URI, a pool (pool:PATH), a cached volume (cache:PATH), a
+    /// file (created if missing, set to SRC's size) or block device, or - for standard
+    /// output.
     #[arg(value_name = "DST")]
     dst: String,
 
@@ -130,7 +131,7 @@ impl Endpoint {
     fn parse(arg: &str) -> Result<Endpoint, Error> {
         if arg == "-" {
             Ok(Endpoint::Std)
-        } else if arg.contains("://") || arg.starts_with("pool:") {
+        } else if arg.contains("://") || arg.starts_with("pool:") || arg.starts_with("cache:") {
             Uri::parse(arg).map(Endpoint::Nbd)
         } else {
             Ok(Endpoint::Path(PathBuf::from(arg)))

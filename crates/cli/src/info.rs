@@ -21,7 +21,8 @@ request or TLS fails; 2 for a bad command line or URI, or TLS options or files t
 be used.")]
 pub struct InfoArgs {
     /// NBD URI of the export: nbd://HOST[:PORT]/[EXPORT] or nbd+unix:///[EXPORT]?socket=PATH,
-    /// nbds:// or nbds+unix:// for TLS, or pool:PATH for a pool (see sluice pool).
+    /// nbds:// or nbds+unix:// for TLS, pool:PATH for a pool (see sluice pool), or
+    /// cache:PATH for a cached volume (its counters and members are shown too).
     #[arg(value_name = "URI")]
     uri: String,
 
@@ -139,6 +140,7 @@ fn print_json(v: &Value) {
 async fn show(uri: &Uri, options: &Options, as_json: bool) -> Result<(), Error> {
     let client = client_cli::connect(uri, options).await?;
     let e = client.export().clone();
+    let cache = cache_status(&client).await;
     client.disconnect().await;
     if as_json {
         let mut m = export_json(&e);
@@ -146,6 +148,9 @@ async fn show(uri: &Uri, options: &Options, as_json: bool) -> Result<(), Error> 
         m.insert("extended_headers".into(), json!(e.extended));
         m.insert("base_allocation".into(), json!(e.base_allocation));
         m.insert("tls".into(), json!(e.tls));
+        if let Some(c) = &cache {
+            m.insert("cache".into(), crate::info_cache::json(c));
+        }
         print_json(&Value::Object(m));
         return Ok(());
     }
@@ -163,7 +168,23 @@ async fn show(uri: &Uri, options: &Options, as_json: bool) -> Result<(), Error> 
     println!("extended headers:   {}", yes_no(e.extended));
     println!("base:allocation:    {}", yes_no(e.base_allocation));
     println!("TLS:                {}", e.tls.as_deref().unwrap_or("no"));
+    if let Some(c) = &cache {
+        crate::info_cache::print(c);
+    }
     Ok(())
+}
+
+/// A cached volume's state once its members had their chance to connect (they connect in
+/// the background as it opens); None for anything else.
+async fn cache_status(client: &Client) -> Option<sluice_client::cache::Status> {
+    let first = client.cache_status().await?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(crate::info_cache::MEMBERS_WAIT_MS);
+    let mut status = first;
+    while status.members.iter().any(|m| !m.up && m.failures == 0) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        status = client.cache_status().await?;
+    }
+    Some(status)
 }
 
 async fn list(uri: &Uri, as_json: bool) -> Result<(), Error> {

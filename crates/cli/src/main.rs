@@ -11,6 +11,7 @@ mod config;
 mod copy;
 mod exit;
 mod info;
+mod info_cache;
 mod logger;
 mod manual;
 mod mount;

@@ -32,6 +32,12 @@ fn is_pool(spec: &Spec) -> bool {
     matches!(spec, Spec::Remote(s) if s.starts_with("pool:"))
 }
 
+/// A cached volume's members hold the slots of one cache: a second one opened beside it
+/// would overwrite them (never a wrong read, but no hits for either).
+fn is_cache(spec: &Spec) -> bool {
+    matches!(spec, Spec::Remote(s) if s.starts_with("cache:"))
+}
+
 impl Catalog {
     /// Opens every export `wanted` names, taking those that did not change from `self`.
     /// An export that cannot be opened fails the whole table, so nothing changes then.
@@ -44,6 +50,12 @@ impl Catalog {
                 Some(o) if is_pool(&o.wanted.spec) => {
                     return Err(format!(
                         "export {:?}: a pool export cannot change while it is served (its members have one owner); restart to change it",
+                        w.name
+                    ))
+                }
+                Some(o) if is_cache(&o.wanted.spec) => {
+                    return Err(format!(
+                        "export {:?}: a cached volume cannot change while it is served (its members hold this cache's slots); restart to change it",
                         w.name
                     ))
                 }
@@ -181,13 +193,18 @@ fn open(w: &Wanted) -> Result<Export, String> {
 }
 
 /// What `--check` does for one export: opens it as a start would and closes it again, but
-/// only reads a pool's file: its members belong to the server that may be serving it.
+/// only reads a pool's or a cached volume's file: its members belong to the server that
+/// may be serving it.
 pub fn check(w: &Wanted) -> Result<String, String> {
     let Wanted { name, spec, .. } = w;
     if let Spec::Remote(s) = spec {
         if let Some(path) = s.strip_prefix("pool:") {
             sluice_client::pool::load(std::path::Path::new(path)).map_err(|e| format!("export {name:?}: {spec}: {e}"))?;
             return Ok(format!("export {name:?}: {spec}: pool file valid (members not contacted)"));
+        }
+        if let Some(path) = s.strip_prefix("cache:") {
+            sluice_client::cache::load(std::path::Path::new(path)).map_err(|e| format!("export {name:?}: {e}"))?;
+            return Ok(format!("export {name:?}: {spec}: cache file valid (backing and members not contacted)"));
         }
     }
     let export = open(w)?;

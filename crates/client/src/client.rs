@@ -1,8 +1,10 @@
 //! The public client: one export over one or more connections. Checks each call against
 //! what the export allows before sending and splits ranges larger than one request; the
 //! connections (multi-conn, reconnecting) are `Links`. A client of a pool (`pool:PATH`)
-//! sends the same requests to the pool's driver instead.
+//! sends the same requests to the pool's driver instead, and a client of a cached volume
+//! (`cache:PATH`) to the cache's driver.
 
+use crate::cache::CacheDriver;
 use crate::connection::Outcome;
 use crate::error::Error;
 use crate::export::Export;
@@ -45,6 +47,8 @@ enum Transport {
     Conns(Links),
     /// A pool's coordinator, which sends them on to its members.
     Pool(PoolDriver<Client>),
+    /// A cached volume's task, which sends them on to the backing and the members.
+    Cache(CacheDriver<Client>),
 }
 
 impl Client {
@@ -58,6 +62,10 @@ impl Client {
         if let Address::Pool(path) = &uri.address {
             let (export, driver) = crate::pool::open(path, options, options.degraded).await?;
             return Ok(Client { inner: Arc::new(Inner { export, transport: Transport::Pool(driver) }) });
+        }
+        if let Address::Cache(path) = &uri.address {
+            let (export, driver) = crate::cache::open(path, options).await?;
+            return Ok(Client { inner: Arc::new(Inner { export, transport: Transport::Cache(driver) }) });
         }
         let first = handshake::open(uri, options, options.connect_timeout).await?;
         let export = first.0.clone();
@@ -88,7 +96,7 @@ impl Client {
     pub fn size(&self) -> u64 {
         match &self.inner.transport {
             Transport::Pool(pool) => pool.size(),
-            Transport::Conns(_) => self.inner.export.size,
+            Transport::Conns(_) | Transport::Cache(_) => self.inner.export.size,
         }
     }
 
@@ -98,6 +106,7 @@ impl Client {
         match &self.inner.transport {
             Transport::Conns(links) => links.len(),
             Transport::Pool(pool) => pool.connections(),
+            Transport::Cache(cache) => cache.connections(),
         }
     }
 
@@ -111,6 +120,10 @@ impl Client {
             Transport::Pool(pool) => {
                 let len = u32::try_from(len).expect("a pool's requests stay within 32 bits");
                 pool.call(cmd, flags, offset, len, payload, bufs).await
+            }
+            Transport::Cache(cache) => {
+                let len = u32::try_from(len).expect("a cached volume's requests stay within 32 bits");
+                cache.call(cmd, flags, offset, len, payload, bufs).await
             }
         }
     }
@@ -280,6 +293,7 @@ impl Client {
         match &self.inner.transport {
             Transport::Conns(links) => links.flush().await,
             Transport::Pool(pool) => pool.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()).await.map(|_| ()),
+            Transport::Cache(cache) => cache.call(CMD_FLUSH, 0, 0, 0, &[], Vec::new()).await.map(|_| ()),
         }
     }
 
@@ -432,6 +446,7 @@ impl Client {
         match &self.inner.transport {
             Transport::Conns(links) => links.disconnect().await,
             Transport::Pool(pool) => pool.disconnect().await,
+            Transport::Cache(cache) => cache.disconnect().await,
         }
     }
 }
@@ -461,12 +476,22 @@ async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) 
     results.into_iter().map(|r| r.unwrap()).collect()
 }
 
-/// What a client of a pool (`pool:` URI) can ask of the pool itself.
+/// What a client of a pool (`pool:` URI) can ask of the pool itself, and one of a cached
+/// volume (`cache:`) of its cache.
 impl Client {
+    /// For a cached volume: its counters and members now; `None` for anything else (or
+    /// once it stopped).
+    pub async fn cache_status(&self) -> Option<crate::cache::Status> {
+        match &self.inner.transport {
+            Transport::Cache(cache) => cache.status().await,
+            _ => None,
+        }
+    }
+
     /// For a pool: where its members are now, in the pool file's order.
     pub fn pool_members(&self) -> Option<Vec<Uri>> {
         match &self.inner.transport {
-            Transport::Conns(_) => None,
+            Transport::Conns(_) | Transport::Cache(_) => None,
             Transport::Pool(pool) => Some(pool.member_uris()),
         }
     }
@@ -477,7 +502,7 @@ impl Client {
     /// and for anything but a pool.
     pub fn replace_pool_member(&self, index: usize, uri: &Uri) -> Result<(), Error> {
         match &self.inner.transport {
-            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
             Transport::Pool(pool) => pool.replace(index, uri.clone()),
         }
     }
@@ -486,7 +511,7 @@ impl Client {
     /// (in order), as the pool file names them now.
     pub fn set_pool_spares(&self, spares: Vec<String>, spare_after_ms: u64) -> Result<(), Error> {
         match &self.inner.transport {
-            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
             Transport::Pool(pool) => {
                 pool.set_spares(spares, spare_after_ms);
                 Ok(())
@@ -498,7 +523,7 @@ impl Client {
     /// keeping an in-sync member that stays): Ok, or why not.
     pub fn check_pool_replacements(&self, indexes: &[usize]) -> Result<(), Error> {
         match &self.inner.transport {
-            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
             Transport::Pool(pool) => pool.can_replace(indexes),
         }
     }
@@ -509,7 +534,7 @@ impl Client {
     /// anything but a pool.
     pub fn start_pool_scrub(&self, repair: bool, from: Option<usize>) -> Result<(), Error> {
         match &self.inner.transport {
-            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
             Transport::Pool(pool) => pool.start_scrub(repair, from),
         }
     }
@@ -520,7 +545,7 @@ impl Client {
     /// gets them as copies more. Refused for anything but a pool.
     pub async fn grow_pool(&self, uris: &[Uri]) -> Result<(), Error> {
         match &self.inner.transport {
-            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
             Transport::Pool(pool) => pool.grow(uris.to_vec()).await,
         }
     }
@@ -528,7 +553,7 @@ impl Client {
     /// For a pool: whether `count` members could be added now: Ok, or why not.
     pub fn check_pool_grow(&self, count: usize) -> Result<(), Error> {
         match &self.inner.transport {
-            Transport::Conns(_) => Err(Error::Refused("not a pool".into())),
+            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
             Transport::Pool(pool) => pool.can_grow(count),
         }
     }
@@ -537,7 +562,7 @@ impl Client {
     /// regions); `None` for a plain export.
     pub fn pool_status(&self) -> Option<sluice_pool::Status> {
         match &self.inner.transport {
-            Transport::Conns(_) => None,
+            Transport::Conns(_) | Transport::Cache(_) => None,
             Transport::Pool(pool) => Some(pool.status()),
         }
     }

@@ -49,6 +49,9 @@ pub enum Error {
     /// A pool (`pool:PATH`) cannot be opened: its file is bad, or a member cannot be
     /// reached or read. The text names the file or the member.
     Pool(String),
+    /// A cached volume (`cache:PATH`) cannot be opened: its file is bad, or its backing
+    /// cannot be reached. The text names the file and the key or the backing.
+    Cache(String),
     /// The kernel's nbd driver is missing or refused a request (`attach`): the text says
     /// which and why.
     Kernel(String),
@@ -95,7 +98,7 @@ impl std::fmt::Display for Error {
             ),
             Error::Tls(m) => write!(f, "TLS: {m}"),
             Error::TlsConfig(m) => write!(f, "TLS setup: {m}"),
-            Error::Pool(m) => write!(f, "{m}"),
+            Error::Pool(m) | Error::Cache(m) => write!(f, "{m}"),
             Error::Kernel(m) => write!(f, "{m}"),
         }
     }

@@ -22,10 +22,12 @@
 //! plaintext fallback.
 //!
 //! `pool:PATH` opens a pool (see `pool`): one volume striped and mirrored over the NBD
-//! servers a pool file lists, used through the same `Client`.
+//! servers a pool file lists, used through the same `Client`; `cache:PATH` opens a cached
+//! volume (see `cache`): a volume whose blocks are cached in other nodes' RAM.
 #![forbid(unsafe_code)]
 
 pub mod attach;
+pub mod cache;
 mod client;
 mod connection;
 mod error;

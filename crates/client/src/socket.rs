@@ -44,6 +44,7 @@ impl Socket {
                 Ok(Socket::Unix(s))
             }
             Address::Pool(path) => Err(Error::Uri(format!("pool:{} names a pool, not a server", path.display()))),
+            Address::Cache(path) => Err(Error::Uri(format!("cache:{} names a cached volume, not a server", path.display()))),
         }
     }
 

@@ -1,7 +1,8 @@
 //! NBD URIs as doc/uri.md of NetworkBlockDevice/nbd defines them:
 //! `nbd://host[:port][/export]` and `nbd+unix:///[export]?socket=PATH`, and their TLS forms
 //! `nbds://[user@]host...` and `nbds+unix://[user@]/...` with libnbd's `tls-*` query keys.
-//! `pool:PATH` names a pool file instead of a server (see `crate::pool`).
+//! `pool:PATH` names a pool file instead of a server (see `crate::pool`), and `cache:PATH`
+//! a cached volume's file (see `crate::cache`).
 
 use crate::error::Error;
 use crate::tls::{parse_bool, Tls};
@@ -17,6 +18,9 @@ pub enum Address {
     Unix(PathBuf),
     /// A pool file (`pool:PATH`): one volume over the NBD servers it lists.
     Pool(PathBuf),
+    /// A cached volume's file (`cache:PATH`): a volume with its blocks cached in other
+    /// nodes' RAM.
+    Cache(PathBuf),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +40,12 @@ impl Uri {
                 return bad("pool: needs the path of a pool file");
             }
             return Ok(Uri { address: Address::Pool(PathBuf::from(path)), export: String::new(), tls: None });
+        }
+        if let Some(path) = s.strip_prefix("cache:") {
+            if path.is_empty() {
+                return bad("cache: needs the path of a cache file");
+            }
+            return Ok(Uri { address: Address::Cache(PathBuf::from(path)), export: String::new(), tls: None });
         }
         let Some((scheme, rest)) = s.split_once("://") else {
             return bad("no scheme (expected nbd:// or nbd+unix://)");
@@ -165,6 +175,7 @@ impl std::fmt::Display for Uri {
                 sep = '&';
             }
             Address::Pool(p) => return write!(f, "pool:{}", p.display()),
+            Address::Cache(p) => return write!(f, "cache:{}", p.display()),
         }
         let Some(t) = &self.tls else { return Ok(()) };
         let path = |p: &PathBuf| percent_encode(&p.to_string_lossy(), PATH_SAFE);
@@ -287,6 +298,9 @@ mod tests {
         assert_eq!(u, Uri { address: Address::Pool("/etc/sluice/vol.toml".into()), export: String::new(), tls: None });
         assert_eq!(Uri::parse(&u.to_string()).unwrap(), u);
         assert_eq!(Uri::parse("pool:rel/p.toml").unwrap().address, Address::Pool("rel/p.toml".into()));
+        let c = Uri::parse("cache:/etc/sluice/c.toml").unwrap();
+        assert_eq!((c.address.clone(), c.to_string()), (Address::Cache("/etc/sluice/c.toml".into()), "cache:/etc/sluice/c.toml".into()));
+        assert!(Uri::parse("cache:").is_err());
         assert!(Uri::parse("pool:").is_err());
     }
 

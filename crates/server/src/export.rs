@@ -25,8 +25,9 @@ pub enum Spec {
     /// RAM: `memory:SIZE`, or `memory:SIZE,elastic` that the node may take memory back from.
     Memory(MemorySpec),
     Null(u64),
-    /// Another NBD server's export (`nbd://`, `nbd+unix://`) or a sluice pool (`pool:FILE`),
-    /// as written: the client library parses it when the export opens.
+    /// Another NBD server's export (`nbd://`, `nbd+unix://`), a sluice pool (`pool:FILE`)
+    /// or a cached volume (`cache:FILE`), as written: the client library parses it when
+    /// the export opens.
     Remote(String),
     /// A Ceph RBD image (`rbd:POOL/IMAGE[@SNAPSHOT]`).
     Rbd(RbdSpec),
@@ -45,13 +46,13 @@ impl std::error::Error for SpecError {}
 
 impl Spec {
     /// `memory:SIZE[,elastic[,floor=SIZE]]`, `null:SIZE`, an NBD URI (`nbd://HOST[:PORT]/NAME`,
-    /// `nbd+unix:///NAME?socket=PATH`), `pool:FILE`, `rbd:POOL/IMAGE[@SNAPSHOT]`, or a path
-    /// (`file:PATH` also works for odd names).
+    /// `nbd+unix:///NAME?socket=PATH`), `pool:FILE`, `cache:FILE`, `rbd:POOL/IMAGE[@SNAPSHOT]`,
+    /// or a path (`file:PATH` also works for odd names).
     pub fn parse(s: &str) -> Result<Spec, SpecError> {
         if let Some(rbd) = s.strip_prefix("rbd:") {
             return RbdSpec::parse(rbd).map(Spec::Rbd).map_err(SpecError);
         }
-        if is_nbd_uri(s) || s.starts_with("pool:") {
+        if is_nbd_uri(s) || s.starts_with("pool:") || s.starts_with("cache:") {
             // Checked now, so a typo is a usage error before anything is opened.
             sluice_client::Uri::parse(s).map_err(|e| SpecError(e.to_string()))?;
             return Ok(Spec::Remote(s.to_owned()));
@@ -470,6 +471,7 @@ mod tests {
         assert_eq!(Spec::parse(unix).unwrap(), Spec::Remote(unix.into()));
         assert_eq!(Spec::parse("nbd://h:10809/x").unwrap(), Spec::Remote("nbd://h:10809/x".into()));
         assert_eq!(Spec::parse("pool:/etc/p.toml").unwrap(), Spec::Remote("pool:/etc/p.toml".into()));
+        assert_eq!(Spec::parse("cache:/etc/c.toml").unwrap(), Spec::Remote("cache:/etc/c.toml".into()));
         assert!(Spec::parse("nbd+unix:///disk").is_err(), "no socket");
         assert!(Spec::parse("NBD://h:0/").is_err(), "port 0");
         assert!(Spec::parse("pool:").is_err());

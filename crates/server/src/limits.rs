@@ -228,6 +228,11 @@ pub const REMOTE_RUNTIME_THREADS: usize = 2;
 /// waits out the lease and reconciles). Only a stalled remote costs this much.
 pub const REMOTE_DISCONNECT_TIMEOUT_MS: u64 = 10_000;
 
+/// How long a scrape waits for a cached volume's state. Its task answers between two
+/// events, in microseconds (counting a large member's slots takes milliseconds); a scrape
+/// must not hang on a task that is stuck, and Prometheus gives up after 10 s.
+pub const REMOTE_STATUS_TIMEOUT_MS: u64 = 1_000;
+
 /// How long an RBD export waits for the Ceph monitors at start (librados'
 /// client_mount_timeout, when the Ceph configuration leaves it at Ceph's 300 s): an
 /// unreachable cluster is an error at start, not five minutes of silence.

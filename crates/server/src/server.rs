@@ -12,7 +12,7 @@ use crate::elastic::Elastic;
 use crate::export::{Export, Exports};
 use crate::limits::Limits;
 use crate::listen::{Acceptor, Endpoint, Listener, Served};
-use crate::metrics::{self, Metrics, MetricsServer, PoolProbe, PoolSource, QosRecorder};
+use crate::metrics::{self, CacheProbe, CacheSource, Metrics, MetricsServer, PoolProbe, PoolSource, QosRecorder};
 use crate::qos::{Qos, QosConfig, WORKERS_MAX};
 use crate::tls::TlsServer;
 use crate::worker;
@@ -102,6 +102,7 @@ impl Server {
         }
         let names: Vec<String> = config.exports.iter().map(|e| e.name.clone()).collect();
         let metrics = Metrics::with_pools(&names, pool_sources(&config.exports));
+        metrics.set_caches(cache_sources(&config.exports));
         let qos = start_qos(&config, &metrics)?;
         let elastic = start_elastic(&config.exports, &metrics);
         let metrics_server = match config.metrics {
@@ -280,6 +281,19 @@ fn pool_sources(exports: &Exports) -> Vec<PoolSource> {
         .collect()
 }
 
+/// The cached volumes among `exports`, for the metrics' cache families.
+fn cache_sources(exports: &Exports) -> Vec<CacheSource> {
+    exports
+        .iter()
+        .filter(|e| e.backend.kind() == "cache")
+        .map(|e| {
+            let export = Arc::clone(e);
+            let probe: CacheProbe = Box::new(move || export.backend.cache_status());
+            CacheSource { export: e.name.clone(), probe }
+        })
+        .collect()
+}
+
 /// What a reload serves from now on.
 pub struct Reload {
     pub exports: Exports,
@@ -346,6 +360,7 @@ impl Running {
             }
         }
         self.metrics.set_pools(pool_sources(&next.exports));
+        self.metrics.set_caches(cache_sources(&next.exports));
         self.elastic.set_exports(&next.exports);
         self.elastic.watch().map_err(|e| format!("cannot start the elastic memory watcher: {e}"))?;
         if let Some(t) = &next.tls {

@@ -105,6 +105,21 @@ impl Sluice {
         self.spawn().unwrap_or_else(|e| panic!("restarting sluice: {e}"));
     }
 
+    /// SIGKILL by pid, and waits for it; `restart` starts it again.
+    pub fn kill(&mut self) {
+        let child = self.child.as_mut().unwrap();
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("sluice had already exited ({status}) when it was to be killed\n{}", self.log_text());
+        }
+        signal(child.id(), libc::SIGKILL);
+        child.wait().unwrap();
+    }
+
+    /// The same server again, on the same port and socket (its log goes on), after `kill`.
+    pub fn restart(&mut self) {
+        self.spawn().unwrap_or_else(|e| panic!("restarting sluice: {e}"));
+    }
+
     fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {

@@ -1,5 +1,6 @@
 //! A member in memory for the driver's tests: it records every call and can be told to
-//! fail the next one.
+//! fail the next one. A fake `listen`ing at a URI is what `connect` to that URI finds
+//! (the cache's tests connect their members that way); nothing else connects.
 
 use super::member::{Connecting, Member};
 use crate::error::Error;
@@ -7,7 +8,11 @@ use crate::export::Export;
 use crate::uri::Uri;
 use sluice_proto::wire::*;
 use std::future::Future;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// Fakes by the URI they `listen` at.
+static LISTENING: Mutex<Option<HashMap<String, Fake>>> = Mutex::new(None);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Call {
@@ -81,6 +86,16 @@ impl Fake {
         self.state.lock().unwrap().data[offset as usize..][..bytes.len()].copy_from_slice(bytes);
     }
 
+    /// `connect` to `uri` finds this fake from now on (a clone: the same data).
+    pub(crate) fn listen(&self, uri: &str) {
+        LISTENING.lock().unwrap().get_or_insert_with(HashMap::new).insert(uri.to_owned(), self.clone());
+    }
+
+    /// `connect` to `uri` fails from now on.
+    pub(crate) fn unlisten(uri: &str) {
+        LISTENING.lock().unwrap().get_or_insert_with(HashMap::new).remove(uri);
+    }
+
     pub(crate) fn fail_next(&self) {
         self.state.lock().unwrap().fail_next = true;
     }
@@ -103,8 +118,9 @@ impl Fake {
 impl Member for Fake {
     type Options = ();
 
-    fn connect(_: &Uri, _: &()) -> Connecting<Fake> {
-        Box::pin(async { Err(Error::Closed) })
+    fn connect(uri: &Uri, _: &()) -> Connecting<Fake> {
+        let found = LISTENING.lock().unwrap().as_ref().and_then(|l| l.get(&uri.to_string()).cloned());
+        Box::pin(async move { found.ok_or(Error::Closed) })
     }
 
     fn export(&self) -> &Export {

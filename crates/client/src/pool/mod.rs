@@ -17,17 +17,17 @@ mod file;
 #[cfg(test)]
 mod driver_tests;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 mod found;
 mod grow;
 mod lease;
-mod member;
+pub(crate) mod member;
 mod member_client;
 mod member_io;
 mod open;
 mod pump;
 mod replace;
-mod requests;
+pub(crate) mod requests;
 mod scrub;
 mod scrub_json;
 mod session;

@@ -69,7 +69,7 @@ impl Outcome {
 }
 
 pub trait Backend: Send + Sync {
-    /// "file", "block", "memory", "null", "nbd" or "pool", for logs and `info`.
+    /// "file", "block", "memory", "null", "nbd", "pool" or "cache", for logs and `info`.
     fn kind(&self) -> &'static str;
     fn size(&self) -> u64;
     fn caps(&self) -> Caps;
@@ -86,6 +86,12 @@ pub trait Backend: Send + Sync {
     /// The live state of the pool behind this backend, for metrics; `None` for anything
     /// but a pool.
     fn pool_status(&self) -> Option<sluice_client::pool::Status> {
+        None
+    }
+
+    /// The counters and members of the cached volume behind this backend, for metrics;
+    /// `None` for anything but a cached volume. Call it from outside any async runtime.
+    fn cache_status(&self) -> Option<sluice_client::cache::Status> {
         None
     }
 

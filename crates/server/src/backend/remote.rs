@@ -1,5 +1,5 @@
 //! Exports whose bytes live elsewhere: another NBD server (`nbd://`, `nbd+unix://`), or a
-//! sluice pool (`pool:FILE`), both reached through sluice's async client. The backend owns
+//! sluice pool (`pool:FILE`), or a cached volume (`cache:FILE`), all reached through sluice's async client. The backend owns
 //! the client and a small tokio runtime. Each operation is parked in the worker's ring,
 //! runs on the runtime, and comes back through the ring's mailbox, so registered buffers
 //! never leave the worker: a write's payload is copied out once before it goes, a read's
@@ -19,7 +19,7 @@ use tokio::runtime::Runtime;
 use super::interface::{Backend, Caps, Outcome, StorageOp};
 use crate::engine::{Completer, Held, Payload, Ring, StorageId};
 use crate::errors::os_from_remote;
-use crate::limits::{EXTENTS_PER_REPLY_MAX, REMOTE_CONNECTIONS, REMOTE_DISCONNECT_TIMEOUT_MS, REMOTE_RUNTIME_THREADS};
+use crate::limits::{EXTENTS_PER_REPLY_MAX, REMOTE_CONNECTIONS, REMOTE_DISCONNECT_TIMEOUT_MS, REMOTE_RUNTIME_THREADS, REMOTE_STATUS_TIMEOUT_MS};
 
 pub struct RemoteBackend {
     kind: &'static str,
@@ -88,6 +88,7 @@ impl RemoteBackend {
         };
         let kind = match uri.address {
             Address::Pool(_) => "pool",
+            Address::Cache(_) => "cache",
             _ => "nbd",
         };
         log::debug!("{spec}: {} bytes over {} connection(s), flags {:#06x}", ex.size, client.connections(), ex.flags);
@@ -145,6 +146,15 @@ impl Backend for RemoteBackend {
 
     fn pool_status(&self) -> Option<sluice_client::pool::Status> {
         self.remote.client.pool_status()
+    }
+
+    fn cache_status(&self) -> Option<sluice_client::cache::Status> {
+        // The metrics thread asks; inside a runtime, blocking on another is not allowed.
+        if self.kind != "cache" || tokio::runtime::Handle::try_current().is_ok() {
+            return None;
+        }
+        let limit = Duration::from_millis(REMOTE_STATUS_TIMEOUT_MS);
+        self.runtime.block_on(async { tokio::time::timeout(limit, self.remote.client.cache_status()).await.ok().flatten() })
     }
 
     fn pool_client(&self) -> Option<&sluice_client::Client> {

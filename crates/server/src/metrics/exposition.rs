@@ -137,6 +137,7 @@ impl Collector for Metrics {
         let names: Vec<&str> = exports.iter().map(|e| e.name.as_str()).collect();
         out.extend(super::watch::families(&self.boards, &names));
         out.extend(super::pool::families(&self.pools.lock().unwrap_or_else(|e| e.into_inner())));
+        out.extend(super::cache::families(&self.caches.lock().unwrap_or_else(|e| e.into_inner())));
         out.extend(super::buffers::families(&self.buffers));
         out.extend(super::refused::families(&self.refused));
         out.extend(self.qos.get().map(|families| families()).unwrap_or_default());

@@ -3,6 +3,7 @@
 //! on the scraper's thread, and `endpoint` serves those over HTTP.
 
 mod buffers;
+mod cache;
 mod elastic;
 mod endpoint;
 mod exposition;
@@ -12,6 +13,7 @@ mod recorder;
 mod refused;
 mod watch;
 
+pub use cache::{CacheProbe, CacheSource};
 pub use elastic::{elastic_families, ElasticSample, ElasticState};
 pub use endpoint::{serve_http, MetricsServer};
 pub use pool::{PoolProbe, PoolSource};

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::cache::CacheSource;
 use super::pool::PoolSource;
 use super::watch::{Board, Boards};
 use crate::engine::BufferStats;
@@ -126,6 +127,8 @@ pub struct Metrics {
     index: Mutex<HashMap<String, usize>>,
     /// Pools among the exports, read at scrape time; replaced when a reload changes them.
     pub(super) pools: Mutex<Vec<PoolSource>>,
+    /// Cached volumes among the exports, read at scrape time; replaced like the pools.
+    pub(super) caches: Mutex<Vec<CacheSource>>,
     /// What the workers' buffer pools did; each worker's pool adds to it.
     pub buffers: Arc<BufferStats>,
     /// What each worker last saw of requests held at a backend.
@@ -155,6 +158,7 @@ impl Metrics {
             exports: (0..capacity).map(|_| OnceLock::new()).collect(),
             index: Mutex::default(),
             pools: Mutex::new(pools),
+            caches: Mutex::default(),
             buffers: Arc::default(),
             boards: Boards::new(capacity),
             refused: Default::default(),
@@ -207,6 +211,11 @@ impl Metrics {
     /// Replaces the pools shown at each scrape (a reload added or removed some).
     pub fn set_pools(&self, pools: Vec<PoolSource>) {
         *self.pools.lock().unwrap_or_else(|e| e.into_inner()) = pools;
+    }
+
+    /// Replaces the cached volumes shown at each scrape.
+    pub fn set_caches(&self, caches: Vec<CacheSource>) {
+        *self.caches.lock().unwrap_or_else(|e| e.into_inner()) = caches;
     }
 
     fn export(&self, export: usize) -> &ExportMetrics {

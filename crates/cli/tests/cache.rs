@@ -1,0 +1,256 @@
+//! A cached volume (`cache:FILE`) served by the real binary: a file export as the backing,
+//! two RAM exports as members, a third `sluice serve` serving the cache. Reads hit once
+//! filled, NBD_CMD_CACHE fills ahead of reads, a member killed and restarted empty costs
+//! no error and no stale read, and a bad file is refused naming the file and the key.
+mod common;
+use common::*;
+
+use sluice_client::{Client, Options, Uri};
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+/// The backing volume: room for the written range and a separate range for the hint.
+const VOLUME: u64 = 16 * MIB;
+/// Each member's RAM: 240 slots of 64 KiB blocks, so the 4 MiB the tests read (64 blocks)
+/// fits with room to spare and nothing is evicted.
+const MEMBER: &str = "memory:16M";
+const RANGE: usize = 4 * MIB as usize;
+const BLOCKS: f64 = (RANGE as u64 / (64 << 10)) as f64;
+/// Longest wait for what the cache does on its own (fills, a member marked down); each
+/// takes milliseconds.
+const SETTLE: Duration = Duration::from_secs(20);
+/// Longest wait for a restarted member to be used again: its reconnection backoff doubles
+/// from 250 ms, so a member down for a few seconds is retried within about 8 s.
+const BACK_UP: Duration = Duration::from_secs(40);
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    backing: Sluice,
+    members: Vec<Sluice>,
+    cache: Sluice,
+    metrics: u16,
+    /// The cache file.
+    file: std::path::PathBuf,
+}
+
+/// Starts the backing, the members, and the server of the cached volume (prefetch off, so
+/// that hits and misses are exact).
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(VOLUME).unwrap();
+    let backing = Sluice::start(&["--export", &format!("vol={}", disk.display())]);
+    let members: Vec<Sluice> = (0..2).map(|_| Sluice::start(&["--export", &format!("ram={MEMBER}")])).collect();
+    let names: Vec<String> = members.iter().map(|m| format!("{:?}", m.uri_for("ram"))).collect();
+    let file = dir.path().join("cache.toml");
+    let text = format!("backing = {:?}\nmembers = [{}]\nblock = \"64K\"\nprefetch = \"off\"\n", backing.uri_for("vol"), names.join(", "));
+    std::fs::write(&file, text).unwrap();
+    let metrics = free_port();
+    let cache = Sluice::start(&["--export", &format!("v=cache:{}", file.display()), "--metrics", &format!("127.0.0.1:{metrics}")]);
+    Setup { _dir: dir, backing, members, cache, metrics, file }
+}
+
+impl Setup {
+    fn logs(&self) -> String {
+        let members: Vec<String> = self.members.iter().enumerate().map(|(i, m)| format!("--- member {i}:\n{}", m.log_text())).collect();
+        format!("--- cache:\n{}\n--- backing:\n{}\n{}", self.cache.log_text(), self.backing.log_text(), members.join("\n"))
+    }
+
+    fn metric(&self, series: &str) -> f64 {
+        sample(&http_get(self.metrics, "/metrics").1, series)
+    }
+
+    fn counter(&self, name: &str) -> f64 {
+        self.metric(&format!("sluice_cache_{name}_total{{export=\"v\"}}"))
+    }
+
+    fn member_up(&self, i: usize) -> f64 {
+        let uri = self.members[i].uri_for("ram");
+        self.metric(&format!("sluice_cache_member_up{{export=\"v\",member=\"{i}\",uri=\"{uri}\"}}"))
+    }
+
+    /// Waits until `name` reaches `at_least`.
+    fn wait_counter(&self, name: &str, at_least: f64) {
+        wait_until(&format!("sluice_cache_{name}_total >= {at_least}"), SETTLE, || self.counter(name) >= at_least, || self.logs());
+    }
+
+    fn wait_member(&self, i: usize, up: bool, limit: Duration) {
+        wait_until(&format!("member {i} shown {}", if up { "up" } else { "down" }), limit, || self.member_up(i) == up as u64 as f64, || self.logs());
+    }
+
+    async fn client(&self) -> Client {
+        Client::connect_with(&Uri::parse(&self.cache.uri_for("v")).unwrap(), &Options::default()).await.expect("connect to the cached volume")
+    }
+}
+
+async fn read_back(c: &Client, expected: &[u8], what: &str) {
+    let got = c.read_owned(0, vec![0; expected.len()]).await.unwrap_or_else(|e| panic!("{what}: the read failed: {e}"));
+    assert!(got == expected, "{what}: the cached volume did not read back the last data written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_hit_once_filled_and_the_cache_hint_fills_ahead() {
+    let s = setup();
+    s.wait_member(0, true, SETTLE);
+    s.wait_member(1, true, SETTLE);
+    let c = s.client().await;
+    let data = pattern(RANGE, 1);
+    c.write(0, &data, false).await.expect("write through the cache");
+    read_back(&c, &data, "first read (misses)").await;
+    assert_eq!(s.counter("misses"), BLOCKS, "{}", s.logs());
+    // Fills complete after the read's reply; the second read hits only once they have.
+    s.wait_counter("fills", BLOCKS);
+    read_back(&c, &data, "second read (hits)").await;
+    assert_eq!((s.counter("hits"), s.counter("misses")), (BLOCKS, BLOCKS), "{}", s.logs());
+    assert_eq!(s.counter("hit_bytes"), RANGE as f64);
+
+    // NBD_CMD_CACHE over 1 MiB not read yet (16 blocks) fills it; the reads that follow hit.
+    let uri = s.cache.uri_for("v");
+    let script = format!("h.cache({MIB}, {})\nprint('cached')", 8 * MIB);
+    let (ok, out, err) = run("nbdsh", &["-u", &uri, "-c", &script]);
+    assert!(ok && out.contains("cached"), "nbdsh: {out}{err}\n{}", s.logs());
+    s.wait_counter("fills", BLOCKS + 16.0);
+    let zeros = c.read_owned(8 * MIB, vec![1; MIB as usize]).await.expect("read the hinted range");
+    assert!(zeros.iter().all(|&b| b == 0), "the hinted range reads as the backing holds it");
+    assert_eq!(s.counter("hits"), BLOCKS + 16.0, "{}", s.logs());
+    assert_eq!(s.counter("prefetched_used_bytes"), MIB as f64, "{}", s.logs());
+    c.disconnect().await;
+
+    // `info` opens the volume itself and shows its members, as JSON too.
+    let spec = format!("cache:{}", s.file.display());
+    let (ok, out, err) = run(SLUICE, &["info", "--json", &spec]);
+    assert!(ok, "info: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("info --json prints JSON");
+    assert_eq!(v["size"], VOLUME);
+    let members = v["cache"]["members"].as_array().expect("the members");
+    assert!(members.len() == 2 && members.iter().all(|m| m["up"] == true && m["slots"] == 240), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_and_restarted_empty_costs_no_error_and_no_stale_read() {
+    let mut s = setup();
+    s.wait_member(0, true, SETTLE);
+    s.wait_member(1, true, SETTLE);
+    let c = s.client().await;
+    let first = pattern(RANGE, 2);
+    c.write(0, &first, false).await.expect("write through the cache");
+    read_back(&c, &first, "filling read").await;
+    s.wait_counter("fills", BLOCKS);
+
+    s.members[0].kill();
+    read_back(&c, &first, "a read with member 0 killed").await;
+    s.wait_member(0, false, SETTLE);
+    // Written while the member is down: what it held is gone, what member 1 holds is
+    // invalidated, and nothing older may come back.
+    let second = pattern(RANGE, 3);
+    c.write(0, &second, true).await.expect("a write with member 0 down");
+    read_back(&c, &second, "a read after a write with member 0 down").await;
+
+    s.members[0].restart();
+    s.wait_member(0, true, BACK_UP);
+    // What member 1 filled while member 0 was down still hits there.
+    read_back(&c, &second, "a read with member 0 back, empty").await;
+    // New data spreads over both members again, and reads back.
+    let third = pattern(RANGE, 4);
+    c.write(0, &third, false).await.expect("a write with both members up");
+    let fills = s.counter("fills");
+    read_back(&c, &third, "a read after the last write").await;
+    s.wait_counter("fills", fills + BLOCKS);
+    read_back(&c, &third, "a read again, from the members").await;
+    let uri = s.members[0].uri_for("ram");
+    let used = s.metric(&format!("sluice_cache_member_slots_used{{export=\"v\",member=\"0\",uri=\"{uri}\"}}"));
+    assert!(used > 0.0, "member 0 holds none of the blocks filled after its return\n{}", s.logs());
+    assert!(s.counter("member_failures") >= 1.0, "{}", s.logs());
+    c.disconnect().await;
+}
+
+/// A cache file that does not check out stops `info` (exit 2) and `serve`, and the message
+/// names the file and the key.
+#[test]
+fn a_bad_cache_file_is_refused_naming_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("backing = \"nbd://h/v\"\nmembers = [\"nbd://a/ram\"]\nblock = \"96K\"\n", "block"),
+        ("backing = \"nbd://h/v\"\nmembers = [\"nbd://a/ram\"]\ncolour = \"blue\"\n", "colour"),
+        ("members = [\"nbd://a/ram\"]\n", "backing"),
+        ("backing = \"nbd://h/v\"\nmembers = [\"nbd://a/ram\", \"nbd://a/ram\"]\n", "members[1]"),
+        ("backing = \"/var/lib/disk.img\"\nmembers = [\"nbd://a/ram\"]\n", "backing \"/var/lib/disk.img\""),
+    ];
+    for (i, (text, key)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let spec = format!("cache:{}", file.display());
+        let out = output(std::process::Command::new(SLUICE).args(["info", &spec]));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "info {text:?}: {err}");
+        assert!(err.contains(&file.display().to_string()) && err.contains(key), "info {text:?} should name the file and {key:?}: {err}");
+    }
+    let file = dir.path().join("bad0.toml");
+    let out = output(std::process::Command::new(SLUICE).args(["serve", "--export", &format!("v=cache:{}", file.display()), "--unix"]).arg(dir.path().join("s.sock")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(&file.display().to_string()) && err.contains("block"), "serve: {err}");
+    // `serve --check` reads the file without contacting the backing or the members.
+    let check = |spec: &str| output(std::process::Command::new(SLUICE).args(["serve", "--check", "--export", &format!("v={spec}"), "--unix"]).arg(dir.path().join("s.sock")));
+    let out = check(&format!("cache:{}", file.display()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains(&file.display().to_string()) && err.contains("block"), "serve --check: {err}");
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "backing = \"nbd://nowhere.invalid/v\"\nmembers = [\"nbd://nowhere.invalid/ram\"]\n").unwrap();
+    let out = check(&format!("cache:{}", good.display()));
+    assert!(out.status.success(), "serve --check of a good file: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// fio writes and verifies through the cached volume (4K to 64K at queue depth 16) while a
+/// member is killed and restarted empty: no error, no verify failure.
+#[test]
+fn fio_verifies_through_a_member_killed_and_restarted() {
+    require!("fio");
+    let mut s = setup();
+    s.wait_member(0, true, SETTLE);
+    s.wait_member(1, true, SETTLE);
+    let uri = format!("--uri={}", s.cache.uri_for("v"));
+    let args = ["--name=cache", "--ioengine=nbd", &uri, "--rw=randwrite", "--bsrange=4k-64k", "--iodepth=16", "--size=8M", "--loops=12", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0"];
+    let fio = run_in_background("fio", &args);
+    // A fill or a hit in flight when the member dies fails over to the backing.
+    s.wait_counter("fills", 1.0);
+    s.members[0].kill();
+    assert!(!fio.is_finished(), "fio was done before the member was killed: give it more loops");
+    s.wait_member(0, false, SETTLE);
+    s.members[0].restart();
+    s.wait_member(0, true, BACK_UP);
+    let (ok, out, err) = fio.join().unwrap();
+    let text = format!("{out}{err}");
+    let verify: Vec<&str> = text.lines().filter(|l| l.contains("verify:") || l.contains("bad magic")).collect();
+    assert!(ok && text.contains("err= 0") && verify.is_empty(), "fio through the cache failed: {verify:#?}\n{text}\n{}", s.logs());
+    assert!(s.counter("member_failures") >= 1.0 && s.counter("fills") > 0.0, "{}", s.logs());
+}
+
+/// A member that stops answering (SIGSTOP) holds reads up for the member timeout (2 s)
+/// at most: then it is marked down, its reads go to the backing, and writes made
+/// meanwhile read back; killed and restarted, it is used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_member_is_timed_out_and_its_reads_go_to_the_backing() {
+    let mut s = setup();
+    s.wait_member(0, true, SETTLE);
+    s.wait_member(1, true, SETTLE);
+    let c = s.client().await;
+    let first = pattern(RANGE, 5);
+    c.write(0, &first, false).await.expect("write through the cache");
+    read_back(&c, &first, "filling read").await;
+    s.wait_counter("fills", BLOCKS);
+
+    s.members[0].pause();
+    let started = std::time::Instant::now();
+    read_back(&c, &first, "a read with member 0 stalled").await;
+    assert!(started.elapsed() < SETTLE, "the stalled member held the read up for {:?}", started.elapsed());
+    s.wait_member(0, false, SETTLE);
+    let second = pattern(RANGE, 6);
+    c.write(0, &second, false).await.expect("a write with member 0 stalled");
+    read_back(&c, &second, "a read after a write with member 0 stalled").await;
+
+    s.members[0].kill();
+    s.members[0].restart();
+    s.wait_member(0, true, BACK_UP);
+    read_back(&c, &second, "a read with member 0 back").await;
+    c.disconnect().await;
+}

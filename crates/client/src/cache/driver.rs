@@ -1,0 +1,120 @@
+//! A cached volume as `Client` uses it: requests in, replies out, the live status, and a
+//! clean stop. Everything goes to the shell's task through one inbox.
+//!
+//! Memory stays bounded by the callers: each `call` puts one request in the inbox and
+//! holds it until answered, so the requests the task holds are the callers' requests in
+//! flight (a server's per-connection in-flight limit times its connections; a `Client`
+//! user's own futures). What the task holds besides is bounded by the core: its
+//! operations per request (a request's blocks, at most one more at each end), prefetch
+//! and hints (`PREFETCH_INFLIGHT_MAX` fills, `STREAMS_MAX` windows), and one pending
+//! connection per member; each completion is one inbox entry for one such operation.
+
+use super::shell::{self, Event};
+use super::status::Status;
+use crate::connection::Outcome;
+use crate::error::Error;
+use crate::pool::member::Member;
+use crate::pool::requests::{gather, land};
+use crate::uri::Uri;
+use sluice_cache::{Config, Request};
+use sluice_proto::wire::*;
+use std::io::IoSlice;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+pub(crate) struct CacheDriver<M: Member> {
+    inbox: mpsc::UnboundedSender<Event<M>>,
+    /// Connections open now: the backing's and the members' (kept by the shell).
+    connections: Arc<AtomicUsize>,
+}
+
+impl<M: Member> CacheDriver<M> {
+    /// Starts the task that owns the core; the members connect in the background.
+    pub(crate) fn start(path: &Path, config: Config, backing: M, members: Vec<Uri>, member_options: M::Options) -> CacheDriver<M> {
+        let connections = Arc::new(AtomicUsize::new(backing.connections()));
+        let inbox = shell::spawn(path, config, backing, members, member_options, Arc::clone(&connections));
+        CacheDriver { inbox, connections }
+    }
+
+    /// One request that `Client` checked and split, as it would send it to a server.
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], mut bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+        let request = request(cmd, flags, offset, len as u64, payload)?;
+        let (done, answer) = oneshot::channel();
+        self.inbox.send(Event::Request { request, done }).map_err(|_| Error::Closed)?;
+        match answer.await {
+            Ok(Ok(data)) if cmd == CMD_READ => {
+                if data.len() as u64 != len as u64 {
+                    return Err(Error::Protocol(format!("the cache answered a read of {len} bytes with {}", data.len())));
+                }
+                land(&mut bufs, 0, data);
+                Ok(Outcome::Read(bufs))
+            }
+            Ok(Ok(_)) => Ok(Outcome::Done),
+            Ok(Err(f)) => Err(Error::Server { errno: f.errno.code(), message: Some(f.message) }),
+            // The task stopped with the request unanswered.
+            Err(_) => Err(Error::Closed),
+        }
+    }
+
+    /// The counters and the members' state now; None once the task stopped.
+    pub(crate) async fn status(&self) -> Option<Status> {
+        let (tx, rx) = oneshot::channel();
+        self.inbox.send(Event::Status(tx)).ok()?;
+        rx.await.ok()
+    }
+
+    /// Stops taking requests, lets those in flight finish, then disconnects the backing
+    /// and the members.
+    pub(crate) async fn disconnect(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.inbox.send(Event::Stop(Some(tx))).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    pub(crate) fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+}
+
+impl<M: Member> Drop for CacheDriver<M> {
+    /// The task holds the connections; without a client left, it stops.
+    fn drop(&mut self) {
+        let _ = self.inbox.send(Event::Stop(None));
+    }
+}
+
+/// The core's request for an NBD request that `Client` already checked (range, alignment,
+/// read-only, flags the export advertises).
+fn request(cmd: u16, flags: u16, offset: u64, len: u64, payload: &[IoSlice<'_>]) -> Result<Request, Error> {
+    let fua = flags & CMD_FLAG_FUA != 0;
+    match cmd {
+        CMD_READ => Ok(Request::Read { offset, len }),
+        CMD_WRITE => Ok(Request::Write { offset, data: gather(payload), fua }),
+        CMD_WRITE_ZEROES => Ok(Request::Zero { offset, len, fua, may_trim: flags & CMD_FLAG_NO_HOLE == 0 }),
+        CMD_TRIM => Ok(Request::Trim { offset, len, fua }),
+        CMD_FLUSH => Ok(Request::Flush),
+        CMD_CACHE => Ok(Request::Cache { offset, len }),
+        // The volume does not advertise base:allocation, so Client never sends it.
+        _ => Err(Error::Unsupported("BLOCK_STATUS")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_carry_their_flags() {
+        let data = [7u8; 3];
+        assert_eq!(request(CMD_READ, 0, 4096, 512, &[]).unwrap(), Request::Read { offset: 4096, len: 512 });
+        assert_eq!(request(CMD_WRITE, CMD_FLAG_FUA, 0, 3, &[IoSlice::new(&data)]).unwrap(), Request::Write { offset: 0, data: data.to_vec(), fua: true });
+        assert_eq!(request(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1, 2, &[]).unwrap(), Request::Zero { offset: 1, len: 2, fua: false, may_trim: false });
+        assert_eq!(request(CMD_TRIM, 0, 3, 4, &[]).unwrap(), Request::Trim { offset: 3, len: 4, fua: false });
+        assert_eq!(request(CMD_CACHE, 0, 8, 9, &[]).unwrap(), Request::Cache { offset: 8, len: 9 });
+        assert_eq!(request(CMD_FLUSH, 0, 0, 0, &[]).unwrap(), Request::Flush);
+        assert!(matches!(request(CMD_BLOCK_STATUS, 0, 0, 1, &[]), Err(Error::Unsupported(_))));
+    }
+}

@@ -1,0 +1,94 @@
+//! The driver with a backing and members in memory (the pool's `Fake`): requests go
+//! through the task, hits count once fills are done, and a member that fails is dropped,
+//! connected again after its backoff, and never serves what it held before.
+
+use super::driver::CacheDriver;
+use super::status::Status;
+use crate::connection::Outcome;
+use crate::pool::fake::Fake;
+use crate::uri::Uri;
+use sluice_proto::wire::*;
+use std::io::IoSlice;
+use std::path::Path;
+use std::time::Duration;
+
+const BLOCK: u64 = 4096;
+/// 16 blocks, spread over both members.
+const RANGE: usize = 64 << 10;
+/// Longest wait for the task to do something on its own (a fill, a reconnection after the
+/// first 250 ms backoff); it takes milliseconds.
+const SETTLE: Duration = Duration::from_secs(10);
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..RANGE).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+async fn read(d: &CacheDriver<Fake>, offset: u64, len: usize) -> Vec<u8> {
+    match d.call(CMD_READ, 0, offset, len as u32, &[], vec![vec![0; len]]).await.expect("a read") {
+        Outcome::Read(mut bufs) => bufs.remove(0),
+        _ => panic!("a read answered without data"),
+    }
+}
+
+async fn write(d: &CacheDriver<Fake>, offset: u64, data: &[u8]) {
+    d.call(CMD_WRITE, CMD_FLAG_FUA, offset, data.len() as u32, &[IoSlice::new(data)], Vec::new()).await.expect("a write");
+}
+
+/// Waits (bounded) until the status satisfies `done`.
+async fn wait(d: &CacheDriver<Fake>, what: &str, done: impl Fn(&Status) -> bool) -> Status {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let s = d.status().await.expect("the task answers");
+        if done(&s) {
+            return s;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "waited {SETTLE:?} for {what}: {s:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_count_and_a_failed_member_comes_back_empty() {
+    let uris: Vec<Uri> = ["nbd://cache-test-a/ram", "nbd://cache-test-b/ram"].iter().map(|u| Uri::parse(u).unwrap()).collect();
+    let members: Vec<Fake> = uris.iter().map(|_| Fake::new(32 * 2 * BLOCK, true, true, true)).collect();
+    for (m, u) in members.iter().zip(&uris) {
+        m.listen(&u.to_string());
+    }
+    let names: Vec<String> = uris.iter().map(|u| format!("{:?}", u.to_string())).collect();
+    let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{}]\nblock = \"4K\"\nprefetch = \"off\"\n", names.join(", "));
+    let config = sluice_cache::config::parse(&text).unwrap();
+    let backing = Fake::new(1 << 20, true, true, true);
+    let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), uris.clone(), ());
+    wait(&d, "both members up", |s| s.members.iter().all(|m| m.up && m.slots == 32)).await;
+
+    let first = pattern(1);
+    write(&d, 0, &first).await;
+    assert_eq!(backing.bytes(0, RANGE), first, "the write reached the backing before its answer");
+    assert_eq!(read(&d, 0, RANGE).await, first);
+    wait(&d, "the misses filled", |s| s.counters.fills == 16).await;
+    assert_eq!(read(&d, 0, RANGE).await, first);
+    let s = d.status().await.unwrap();
+    assert_eq!((s.counters.hits, s.counters.misses, s.block_bytes), (16, 16, BLOCK));
+
+    // Both members fail their next operation: the read is served from the backing, and
+    // they come back (empty, though their memory still holds the old slots).
+    members.iter().for_each(Fake::fail_next);
+    assert_eq!(read(&d, 0, RANGE).await, first);
+    wait(&d, "the members dropped", |s| s.counters.member_failures == 2).await;
+    wait(&d, "the members back", |s| s.members.iter().all(|m| m.up && m.used == 0)).await;
+    let second = pattern(2);
+    write(&d, 0, &second).await;
+    assert_eq!(read(&d, 0, RANGE).await, second);
+    assert_eq!(read(&d, 0, RANGE).await, second, "no slot from before the failure is read");
+
+    // NBD_CMD_CACHE fills a range not read yet; reading it then hits.
+    let hits = d.status().await.unwrap().counters.hits;
+    d.call(CMD_CACHE, 0, 256 << 10, 8 * BLOCK as u32, &[], Vec::new()).await.expect("the hint");
+    assert_eq!(read(&d, 256 << 10, 8 * BLOCK as usize).await, vec![0; 8 * BLOCK as usize]);
+    assert_eq!(d.status().await.unwrap().counters.hits, hits + 8);
+    d.disconnect().await;
+    assert!(d.status().await.is_none(), "the task stopped");
+    for u in &uris {
+        Fake::unlisten(&u.to_string());
+    }
+}
