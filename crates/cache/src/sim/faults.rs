@@ -72,17 +72,16 @@ impl World {
     }
 
     /// Carries out a backing operation; now and then (in runs with faults) it fails, a
-    /// write having landed or not.
-    pub(super) fn backing_op(&mut self, cmd: &Cmd) -> Outcome {
+    /// write having landed or not. Whether it was applied.
+    pub(super) fn backing_op(&mut self, cmd: &Cmd) -> (Outcome, bool) {
         if !self.knobs.faults || self.rng.below(300) != 0 {
-            return store::apply(&mut self.backing, cmd);
+            let out = store::apply(&mut self.backing, cmd);
+            let applied = out.is_ok();
+            return (out, applied);
         }
-        self.backing_failures += 1;
-        if self.rng.below(2) == 0 {
-            let _ = store::apply(&mut self.backing, cmd);
-        }
-        self.log.push(format!("{} the backing fails an operation", self.now));
-        Err("injected backing failure".into())
+        let applied = self.rng.below(2) == 0 && store::apply(&mut self.backing, cmd).is_ok();
+        self.log.push(format!("{} the backing fails an operation (applied: {applied})", self.now));
+        (Err(super::INJECTED.into()), applied)
     }
 
     pub(super) fn schedule_restart(&mut self, m: usize) {
