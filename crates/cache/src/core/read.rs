@@ -67,7 +67,8 @@ impl Cache {
         p.parts += 1;
         let bs = self.p.block_bytes;
         let mut start = first * bs;
-        let mut end = ((first + fills.len() as u64) * bs).min(self.p.volume_bytes);
+        // Not `(first + n) * bs`: the last block's end may lie past u64::MAX.
+        let mut end = start + (fills.len() as u64 * bs).min(self.p.volume_bytes - start);
         if head.is_none() {
             start = start.max(p.offset);
         }
@@ -138,7 +139,7 @@ impl Cache {
             }
             return self.reread(req, block);
         };
-        let used = self.copy_into(req, block * self.p.block_bytes, data);
+        let used = self.copy_into(req, block * self.p.block_bytes, &data[..self.block_len(block) as usize]);
         self.counters.hits += 1;
         self.counters.hit_bytes += used;
         if prefetched {

@@ -18,18 +18,24 @@ struct Rig {
 
 impl Rig {
     fn new(prefetch: bool) -> Rig {
+        Rig::with(16 * BS, BS, 8, prefetch)
+    }
+
+    /// A volume of `volume` bytes in blocks of `bs`, byte `i` of the backing holding
+    /// `i / BS + 1`, and one member lending `slots` slots.
+    fn with(volume: u64, bs: u64, slots: u64, prefetch: bool) -> Rig {
         let p = Params {
-            volume_bytes: 16 * BS,
-            block_bytes: BS,
+            volume_bytes: volume,
+            block_bytes: bs,
             identity: 99,
             members: vec!["nbd://a/ram".into()],
             prefetch,
             prefetch_window_blocks: 2,
         };
         let mut cache = Cache::new(p);
-        cache.handle_member_up(0, 0, 8);
-        let member = vec![0; (8 * cache.slot_bytes()) as usize];
-        let backing = (0..16 * BS).map(|i| (i / BS) as u8 + 1).collect();
+        cache.handle_member_up(0, 0, slots);
+        let member = vec![0; (slots * cache.slot_bytes()) as usize];
+        let backing = (0..volume).map(|i| ((i / BS) as u8).wrapping_add(1)).collect();
         Rig { cache, backing, member, replies: Vec::new(), held: Vec::new(), reconnects: 0 }
     }
 
@@ -200,4 +206,55 @@ fn with_no_member_a_read_takes_only_what_it_asked() {
     r.settle();
     assert_eq!(r.replies.pop(), Some((ReqId(1), vec![1; 500])));
     assert_eq!(r.cache.counters().fills, 0);
+}
+
+#[test]
+fn a_short_last_block_of_4m_reads_writes_and_hits() {
+    let bs = 4 << 20;
+    let volume = 2 * bs + 3 * 512;
+    let mut r = Rig::with(volume, bs, 2, false);
+    let tail = |r: &Rig, from: u64| r.backing[from as usize..volume as usize].to_vec();
+    assert_eq!(r.read(1, bs - 512, bs + 2048), tail(&r, bs - 512));
+    assert_eq!(r.cache.counters().fills, 2);
+    r.request(2, Request::Write { offset: volume - 512, data: vec![0xee; 512], fua: true });
+    r.settle();
+    assert_eq!(r.read(3, volume - 1024, 1024), [tail(&r, volume - 1024)[..512].to_vec(), vec![0xee; 512]].concat());
+    assert_eq!(r.read(4, volume - 700, 700), tail(&r, volume - 700));
+    assert_eq!(r.cache.counters().hits, 1, "refilled after the write, then a hit");
+    r.request(5, Request::Read { offset: volume, len: 0 });
+    r.request(6, Request::Write { offset: volume, data: Vec::new(), fua: false });
+    r.settle();
+    assert!([5, 6].iter().all(|&id| r.replies.iter().any(|(q, _)| *q == ReqId(id))), "zero-length requests at the end are replied");
+}
+
+/// A volume that ends within a block of 2^64: the last block's end is past u64::MAX.
+#[test]
+fn the_last_block_of_a_volume_near_u64_max() {
+    let volume = u64::MAX - 511;
+    let p = Params { volume_bytes: volume, block_bytes: BS, identity: 7, members: vec!["nbd://a/ram".into()], prefetch: true, prefetch_window_blocks: 2 };
+    let mut cache = Cache::new(p);
+    cache.handle_member_up(0, 0, 4);
+    let (last, last_len) = (volume / BS * BS, volume % BS);
+    let mut slot = Vec::new();
+    for (id, (offset, len)) in [(1, (volume - 1024, 1024)), (2, (volume - 512, 512)), (3, (last, last_len))] {
+        cache.handle_request(0, ReqId(id), Request::Read { offset, len });
+        let mut reply = None;
+        while let Some(a) = cache.poll_action() {
+            match a {
+                Action::Backing { op, cmd: BackingCmd::Read { offset: o, len: l } } => {
+                    assert!(o >= last && o.checked_add(l) == Some(volume), "reads {o}+{l}, past the volume");
+                    cache.handle_backing_done(0, op, Ok(vec![9; l as usize]));
+                }
+                Action::Member { op, cmd: MemberCmd::Write { data, .. }, .. } => {
+                    slot = data;
+                    cache.handle_member_done(0, op, Ok(Vec::new()));
+                }
+                Action::Member { op, cmd: MemberCmd::Read { .. }, .. } => cache.handle_member_done(0, op, Ok(slot.clone())),
+                Action::Reply { result, .. } => reply = Some(result.expect("read")),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(reply, Some(vec![9; len as usize]));
+    }
+    assert_eq!((cache.counters().fills, cache.counters().hits), (1, 2));
 }
