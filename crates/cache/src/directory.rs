@@ -38,13 +38,17 @@ struct SlotMeta {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemberState {
     Up,
-    /// Failed; `failures` in a row since it was last up (for the reconnect backoff).
+    /// Failed; `failures` in a row since it last answered an operation (for the reconnect
+    /// backoff: a member that comes back and fails at once waits longer each time).
     Down { failures: u32 },
 }
 
 struct Member {
     seed: u64,
     state: MemberState,
+    /// Failures since the member last answered an operation: a member that comes up and
+    /// fails again at once keeps counting, so its reconnects back off.
+    failures: u32,
     slots: Vec<SlotMeta>,
     hand: usize,
 }
@@ -66,7 +70,7 @@ impl Directory {
     pub fn new(names: &[String]) -> Directory {
         let members = names
             .iter()
-            .map(|n| Member { seed: xxh3_64(n.as_bytes()), state: MemberState::Down { failures: 0 }, slots: Vec::new(), hand: 0 })
+            .map(|n| Member { seed: xxh3_64(n.as_bytes()), state: MemberState::Down { failures: 0 }, failures: 0, slots: Vec::new(), hand: 0 })
             .collect();
         Directory { blocks: HashMap::new(), members }
     }
@@ -191,15 +195,17 @@ impl Directory {
     /// The member failed: every block it held is forgotten. Returns the entries dropped.
     pub fn member_down(&mut self, member: usize) -> Vec<Entry> {
         let m = &mut self.members[member];
-        let failures = match m.state {
-            MemberState::Up => 1,
-            MemberState::Down { failures } => failures + 1,
-        };
-        m.state = MemberState::Down { failures };
+        m.failures = m.failures.saturating_add(1);
+        m.state = MemberState::Down { failures: m.failures };
         let gone: Vec<u64> = m.slots.iter().filter(|s| !s.filling).filter_map(|s| s.block).collect();
         m.slots = Vec::new();
         m.hand = 0;
         gone.iter().filter_map(|b| self.blocks.remove(b)).collect()
+    }
+
+    /// The member answered an operation: its failures in a row are over.
+    pub fn member_answered(&mut self, member: usize) {
+        self.members[member].failures = 0;
     }
 
     /// The member answers again, empty, lending `slots` slots (bounded).

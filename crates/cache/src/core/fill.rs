@@ -72,6 +72,9 @@ impl Cache {
 
     pub(super) fn slot_write_done(&mut self, f: u64, outcome: Outcome) {
         let Stage::Writing(e) = self.fills[&f].stage else { unreachable!("a slot write of a fill not writing") };
+        if outcome.is_ok() {
+            self.dir.member_answered(e.member);
+        }
         match outcome {
             Ok(_) if !self.fills[&f].stale => {
                 self.dir.install(e.member, e.slot, e.generation, e.prefetched);

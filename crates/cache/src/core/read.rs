@@ -123,6 +123,7 @@ impl Cache {
                 return self.reread(req, block);
             }
         };
+        self.dir.member_answered(e.member);
         #[cfg(test)]
         let e = Entry { generation: if self.break_generation { slot::claimed_generation(&bytes) } else { e.generation }, ..e };
         let want = self.header(block, e.generation);

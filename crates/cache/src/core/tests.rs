@@ -14,6 +14,8 @@ struct Rig {
     /// Operations not yet completed, in the order they were asked for.
     held: Vec<Action>,
     reconnects: usize,
+    /// The `failures` of the last reconnect asked for.
+    failures: u32,
 }
 
 impl Rig {
@@ -36,7 +38,7 @@ impl Rig {
         cache.handle_member_up(0, 0, slots);
         let member = vec![0; (slots * cache.slot_bytes()) as usize];
         let backing = (0..volume).map(|i| ((i / BS) as u8).wrapping_add(1)).collect();
-        Rig { cache, backing, member, replies: Vec::new(), held: Vec::new(), reconnects: 0 }
+        Rig { cache, backing, member, replies: Vec::new(), held: Vec::new(), reconnects: 0, failures: 0 }
     }
 
     fn request(&mut self, id: u64, r: Request) {
@@ -48,7 +50,10 @@ impl Rig {
         while let Some(a) = self.cache.poll_action() {
             match a {
                 Action::Reply { req, result } => self.replies.push((req, result.expect("no failures here"))),
-                Action::Reconnect { .. } => self.reconnects += 1,
+                Action::Reconnect { failures, .. } => {
+                    self.reconnects += 1;
+                    self.failures = failures;
+                }
                 other => self.held.push(other),
             }
         }
@@ -257,4 +262,34 @@ fn the_last_block_of_a_volume_near_u64_max() {
         assert_eq!(reply, Some(vec![9; len as usize]));
     }
     assert_eq!((cache.counters().fills, cache.counters().hits), (1, 2));
+}
+
+/// Fails the next slot operation the rig holds (a read or a fill's write).
+fn fail_member_op(r: &mut Rig) {
+    let at = r.held.iter().position(|a| matches!(a, Action::Member { .. })).expect("a member operation");
+    let Action::Member { op, .. } = r.held.remove(at) else { unreachable!() };
+    r.cache.handle_member_done(0, op, Err("connection reset".into()));
+    r.collect();
+    r.settle();
+}
+
+#[test]
+fn a_member_that_keeps_failing_backs_off_longer() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    r.request(2, Request::Read { offset: 0, len: BS });
+    fail_member_op(&mut r);
+    assert_eq!((r.reconnects, r.failures), (1, 1));
+    for (id, failures) in [(3, 2), (4, 3)] {
+        r.cache.handle_member_up(0, 0, 8);
+        r.request(id, Request::Read { offset: id * BS, len: BS });
+        r.complete(1);
+        fail_member_op(&mut r);
+        assert_eq!((r.reconnects, r.failures), (id as usize - 1, failures), "failed again without ever answering");
+    }
+    r.cache.handle_member_up(0, 0, 8);
+    r.read(5, 5 * BS, BS);
+    r.request(6, Request::Read { offset: 5 * BS, len: BS });
+    fail_member_op(&mut r);
+    assert_eq!(r.failures, 1, "it answered in between: the count starts again");
 }
