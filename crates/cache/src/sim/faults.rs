@@ -1,6 +1,7 @@
 //! Member faults: deaths the shell reports, deaths seen as failed operations, hangs the
-//! core must time out, silent restarts (all zeros, the same connection), old slot writes
-//! landing again, and dropped pages (an elastic member giving memory back).
+//! core must time out, silent restarts (all zeros, the same connection), reconnects that
+//! keep the member's memory (reported up, never down), old slot writes landing again, and
+//! dropped pages (an elastic member giving memory back).
 
 use super::store::{self, Cmd};
 use super::World;
@@ -15,7 +16,7 @@ impl World {
         if !self.members[m].alive {
             return;
         }
-        match self.rng.below(7) {
+        match self.rng.below(8) {
             0 => {
                 self.members[m].alive = false;
                 self.log.push(format!("{} member {m} dies, reported", self.now));
@@ -31,6 +32,14 @@ impl World {
                 self.members[m].bytes.fill(0);
             }
             3 => self.replay_write(m),
+            4 => {
+                // The shell lost the connection and got it back at once, never reporting it
+                // down; the old connection's operations may still land.
+                let slots = self.members[m].bytes.len() as u64 / self.cache.slot_bytes();
+                self.members[m].restart(slots, self.cache.slot_bytes(), true);
+                self.log.push(format!("{} member {m} reconnects, memory kept, reported up", self.now));
+                self.cache.handle_member_up(self.now, m, slots);
+            }
             _ => self.drop_pages(m),
         }
     }
@@ -95,10 +104,10 @@ impl World {
         for m in 0..self.members.len() {
             if self.restart_at[m].is_some_and(|t| t <= self.now) {
                 self.restart_at[m] = None;
-                let slots = self.member_slots();
+                let (slots, keep) = (self.member_slots(), self.rng.below(2) == 0);
                 let slot_bytes = self.cache.slot_bytes();
-                self.members[m].restart(slots, slot_bytes);
-                self.log.push(format!("{} member {m} up with {slots} slots", self.now));
+                self.members[m].restart(slots, slot_bytes, keep);
+                self.log.push(format!("{} member {m} up with {slots} slots (memory kept: {keep})", self.now));
                 self.cache.handle_member_up(self.now, m, slots);
             }
         }

@@ -42,8 +42,14 @@ pub struct Member {
 }
 
 impl Member {
-    pub fn restart(&mut self, slots: u64, slot_bytes: u64) {
-        self.bytes = vec![0; (slots * slot_bytes) as usize];
+    /// Comes back with `slots` slots: empty after a restart, or (`keep`: only the
+    /// connection was lost) still holding what it held, slots of this gateway with valid
+    /// headers of fills it has forgotten.
+    pub fn restart(&mut self, slots: u64, slot_bytes: u64, keep: bool) {
+        if !keep {
+            self.bytes.clear();
+        }
+        self.bytes.resize((slots * slot_bytes) as usize, 0);
         self.alive = true;
         self.hung = false;
         self.epoch += 1;
