@@ -231,6 +231,17 @@ impl Directory {
         }
         Ok(())
     }
+
+    /// With nothing in flight: no slot is kept from reuse by a read or a fill that ended.
+    #[cfg(test)]
+    pub fn check_idle(&self) -> Result<(), String> {
+        for (m, member) in self.members.iter().enumerate() {
+            if let Some((i, s)) = member.slots.iter().enumerate().find(|(_, s)| s.busy > 0 || s.filling) {
+                return Err(format!("idle, yet member {m} slot {i} is held: {s:?}"));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -237,6 +237,15 @@ impl Cache {
         Ok(())
     }
 
+    /// With no request in flight and every operation reported: nothing is left held.
+    #[cfg(test)]
+    pub(crate) fn check_idle(&self) -> Result<(), String> {
+        if !self.ops.is_empty() || !self.writes.is_empty() || self.demand_reads != 0 {
+            return Err(format!("idle, yet {} operations, {} writes, {} demand reads held", self.ops.len(), self.writes.len(), self.demand_reads));
+        }
+        self.dir.check_idle()
+    }
+
     fn new_op(&mut self, kind: OpKind, member: Option<usize>) -> OpId {
         let op = OpId(self.next_op);
         self.next_op += 1;

@@ -305,6 +305,7 @@ impl World {
         if f.requests != 0 || f.fills != 0 || f.paced != 0 {
             return Err(format!("idle, yet the core holds {f:?}"));
         }
+        self.cache.check_idle()?;
         Ok(self.cache.counters())
     }
 
