@@ -62,6 +62,9 @@ pub struct Cache {
     /// Test hook: a slot's generation is taken from its header, not checked.
     #[cfg(test)]
     pub(crate) break_generation: bool,
+    /// Test hook: a slot's volume identity is taken from its header, not checked.
+    #[cfg(test)]
+    pub(crate) break_identity: bool,
 }
 
 /// The core's in-flight state, for the simulation's bounds and for metrics.
@@ -104,6 +107,8 @@ impl Cache {
             break_verify: false,
             #[cfg(test)]
             break_generation: false,
+            #[cfg(test)]
+            break_identity: false,
         }
     }
 

@@ -127,6 +127,8 @@ impl Cache {
         #[cfg(test)]
         let e = Entry { generation: if self.break_generation { slot::claimed_generation(&bytes) } else { e.generation }, ..e };
         let want = self.header(block, e.generation);
+        #[cfg(test)]
+        let want = if self.break_identity { slot::Header { volume: slot::claimed_volume(&bytes), ..want } } else { want };
         let checked = slot::verify(&bytes, &want);
         #[cfg(test)]
         let checked = if self.break_verify { Ok(&bytes[crate::limits::SLOT_HEADER_BYTES as usize..]) } else { checked };

@@ -1,9 +1,13 @@
 //! Member faults: deaths the shell reports, deaths seen as failed operations, hangs the
 //! core must time out, silent restarts (all zeros, the same connection), reconnects that
-//! keep the member's memory (reported up, never down), old slot writes landing again, and
-//! dropped pages (an elastic member giving memory back).
+//! keep the member's memory (reported up, never down), old slot writes landing again,
+//! slots another gateway wrote (whole or torn), and dropped pages (an elastic member giving
+//! memory back).
 
+use super::model::{sector_bytes, SECTOR};
 use super::store::{self, Cmd};
+use crate::limits::SLOT_HEADER_BYTES;
+use crate::slot::{self, Header};
 use super::World;
 use crate::api::Outcome;
 
@@ -16,7 +20,7 @@ impl World {
         if !self.members[m].alive {
             return;
         }
-        match self.rng.below(8) {
+        match self.rng.below(9) {
             0 => {
                 self.members[m].alive = false;
                 self.log.push(format!("{} member {m} dies, reported", self.now));
@@ -32,6 +36,7 @@ impl World {
                 self.members[m].bytes.fill(0);
             }
             3 => self.replay_write(m),
+            7 => self.foreign_slot(m),
             4 => {
                 // The shell lost the connection and got it back at once, never reporting it
                 // down; the old connection's operations may still land.
@@ -55,6 +60,31 @@ impl World {
             self.members[m].bytes[p * 4096..(p + 1) * 4096].fill(0);
         }
         self.log.push(format!("{} member {m} drops {n} pages", self.now));
+    }
+
+    /// Another gateway (another volume, or this one's earlier run) writes a slot of its own
+    /// over one of ours: the same block, generation and geometry, valid checksums, data no
+    /// client wrote; or only its header page lands (torn).
+    fn foreign_slot(&mut self, m: usize) {
+        let (slot_bytes, head) = (self.cache.slot_bytes() as usize, SLOT_HEADER_BYTES as usize);
+        let slots = self.members[m].bytes.len() / slot_bytes;
+        if slots == 0 {
+            return;
+        }
+        let at = self.rng.below(slots as u64) as usize * slot_bytes;
+        let old = &self.members[m].bytes[at..at + slot_bytes];
+        let field = |i: usize| u64::from_le_bytes(old[i..i + 8].try_into().expect("eight bytes"));
+        let word = |i: usize| u32::from_le_bytes(old[i..i + 4].try_into().expect("four bytes"));
+        let header = Header { block_bytes: word(8), data_len: word(12), volume: self.p.identity ^ 0x1000, offset: field(24), generation: field(32) };
+        if old[..8] != *b"SLCACHE1" || header.block_bytes as usize != slot_bytes - head {
+            return;
+        }
+        let data = sector_bytes(u64::MAX - self.rng.below(1000)).repeat(slot_bytes / SECTOR as usize);
+        let forged = slot::encode(&header, &data[..slot_bytes - head]);
+        let torn = self.rng.below(2) == 0;
+        let len = if torn { head } else { slot_bytes };
+        self.members[m].bytes[at..at + len].copy_from_slice(&forged[..len]);
+        self.log.push(format!("{} member {m}: a foreign slot lands at {at} (torn: {torn})", self.now));
     }
 
     /// A slot write done earlier lands again (an old connection's copy arriving late):

@@ -47,6 +47,7 @@ pub struct Knobs {
     pub break_stale_rule: bool,
     pub break_verify: bool,
     pub break_generation: bool,
+    pub break_identity: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +99,7 @@ impl World {
         cache.break_stale_rule = knobs.break_stale_rule;
         cache.break_verify = knobs.break_verify;
         cache.break_generation = knobs.break_generation;
+        cache.break_identity = knobs.break_identity;
         let backing = vec![0; p.volume_bytes as usize];
         let members = (0..p.members.len()).map(|_| Member { bytes: Vec::new(), alive: false, hung: false, epoch: 0 }).collect();
         let restart_at = vec![Some(0); p.members.len()];
