@@ -275,7 +275,7 @@ impl World {
         let r = self.reqs.remove(&req).ok_or_else(|| format!("reply to request {} that is not in flight (twice?)", req.0))?;
         self.log.push(format!("{} event {} reply {} {}", self.now, self.event, req.0, if result.is_ok() { "ok" } else { "failed" }));
         if let Some(w) = r.write {
-            self.model.write_replied(w, self.event);
+            self.model.write_replied(w, self.event, result.is_ok()).map_err(|e| format!("request {}: {e}", req.0))?;
         }
         let data = match result {
             Ok(data) => data,

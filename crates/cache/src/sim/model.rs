@@ -15,6 +15,7 @@ pub const SECTOR: u64 = 512;
 struct Write {
     /// The event of its reply (acknowledged or failed), once replied.
     replied: Option<u64>,
+    landed: bool,
 }
 
 /// A version of a sector the backing held: its bytes' version and the write that put it
@@ -49,7 +50,7 @@ impl Model {
     /// and its versions, one per sector. Writes of a sector may overlap in flight.
     pub fn write_started(&mut self, offset: u64, len: u64, zero: bool) -> (usize, Vec<u64>) {
         let versions: Vec<u64> = (offset / SECTOR..(offset + len) / SECTOR).map(|_| if zero { 0 } else { self.fresh() }).collect();
-        self.writes.push(Write { replied: None });
+        self.writes.push(Write { replied: None, landed: false });
         self.versions.push((offset / SECTOR, versions.clone()));
         (self.writes.len() - 1, versions)
     }
@@ -62,6 +63,7 @@ impl Model {
     /// Write `w` landed on the backing (whole: the simulated backing applies an operation
     /// at once), after every write that landed before.
     pub fn write_landed(&mut self, w: usize) {
+        self.writes[w].landed = true;
         let (first, versions) = &self.versions[w];
         for (i, &version) in versions.iter().enumerate() {
             let history = self.sectors.entry(first + i as u64).or_insert_with(|| vec![Landed { version: 0, write: None }]);
@@ -69,9 +71,14 @@ impl Model {
         }
     }
 
-    /// Write `w` was replied at event `at` (acknowledged or failed).
-    pub fn write_replied(&mut self, w: usize, at: u64) {
+    /// Write `w` was replied at event `at`: acknowledged (`ok`), which it may be only once
+    /// the backing has it, or failed.
+    pub fn write_replied(&mut self, w: usize, at: u64, ok: bool) -> Result<(), String> {
         assert!(self.writes[w].replied.replace(at).is_none(), "write {w} replied twice");
+        match ok && !self.writes[w].landed {
+            true => Err(format!("write {w} acknowledged before the backing had it")),
+            false => Ok(()),
+        }
     }
 
     /// Checks a read of `offset..` started at event `started`, replied now.
@@ -110,7 +117,7 @@ mod tests {
         assert!(m.check_read(0, &sector_bytes(v[0]), 2).is_err(), "not landed: new refused");
         m.write_landed(w);
         assert!(m.check_read(0, &sector_bytes(v[0]), 2).is_ok(), "landed: new allowed");
-        m.write_replied(w, 4);
+        m.write_replied(w, 4, true).unwrap();
         assert!(m.check_read(0, &sector_bytes(0), 3).is_ok(), "started before the ack: old allowed");
         assert!(m.check_read(0, &sector_bytes(0), 5).is_err(), "started after the ack: old refused");
         assert!(m.check_read(0, &sector_bytes(v[0]), 5).is_ok());
@@ -120,12 +127,12 @@ mod tests {
     fn a_failed_write_is_a_version_only_if_it_landed() {
         let mut m = Model::default();
         let (w, v) = m.write_started(0, 512, false);
-        m.write_replied(w, 2);
+        assert!(m.write_replied(w, 2, false).is_ok(), "a failed write need not have landed");
         assert!(m.check_read(0, &sector_bytes(0), 3).is_ok());
         assert!(m.check_read(0, &sector_bytes(v[0]), 3).is_err(), "never landed");
         let (w, v) = m.write_started(512, 512, false);
         m.write_landed(w);
-        m.write_replied(w, 2);
+        m.write_replied(w, 2, false).unwrap();
         assert!(m.check_read(512, &sector_bytes(v[0]), 3).is_ok());
         assert!(m.check_read(512, &sector_bytes(0), 3).is_err(), "the backing moved on");
     }
@@ -137,12 +144,19 @@ mod tests {
         let (b, vb) = m.write_started(0, 512, false);
         m.write_landed(b);
         m.write_landed(a);
-        m.write_replied(a, 3);
+        m.write_replied(a, 3, true).unwrap();
         assert!(m.check_read(0, &sector_bytes(vb[0]), 4).is_err(), "a landed last and was acknowledged");
         assert!(m.check_read(0, &sector_bytes(va[0]), 4).is_ok());
-        m.write_replied(b, 5);
+        m.write_replied(b, 5, true).unwrap();
         assert!(m.check_read(0, &sector_bytes(vb[0]), 6).is_err(), "b's ack does not bring it back");
         assert!(m.check_read(0, &sector_bytes(va[0]), 6).is_ok());
+    }
+
+    #[test]
+    fn an_ack_before_the_write_landed_is_refused() {
+        let mut m = Model::default();
+        let (w, _) = m.write_started(0, 512, false);
+        assert!(m.write_replied(w, 2, true).is_err());
     }
 
     #[test]
