@@ -293,3 +293,35 @@ fn a_member_that_keeps_failing_backs_off_longer() {
     fail_member_op(&mut r);
     assert_eq!(r.failures, 1, "it answered in between: the count starts again");
 }
+
+/// An old connection's completions after the member came back: a slot read that carries
+/// valid bytes of an older fill, and an old slot write, are ignored (their op ids were
+/// forgotten when the member went down), never taken for the new connection's.
+#[test]
+fn late_completions_of_an_old_connection_are_ignored() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    let old_slot = r.member[..r.cache.slot_bytes() as usize].to_vec();
+    r.request(2, Request::Read { offset: 0, len: BS });
+    let Some(Action::Member { op: old_read, .. }) = r.held.pop() else { panic!("a slot read") };
+    r.request(3, Request::Read { offset: BS, len: BS });
+    r.complete(1);
+    let Some(Action::Member { op: old_write, .. }) = r.held.pop() else { panic!("a slot write") };
+    r.cache.handle_member_down(0, 0);
+    r.collect();
+    r.settle();
+    assert_eq!(r.replies.iter().map(|(q, _)| q.0).collect::<Vec<_>>(), [3, 2], "both reads were served by the backing");
+    r.request(4, Request::Write { offset: 0, data: vec![7; BS as usize], fua: false });
+    r.settle();
+    r.cache.handle_member_up(0, 0, 8);
+    r.member.fill(0);
+    assert_eq!(r.read(5, 0, BS), vec![7; BS as usize]);
+    r.cache.handle_member_done(0, old_read, Ok(old_slot));
+    r.cache.handle_member_done(0, old_write, Ok(Vec::new()));
+    r.collect();
+    assert!(r.held.is_empty() && r.replies.len() == 3, "nothing came of the late completions");
+    r.cache.check().unwrap();
+    assert_eq!(r.read(6, 0, BS), vec![7; BS as usize]);
+    assert_eq!(r.read(7, BS, BS), vec![2; BS as usize]);
+    assert_eq!(r.cache.counters().hits, 1, "block 0 hit its new fill; block 1 was never installed");
+}
