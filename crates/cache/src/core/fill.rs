@@ -41,6 +41,7 @@ impl Cache {
         };
         let served = !waiters.is_empty();
         for w in waiters {
+            self.count_miss(w, block);
             let used = self.copy_into(w, block * self.p.block_bytes, &data[..self.block_len(block) as usize]);
             if source.paced() {
                 self.counters.prefetched_used_bytes += used;

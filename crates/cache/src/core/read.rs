@@ -25,7 +25,7 @@ impl Cache {
                 });
                 match (self.dir.get(b), waitable) {
                     (Some(e), _) => self.read_slot(req, b, e),
-                    (None, Some(f)) => self.wait_fill(req, b, f),
+                    (None, Some(f)) => self.wait_fill(req, f),
                     (None, None) => {
                         if run.is_empty() {
                             first = b;
@@ -49,8 +49,9 @@ impl Cache {
         self.member_op(entry.member, OpKind::SlotRead { req, block, entry, prefetched }, MemberCmd::Read { offset, len });
     }
 
-    fn wait_fill(&mut self, req: ReqId, block: u64, fill: u64) {
-        self.count_miss(req, block);
+    /// `req` waits for the fill's backing read: its miss is counted when the data comes,
+    /// or by the backing read it makes itself if the fill cannot serve it.
+    fn wait_fill(&mut self, req: ReqId, fill: u64) {
         self.reqs.get_mut(&req).expect("a pending read").parts += 1;
         self.fills.get_mut(&fill).expect("a live fill").waiters.push(req);
     }
@@ -80,7 +81,7 @@ impl Cache {
         self.backing(kind, BackingCmd::Read { offset: start, len: end - start });
     }
 
-    fn count_miss(&mut self, req: ReqId, block: u64) {
+    pub(super) fn count_miss(&mut self, req: ReqId, block: u64) {
         let bytes = self.overlap(req, block * self.p.block_bytes, self.block_len(block));
         self.counters.misses += 1;
         self.counters.miss_bytes += bytes;

@@ -325,3 +325,16 @@ fn late_completions_of_an_old_connection_are_ignored() {
     assert_eq!(r.read(7, BS, BS), vec![2; BS as usize]);
     assert_eq!(r.cache.counters().hits, 1, "block 0 hit its new fill; block 1 was never installed");
 }
+
+/// A read that waited on a fill and read the backing itself when a write overtook the fill
+/// missed once, not twice.
+#[test]
+fn a_waiter_that_rereads_counts_one_miss() {
+    let mut r = Rig::new(false);
+    r.request(1, Request::Read { offset: 0, len: BS });
+    r.request(2, Request::Read { offset: 0, len: 512 });
+    r.request(3, Request::Write { offset: BS - 512, data: vec![7; 512], fua: false });
+    r.settle();
+    let c = r.cache.counters();
+    assert_eq!((c.misses, c.miss_bytes, c.hits), (2, BS + 512, 0));
+}

@@ -87,6 +87,9 @@ pub struct World {
     past_writes: Vec<(usize, Cmd)>,
     /// The write being submitted (its model id), for the backing write it starts.
     submitting: Option<usize>,
+    /// Blocks and bytes the reads touched: each is a hit or a miss, once.
+    read_blocks: u64,
+    read_bytes: u64,
     log: Vec<String>,
 }
 
@@ -120,6 +123,8 @@ impl World {
             cursors: vec![0, 0],
             past_writes: Vec::new(),
             submitting: None,
+            read_blocks: 0,
+            read_bytes: 0,
             log: Vec::new(),
         }
     }
@@ -158,6 +163,11 @@ impl World {
     fn submit(&mut self, kind: Kind, offset: u64, len: u64, r: Request) -> Result<(), String> {
         let req = ReqId(self.next_req);
         self.next_req += 1;
+        if kind == Kind::Read && len > 0 {
+            let bs = self.p.block_bytes;
+            self.read_blocks += (offset + len).div_ceil(bs) - offset / bs;
+            self.read_bytes += len;
+        }
         self.event += 1;
         self.log.push(format!("{} event {} req {} {:?}", self.now, self.event, req.0, short(&r)));
         self.reqs.insert(req, Req { kind, offset, len, started: self.event, write: self.submitting });
@@ -308,6 +318,10 @@ impl World {
             return Err(format!("idle, yet the core holds {f:?}"));
         }
         self.cache.check_idle()?;
+        let c = self.cache.counters();
+        if c.hits + c.misses != self.read_blocks || c.hit_bytes + c.miss_bytes != self.read_bytes {
+            return Err(format!("reads touched {} blocks, {} bytes; counted {c:?}", self.read_blocks, self.read_bytes));
+        }
         Ok(self.cache.counters())
     }
 
