@@ -64,7 +64,8 @@ impl Cache {
                 self.counters.prefetched_wasted_bytes += self.p.block_bytes;
             }
         }
-        let entry = Entry { member, slot, generation, prefetched: source.paced() };
+        // A prefetch a waiting read used already counted as used: not again, nor as wasted.
+        let entry = Entry { member, slot, generation, prefetched: source.paced() && !served };
         self.fills.get_mut(&f).expect("a live fill").stage = Stage::Writing(entry);
         let header = self.header(block, generation);
         let offset = slot as u64 * self.slot_bytes();

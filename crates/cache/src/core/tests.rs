@@ -338,3 +338,20 @@ fn a_waiter_that_rereads_counts_one_miss() {
     let c = r.cache.counters();
     assert_eq!((c.misses, c.miss_bytes, c.hits), (2, BS + 512, 0));
 }
+
+/// A prefetched block that a waiting read used is not wasted when it leaves the cache
+/// later, nor used a second time.
+#[test]
+fn a_prefetch_a_waiter_used_is_used_once_and_never_wasted() {
+    let mut r = Rig::new(true);
+    r.read(1, 0, BS);
+    r.request(2, Request::Read { offset: BS, len: BS });
+    assert_eq!(r.held.len(), 3, "block 1 for the read, blocks 2 and 3 read ahead");
+    r.request(3, Request::Read { offset: 2 * BS, len: BS });
+    r.settle();
+    assert_eq!(r.cache.counters().prefetched_used_bytes, BS, "read 3 waited on block 2's prefetch");
+    r.request(4, Request::Write { offset: 2 * BS, data: vec![7; 512], fua: false });
+    r.settle();
+    let c = r.cache.counters();
+    assert_eq!((c.prefetched_used_bytes, c.prefetched_wasted_bytes), (BS, 0));
+}
