@@ -38,14 +38,21 @@ struct SlotMeta {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemberState {
     Up,
-    /// Failed; `failures` in a row since it was last up (for the reconnect backoff).
+    /// Failed; `failures` in a row since it last answered an operation (for the reconnect
+    /// backoff: a member that comes back and fails at once waits longer each time).
     Down { failures: u32 },
 }
 
 struct Member {
     seed: u64,
     state: MemberState,
+    /// Failures since the member last answered an operation: a member that comes up and
+    /// fails again at once keeps counting, so its reconnects back off.
+    failures: u32,
     slots: Vec<SlotMeta>,
+    /// Slots holding a block (settled or filling): counted, since `/metrics` asks often and
+    /// a member may lend millions of slots.
+    held: u64,
     hand: usize,
 }
 
@@ -66,7 +73,7 @@ impl Directory {
     pub fn new(names: &[String]) -> Directory {
         let members = names
             .iter()
-            .map(|n| Member { seed: xxh3_64(n.as_bytes()), state: MemberState::Down { failures: 0 }, slots: Vec::new(), hand: 0 })
+            .map(|n| Member { seed: xxh3_64(n.as_bytes()), state: MemberState::Down { failures: 0 }, failures: 0, slots: Vec::new(), held: 0, hand: 0 })
             .collect();
         Directory { blocks: HashMap::new(), members }
     }
@@ -103,7 +110,7 @@ impl Directory {
     /// (slots lent, slots holding a block) of a member.
     pub fn usage(&self, member: usize) -> (u64, u64) {
         let m = &self.members[member];
-        (m.slots.len() as u64, m.slots.iter().filter(|s| s.block.is_some()).count() as u64)
+        (m.slots.len() as u64, m.held)
     }
 
     /// The member a block belongs on: the up member with slots whose hash of (block,
@@ -154,6 +161,7 @@ impl Directory {
                 let e = self.blocks.remove(&b).expect("a settled slot's block has its entry");
                 Evicted { block: b, prefetched: e.prefetched }
             });
+            m.held += u64::from(s.block.is_none());
             *s = SlotMeta { block: Some(block), generation, referenced: false, busy: 0, filling: true };
             return Some((i as u32, evicted));
         }
@@ -172,9 +180,11 @@ impl Directory {
 
     /// A fill's slot write is done (or failed) and not wanted: the slot is free again.
     pub fn release(&mut self, member: usize, slot: u32, generation: u64) {
-        if let Some(s) = self.members.get_mut(member).and_then(|m| m.slots.get_mut(slot as usize)) {
+        let Some(m) = self.members.get_mut(member) else { return };
+        if let Some(s) = m.slots.get_mut(slot as usize) {
             if s.filling && s.generation == generation {
                 *s = SlotMeta { busy: s.busy, ..SlotMeta::default() };
+                m.held -= 1;
             }
         }
     }
@@ -183,23 +193,28 @@ impl Directory {
     /// and free its slot (reads of it in flight keep it from reuse until they finish).
     pub fn invalidate(&mut self, block: u64) -> Option<Entry> {
         let e = self.blocks.remove(&block)?;
-        let s = &mut self.members[e.member].slots[e.slot as usize];
+        let m = &mut self.members[e.member];
+        let s = &mut m.slots[e.slot as usize];
         *s = SlotMeta { busy: s.busy, ..SlotMeta::default() };
+        m.held -= 1;
         Some(e)
     }
 
     /// The member failed: every block it held is forgotten. Returns the entries dropped.
     pub fn member_down(&mut self, member: usize) -> Vec<Entry> {
         let m = &mut self.members[member];
-        let failures = match m.state {
-            MemberState::Up => 1,
-            MemberState::Down { failures } => failures + 1,
-        };
-        m.state = MemberState::Down { failures };
+        m.failures = m.failures.saturating_add(1);
+        m.state = MemberState::Down { failures: m.failures };
         let gone: Vec<u64> = m.slots.iter().filter(|s| !s.filling).filter_map(|s| s.block).collect();
         m.slots = Vec::new();
+        m.held = 0;
         m.hand = 0;
         gone.iter().filter_map(|b| self.blocks.remove(b)).collect()
+    }
+
+    /// The member answered an operation: its failures in a row are over.
+    pub fn member_answered(&mut self, member: usize) {
+        self.members[member].failures = 0;
     }
 
     /// The member answers again, empty, lending `slots` slots (bounded).
@@ -220,8 +235,25 @@ impl Directory {
                 return Err(format!("block {b}: entry {e:?} but slot {s:?}"));
             }
         }
+        for (i, m) in self.members.iter().enumerate() {
+            let held = m.slots.iter().filter(|s| s.block.is_some()).count() as u64;
+            if held != m.held {
+                return Err(format!("member {i}: {held} slots hold a block, {} counted", m.held));
+            }
+        }
         if self.blocks.len() as u64 > self.capacity() {
             return Err(format!("{} entries for {} slots", self.blocks.len(), self.capacity()));
+        }
+        Ok(())
+    }
+
+    /// With nothing in flight: no slot is kept from reuse by a read or a fill that ended.
+    #[cfg(test)]
+    pub fn check_idle(&self) -> Result<(), String> {
+        for (m, member) in self.members.iter().enumerate() {
+            if let Some((i, s)) = member.slots.iter().enumerate().find(|(_, s)| s.busy > 0 || s.filling) {
+                return Err(format!("idle, yet member {m} slot {i} is held: {s:?}"));
+            }
         }
         Ok(())
     }
@@ -283,6 +315,27 @@ mod tests {
         assert_eq!(d.allocate(0, 2, 3), None, "one slot being read, the other filling");
         d.release(0, s, 2);
         assert!(d.allocate(0, 2, 3).is_some());
+    }
+
+    #[test]
+    fn usage_counts_slots_holding_a_block() {
+        let mut d = dir(1, 4);
+        fill(&mut d, 0, 0, 1);
+        fill(&mut d, 0, 1, 2);
+        let (s, _) = d.allocate(0, 2, 3).unwrap();
+        assert_eq!(d.usage(0), (4, 3), "a filling slot holds its block");
+        d.release(0, s, 3);
+        d.invalidate(0);
+        assert_eq!(d.usage(0), (4, 1));
+        for b in 10..20 {
+            let (s, _) = d.allocate(0, b, b + 10).unwrap();
+            d.install(0, s, b + 10, false);
+        }
+        assert_eq!(d.usage(0), (4, 4), "evictions keep the count");
+        d.check().unwrap();
+        d.member_down(0);
+        d.member_up(0, 2);
+        assert_eq!(d.usage(0), (2, 0));
     }
 
     #[test]

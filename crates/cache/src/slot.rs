@@ -118,6 +118,12 @@ pub(crate) fn claimed_generation(slot: &[u8]) -> u64 {
     slot.get(32..40).map_or(0, |_| u64_at(slot, 32))
 }
 
+/// The volume identity a slot's header claims (test hook, as `claimed_generation`).
+#[cfg(test)]
+pub(crate) fn claimed_volume(slot: &[u8]) -> u64 {
+    slot.get(16..24).map_or(0, |_| u64_at(slot, 16))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

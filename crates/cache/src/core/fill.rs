@@ -41,6 +41,7 @@ impl Cache {
         };
         let served = !waiters.is_empty();
         for w in waiters {
+            self.count_miss(w, block);
             let used = self.copy_into(w, block * self.p.block_bytes, &data[..self.block_len(block) as usize]);
             if source.paced() {
                 self.counters.prefetched_used_bytes += used;
@@ -63,7 +64,8 @@ impl Cache {
                 self.counters.prefetched_wasted_bytes += self.p.block_bytes;
             }
         }
-        let entry = Entry { member, slot, generation, prefetched: source.paced() };
+        // A prefetch a waiting read used already counted as used: not again, nor as wasted.
+        let entry = Entry { member, slot, generation, prefetched: source.paced() && !served };
         self.fills.get_mut(&f).expect("a live fill").stage = Stage::Writing(entry);
         let header = self.header(block, generation);
         let offset = slot as u64 * self.slot_bytes();
@@ -72,6 +74,9 @@ impl Cache {
 
     pub(super) fn slot_write_done(&mut self, f: u64, outcome: Outcome) {
         let Stage::Writing(e) = self.fills[&f].stage else { unreachable!("a slot write of a fill not writing") };
+        if outcome.is_ok() {
+            self.dir.member_answered(e.member);
+        }
         match outcome {
             Ok(_) if !self.fills[&f].stale => {
                 self.dir.install(e.member, e.slot, e.generation, e.prefetched);

@@ -62,6 +62,9 @@ pub struct Cache {
     /// Test hook: a slot's generation is taken from its header, not checked.
     #[cfg(test)]
     pub(crate) break_generation: bool,
+    /// Test hook: a slot's volume identity is taken from its header, not checked.
+    #[cfg(test)]
+    pub(crate) break_identity: bool,
 }
 
 /// The core's in-flight state, for the simulation's bounds and for metrics.
@@ -104,6 +107,8 @@ impl Cache {
             break_verify: false,
             #[cfg(test)]
             break_generation: false,
+            #[cfg(test)]
+            break_identity: false,
         }
     }
 
@@ -235,6 +240,15 @@ impl Cache {
             return Err(format!("{} fills, {} blocks with fills", self.fills.len(), self.fill_of.len()));
         }
         Ok(())
+    }
+
+    /// With no request in flight and every operation reported: nothing is left held.
+    #[cfg(test)]
+    pub(crate) fn check_idle(&self) -> Result<(), String> {
+        if !self.ops.is_empty() || !self.writes.is_empty() || self.demand_reads != 0 {
+            return Err(format!("idle, yet {} operations, {} writes, {} demand reads held", self.ops.len(), self.writes.len(), self.demand_reads));
+        }
+        self.dir.check_idle()
     }
 
     fn new_op(&mut self, kind: OpKind, member: Option<usize>) -> OpId {

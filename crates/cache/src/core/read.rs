@@ -25,7 +25,7 @@ impl Cache {
                 });
                 match (self.dir.get(b), waitable) {
                     (Some(e), _) => self.read_slot(req, b, e),
-                    (None, Some(f)) => self.wait_fill(req, b, f),
+                    (None, Some(f)) => self.wait_fill(req, f),
                     (None, None) => {
                         if run.is_empty() {
                             first = b;
@@ -49,8 +49,9 @@ impl Cache {
         self.member_op(entry.member, OpKind::SlotRead { req, block, entry, prefetched }, MemberCmd::Read { offset, len });
     }
 
-    fn wait_fill(&mut self, req: ReqId, block: u64, fill: u64) {
-        self.count_miss(req, block);
+    /// `req` waits for the fill's backing read: its miss is counted when the data comes,
+    /// or by the backing read it makes itself if the fill cannot serve it.
+    fn wait_fill(&mut self, req: ReqId, fill: u64) {
         self.reqs.get_mut(&req).expect("a pending read").parts += 1;
         self.fills.get_mut(&fill).expect("a live fill").waiters.push(req);
     }
@@ -67,7 +68,8 @@ impl Cache {
         p.parts += 1;
         let bs = self.p.block_bytes;
         let mut start = first * bs;
-        let mut end = ((first + fills.len() as u64) * bs).min(self.p.volume_bytes);
+        // Not `(first + n) * bs`: the last block's end may lie past u64::MAX.
+        let mut end = start + (fills.len() as u64 * bs).min(self.p.volume_bytes - start);
         if head.is_none() {
             start = start.max(p.offset);
         }
@@ -79,7 +81,7 @@ impl Cache {
         self.backing(kind, BackingCmd::Read { offset: start, len: end - start });
     }
 
-    fn count_miss(&mut self, req: ReqId, block: u64) {
+    pub(super) fn count_miss(&mut self, req: ReqId, block: u64) {
         let bytes = self.overlap(req, block * self.p.block_bytes, self.block_len(block));
         self.counters.misses += 1;
         self.counters.miss_bytes += bytes;
@@ -122,9 +124,12 @@ impl Cache {
                 return self.reread(req, block);
             }
         };
+        self.dir.member_answered(e.member);
         #[cfg(test)]
         let e = Entry { generation: if self.break_generation { slot::claimed_generation(&bytes) } else { e.generation }, ..e };
         let want = self.header(block, e.generation);
+        #[cfg(test)]
+        let want = if self.break_identity { slot::Header { volume: slot::claimed_volume(&bytes), ..want } } else { want };
         let checked = slot::verify(&bytes, &want);
         #[cfg(test)]
         let checked = if self.break_verify { Ok(&bytes[crate::limits::SLOT_HEADER_BYTES as usize..]) } else { checked };
@@ -138,7 +143,7 @@ impl Cache {
             }
             return self.reread(req, block);
         };
-        let used = self.copy_into(req, block * self.p.block_bytes, data);
+        let used = self.copy_into(req, block * self.p.block_bytes, &data[..self.block_len(block) as usize]);
         self.counters.hits += 1;
         self.counters.hit_bytes += used;
         if prefetched {

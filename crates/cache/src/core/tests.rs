@@ -14,23 +14,31 @@ struct Rig {
     /// Operations not yet completed, in the order they were asked for.
     held: Vec<Action>,
     reconnects: usize,
+    /// The `failures` of the last reconnect asked for.
+    failures: u32,
 }
 
 impl Rig {
     fn new(prefetch: bool) -> Rig {
+        Rig::with(16 * BS, BS, 8, prefetch)
+    }
+
+    /// A volume of `volume` bytes in blocks of `bs`, byte `i` of the backing holding
+    /// `i / BS + 1`, and one member lending `slots` slots.
+    fn with(volume: u64, bs: u64, slots: u64, prefetch: bool) -> Rig {
         let p = Params {
-            volume_bytes: 16 * BS,
-            block_bytes: BS,
+            volume_bytes: volume,
+            block_bytes: bs,
             identity: 99,
             members: vec!["nbd://a/ram".into()],
             prefetch,
             prefetch_window_blocks: 2,
         };
         let mut cache = Cache::new(p);
-        cache.handle_member_up(0, 0, 8);
-        let member = vec![0; (8 * cache.slot_bytes()) as usize];
-        let backing = (0..16 * BS).map(|i| (i / BS) as u8 + 1).collect();
-        Rig { cache, backing, member, replies: Vec::new(), held: Vec::new(), reconnects: 0 }
+        cache.handle_member_up(0, 0, slots);
+        let member = vec![0; (slots * cache.slot_bytes()) as usize];
+        let backing = (0..volume).map(|i| ((i / BS) as u8).wrapping_add(1)).collect();
+        Rig { cache, backing, member, replies: Vec::new(), held: Vec::new(), reconnects: 0, failures: 0 }
     }
 
     fn request(&mut self, id: u64, r: Request) {
@@ -42,7 +50,10 @@ impl Rig {
         while let Some(a) = self.cache.poll_action() {
             match a {
                 Action::Reply { req, result } => self.replies.push((req, result.expect("no failures here"))),
-                Action::Reconnect { .. } => self.reconnects += 1,
+                Action::Reconnect { failures, .. } => {
+                    self.reconnects += 1;
+                    self.failures = failures;
+                }
                 other => self.held.push(other),
             }
         }
@@ -200,4 +211,147 @@ fn with_no_member_a_read_takes_only_what_it_asked() {
     r.settle();
     assert_eq!(r.replies.pop(), Some((ReqId(1), vec![1; 500])));
     assert_eq!(r.cache.counters().fills, 0);
+}
+
+#[test]
+fn a_short_last_block_of_4m_reads_writes_and_hits() {
+    let bs = 4 << 20;
+    let volume = 2 * bs + 3 * 512;
+    let mut r = Rig::with(volume, bs, 2, false);
+    let tail = |r: &Rig, from: u64| r.backing[from as usize..volume as usize].to_vec();
+    assert_eq!(r.read(1, bs - 512, bs + 2048), tail(&r, bs - 512));
+    assert_eq!(r.cache.counters().fills, 2);
+    r.request(2, Request::Write { offset: volume - 512, data: vec![0xee; 512], fua: true });
+    r.settle();
+    assert_eq!(r.read(3, volume - 1024, 1024), [tail(&r, volume - 1024)[..512].to_vec(), vec![0xee; 512]].concat());
+    assert_eq!(r.read(4, volume - 700, 700), tail(&r, volume - 700));
+    assert_eq!(r.cache.counters().hits, 1, "refilled after the write, then a hit");
+    r.request(5, Request::Read { offset: volume, len: 0 });
+    r.request(6, Request::Write { offset: volume, data: Vec::new(), fua: false });
+    r.settle();
+    assert!([5, 6].iter().all(|&id| r.replies.iter().any(|(q, _)| *q == ReqId(id))), "zero-length requests at the end are replied");
+}
+
+/// A volume that ends within a block of 2^64: the last block's end is past u64::MAX.
+#[test]
+fn the_last_block_of_a_volume_near_u64_max() {
+    let volume = u64::MAX - 511;
+    let p = Params { volume_bytes: volume, block_bytes: BS, identity: 7, members: vec!["nbd://a/ram".into()], prefetch: true, prefetch_window_blocks: 2 };
+    let mut cache = Cache::new(p);
+    cache.handle_member_up(0, 0, 4);
+    let (last, last_len) = (volume / BS * BS, volume % BS);
+    let mut slot = Vec::new();
+    for (id, (offset, len)) in [(1, (volume - 1024, 1024)), (2, (volume - 512, 512)), (3, (last, last_len))] {
+        cache.handle_request(0, ReqId(id), Request::Read { offset, len });
+        let mut reply = None;
+        while let Some(a) = cache.poll_action() {
+            match a {
+                Action::Backing { op, cmd: BackingCmd::Read { offset: o, len: l } } => {
+                    assert!(o >= last && o.checked_add(l) == Some(volume), "reads {o}+{l}, past the volume");
+                    cache.handle_backing_done(0, op, Ok(vec![9; l as usize]));
+                }
+                Action::Member { op, cmd: MemberCmd::Write { data, .. }, .. } => {
+                    slot = data;
+                    cache.handle_member_done(0, op, Ok(Vec::new()));
+                }
+                Action::Member { op, cmd: MemberCmd::Read { .. }, .. } => cache.handle_member_done(0, op, Ok(slot.clone())),
+                Action::Reply { result, .. } => reply = Some(result.expect("read")),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(reply, Some(vec![9; len as usize]));
+    }
+    assert_eq!((cache.counters().fills, cache.counters().hits), (1, 2));
+}
+
+/// Fails the next slot operation the rig holds (a read or a fill's write).
+fn fail_member_op(r: &mut Rig) {
+    let at = r.held.iter().position(|a| matches!(a, Action::Member { .. })).expect("a member operation");
+    let Action::Member { op, .. } = r.held.remove(at) else { unreachable!() };
+    r.cache.handle_member_done(0, op, Err("connection reset".into()));
+    r.collect();
+    r.settle();
+}
+
+#[test]
+fn a_member_that_keeps_failing_backs_off_longer() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    r.request(2, Request::Read { offset: 0, len: BS });
+    fail_member_op(&mut r);
+    assert_eq!((r.reconnects, r.failures), (1, 1));
+    for (id, failures) in [(3, 2), (4, 3)] {
+        r.cache.handle_member_up(0, 0, 8);
+        r.request(id, Request::Read { offset: id * BS, len: BS });
+        r.complete(1);
+        fail_member_op(&mut r);
+        assert_eq!((r.reconnects, r.failures), (id as usize - 1, failures), "failed again without ever answering");
+    }
+    r.cache.handle_member_up(0, 0, 8);
+    r.read(5, 5 * BS, BS);
+    r.request(6, Request::Read { offset: 5 * BS, len: BS });
+    fail_member_op(&mut r);
+    assert_eq!(r.failures, 1, "it answered in between: the count starts again");
+}
+
+/// An old connection's completions after the member came back: a slot read that carries
+/// valid bytes of an older fill, and an old slot write, are ignored (their op ids were
+/// forgotten when the member went down), never taken for the new connection's.
+#[test]
+fn late_completions_of_an_old_connection_are_ignored() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    let old_slot = r.member[..r.cache.slot_bytes() as usize].to_vec();
+    r.request(2, Request::Read { offset: 0, len: BS });
+    let Some(Action::Member { op: old_read, .. }) = r.held.pop() else { panic!("a slot read") };
+    r.request(3, Request::Read { offset: BS, len: BS });
+    r.complete(1);
+    let Some(Action::Member { op: old_write, .. }) = r.held.pop() else { panic!("a slot write") };
+    r.cache.handle_member_down(0, 0);
+    r.collect();
+    r.settle();
+    assert_eq!(r.replies.iter().map(|(q, _)| q.0).collect::<Vec<_>>(), [3, 2], "both reads were served by the backing");
+    r.request(4, Request::Write { offset: 0, data: vec![7; BS as usize], fua: false });
+    r.settle();
+    r.cache.handle_member_up(0, 0, 8);
+    r.member.fill(0);
+    assert_eq!(r.read(5, 0, BS), vec![7; BS as usize]);
+    r.cache.handle_member_done(0, old_read, Ok(old_slot));
+    r.cache.handle_member_done(0, old_write, Ok(Vec::new()));
+    r.collect();
+    assert!(r.held.is_empty() && r.replies.len() == 3, "nothing came of the late completions");
+    r.cache.check().unwrap();
+    assert_eq!(r.read(6, 0, BS), vec![7; BS as usize]);
+    assert_eq!(r.read(7, BS, BS), vec![2; BS as usize]);
+    assert_eq!(r.cache.counters().hits, 1, "block 0 hit its new fill; block 1 was never installed");
+}
+
+/// A read that waited on a fill and read the backing itself when a write overtook the fill
+/// missed once, not twice.
+#[test]
+fn a_waiter_that_rereads_counts_one_miss() {
+    let mut r = Rig::new(false);
+    r.request(1, Request::Read { offset: 0, len: BS });
+    r.request(2, Request::Read { offset: 0, len: 512 });
+    r.request(3, Request::Write { offset: BS - 512, data: vec![7; 512], fua: false });
+    r.settle();
+    let c = r.cache.counters();
+    assert_eq!((c.misses, c.miss_bytes, c.hits), (2, BS + 512, 0));
+}
+
+/// A prefetched block that a waiting read used is not wasted when it leaves the cache
+/// later, nor used a second time.
+#[test]
+fn a_prefetch_a_waiter_used_is_used_once_and_never_wasted() {
+    let mut r = Rig::new(true);
+    r.read(1, 0, BS);
+    r.request(2, Request::Read { offset: BS, len: BS });
+    assert_eq!(r.held.len(), 3, "block 1 for the read, blocks 2 and 3 read ahead");
+    r.request(3, Request::Read { offset: 2 * BS, len: BS });
+    r.settle();
+    assert_eq!(r.cache.counters().prefetched_used_bytes, BS, "read 3 waited on block 2's prefetch");
+    r.request(4, Request::Write { offset: 2 * BS, data: vec![7; 512], fua: false });
+    r.settle();
+    let c = r.cache.counters();
+    assert_eq!((c.prefetched_used_bytes, c.prefetched_wasted_bytes), (BS, 0));
 }

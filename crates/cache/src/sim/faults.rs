@@ -1,8 +1,13 @@
 //! Member faults: deaths the shell reports, deaths seen as failed operations, hangs the
-//! core must time out, silent restarts (all zeros, the same connection), old slot writes
-//! landing again, and dropped pages (an elastic member giving memory back).
+//! core must time out, silent restarts (all zeros, the same connection), reconnects that
+//! keep the member's memory (reported up, never down), old slot writes landing again,
+//! slots another gateway wrote (whole or torn), and dropped pages (an elastic member giving
+//! memory back).
 
+use super::model::{sector_bytes, SECTOR};
 use super::store::{self, Cmd};
+use crate::limits::SLOT_HEADER_BYTES;
+use crate::slot::{self, Header};
 use super::World;
 use crate::api::Outcome;
 
@@ -15,7 +20,7 @@ impl World {
         if !self.members[m].alive {
             return;
         }
-        match self.rng.below(7) {
+        match self.rng.below(9) {
             0 => {
                 self.members[m].alive = false;
                 self.log.push(format!("{} member {m} dies, reported", self.now));
@@ -31,6 +36,15 @@ impl World {
                 self.members[m].bytes.fill(0);
             }
             3 => self.replay_write(m),
+            7 => self.foreign_slot(m),
+            4 => {
+                // The shell lost the connection and got it back at once, never reporting it
+                // down; the old connection's operations may still land.
+                let slots = self.members[m].bytes.len() as u64 / self.cache.slot_bytes();
+                self.members[m].restart(slots, self.cache.slot_bytes(), true);
+                self.log.push(format!("{} member {m} reconnects, memory kept, reported up", self.now));
+                self.cache.handle_member_up(self.now, m, slots);
+            }
             _ => self.drop_pages(m),
         }
     }
@@ -46,6 +60,31 @@ impl World {
             self.members[m].bytes[p * 4096..(p + 1) * 4096].fill(0);
         }
         self.log.push(format!("{} member {m} drops {n} pages", self.now));
+    }
+
+    /// Another gateway (another volume, or this one's earlier run) writes a slot of its own
+    /// over one of ours: the same block, generation and geometry, valid checksums, data no
+    /// client wrote; or only its header page lands (torn).
+    fn foreign_slot(&mut self, m: usize) {
+        let (slot_bytes, head) = (self.cache.slot_bytes() as usize, SLOT_HEADER_BYTES as usize);
+        let slots = self.members[m].bytes.len() / slot_bytes;
+        if slots == 0 {
+            return;
+        }
+        let at = self.rng.below(slots as u64) as usize * slot_bytes;
+        let old = &self.members[m].bytes[at..at + slot_bytes];
+        let field = |i: usize| u64::from_le_bytes(old[i..i + 8].try_into().expect("eight bytes"));
+        let word = |i: usize| u32::from_le_bytes(old[i..i + 4].try_into().expect("four bytes"));
+        let header = Header { block_bytes: word(8), data_len: word(12), volume: self.p.identity ^ 0x1000, offset: field(24), generation: field(32) };
+        if old[..8] != *b"SLCACHE1" || header.block_bytes as usize != slot_bytes - head {
+            return;
+        }
+        let data = sector_bytes(u64::MAX - self.rng.below(1000)).repeat(slot_bytes / SECTOR as usize);
+        let forged = slot::encode(&header, &data[..slot_bytes - head]);
+        let torn = self.rng.below(2) == 0;
+        let len = if torn { head } else { slot_bytes };
+        self.members[m].bytes[at..at + len].copy_from_slice(&forged[..len]);
+        self.log.push(format!("{} member {m}: a foreign slot lands at {at} (torn: {torn})", self.now));
     }
 
     /// A slot write done earlier lands again (an old connection's copy arriving late):
@@ -72,17 +111,16 @@ impl World {
     }
 
     /// Carries out a backing operation; now and then (in runs with faults) it fails, a
-    /// write having landed or not.
-    pub(super) fn backing_op(&mut self, cmd: &Cmd) -> Outcome {
+    /// write having landed or not. Whether it was applied.
+    pub(super) fn backing_op(&mut self, cmd: &Cmd) -> (Outcome, bool) {
         if !self.knobs.faults || self.rng.below(300) != 0 {
-            return store::apply(&mut self.backing, cmd);
+            let out = store::apply(&mut self.backing, cmd);
+            let applied = out.is_ok();
+            return (out, applied);
         }
-        self.backing_failures += 1;
-        if self.rng.below(2) == 0 {
-            let _ = store::apply(&mut self.backing, cmd);
-        }
-        self.log.push(format!("{} the backing fails an operation", self.now));
-        Err("injected backing failure".into())
+        let applied = self.rng.below(2) == 0 && store::apply(&mut self.backing, cmd).is_ok();
+        self.log.push(format!("{} the backing fails an operation (applied: {applied})", self.now));
+        (Err(super::INJECTED.into()), applied)
     }
 
     pub(super) fn schedule_restart(&mut self, m: usize) {
@@ -96,10 +134,10 @@ impl World {
         for m in 0..self.members.len() {
             if self.restart_at[m].is_some_and(|t| t <= self.now) {
                 self.restart_at[m] = None;
-                let slots = self.member_slots();
+                let (slots, keep) = (self.member_slots(), self.rng.below(2) == 0);
                 let slot_bytes = self.cache.slot_bytes();
-                self.members[m].restart(slots, slot_bytes);
-                self.log.push(format!("{} member {m} up with {slots} slots", self.now));
+                self.members[m].restart(slots, slot_bytes, keep);
+                self.log.push(format!("{} member {m} up with {slots} slots (memory kept: {keep})", self.now));
                 self.cache.handle_member_up(self.now, m, slots);
             }
         }

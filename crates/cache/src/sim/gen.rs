@@ -37,7 +37,7 @@ impl World {
     pub(super) fn arrive(&mut self) -> Result<(), String> {
         let (roll, seq) = (self.rng.below(100), self.knobs.sequential_percent);
         let (offset, len) = if roll < seq { self.sequential() } else { self.range() };
-        if roll >= seq && roll < seq + self.knobs.write_percent && self.model.free(offset, len) {
+        if roll >= seq && roll < seq + self.knobs.write_percent {
             return self.write(offset, len);
         }
         match self.rng.below(if roll < seq { 1000 } else { 40 }) {
@@ -50,7 +50,8 @@ impl World {
     fn write(&mut self, offset: u64, len: u64) -> Result<(), String> {
         let fua = self.rng.below(4) == 0;
         let kind = self.rng.below(5);
-        let versions = self.model.write_started(offset, len, kind >= 3, self.event + 1);
+        let (id, versions) = self.model.write_started(offset, len, kind >= 3);
+        self.submitting = Some(id);
         let r = match kind {
             3 => Request::Zero { offset, len, fua, may_trim: self.rng.below(2) == 0 },
             4 => Request::Trim { offset, len, fua },

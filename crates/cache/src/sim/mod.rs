@@ -1,6 +1,8 @@
 //! A deterministic simulation of the cache core: an in-memory backing and members whose
 //! operations complete after random delays (so out of order), clients that read at random
-//! and in sequential streams, write, zero, trim, flush and send cache hints, and members
+//! and in sequential streams, write (overlapping writes in flight at once too), zero,
+//! trim, flush and send cache hints, a backing whose operations take effect at any time
+//! between their start and their completion and sometimes fail, and members
 //! that die (reported or not), hang, restart empty behind the gateway's back, drop pages of
 //! their slots, and have old writes land after they restarted. Every read reply is checked
 //! against the model of acknowledged writes; after every step, the core's invariants and
@@ -15,13 +17,16 @@ mod store;
 
 use std::collections::BTreeMap;
 
-use crate::api::{Action, Nanos, Params, ReqId, Request};
+use crate::api::{Action, BackingCmd, Nanos, Params, ReqId, Request};
 use crate::core::Cache;
 use crate::counters::Counters;
 use crate::limits::{PREFETCH_INFLIGHT_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
 use model::Model;
 use sluice_proto::rng::Rng;
 use store::{Cmd, InFlight, Member, Target};
+
+/// The message of a backing failure the simulation injects.
+const INJECTED: &str = "injected backing failure";
 
 const US: Nanos = 1_000;
 
@@ -42,6 +47,7 @@ pub struct Knobs {
     pub break_stale_rule: bool,
     pub break_verify: bool,
     pub break_generation: bool,
+    pub break_identity: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +62,8 @@ struct Req {
     offset: u64,
     len: u64,
     started: u64,
+    /// A write's id in the model.
+    write: Option<usize>,
 }
 
 pub struct World {
@@ -77,8 +85,11 @@ pub struct World {
     cursors: Vec<u64>,
     /// Recent slot writes by member, for faults that land one again late.
     past_writes: Vec<(usize, Cmd)>,
-    /// Backing operations made to fail: only then may a request fail.
-    backing_failures: u64,
+    /// The write being submitted (its model id), for the backing write it starts.
+    submitting: Option<usize>,
+    /// Blocks and bytes the reads touched: each is a hit or a miss, once.
+    read_blocks: u64,
+    read_bytes: u64,
     log: Vec<String>,
 }
 
@@ -91,6 +102,7 @@ impl World {
         cache.break_stale_rule = knobs.break_stale_rule;
         cache.break_verify = knobs.break_verify;
         cache.break_generation = knobs.break_generation;
+        cache.break_identity = knobs.break_identity;
         let backing = vec![0; p.volume_bytes as usize];
         let members = (0..p.members.len()).map(|_| Member { bytes: Vec::new(), alive: false, hung: false, epoch: 0 }).collect();
         let restart_at = vec![Some(0); p.members.len()];
@@ -110,7 +122,9 @@ impl World {
             next_req: 0,
             cursors: vec![0, 0],
             past_writes: Vec::new(),
-            backing_failures: 0,
+            submitting: None,
+            read_blocks: 0,
+            read_bytes: 0,
             log: Vec::new(),
         }
     }
@@ -149,25 +163,55 @@ impl World {
     fn submit(&mut self, kind: Kind, offset: u64, len: u64, r: Request) -> Result<(), String> {
         let req = ReqId(self.next_req);
         self.next_req += 1;
+        if kind == Kind::Read && len > 0 {
+            let bs = self.p.block_bytes;
+            self.read_blocks += (offset + len).div_ceil(bs) - offset / bs;
+            self.read_bytes += len;
+        }
         self.event += 1;
         self.log.push(format!("{} event {} req {} {:?}", self.now, self.event, req.0, short(&r)));
-        self.reqs.insert(req, Req { kind, offset, len, started: self.event });
+        self.reqs.insert(req, Req { kind, offset, len, started: self.event, write: self.submitting });
         self.cache.handle_request(self.now, req, r);
-        self.drain()
+        self.drain()?;
+        match self.submitting.take() {
+            Some(w) => Err(format!("write {w} started no backing write")),
+            None => Ok(()),
+        }
     }
 
-    /// Delivers operations that are due, in random order.
+    /// Lands backing operations whose time came and delivers those that are due, in
+    /// random order (an operation lands before it is delivered).
     fn complete_due(&mut self) -> Result<(), String> {
         loop {
-            let due: Vec<usize> = (0..self.inflight.len()).filter(|&i| self.deliverable(&self.inflight[i])).collect();
+            let due: Vec<usize> = (0..self.inflight.len()).filter(|&i| self.landable(&self.inflight[i]) || self.deliverable(&self.inflight[i])).collect();
             if due.is_empty() {
                 return Ok(());
             }
             let i = due[self.rng.below(due.len() as u64) as usize];
+            if self.inflight[i].target == Target::Backing && self.inflight[i].landed.is_none() {
+                self.land(i);
+                continue;
+            }
             let op = self.inflight.swap_remove(i);
             self.deliver(op);
             self.drain()?;
         }
+    }
+
+    fn landable(&self, op: &InFlight) -> bool {
+        op.target == Target::Backing && op.landed.is_none() && op.lands <= self.now
+    }
+
+    /// A backing operation takes effect; a write that lands is a version from now on.
+    fn land(&mut self, i: usize) {
+        let cmd = self.inflight[i].cmd.clone();
+        let (out, applied) = self.backing_op(&cmd);
+        self.event += 1;
+        if let (true, Some(w)) = (applied, self.inflight[i].write) {
+            self.model.write_landed(w);
+            self.log.push(format!("{} event {} write {w} lands", self.now, self.event));
+        }
+        self.inflight[i].landed = Some(out);
     }
 
     fn deliverable(&self, op: &InFlight) -> bool {
@@ -178,7 +222,7 @@ impl World {
     fn deliver(&mut self, f: InFlight) {
         match f.target {
             Target::Backing => {
-                let out = self.backing_op(&f.cmd);
+                let out = f.landed.expect("landed before it is delivered");
                 self.cache.handle_backing_done(self.now, f.op, out);
             }
             Target::Member { member, epoch } => {
@@ -203,12 +247,21 @@ impl World {
         while let Some(a) = self.cache.poll_action() {
             match a {
                 Action::Backing { op, cmd } => {
-                    let due = self.now + self.delay();
-                    self.inflight.push(InFlight { op, target: Target::Backing, cmd: Cmd::Backing(cmd), due });
+                    let delay = self.delay();
+                    let (due, lands) = (self.now + delay, self.now + self.rng.below(delay + 1));
+                    let write = match cmd {
+                        BackingCmd::Write { .. } | BackingCmd::Zero { .. } | BackingCmd::Trim { .. } => {
+                            Some(self.submitting.take().ok_or("a backing write no client write started")?)
+                        }
+                        BackingCmd::Read { .. } | BackingCmd::Flush => None,
+                    };
+                    let target = Target::Backing;
+                    self.inflight.push(InFlight { op, target, cmd: Cmd::Backing(cmd), lands, landed: None, write, due });
                 }
                 Action::Member { op, member, cmd } => {
                     let (due, epoch) = (self.now + self.delay() / 4, self.members[member].epoch);
-                    self.inflight.push(InFlight { op, target: Target::Member { member, epoch }, cmd: Cmd::Member(cmd), due });
+                    let target = Target::Member { member, epoch };
+                    self.inflight.push(InFlight { op, target, cmd: Cmd::Member(cmd), lands: due, landed: None, write: None, due });
                 }
                 Action::Reply { req, result } => self.reply(req, result)?,
                 Action::Reconnect { member, .. } => {
@@ -231,23 +284,19 @@ impl World {
         self.event += 1;
         let r = self.reqs.remove(&req).ok_or_else(|| format!("reply to request {} that is not in flight (twice?)", req.0))?;
         self.log.push(format!("{} event {} reply {} {}", self.now, self.event, req.0, if result.is_ok() { "ok" } else { "failed" }));
+        if let Some(w) = r.write {
+            self.model.write_replied(w, self.event, result.is_ok()).map_err(|e| format!("request {}: {e}", req.0))?;
+        }
         let data = match result {
             Ok(data) => data,
-            Err(e) if self.backing_failures == 0 => return Err(format!("request {} failed: {}", req.0, e.message)),
-            Err(_) if r.kind == Kind::Write => {
-                self.model.write_acked(r.offset, r.len, self.event, false);
-                return Ok(());
-            }
-            Err(_) => return Ok(()),
+            // Only the backing's failures reach a client; a member's never do.
+            Err(e) if e.message.contains(INJECTED) => return Ok(()),
+            Err(e) => return Err(format!("request {} failed: {}", req.0, e.message)),
         };
         match r.kind {
             Kind::Read if data.len() as u64 != r.len => Err(format!("read {} replied {} bytes of {}", req.0, data.len(), r.len)),
-            Kind::Read => self.model.check_read(r.offset, &data, r.started, self.event).map_err(|e| format!("read {}: {e}", req.0)),
-            Kind::Write => {
-                self.model.write_acked(r.offset, r.len, self.event, true);
-                Ok(())
-            }
-            Kind::Other => Ok(()),
+            Kind::Read => self.model.check_read(r.offset, &data, r.started).map_err(|e| format!("read {}: {e}", req.0)),
+            Kind::Write | Kind::Other => Ok(()),
         }
     }
 
@@ -267,6 +316,11 @@ impl World {
         let f = self.cache.inflight();
         if f.requests != 0 || f.fills != 0 || f.paced != 0 {
             return Err(format!("idle, yet the core holds {f:?}"));
+        }
+        self.cache.check_idle()?;
+        let c = self.cache.counters();
+        if c.hits + c.misses != self.read_blocks || c.hit_bytes + c.miss_bytes != self.read_bytes {
+            return Err(format!("reads touched {} blocks, {} bytes; counted {c:?}", self.read_blocks, self.read_bytes));
         }
         Ok(self.cache.counters())
     }

@@ -1,28 +1,37 @@
-//! What a read may return: per 512-byte sector, the history of its writes (the generator
-//! never has two writes of one sector in flight at once, so they are ordered), each with
-//! the event it started at and the one it was acknowledged at. A read that started at event
-//! `s` may return a version whose write started before the reply, unless a later write of
-//! the sector was acknowledged before `s`: never older than the last acknowledged write,
-//! and a write in flight may read either way.
+//! What a read may return: per 512-byte sector, the versions the backing held, in the order
+//! the writes landed there (the simulated backing tells the model when each lands, so
+//! overlapping writes in flight at once are ordered as the backing ordered them, and a
+//! failed write that did not land is never a version). A read that started at event `s`
+//! may return a version that landed before its reply, unless a write that landed after it
+//! was replied (acknowledged, or failed having landed) before `s`: never older than the
+//! last acknowledged write, and never what the backing never held.
 
 use std::collections::BTreeMap;
 
 pub const SECTOR: u64 = 512;
 
+/// A write, zero or trim the clients issued.
 #[derive(Clone, Copy, Debug)]
-struct Version {
+struct Write {
+    /// The event of its reply (acknowledged or failed), once replied.
+    replied: Option<u64>,
+    landed: bool,
+}
+
+/// A version of a sector the backing held: its bytes' version and the write that put it
+/// there (None: the volume's initial zeros).
+#[derive(Clone, Copy, Debug)]
+struct Landed {
     version: u64,
-    started: u64,
-    acked: Option<u64>,
-    /// The write failed: it may or may not have landed, and does not hide what came before.
-    failed: bool,
+    write: Option<usize>,
 }
 
 #[derive(Default)]
 pub struct Model {
-    sectors: BTreeMap<u64, Vec<Version>>,
-    /// Sectors with a write (zero, trim) in flight.
-    busy: BTreeMap<u64, u64>,
+    writes: Vec<Write>,
+    /// Each write's sector versions (0 for a zero or trim), by write id.
+    versions: Vec<(u64, Vec<u64>)>,
+    sectors: BTreeMap<u64, Vec<Landed>>,
     next_version: u64,
 }
 
@@ -37,23 +46,13 @@ fn sector_version(bytes: &[u8]) -> Option<u64> {
 }
 
 impl Model {
-    /// Whether `offset..offset + len` has no write in flight (a write may start there).
-    pub fn free(&self, offset: u64, len: u64) -> bool {
-        self.busy.range(offset / SECTOR..(offset + len) / SECTOR).next().is_none()
-    }
-
-    /// A write of `len` bytes at `offset` starts at event `at`: `zero` for zero or trim.
-    /// Returns the versions, one per sector.
-    pub fn write_started(&mut self, offset: u64, len: u64, zero: bool, at: u64) -> Vec<u64> {
-        let mut versions = Vec::new();
-        for s in offset / SECTOR..(offset + len) / SECTOR {
-            let version = if zero { 0 } else { self.fresh() };
-            let history = self.sectors.entry(s).or_insert_with(|| vec![Version { version: 0, started: 0, acked: Some(0), failed: false }]);
-            history.push(Version { version, started: at, acked: None, failed: false });
-            assert!(self.busy.insert(s, version).is_none(), "two writes of sector {s} in flight");
-            versions.push(version);
-        }
-        versions
+    /// A write of `len` bytes at `offset` starts: `zero` for zero or trim. Returns its id
+    /// and its versions, one per sector. Writes of a sector may overlap in flight.
+    pub fn write_started(&mut self, offset: u64, len: u64, zero: bool) -> (usize, Vec<u64>) {
+        let versions: Vec<u64> = (offset / SECTOR..(offset + len) / SECTOR).map(|_| if zero { 0 } else { self.fresh() }).collect();
+        self.writes.push(Write { replied: None, landed: false });
+        self.versions.push((offset / SECTOR, versions.clone()));
+        (self.writes.len() - 1, versions)
     }
 
     fn fresh(&mut self) -> u64 {
@@ -61,22 +60,33 @@ impl Model {
         self.next_version
     }
 
-    /// The write was replied at event `at`: acknowledged (`ok`) or failed.
-    pub fn write_acked(&mut self, offset: u64, len: u64, at: u64, ok: bool) {
-        for s in offset / SECTOR..(offset + len) / SECTOR {
-            self.busy.remove(&s);
-            let last = self.sectors.get_mut(&s).and_then(|h| h.last_mut()).expect("a started write");
-            last.acked = Some(at);
-            last.failed = !ok;
+    /// Write `w` landed on the backing (whole: the simulated backing applies an operation
+    /// at once), after every write that landed before.
+    pub fn write_landed(&mut self, w: usize) {
+        self.writes[w].landed = true;
+        let (first, versions) = &self.versions[w];
+        for (i, &version) in versions.iter().enumerate() {
+            let history = self.sectors.entry(first + i as u64).or_insert_with(|| vec![Landed { version: 0, write: None }]);
+            history.push(Landed { version, write: Some(w) });
         }
     }
 
-    /// Checks a read of `offset..` started at event `started`, replied now (event `now`).
-    pub fn check_read(&self, offset: u64, data: &[u8], started: u64, now: u64) -> Result<(), String> {
+    /// Write `w` was replied at event `at`: acknowledged (`ok`), which it may be only once
+    /// the backing has it, or failed.
+    pub fn write_replied(&mut self, w: usize, at: u64, ok: bool) -> Result<(), String> {
+        assert!(self.writes[w].replied.replace(at).is_none(), "write {w} replied twice");
+        match ok && !self.writes[w].landed {
+            true => Err(format!("write {w} acknowledged before the backing had it")),
+            false => Ok(()),
+        }
+    }
+
+    /// Checks a read of `offset..` started at event `started`, replied now.
+    pub fn check_read(&self, offset: u64, data: &[u8], started: u64) -> Result<(), String> {
         for (i, bytes) in data.chunks(SECTOR as usize).enumerate() {
             let s = offset / SECTOR + i as u64;
             let got = sector_version(bytes).ok_or_else(|| format!("sector {s}: torn or foreign bytes"))?;
-            let allowed = self.allowed(s, started, now);
+            let allowed = self.allowed(s, started);
             if !allowed.contains(&got) {
                 return Err(format!("sector {s} read version {got}, allowed {allowed:?} (read started at event {started})"));
             }
@@ -84,10 +94,14 @@ impl Model {
         Ok(())
     }
 
-    fn allowed(&self, s: u64, started: u64, now: u64) -> Vec<u64> {
+    /// Versions that landed (so before the reply) and that no write landing after them and
+    /// replied before `started` replaced.
+    fn allowed(&self, s: u64, started: u64) -> Vec<u64> {
         let Some(h) = self.sectors.get(&s) else { return vec![0] };
-        let superseded = |i: usize| h[i + 1..].iter().any(|later| !later.failed && later.acked.is_some_and(|a| a < started));
-        (0..h.len()).filter(|&i| h[i].started < now && !superseded(i)).map(|i| h[i].version).collect()
+        let replaced_before_start =
+            |l: &Landed| l.write.is_some_and(|w| self.writes[w].replied.is_some_and(|at| at < started));
+        let last = h.iter().rposition(replaced_before_start).unwrap_or(0);
+        h[last..].iter().map(|l| l.version).collect()
     }
 }
 
@@ -98,22 +112,51 @@ mod tests {
     #[test]
     fn a_read_after_an_ack_sees_only_the_new_version() {
         let mut m = Model::default();
-        let v = m.write_started(0, 512, false, 1)[0];
-        assert!(m.check_read(0, &sector_bytes(0), 2, 3).is_ok(), "in flight: old allowed");
-        assert!(m.check_read(0, &sector_bytes(v), 2, 3).is_ok(), "in flight: new allowed");
-        m.write_acked(0, 512, 4, true);
-        assert!(m.check_read(0, &sector_bytes(0), 3, 5).is_ok(), "started before the ack: old allowed");
-        assert!(m.check_read(0, &sector_bytes(0), 5, 6).is_err(), "started after the ack: old refused");
-        assert!(m.check_read(0, &sector_bytes(v), 5, 6).is_ok());
+        let (w, v) = m.write_started(0, 512, false);
+        assert!(m.check_read(0, &sector_bytes(0), 2).is_ok(), "in flight: old allowed");
+        assert!(m.check_read(0, &sector_bytes(v[0]), 2).is_err(), "not landed: new refused");
+        m.write_landed(w);
+        assert!(m.check_read(0, &sector_bytes(v[0]), 2).is_ok(), "landed: new allowed");
+        m.write_replied(w, 4, true).unwrap();
+        assert!(m.check_read(0, &sector_bytes(0), 3).is_ok(), "started before the ack: old allowed");
+        assert!(m.check_read(0, &sector_bytes(0), 5).is_err(), "started after the ack: old refused");
+        assert!(m.check_read(0, &sector_bytes(v[0]), 5).is_ok());
     }
 
     #[test]
-    fn a_failed_write_leaves_either_version() {
+    fn a_failed_write_is_a_version_only_if_it_landed() {
         let mut m = Model::default();
-        let v = m.write_started(0, 512, false, 1)[0];
-        m.write_acked(0, 512, 2, false);
-        assert!(m.check_read(0, &sector_bytes(0), 3, 4).is_ok());
-        assert!(m.check_read(0, &sector_bytes(v), 3, 4).is_ok());
+        let (w, v) = m.write_started(0, 512, false);
+        assert!(m.write_replied(w, 2, false).is_ok(), "a failed write need not have landed");
+        assert!(m.check_read(0, &sector_bytes(0), 3).is_ok());
+        assert!(m.check_read(0, &sector_bytes(v[0]), 3).is_err(), "never landed");
+        let (w, v) = m.write_started(512, 512, false);
+        m.write_landed(w);
+        m.write_replied(w, 2, false).unwrap();
+        assert!(m.check_read(512, &sector_bytes(v[0]), 3).is_ok());
+        assert!(m.check_read(512, &sector_bytes(0), 3).is_err(), "the backing moved on");
+    }
+
+    #[test]
+    fn overlapping_writes_order_as_they_landed() {
+        let mut m = Model::default();
+        let (a, va) = m.write_started(0, 512, false);
+        let (b, vb) = m.write_started(0, 512, false);
+        m.write_landed(b);
+        m.write_landed(a);
+        m.write_replied(a, 3, true).unwrap();
+        assert!(m.check_read(0, &sector_bytes(vb[0]), 4).is_err(), "a landed last and was acknowledged");
+        assert!(m.check_read(0, &sector_bytes(va[0]), 4).is_ok());
+        m.write_replied(b, 5, true).unwrap();
+        assert!(m.check_read(0, &sector_bytes(vb[0]), 6).is_err(), "b's ack does not bring it back");
+        assert!(m.check_read(0, &sector_bytes(va[0]), 6).is_ok());
+    }
+
+    #[test]
+    fn an_ack_before_the_write_landed_is_refused() {
+        let mut m = Model::default();
+        let (w, _) = m.write_started(0, 512, false);
+        assert!(m.write_replied(w, 2, true).is_err());
     }
 
     #[test]
@@ -121,6 +164,6 @@ mod tests {
         let m = Model::default();
         let mut b = sector_bytes(0);
         b[100] = 1;
-        assert!(m.check_read(0, &b, 0, 1).is_err());
+        assert!(m.check_read(0, &b, 1).is_err());
     }
 }

@@ -24,6 +24,7 @@ fn knobs(seed: u64) -> Knobs {
         break_stale_rule: false,
         break_verify: false,
         break_generation: false,
+        break_identity: false,
     }
 }
 
@@ -80,6 +81,11 @@ fn skipping_the_slot_check_is_caught() {
 #[test]
 fn ignoring_the_generation_is_caught() {
     caught("the slot generation not checked", |k| Knobs { break_generation: true, ..k });
+}
+
+#[test]
+fn ignoring_the_volume_identity_is_caught() {
+    caught("the slot's volume not checked", |k| Knobs { break_identity: true, ..k });
 }
 
 /// Hit rates in calm conditions, as a sanity figure: warm random reads over a working set

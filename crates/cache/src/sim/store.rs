@@ -1,6 +1,7 @@
-//! The simulated backing and members: byte arrays that apply an operation when it
-//! completes (so completions that arrive out of order apply out of order), each operation
-//! due at a random time.
+//! The simulated backing and members: byte arrays. A member applies an operation when it
+//! completes; the backing at a random time between its start and its completion (so a
+//! read may see a write that completes after it, or miss one that completed before it
+//! did). Each operation is due at a random time, so completions arrive out of order.
 
 use crate::api::{BackingCmd, MemberCmd, Nanos, OpId, Outcome};
 
@@ -22,6 +23,13 @@ pub struct InFlight {
     pub op: OpId,
     pub target: Target,
     pub cmd: Cmd,
+    /// When a backing operation takes effect (a read takes its bytes, a write lands): any
+    /// time from its start to its completion, as a real backing may.
+    pub lands: Nanos,
+    /// What it did when it took effect, until its completion reports it.
+    pub landed: Option<Outcome>,
+    /// The client write (by model id) a backing write, zero or trim carries out.
+    pub write: Option<usize>,
     pub due: Nanos,
 }
 
@@ -34,8 +42,14 @@ pub struct Member {
 }
 
 impl Member {
-    pub fn restart(&mut self, slots: u64, slot_bytes: u64) {
-        self.bytes = vec![0; (slots * slot_bytes) as usize];
+    /// Comes back with `slots` slots: empty after a restart, or (`keep`: only the
+    /// connection was lost) still holding what it held, slots of this gateway with valid
+    /// headers of fills it has forgotten.
+    pub fn restart(&mut self, slots: u64, slot_bytes: u64, keep: bool) {
+        if !keep {
+            self.bytes.clear();
+        }
+        self.bytes.resize((slots * slot_bytes) as usize, 0);
         self.alive = true;
         self.hung = false;
         self.epoch += 1;
