@@ -2,9 +2,9 @@
 //! live in RAM lent by other nodes (the members), in front of a slower volume (the
 //! backing), write-through.
 //!
-//! **Not wired into the server yet**: no `cache:FILE` export spec exists, and nothing
-//! outside this crate uses it. The I/O shell (a server backend made of the backing backend
-//! and NBD connections to the members, like the pool's) is the next step.
+//! The I/O shell is the client library's cache driver (crates/client/src/cache): one task
+//! that owns this core, with the backing and the members as NBD connections; `sluice serve`
+//! serves a `cache:FILE` volume through it (docs/cache.md).
 //!
 //! - `config`: the `cache:FILE` file, parsed and checked;
 //! - `slot`: the format of a slot on a member (header page + block), verified on every hit;

@@ -42,9 +42,30 @@ pub const PREFETCH_WINDOW_BYTES: u64 = 8 << 20;
 /// bounded by `STREAMS_MAX * PREFETCH_WINDOW_BLOCKS_MAX` entries.
 pub const PREFETCH_WINDOW_BLOCKS_MAX: u64 = 256;
 
-/// Prefetch and hint (NBD_CMD_CACHE) reads of the backing in flight at once: enough to keep
-/// a disk's queue busy, few enough that a demand read never queues behind many of them.
-pub const PREFETCH_INFLIGHT_MAX: usize = 8;
+/// Prefetch and hint (NBD_CMD_CACHE) fills in flight at once, in bytes: a prefetch window's
+/// worth, so a reader at the backing's own rate never waits (8 fills of 64 KiB, the count
+/// this replaced, kept half a megabyte in flight: 30 MB/s from a 60 MB/s disk), and the
+/// gateway holds at most this much read-ahead data per volume.
+pub const PREFETCH_INFLIGHT_BYTES_MAX: u64 = PREFETCH_WINDOW_BYTES;
+
+/// The most blocks one prefetch or hint read of the backing covers, in bytes: a disk serves
+/// one 1 MiB read far sooner than sixteen of 64 KiB (a seek each, or an IOPS budget: at 500
+/// IOPS, 64 KiB reads cap a 60 MB/s disk at 32 MB/s), and a demand read behind it waits at
+/// most that long.
+pub const PREFETCH_RUN_BYTES_MAX: u64 = 1 << 20;
+
+/// Paced fills in flight for a block size: `PREFETCH_INFLIGHT_BYTES_MAX` of them, and at
+/// least two, so a volume of 4 MiB blocks still reads ahead while it serves one.
+pub const fn paced_fills_max(block_bytes: u64) -> usize {
+    let n = PREFETCH_INFLIGHT_BYTES_MAX / block_bytes;
+    if n < 2 { 2 } else { n as usize }
+}
+
+/// Blocks one paced read of the backing covers, for a block size (at least one).
+pub const fn paced_run_blocks(block_bytes: u64) -> u64 {
+    let n = PREFETCH_RUN_BYTES_MAX / block_bytes;
+    if n < 1 { 1 } else { n }
+}
 
 /// Demand reads at the backing past which prefetch and hints wait: the backing is busy
 /// serving clients, and read-ahead would only queue in front of their next reads.
@@ -67,7 +88,8 @@ const _: () = assert!(BLOCK_MIN_BYTES.is_power_of_two() && BLOCK_MAX_BYTES.is_po
 const _: () = assert!(BLOCK_MIN_BYTES <= BLOCK_DEFAULT_BYTES && BLOCK_DEFAULT_BYTES <= BLOCK_MAX_BYTES);
 const _: () = assert!(SLOT_HEADER_BYTES == BLOCK_MIN_BYTES);
 const _: () = assert!(MEMBER_SLOTS_MAX <= u32::MAX as u64 && MEMBERS_MAX <= u16::MAX as usize);
-const _: () = assert!(PREFETCH_TRIGGER_READS >= 1 && PREFETCH_INFLIGHT_MAX >= 1 && PREFETCH_DEMAND_READS_MAX >= 1);
+const _: () = assert!(PREFETCH_TRIGGER_READS >= 1 && PREFETCH_DEMAND_READS_MAX >= 1);
+const _: () = assert!(PREFETCH_RUN_BYTES_MAX <= PREFETCH_INFLIGHT_BYTES_MAX);
 const _: () = assert!(MEMBER_RECONNECT_BACKOFF_MIN_MS <= MEMBER_RECONNECT_BACKOFF_MAX_MS);
 
 /// How long to wait before reconnection attempt `failures` (1 for the first) of a member:

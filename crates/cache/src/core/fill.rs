@@ -1,15 +1,16 @@
 //! Fills: a block read from the backing goes into a slot on the member placement picks,
 //! and into the directory when the slot write is done, unless it went stale on the way
 //! (see `state::Fill`). Prefetch and NBD_CMD_CACHE fills are paced: at most
-//! `PREFETCH_INFLIGHT_MAX` of them (backing read and slot write) at once, none started
-//! while `PREFETCH_DEMAND_READS_MAX` demand reads are at the backing, and each queued
-//! behind the demand work of the same call.
+//! `paced_fills_max` of them (backing read and slot write) at once, none started while
+//! `PREFETCH_DEMAND_READS_MAX` demand reads are at the backing, and each queued behind the
+//! demand work of the same call. Consecutive blocks go to the backing as one read of up to
+//! `PREFETCH_RUN_BYTES_MAX`.
 
 use super::state::{Fill, Hint, OpKind, Source, Stage};
 use super::Cache;
 use crate::api::{Action, BackingCmd, MemberCmd, Outcome, ReqId};
 use crate::directory::Entry;
-use crate::limits::{PREFETCH_DEMAND_READS_MAX, PREFETCH_INFLIGHT_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
+use crate::limits::{paced_fills_max, paced_run_blocks, PREFETCH_DEMAND_READS_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
 use crate::slot;
 
 impl Cache {
@@ -159,11 +160,10 @@ impl Cache {
         let mut i = 0;
         while i < self.hints.len() {
             while self.room_to_pace() && self.hints[i].next < self.hints[i].end {
-                let (req, b) = (self.hints[i].req, self.hints[i].next);
-                self.hints[i].next += 1;
-                if self.paced_fill(b, Source::Hint(req)) {
-                    self.hints[i].outstanding += 1;
-                }
+                let (req, first, end) = (self.hints[i].req, self.hints[i].next, self.hints[i].end);
+                let (tried, started) = self.paced_run(first, end, Source::Hint(req));
+                self.hints[i].next += tried;
+                self.hints[i].outstanding += started;
             }
             let h = &self.hints[i];
             if h.next == h.end && h.outstanding == 0 {
@@ -175,20 +175,40 @@ impl Cache {
             }
         }
         while self.room_to_pace() {
-            let Some(b) = self.prefetch_queue.pop_front() else { break };
-            self.paced_fill(b, Source::Prefetch);
+            let Some(&first) = self.prefetch_queue.front() else { break };
+            // The queue's next blocks, while they follow on from `first`.
+            let queued = self.prefetch_queue.iter().zip(first..).take_while(|(&b, want)| b == *want).count();
+            let (tried, _) = self.paced_run(first, first + queued as u64, Source::Prefetch);
+            self.prefetch_queue.drain(..tried as usize);
         }
     }
 
     fn room_to_pace(&self) -> bool {
-        self.paced < PREFETCH_INFLIGHT_MAX && self.demand_reads < PREFETCH_DEMAND_READS_MAX
+        self.paced < paced_fills_max(self.p.block_bytes) && self.demand_reads < PREFETCH_DEMAND_READS_MAX
     }
 
-    fn paced_fill(&mut self, block: u64, source: Source) -> bool {
-        let Some(f) = self.try_fill(block, source) else { return false };
+    /// Fills for blocks from `first` (before `end`) as one read of the backing: as many
+    /// consecutive blocks as a fill may start for, the run and the pace allow. Returns how
+    /// many blocks it went past (at least one) and how many fills it started.
+    fn paced_run(&mut self, first: u64, end: u64, source: Source) -> (u64, u32) {
+        let most = paced_run_blocks(self.p.block_bytes).min(end - first);
+        let mut fills = Vec::new();
+        while (fills.len() as u64) < most && (fills.is_empty() || self.room_to_pace()) {
+            match self.try_fill(first + fills.len() as u64, source) {
+                Some(f) => fills.push(Some(f)),
+                None => break,
+            }
+        }
+        if fills.is_empty() {
+            return (1, 0);
+        }
         let bs = self.p.block_bytes;
-        let cmd = BackingCmd::Read { offset: block * bs, len: self.block_len(block) };
-        self.backing(OpKind::BackingRead { req: None, first: block, start: block * bs, len: self.block_len(block), fills: vec![Some(f)] }, cmd);
-        true
+        let n = fills.len() as u64;
+        let start = first * bs;
+        // Not `(first + n) * bs`: the last block's end may lie past u64::MAX.
+        let len = (n * bs).min(self.p.volume_bytes - start);
+        self.backing(OpKind::BackingRead { req: None, first, start, len, fills }, BackingCmd::Read { offset: start, len });
+        // At most `paced_run_blocks`, a few hundred.
+        (n, n as u32)
     }
 }

@@ -346,7 +346,7 @@ fn a_prefetch_a_waiter_used_is_used_once_and_never_wasted() {
     let mut r = Rig::new(true);
     r.read(1, 0, BS);
     r.request(2, Request::Read { offset: BS, len: BS });
-    assert_eq!(r.held.len(), 3, "block 1 for the read, blocks 2 and 3 read ahead");
+    assert_eq!(r.held.len(), 2, "block 1 for the read, blocks 2 and 3 read ahead in one backing read");
     r.request(3, Request::Read { offset: 2 * BS, len: BS });
     r.settle();
     assert_eq!(r.cache.counters().prefetched_used_bytes, BS, "read 3 waited on block 2's prefetch");
@@ -354,4 +354,21 @@ fn a_prefetch_a_waiter_used_is_used_once_and_never_wasted() {
     r.settle();
     let c = r.cache.counters();
     assert_eq!((c.prefetched_used_bytes, c.prefetched_wasted_bytes), (BS, 0));
+}
+
+#[test]
+fn a_hint_reads_the_backing_in_runs_of_consecutive_blocks() {
+    // 300 blocks of 4 KiB, all uncached: one read of 1 MiB (256 blocks) and one of the rest,
+    // not 300 reads of a block each (a disk with an IOPS budget serves them far slower).
+    let mut r = Rig::with(300 * BS, BS, 400, false);
+    r.request(1, Request::Cache { offset: 0, len: 300 * BS });
+    let lens: Vec<u64> = r.held.iter().filter_map(|a| match a {
+        Action::Backing { cmd: BackingCmd::Read { len, .. }, .. } => Some(*len),
+        _ => None,
+    }).collect();
+    assert_eq!(lens, vec![256 * BS, 44 * BS]);
+    r.settle();
+    assert_eq!(r.replies.len(), 1, "the hint is answered once every fill is done");
+    r.read(2, 0, 300 * BS);
+    assert_eq!(r.cache.counters().misses, 0, "every block was filled");
 }

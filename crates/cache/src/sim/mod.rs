@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use crate::api::{Action, BackingCmd, Nanos, Params, ReqId, Request};
 use crate::core::Cache;
 use crate::counters::Counters;
-use crate::limits::{PREFETCH_INFLIGHT_MAX, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
+use crate::limits::{paced_fills_max, paced_run_blocks, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
 use model::Model;
 use sluice_proto::rng::Rng;
 use store::{Cmd, InFlight, Member, Target};
@@ -303,7 +303,8 @@ impl World {
     fn check_bounds(&self) -> Result<(), String> {
         self.cache.check()?;
         let f = self.cache.inflight();
-        if f.paced > PREFETCH_INFLIGHT_MAX || f.fills > f.ops * setup::RUN_BLOCKS_MAX || f.directory as u64 > f.slots {
+        let run_max = setup::RUN_BLOCKS_MAX.max(paced_run_blocks(self.p.block_bytes) as usize);
+        if f.paced > paced_fills_max(self.p.block_bytes) || f.fills > f.ops * run_max || f.directory as u64 > f.slots {
             return Err(format!("bounds broken: {f:?}"));
         }
         if f.prefetch_queue > STREAMS_MAX * PREFETCH_WINDOW_BLOCKS_MAX as usize || f.requests != self.reqs.len() {
