@@ -57,6 +57,9 @@ struct Member<M> {
     /// Its operations in flight, aborted when it is dropped (a stalled member never
     /// answers them, and they hold its connection).
     ops: HashMap<OpId, AbortHandle>,
+    /// Its connection attempt (after its backoff) while down, aborted at the stop: a
+    /// sleeping one would otherwise wake after it and connect for nothing.
+    connecting: Option<AbortHandle>,
     /// Failures in a row: the core's count when it dropped the member, plus connection
     /// attempts that failed since.
     failures: u32,
@@ -66,7 +69,7 @@ struct Member<M> {
 pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, uris: Vec<Uri>, options: M::Options, connections: Arc<AtomicUsize>) -> mpsc::UnboundedSender<Event<M>> {
     let (inbox, events) = mpsc::unbounded_channel();
     let core = Cache::new(Params::new(&config, backing.export().size, identity()));
-    let members = uris.into_iter().map(|uri| Member { uri, client: None, ops: HashMap::new(), failures: 0 }).collect();
+    let members = uris.into_iter().map(|uri| Member { uri, client: None, ops: HashMap::new(), connecting: None, failures: 0 }).collect();
     let name = path.display().to_string();
     let shell = Shell { core, start: Instant::now(), name, backing, members, options, waiting: HashMap::new(), next_req: 0, inbox: inbox.clone(), connections, stopping: None };
     tokio::spawn(shell.run(events));
@@ -110,7 +113,7 @@ impl<M: Conn> Shell<M> {
                 break;
             }
         }
-        self.close().await;
+        self.close(events).await;
     }
 
     fn now(&self) -> u64 {
@@ -196,17 +199,19 @@ impl<M: Conn> Shell<M> {
         self.connect_later(member, wait);
     }
 
-    fn connect_later(&self, member: usize, wait_ms: u64) {
+    fn connect_later(&mut self, member: usize, wait_ms: u64) {
         let (uri, options, inbox) = (self.members[member].uri.clone(), self.options.clone(), self.inbox.clone());
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(wait_ms)).await;
             let result = M::connect(&uri, &options).await.map_err(|e| e.to_string());
             let _ = inbox.send(Event::Connected { member, result });
         });
+        self.members[member].connecting = Some(task.abort_handle());
     }
 
     /// A connection attempt ended: the member comes up (empty), or is tried again later.
     fn connected(&mut self, member: usize, result: Result<M, String>) {
+        self.members[member].connecting = None;
         if self.stopping.is_some() {
             if let Ok(c) = result {
                 tokio::spawn(async move { c.disconnect().await });
@@ -262,12 +267,25 @@ impl<M: Conn> Shell<M> {
         Status { block_bytes: self.core.slot_bytes() - sluice_cache::limits::SLOT_HEADER_BYTES, counters: self.core.counters(), members: members.collect() }
     }
 
-    /// Says goodbye to the backing and the members, then to whoever asked for the stop.
-    async fn close(mut self) {
+    /// Says goodbye to the backing and the members (connected, or connecting when the stop
+    /// came), then to whoever asked for the stop.
+    async fn close(mut self, mut events: mpsc::UnboundedReceiver<Event<M>>) {
         for m in &mut self.members {
             for (_, task) in m.ops.drain() {
                 task.abort();
             }
+            if let Some(task) = m.connecting.take() {
+                task.abort();
+            }
+        }
+        // Connections made before their task was aborted wait in the inbox.
+        events.close();
+        while let Ok(event) = events.try_recv() {
+            if let Event::Connected { result: Ok(c), .. } = event {
+                c.disconnect().await;
+            }
+        }
+        for m in &mut self.members {
             if let Some(c) = m.client.take() {
                 c.disconnect().await;
             }

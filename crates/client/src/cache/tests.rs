@@ -92,3 +92,20 @@ async fn hits_count_and_a_failed_member_comes_back_empty() {
         Fake::unlisten(&u.to_string());
     }
 }
+
+/// A member that cannot be reached is retried with backoff; once the volume is
+/// disconnected, no retry is made (a sleeping reconnection would otherwise wake after the
+/// stop and connect to the member for nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_member_is_connected_after_the_stop() {
+    let uri = Uri::parse("nbd://cache-test-gone/ram").unwrap();
+    let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{:?}]\nblock = \"4K\"\nprefetch = \"off\"\n", uri.to_string());
+    let config = sluice_cache::config::parse(&text).unwrap();
+    let d = CacheDriver::start(Path::new("test.toml"), config, Fake::new(1 << 20, true, true, true), vec![uri.clone()], ());
+    wait(&d, "the member's first connection refused", |s| s.members[0].failures >= 1).await;
+    d.disconnect().await;
+    let tried = Fake::connects(&uri.to_string());
+    // The first retry comes 250 ms after the first refusal, the next 500 ms later.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(Fake::connects(&uri.to_string()), tried, "a member was connected again after the stop");
+}

@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 /// Fakes by the URI they `listen` at.
 static LISTENING: Mutex<Option<HashMap<String, Fake>>> = Mutex::new(None);
 
+/// `connect` calls by URI, listening or not.
+static CONNECTS: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Call {
     Read { offset: u64, len: usize },
@@ -96,6 +99,11 @@ impl Fake {
         LISTENING.lock().unwrap().get_or_insert_with(HashMap::new).remove(uri);
     }
 
+    /// How many times `connect` was called for `uri` so far.
+    pub(crate) fn connects(uri: &str) -> usize {
+        CONNECTS.lock().unwrap().as_ref().and_then(|c| c.get(uri).copied()).unwrap_or(0)
+    }
+
     pub(crate) fn fail_next(&self) {
         self.state.lock().unwrap().fail_next = true;
     }
@@ -119,6 +127,7 @@ impl Member for Fake {
     type Options = ();
 
     fn connect(uri: &Uri, _: &()) -> Connecting<Fake> {
+        *CONNECTS.lock().unwrap().get_or_insert_with(HashMap::new).entry(uri.to_string()).or_default() += 1;
         let found = LISTENING.lock().unwrap().as_ref().and_then(|l| l.get(&uri.to_string()).cloned());
         Box::pin(async move { found.ok_or(Error::Closed) })
     }
