@@ -19,6 +19,9 @@ const BLOCKS: f64 = (RANGE as u64 / (64 << 10)) as f64;
 /// Longest wait for what the cache does on its own (fills, a member marked down); each
 /// takes milliseconds.
 const SETTLE: Duration = Duration::from_secs(20);
+/// Longest a stalled member may hold a read up: its timeout is 2 s.
+const STALL_MAX: Duration = Duration::from_secs(8);
+const _: () = assert!(STALL_MAX.as_secs() < SETTLE.as_secs());
 /// Longest wait for a restarted member to be used again: its reconnection backoff doubles
 /// from 250 ms, so a member down for a few seconds is retried within about 8 s.
 const BACK_UP: Duration = Duration::from_secs(40);
@@ -83,9 +86,32 @@ impl Setup {
     }
 }
 
-async fn read_back(c: &Client, expected: &[u8], what: &str) {
-    let got = c.read_owned(0, vec![0; expected.len()]).await.unwrap_or_else(|e| panic!("{what}: the read failed: {e}"));
-    assert!(got == expected, "{what}: the cached volume did not read back the last data written");
+impl Setup {
+    /// Reads the range back, bounded: a read the cache never answers (a stalled member not
+    /// timed out, a lost completion) fails the test with the servers' logs.
+    async fn read_back(&self, c: &Client, expected: &[u8], what: &str) {
+        let got = self.bounded(what, c.read_owned(0, vec![0; expected.len()])).await;
+        assert!(got == expected, "{what}: the cached volume did not read back the last data written\n{}", self.logs());
+    }
+
+    /// Writes `data` at 0, bounded as `read_back`.
+    async fn write(&self, c: &Client, data: &[u8], fua: bool, what: &str) {
+        self.bounded(what, c.write(0, data, fua)).await;
+    }
+
+    /// Disconnects the client, bounded: the cache answers what is in flight first.
+    async fn disconnect(&self, c: Client) {
+        let ok = tokio::time::timeout(SETTLE, c.disconnect()).await.is_ok();
+        assert!(ok, "the client did not disconnect in {SETTLE:?}\n{}", self.logs());
+    }
+
+    async fn bounded<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T, sluice_client::Error>>) -> T {
+        match tokio::time::timeout(SETTLE, call).await {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => panic!("{what}: {e}\n{}", self.logs()),
+            Err(_) => panic!("{what}: no answer in {SETTLE:?}\n{}", self.logs()),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,12 +121,12 @@ async fn reads_hit_once_filled_and_the_cache_hint_fills_ahead() {
     s.wait_member(1, true, SETTLE);
     let c = s.client().await;
     let data = pattern(RANGE, 1);
-    c.write(0, &data, false).await.expect("write through the cache");
-    read_back(&c, &data, "first read (misses)").await;
+    s.write(&c, &data, false, "write through the cache").await;
+    s.read_back(&c, &data, "first read (misses)").await;
     assert_eq!(s.counter("misses"), BLOCKS, "{}", s.logs());
     // Fills complete after the read's reply; the second read hits only once they have.
     s.wait_counter("fills", BLOCKS);
-    read_back(&c, &data, "second read (hits)").await;
+    s.read_back(&c, &data, "second read (hits)").await;
     assert_eq!((s.counter("hits"), s.counter("misses")), (BLOCKS, BLOCKS), "{}", s.logs());
     assert_eq!(s.counter("hit_bytes"), RANGE as f64);
 
@@ -110,16 +136,16 @@ async fn reads_hit_once_filled_and_the_cache_hint_fills_ahead() {
     let (ok, out, err) = run("nbdsh", &["-u", &uri, "-c", &script]);
     assert!(ok && out.contains("cached"), "nbdsh: {out}{err}\n{}", s.logs());
     s.wait_counter("fills", BLOCKS + 16.0);
-    let zeros = c.read_owned(8 * MIB, vec![1; MIB as usize]).await.expect("read the hinted range");
+    let zeros = s.bounded("read the hinted range", c.read_owned(8 * MIB, vec![1; MIB as usize])).await;
     assert!(zeros.iter().all(|&b| b == 0), "the hinted range reads as the backing holds it");
     assert_eq!(s.counter("hits"), BLOCKS + 16.0, "{}", s.logs());
     assert_eq!(s.counter("prefetched_used_bytes"), MIB as f64, "{}", s.logs());
-    c.disconnect().await;
+    s.disconnect(c).await;
 
     // `info` opens the volume itself and shows its members, as JSON too.
     let spec = format!("cache:{}", s.file.display());
     let (ok, out, err) = run(SLUICE, &["info", "--json", &spec]);
-    assert!(ok, "info: {err}");
+    assert!(ok, "info: {err}\n{}", s.logs());
     let v: serde_json::Value = serde_json::from_str(&out).expect("info --json prints JSON");
     assert_eq!(v["size"], VOLUME);
     let members = v["cache"]["members"].as_array().expect("the members");
@@ -133,35 +159,35 @@ async fn a_member_killed_and_restarted_empty_costs_no_error_and_no_stale_read() 
     s.wait_member(1, true, SETTLE);
     let c = s.client().await;
     let first = pattern(RANGE, 2);
-    c.write(0, &first, false).await.expect("write through the cache");
-    read_back(&c, &first, "filling read").await;
+    s.write(&c, &first, false, "write through the cache").await;
+    s.read_back(&c, &first, "filling read").await;
     s.wait_counter("fills", BLOCKS);
 
     s.members[0].kill();
-    read_back(&c, &first, "a read with member 0 killed").await;
+    s.read_back(&c, &first, "a read with member 0 killed").await;
     s.wait_member(0, false, SETTLE);
     // Written while the member is down: what it held is gone, what member 1 holds is
     // invalidated, and nothing older may come back.
     let second = pattern(RANGE, 3);
-    c.write(0, &second, true).await.expect("a write with member 0 down");
-    read_back(&c, &second, "a read after a write with member 0 down").await;
+    s.write(&c, &second, true, "a write with member 0 down").await;
+    s.read_back(&c, &second, "a read after a write with member 0 down").await;
 
     s.members[0].restart();
     s.wait_member(0, true, BACK_UP);
     // What member 1 filled while member 0 was down still hits there.
-    read_back(&c, &second, "a read with member 0 back, empty").await;
+    s.read_back(&c, &second, "a read with member 0 back, empty").await;
     // New data spreads over both members again, and reads back.
     let third = pattern(RANGE, 4);
-    c.write(0, &third, false).await.expect("a write with both members up");
+    s.write(&c, &third, false, "a write with both members up").await;
     let fills = s.counter("fills");
-    read_back(&c, &third, "a read after the last write").await;
+    s.read_back(&c, &third, "a read after the last write").await;
     s.wait_counter("fills", fills + BLOCKS);
-    read_back(&c, &third, "a read again, from the members").await;
+    s.read_back(&c, &third, "a read again, from the members").await;
     let uri = s.members[0].uri_for("ram");
     let used = s.metric(&format!("sluice_cache_member_slots_used{{export=\"v\",member=\"0\",uri=\"{uri}\"}}"));
     assert!(used > 0.0, "member 0 holds none of the blocks filled after its return\n{}", s.logs());
     assert!(s.counter("member_failures") >= 1.0, "{}", s.logs());
-    c.disconnect().await;
+    s.disconnect(c).await;
 }
 
 /// A cache file that does not check out stops `info` (exit 2) and `serve`, and the message
@@ -235,22 +261,25 @@ async fn a_stalled_member_is_timed_out_and_its_reads_go_to_the_backing() {
     s.wait_member(1, true, SETTLE);
     let c = s.client().await;
     let first = pattern(RANGE, 5);
-    c.write(0, &first, false).await.expect("write through the cache");
-    read_back(&c, &first, "filling read").await;
+    s.write(&c, &first, false, "write through the cache").await;
+    s.read_back(&c, &first, "filling read").await;
     s.wait_counter("fills", BLOCKS);
 
     s.members[0].pause();
     let started = std::time::Instant::now();
-    read_back(&c, &first, "a read with member 0 stalled").await;
-    assert!(started.elapsed() < SETTLE, "the stalled member held the read up for {:?}", started.elapsed());
+    s.read_back(&c, &first, "a read with member 0 stalled").await;
+    // The member timeout (2 s), with room for a loaded machine; not SETTLE, which bounds
+    // the read itself.
+    let held = started.elapsed();
+    assert!(held < STALL_MAX, "the stalled member held the read up for {held:?}\n{}", s.logs());
     s.wait_member(0, false, SETTLE);
     let second = pattern(RANGE, 6);
-    c.write(0, &second, false).await.expect("a write with member 0 stalled");
-    read_back(&c, &second, "a read after a write with member 0 stalled").await;
+    s.write(&c, &second, false, "a write with member 0 stalled").await;
+    s.read_back(&c, &second, "a read after a write with member 0 stalled").await;
 
     s.members[0].kill();
     s.members[0].restart();
     s.wait_member(0, true, BACK_UP);
-    read_back(&c, &second, "a read with member 0 back").await;
-    c.disconnect().await;
+    s.read_back(&c, &second, "a read with member 0 back").await;
+    s.disconnect(c).await;
 }
