@@ -65,6 +65,30 @@ struct Member<M> {
     failures: u32,
 }
 
+/// A backing operation's completion, sent once: by its task, or, if the task ends without
+/// sending it (a panic under the client), when dropped. A member's operation needs none:
+/// the member timeout answers for it.
+struct BackingReport<M> {
+    inbox: Option<mpsc::UnboundedSender<Event<M>>>,
+    op: OpId,
+}
+
+impl<M> BackingReport<M> {
+    fn send(mut self, outcome: Outcome) {
+        if let Some(inbox) = self.inbox.take() {
+            let _ = inbox.send(Event::Backing { op: self.op, outcome });
+        }
+    }
+}
+
+impl<M> Drop for BackingReport<M> {
+    fn drop(&mut self) {
+        if let Some(inbox) = self.inbox.take() {
+            let _ = inbox.send(Event::Backing { op: self.op, outcome: Err("its task ended without an answer".into()) });
+        }
+    }
+}
+
 /// Starts the task; returns its inbox.
 pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, uris: Vec<Uri>, options: M::Options, connections: Arc<AtomicUsize>) -> mpsc::UnboundedSender<Event<M>> {
     let (inbox, events) = mpsc::unbounded_channel();
@@ -161,10 +185,10 @@ impl<M: Conn> Shell<M> {
     }
 
     fn backing_op(&mut self, op: OpId, cmd: BackingCmd) {
-        let (client, inbox) = (self.backing.clone(), self.inbox.clone());
+        let (client, report) = (self.backing.clone(), BackingReport { inbox: Some(self.inbox.clone()), op });
         tokio::spawn(async move {
             let outcome = io::backing(&client, cmd).await;
-            let _ = inbox.send(Event::Backing { op, outcome });
+            report.send(outcome);
         });
     }
 

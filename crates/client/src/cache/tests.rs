@@ -109,3 +109,20 @@ async fn no_member_is_connected_after_the_stop() {
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(Fake::connects(&uri.to_string()), tried, "a member was connected again after the stop");
 }
+
+/// A backing operation whose task panics fails its request (it would wait for ever, and
+/// hold up the stop), and the volume goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backing_operation_that_panics_fails_its_request() {
+    // The member never answers: every read goes to the backing.
+    let member = "nbd://cache-test-absent/ram";
+    let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{member:?}]\nblock = \"4K\"\nprefetch = \"off\"\n");
+    let config = sluice_cache::config::parse(&text).unwrap();
+    let backing = Fake::new(1 << 20, true, true, true);
+    let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), vec![Uri::parse(member).unwrap()], ());
+    backing.panic_next();
+    let r = tokio::time::timeout(SETTLE, d.call(CMD_READ, 0, 0, BLOCK as u32, &[], vec![vec![0; BLOCK as usize]])).await;
+    assert!(matches!(r, Ok(Err(crate::error::Error::Server { errno: 5, .. }))), "the read was not failed: {:?}", r.map(|r| r.map(|_| ())));
+    assert_eq!(read(&d, 0, BLOCK as usize).await, vec![0; BLOCK as usize]);
+    tokio::time::timeout(SETTLE, d.disconnect()).await.expect("the stop is not held up");
+}

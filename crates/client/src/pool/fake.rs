@@ -31,6 +31,8 @@ struct State {
     data: Vec<u8>,
     calls: Vec<Call>,
     fail_next: bool,
+    /// The next call panics, as a bug in the code under a member would.
+    panic_next: bool,
     /// Reads still to return with their first byte after the magic flipped, as a read that
     /// raced a write of the same block would.
     torn_reads: usize,
@@ -108,6 +110,10 @@ impl Fake {
         self.state.lock().unwrap().fail_next = true;
     }
 
+    pub(crate) fn panic_next(&self) {
+        self.state.lock().unwrap().panic_next = true;
+    }
+
     pub(crate) fn tear_next_reads(&self, n: usize) {
         self.state.lock().unwrap().torn_reads = n;
     }
@@ -115,6 +121,10 @@ impl Fake {
     /// Records the call, fails it if told to, else applies `f` to the data.
     fn serve<T>(&self, call: Call, f: impl FnOnce(&mut Vec<u8>) -> T) -> Result<T, Error> {
         let mut st = self.state.lock().unwrap();
+        if std::mem::take(&mut st.panic_next) {
+            drop(st);
+            panic!("told to panic");
+        }
         if std::mem::take(&mut st.fail_next) {
             return Err(Error::Server { errno: 5, message: Some("told to fail".into()) });
         }
