@@ -9,7 +9,7 @@ use super::io;
 use super::status::{MemberStatus, Status};
 use crate::pool::member::Member as Conn;
 use crate::uri::Uri;
-use sluice_cache::limits::reconnect_backoff_ms;
+use sluice_cache::limits::{reconnect_backoff_ms, MEMBER_TIMEOUT_MS};
 use sluice_cache::{Action, BackingCmd, Cache, Config, Failure, MemberCmd, MemberState, OpId, Outcome, Params, ReqId, Request};
 use std::collections::HashMap;
 use std::path::Path;
@@ -304,21 +304,31 @@ impl<M: Conn> Shell<M> {
         }
         // Connections made before their task was aborted wait in the inbox.
         events.close();
+        let mut goodbyes = Vec::new();
         while let Ok(event) = events.try_recv() {
             if let Event::Connected { result: Ok(c), .. } = event {
-                c.disconnect().await;
+                goodbyes.push(goodbye(c));
             }
         }
-        for m in &mut self.members {
-            if let Some(c) = m.client.take() {
-                c.disconnect().await;
-            }
+        goodbyes.extend(self.members.iter_mut().filter_map(|m| m.client.take()).map(goodbye));
+        for g in goodbyes {
+            let _ = g.await;
         }
         self.backing.disconnect().await;
         for tx in self.stopping.take().into_iter().flatten() {
             let _ = tx.send(());
         }
     }
+}
+
+/// Says goodbye to a member on a task of its own, so that all are said at once, each for
+/// the member timeout at most: a stalled member (its socket full) never takes it, and
+/// would hold up the stop for as long as it stalls.
+fn goodbye<M: Conn>(c: M) -> tokio::task::JoinHandle<()> {
+    let limit = Duration::from_millis(MEMBER_TIMEOUT_MS);
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(limit, c.disconnect()).await;
+    })
 }
 
 /// Slots a connected member can hold: its size over the slot size. A read-only member or

@@ -126,3 +126,20 @@ async fn a_backing_operation_that_panics_fails_its_request() {
     assert_eq!(read(&d, 0, BLOCK as usize).await, vec![0; BLOCK as usize]);
     tokio::time::timeout(SETTLE, d.disconnect()).await.expect("the stop is not held up");
 }
+
+/// A member that never takes its goodbye (stalled, its socket full) holds up the stop for
+/// the member timeout at most: `sluice copy` would otherwise never exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_member_does_not_hold_up_the_stop() {
+    let uri = Uri::parse("nbd://cache-test-stalled/ram").unwrap();
+    let member = Fake::new(32 * 2 * BLOCK, true, true, true);
+    member.listen(&uri.to_string());
+    let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{:?}]\nblock = \"4K\"\nprefetch = \"off\"\n", uri.to_string());
+    let config = sluice_cache::config::parse(&text).unwrap();
+    let d = CacheDriver::start(Path::new("test.toml"), config, Fake::new(1 << 20, true, true, true), vec![uri.clone()], ());
+    wait(&d, "the member up", |s| s.members[0].up).await;
+    member.stall_disconnect();
+    let limit = Duration::from_millis(sluice_cache::limits::MEMBER_TIMEOUT_MS) + SETTLE;
+    tokio::time::timeout(limit, d.disconnect()).await.expect("the stop waited on the stalled member");
+    Fake::unlisten(&uri.to_string());
+}

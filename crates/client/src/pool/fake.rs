@@ -33,6 +33,8 @@ struct State {
     fail_next: bool,
     /// The next call panics, as a bug in the code under a member would.
     panic_next: bool,
+    /// `disconnect` never returns, as on a stalled server whose socket buffer is full.
+    stall_disconnect: bool,
     /// Reads still to return with their first byte after the magic flipped, as a read that
     /// raced a write of the same block would.
     torn_reads: usize,
@@ -110,6 +112,10 @@ impl Fake {
         self.state.lock().unwrap().fail_next = true;
     }
 
+    pub(crate) fn stall_disconnect(&self) {
+        self.state.lock().unwrap().stall_disconnect = true;
+    }
+
     pub(crate) fn panic_next(&self) {
         self.state.lock().unwrap().panic_next = true;
     }
@@ -183,5 +189,9 @@ impl Member for Fake {
         async move { r }
     }
 
-    async fn disconnect(&self) {}
+    async fn disconnect(&self) {
+        if self.state.lock().unwrap().stall_disconnect {
+            std::future::pending::<()>().await;
+        }
+    }
 }
