@@ -331,15 +331,37 @@ fn goodbye<M: Conn>(c: M) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Slots a connected member can hold: its size over the slot size. A read-only member or
-/// one too small for a slot cannot be used.
+/// Slots a connected member can hold: its size over the slot size. A read-only member, one
+/// too small for a slot, or one whose minimum block does not divide the slot (its every
+/// slot operation would be refused as unaligned, and it would go down and up for ever)
+/// cannot be used.
 fn usable_slots<M: Conn>(c: &M, slot_bytes: u64) -> Result<u64, String> {
     let ex = c.export();
     if ex.read_only() {
         return Err("it is read-only; a member must take writes (a RAM export)".into());
     }
+    if !slot_bytes.is_multiple_of(ex.block_min as u64) {
+        return Err(format!("its minimum block of {} bytes does not divide the slot of {slot_bytes} bytes", ex.block_min));
+    }
     match ex.size / slot_bytes {
         0 => Err(format!("its {} bytes hold no slot of {slot_bytes} bytes", ex.size)),
         slots => Ok(slots),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::fake::Fake;
+    use sluice_proto::wire::FLAG_READ_ONLY;
+
+    #[test]
+    fn a_member_must_take_whole_slots() {
+        let slot = 4096 + 65536;
+        assert_eq!(usable_slots(&Fake::new(10 * slot, true, true, true).with_flags(0, 4096), slot), Ok(10));
+        let e = usable_slots(&Fake::new(10 * slot, true, true, true).with_flags(0, 8192), slot).unwrap_err();
+        assert!(e.contains("8192") && e.contains("does not divide"), "{e}");
+        assert!(usable_slots(&Fake::new(slot - 1, true, true, true), slot).unwrap_err().contains("no slot"));
+        assert!(usable_slots(&Fake::new(slot, true, true, true).with_flags(FLAG_READ_ONLY, 1), slot).unwrap_err().contains("read-only"));
     }
 }
