@@ -400,6 +400,7 @@ fn checked(args: &ServeArgs) -> Result<Vec<String>, Usage> {
     // In the order a start and a reload go: TLS, then the exports.
     let tls = TlsServer::load(&s.tls).map_err(Usage)?;
     let mut lines = Vec::new();
+    serve_catalog::cache_conflict(&[], &s.wanted).map_err(Usage)?;
     for w in &s.wanted {
         lines.push(serve_catalog::check(w).map_err(Usage)?);
     }

@@ -38,10 +38,30 @@ fn is_cache(spec: &Spec) -> bool {
     matches!(spec, Spec::Remote(s) if s.starts_with("cache:"))
 }
 
+/// A cached volume opened twice, as two exports of one table or under a new name while
+/// the old one still serves its connections, is two caches writing the same members'
+/// slots: refused, as a served one changed is.
+pub fn cache_conflict(served: &[&Wanted], wanted: &[Wanted]) -> Result<(), String> {
+    for (i, w) in wanted.iter().enumerate().filter(|(_, w)| is_cache(&w.spec)) {
+        if let Some(other) = wanted[..i].iter().find(|o| o.spec == w.spec) {
+            return Err(format!("exports {:?} and {:?}: the same cached volume ({}) twice; its members hold one cache's slots", other.name, w.name, w.spec));
+        }
+        if let Some(old) = served.iter().find(|o| o.spec == w.spec && o.name != w.name) {
+            return Err(format!(
+                "export {:?}: {} is served as export {:?} (its members hold that cache's slots); restart to rename it",
+                w.name, w.spec, old.name
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Catalog {
     /// Opens every export `wanted` names, taking those that did not change from `self`.
     /// An export that cannot be opened fails the whole table, so nothing changes then.
     pub fn reopen(&self, wanted: Vec<Wanted>) -> Result<(Catalog, Exports), String> {
+        let served: Vec<&Wanted> = self.open.iter().map(|o| &o.wanted).collect();
+        cache_conflict(&served, &wanted)?;
         let mut next = Catalog::default();
         let mut exports = Exports::default();
         for w in wanted {
@@ -212,4 +232,25 @@ pub fn check(w: &Wanted) -> Result<String, String> {
     let line = format!("export {name:?}: {spec}: {} bytes{ro}", export.backend.size());
     export.backend.close();
     Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted(name: &str, spec: &str) -> Wanted {
+        Wanted { name: name.into(), spec: Spec::parse(spec).unwrap(), options: Options::default() }
+    }
+
+    #[test]
+    fn a_cached_volume_is_opened_once() {
+        let v = wanted("v", "cache:/etc/c.toml");
+        assert!(cache_conflict(&[], &[v.clone(), wanted("w", "cache:/etc/d.toml"), wanted("m", "memory:1M")]).is_ok());
+        assert!(cache_conflict(&[&v], std::slice::from_ref(&v)).is_ok(), "kept as it is");
+        let e = cache_conflict(&[], &[v.clone(), wanted("w", "cache:/etc/c.toml")]).unwrap_err();
+        assert!(e.contains("\"v\" and \"w\""), "{e}");
+        let e = cache_conflict(&[&v], &[wanted("w", "cache:/etc/c.toml")]).unwrap_err();
+        assert!(e.contains("served as export \"v\""), "{e}");
+        assert!(cache_conflict(&[&wanted("p", "memory:1M")], &[wanted("q", "memory:1M")]).is_ok());
+    }
 }

@@ -224,6 +224,18 @@ fn a_bad_cache_file_is_refused_naming_the_file_and_the_key() {
     std::fs::write(&good, "backing = \"nbd://nowhere.invalid/v\"\nmembers = [\"nbd://nowhere.invalid/ram\"]\n").unwrap();
     let out = check(&format!("cache:{}", good.display()));
     assert!(out.status.success(), "serve --check of a good file: {}", String::from_utf8_lossy(&out.stderr));
+    // One cached volume served as two exports would be two caches writing the same slots.
+    let twice = |check: bool| {
+        let spec = format!("cache:{}", good.display());
+        let mut c = std::process::Command::new(SLUICE);
+        c.arg("serve").args(check.then_some("--check")).args(["--export", &format!("v={spec}"), "--export", &format!("w={spec}"), "--unix"]).arg(dir.path().join("s.sock"));
+        output(&mut c)
+    };
+    for check in [true, false] {
+        let out = twice(check);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(2) && err.contains("the same cached volume"), "serve (--check: {check}) of one cache twice: {err}");
+    }
 }
 
 /// fio writes and verifies through the cached volume (4K to 64K at queue depth 16) while a
