@@ -215,7 +215,7 @@ impl<M: Conn> Shell<M> {
         }
         m.failures = failures;
         if let Some(old) = m.client.take() {
-            tokio::spawn(async move { old.disconnect().await });
+            goodbye(old);
         }
         let wait = reconnect_backoff_ms(failures);
         log::warn!("cache {}: member {} is down (failure {failures}); connecting again in {wait} ms", self.name, m.uri);
@@ -238,7 +238,7 @@ impl<M: Conn> Shell<M> {
         self.members[member].connecting = None;
         if self.stopping.is_some() {
             if let Ok(c) = result {
-                tokio::spawn(async move { c.disconnect().await });
+                goodbye(c);
             }
             return;
         }
@@ -246,7 +246,7 @@ impl<M: Conn> Shell<M> {
         let usable = result.and_then(|c| match usable_slots(&c, slot_bytes) {
             Ok(slots) => Ok((c, slots)),
             Err(e) => {
-                tokio::spawn(async move { c.disconnect().await });
+                goodbye(c);
                 Err(e)
             }
         });
@@ -321,9 +321,9 @@ impl<M: Conn> Shell<M> {
     }
 }
 
-/// Says goodbye to a member on a task of its own, so that all are said at once, each for
-/// the member timeout at most: a stalled member (its socket full) never takes it, and
-/// would hold up the stop for as long as it stalls.
+/// Says goodbye to a member on a task of its own (at the stop, all at once), for the
+/// member timeout at most: a stalled member (its socket full) never takes it, and would
+/// hold up the stop, or its old connection, for as long as it stalls.
 fn goodbye<M: Conn>(c: M) -> tokio::task::JoinHandle<()> {
     let limit = Duration::from_millis(MEMBER_TIMEOUT_MS);
     tokio::spawn(async move {

@@ -93,15 +93,29 @@ async fn hits_count_and_a_failed_member_comes_back_empty() {
     }
 }
 
+/// A volume with one member at `uri` (a fake listening there when `member` is given, else
+/// nothing) and a backing of 1 MiB in memory.
+fn one_member(uri: &str, member: Option<&Fake>, backing: &Fake) -> (Uri, CacheDriver<Fake>) {
+    let uri = Uri::parse(uri).unwrap();
+    if let Some(m) = member {
+        m.listen(&uri.to_string());
+    }
+    let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{:?}]\nblock = \"4K\"\nprefetch = \"off\"\n", uri.to_string());
+    let config = sluice_cache::config::parse(&text).unwrap();
+    let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), vec![uri.clone()], ());
+    (uri, d)
+}
+
+fn small_fake() -> Fake {
+    Fake::new(32 * 2 * BLOCK, true, true, true)
+}
+
 /// A member that cannot be reached is retried with backoff; once the volume is
 /// disconnected, no retry is made (a sleeping reconnection would otherwise wake after the
 /// stop and connect to the member for nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_member_is_connected_after_the_stop() {
-    let uri = Uri::parse("nbd://cache-test-gone/ram").unwrap();
-    let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{:?}]\nblock = \"4K\"\nprefetch = \"off\"\n", uri.to_string());
-    let config = sluice_cache::config::parse(&text).unwrap();
-    let d = CacheDriver::start(Path::new("test.toml"), config, Fake::new(1 << 20, true, true, true), vec![uri.clone()], ());
+    let (uri, d) = one_member("nbd://cache-test-gone/ram", None, &Fake::new(1 << 20, true, true, true));
     wait(&d, "the member's first connection refused", |s| s.members[0].failures >= 1).await;
     d.disconnect().await;
     let tried = Fake::connects(&uri.to_string());
@@ -115,11 +129,8 @@ async fn no_member_is_connected_after_the_stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backing_operation_that_panics_fails_its_request() {
     // The member never answers: every read goes to the backing.
-    let member = "nbd://cache-test-absent/ram";
-    let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{member:?}]\nblock = \"4K\"\nprefetch = \"off\"\n");
-    let config = sluice_cache::config::parse(&text).unwrap();
     let backing = Fake::new(1 << 20, true, true, true);
-    let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), vec![Uri::parse(member).unwrap()], ());
+    let (_, d) = one_member("nbd://cache-test-absent/ram", None, &backing);
     backing.panic_next();
     let r = tokio::time::timeout(SETTLE, d.call(CMD_READ, 0, 0, BLOCK as u32, &[], vec![vec![0; BLOCK as usize]])).await;
     assert!(matches!(r, Ok(Err(crate::error::Error::Server { errno: 5, .. }))), "the read was not failed: {:?}", r.map(|r| r.map(|_| ())));
@@ -131,15 +142,34 @@ async fn a_backing_operation_that_panics_fails_its_request() {
 /// the member timeout at most: `sluice copy` would otherwise never exit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_member_does_not_hold_up_the_stop() {
-    let uri = Uri::parse("nbd://cache-test-stalled/ram").unwrap();
-    let member = Fake::new(32 * 2 * BLOCK, true, true, true);
-    member.listen(&uri.to_string());
-    let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{:?}]\nblock = \"4K\"\nprefetch = \"off\"\n", uri.to_string());
-    let config = sluice_cache::config::parse(&text).unwrap();
-    let d = CacheDriver::start(Path::new("test.toml"), config, Fake::new(1 << 20, true, true, true), vec![uri.clone()], ());
+    let member = small_fake();
+    let (uri, d) = one_member("nbd://cache-test-stalled/ram", Some(&member), &Fake::new(1 << 20, true, true, true));
     wait(&d, "the member up", |s| s.members[0].up).await;
     member.stall_disconnect();
     let limit = Duration::from_millis(sluice_cache::limits::MEMBER_TIMEOUT_MS) + SETTLE;
     tokio::time::timeout(limit, d.disconnect()).await.expect("the stop waited on the stalled member");
+    Fake::unlisten(&uri.to_string());
+}
+
+/// A member dropped while stalled (its goodbye never taken) is let go after the member
+/// timeout, not held for as long as it stalls, once for every time it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_member_is_let_go_though_it_never_takes_the_goodbye() {
+    let member = small_fake();
+    let (uri, d) = one_member("nbd://cache-test-dropped/ram", Some(&member), &Fake::new(1 << 20, true, true, true));
+    wait(&d, "the member up", |s| s.members[0].up).await;
+    // The test's, the listener's and the driver's.
+    assert_eq!(member.handles(), 3);
+    member.stall_disconnect();
+    member.fail_next();
+    read(&d, 0, BLOCK as usize).await;
+    wait(&d, "the member dropped", |s| s.counters.member_failures == 1).await;
+    wait(&d, "the member back", |s| s.members[0].up).await;
+    let limit = Duration::from_millis(sluice_cache::limits::MEMBER_TIMEOUT_MS) + SETTLE;
+    let deadline = tokio::time::Instant::now() + limit;
+    while member.handles() > 3 {
+        assert!(tokio::time::Instant::now() < deadline, "the old connection is still held after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Fake::unlisten(&uri.to_string());
 }

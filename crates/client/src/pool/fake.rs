@@ -112,6 +112,12 @@ impl Fake {
         self.state.lock().unwrap().fail_next = true;
     }
 
+    /// Handles to this fake (its clones) alive now: the test's, the listener's, and those
+    /// the code under test holds.
+    pub(crate) fn handles(&self) -> usize {
+        Arc::strong_count(&self.state)
+    }
+
     pub(crate) fn stall_disconnect(&self) {
         self.state.lock().unwrap().stall_disconnect = true;
     }
