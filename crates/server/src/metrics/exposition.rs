@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, MetricFamily, MetricType};
@@ -137,7 +137,8 @@ impl Collector for Metrics {
         let names: Vec<&str> = exports.iter().map(|e| e.name.as_str()).collect();
         out.extend(super::watch::families(&self.boards, &names));
         out.extend(super::pool::families(&self.pools.lock().unwrap_or_else(|e| e.into_inner())));
-        out.extend(super::cache::families(&self.caches.lock().unwrap_or_else(|e| e.into_inner())));
+        let caches = Arc::clone(&self.caches.lock().unwrap_or_else(|e| e.into_inner()));
+        out.extend(super::cache::families(&caches));
         out.extend(super::buffers::families(&self.buffers));
         out.extend(super::refused::families(&self.refused));
         out.extend(self.qos.get().map(|families| families()).unwrap_or_default());
@@ -254,6 +255,38 @@ mod tests {
 
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A scrape waiting on a slow cache (up to its 1 s limit) holds up no reload: the
+    /// sources are read without the lock held.
+    #[test]
+    fn a_slow_cache_does_not_hold_up_a_reload() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let metrics = Metrics::new(&[]);
+        let (started, probing) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let released = std::sync::Mutex::new(released);
+        let probe: super::super::cache::CacheProbe = Box::new(move || {
+            let _ = started.send(());
+            let _ = released.lock().unwrap().recv_timeout(Duration::from_secs(30));
+            None
+        });
+        metrics.set_caches(vec![super::super::cache::CacheSource { export: "vol".into(), probe }]);
+        let scraper = std::sync::Arc::clone(&metrics);
+        let scrape = std::thread::spawn(move || scraper.render(&mut String::new()));
+        probing.recv_timeout(Duration::from_secs(10)).expect("the scrape asks the cache");
+        let (done, reloaded) = mpsc::channel::<()>();
+        let reloader = std::sync::Arc::clone(&metrics);
+        let reload = std::thread::spawn(move || {
+            reloader.set_caches(Vec::new());
+            let _ = done.send(());
+        });
+        let waited = reloaded.recv_timeout(Duration::from_secs(5));
+        let _ = release.send(());
+        scrape.join().unwrap();
+        reload.join().unwrap();
+        assert!(waited.is_ok(), "the reload waited for the scrape's slow cache");
     }
 
     fn rendered(m: &Metrics) -> String {

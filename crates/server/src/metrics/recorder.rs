@@ -127,8 +127,10 @@ pub struct Metrics {
     index: Mutex<HashMap<String, usize>>,
     /// Pools among the exports, read at scrape time; replaced when a reload changes them.
     pub(super) pools: Mutex<Vec<PoolSource>>,
-    /// Cached volumes among the exports, read at scrape time; replaced like the pools.
-    pub(super) caches: Mutex<Vec<CacheSource>>,
+    /// Cached volumes among the exports, read at scrape time; replaced like the pools. A
+    /// scrape takes the list and asks each without the lock held (each may take up to
+    /// `REMOTE_STATUS_TIMEOUT_MS`), so a reload never waits for it.
+    pub(super) caches: Mutex<Arc<Vec<CacheSource>>>,
     /// What the workers' buffer pools did; each worker's pool adds to it.
     pub buffers: Arc<BufferStats>,
     /// What each worker last saw of requests held at a backend.
@@ -215,7 +217,7 @@ impl Metrics {
 
     /// Replaces the cached volumes shown at each scrape.
     pub fn set_caches(&self, caches: Vec<CacheSource>) {
-        *self.caches.lock().unwrap_or_else(|e| e.into_inner()) = caches;
+        *self.caches.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(caches);
     }
 
     fn export(&self, export: usize) -> &ExportMetrics {
