@@ -25,6 +25,9 @@ fn knobs(seed: u64) -> Knobs {
         break_verify: false,
         break_generation: false,
         break_identity: false,
+        break_pages: false,
+        only_torn_hits: false,
+        read_gap_max_bytes: crate::limits::SLOT_READ_GAP_MAX_BYTES,
     }
 }
 
@@ -33,6 +36,8 @@ fn add(total: &mut Counters, c: Counters) {
     total.misses += c.misses;
     total.hit_bytes += c.hit_bytes;
     total.miss_bytes += c.miss_bytes;
+    total.hit_reads += c.hit_reads;
+    total.hit_read_bytes += c.hit_read_bytes;
     total.fills += c.fills;
     total.prefetched_used_bytes += c.prefetched_used_bytes;
     total.prefetched_wasted_bytes += c.prefetched_wasted_bytes;
@@ -86,6 +91,51 @@ fn ignoring_the_generation_is_caught() {
 #[test]
 fn ignoring_the_volume_identity_is_caught() {
     caught("the slot's volume not checked", |k| Knobs { break_identity: true, ..k });
+}
+
+#[test]
+fn skipping_the_page_check_is_caught() {
+    caught("a hit's pages not checked", |k| Knobs { break_pages: true, ..k });
+}
+
+/// The new fault alone: one page of a slot zeroed or replaced by another fill's between a
+/// hit's header read and its pages' read.
+#[test]
+fn a_page_changed_between_a_hits_reads_is_caught() {
+    caught("a page changed between a hit's reads, pages not checked", |k| Knobs { break_pages: true, only_torn_hits: true, ..k });
+}
+
+/// With the page check, the same fault is a miss: the pages' check fails and the backing
+/// serves the read.
+#[test]
+fn a_page_changed_between_a_hits_reads_is_a_miss() {
+    let mut total = Counters::default();
+    for seed in seeds(100) {
+        let mut w = World::new(seed, Knobs { only_torn_hits: true, faults: true, ..knobs(seed) });
+        add(&mut total, w.run().unwrap_or_else(|e| panic!("{}", w.failure(seed, &e))));
+    }
+    eprintln!("cache sim, pages changed between a hit's reads: {total:?}");
+    assert!(total.verify_failures > 0, "the fault never hit a slot read");
+}
+
+/// The choice `limits::SLOT_READ_GAP_MAX_BYTES` makes, in member reads and bytes per hit on
+/// warm random reads: two reads (header's start, pages) always; one when the pages start
+/// within a page of the header's start; one always (header's start to the last page).
+#[test]
+fn slot_reads_per_hit_by_gap() {
+    let mut per_hit = Vec::new();
+    for gap in [0, crate::limits::PAGE_BYTES, u64::MAX] {
+        let mut c = Counters::default();
+        for seed in 0..10 {
+            let k = Knobs { faults: false, write_percent: 0, ample: true, sequential_percent: 0, read_gap_max_bytes: gap, ..knobs(seed) };
+            let mut w = World::new(seed, k);
+            add(&mut c, w.run().unwrap_or_else(|e| panic!("{}", w.failure(seed, &e))));
+        }
+        let (reads, bytes, served) = (c.hit_reads as f64 / c.hits as f64, c.hit_read_bytes / c.hits, c.hit_bytes / c.hits);
+        eprintln!("cache sim, gap {gap}: {reads:.2} member reads and {bytes} bytes read per hit serving {served} bytes");
+        per_hit.push(bytes);
+    }
+    assert!(per_hit[0] < per_hit[1] && per_hit[1] < per_hit[2], "each merge reads more: {per_hit:?}");
 }
 
 /// Hit rates in calm conditions, as a sanity figure: warm random reads over a working set
