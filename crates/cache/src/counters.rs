@@ -13,7 +13,7 @@ pub struct Counters {
     /// Bytes of client reads served from the backing.
     pub miss_bytes: u64,
     /// Member reads hits made (the header's start and the pages a read needs: one or two
-    /// per hit, see `limits::SLOT_READ_GAP_MAX_BYTES`).
+    /// per hit, see `limits::SLOT_READ_MERGE_DIVISOR`).
     pub hit_reads: u64,
     /// Bytes those reads moved: over `hit_bytes`, what checking the slot costs.
     pub hit_read_bytes: u64,

@@ -1,8 +1,8 @@
 //! Hits: a cached block is read from its slot as two pieces, the header's start (the fixed
 //! fields and the sums of the pages up to the last one needed) and the pages the request
 //! covers (whole pages: a partial page at a request's edge is read whole), in two member
-//! reads in flight at once, or in one when little lies between them
-//! (`SLOT_READ_GAP_MAX_BYTES`). The slot stays pinned until both are back; then the header
+//! reads in flight at once, or in one when little lies between them for what it reads
+//! (`SLOT_READ_MERGE_DIVISOR`). The slot stays pinned until both are back; then the header
 //! and just those pages are checked. A failed read or check is a miss, read again from
 //! the backing.
 
@@ -28,7 +28,7 @@ impl Cache {
         let at = entry.slot as u64 * self.slot_bytes();
         let (head_len, pages_at) = layout(self.p.block_bytes, first, end);
         let pages_len = (end - first) * PAGE_BYTES;
-        if pages_at - head_len <= self.read_gap_max_bytes {
+        if (pages_at - head_len).saturating_mul(self.read_merge_divisor) <= pages_len {
             self.slot_read(entry.member, hit, Part::Both, at, pages_at + pages_len);
         } else {
             self.slot_read(entry.member, hit, Part::Header, at, head_len);

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use crate::api::{Action, BackingCmd, Failure, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
 use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
-use crate::limits::{MEMBER_TIMEOUT_MS, PAGE_BYTES, SLOT_READ_GAP_MAX_BYTES};
+use crate::limits::{MEMBER_TIMEOUT_MS, PAGE_BYTES, SLOT_READ_MERGE_DIVISOR};
 use crate::prefetch::Streams;
 use crate::slot::{self, Header};
 use state::{Fill, Hint, Hit, Op, OpKind, Pending};
@@ -56,9 +56,9 @@ pub struct Cache {
     next_op: u64,
     next_fill: u64,
     next_hit: u64,
-    /// `limits::SLOT_READ_GAP_MAX_BYTES`, held here so the simulation can count the other
-    /// choice.
-    pub(crate) read_gap_max_bytes: u64,
+    /// `limits::SLOT_READ_MERGE_DIVISOR`, held here so the simulation can count the other
+    /// choices.
+    pub(crate) read_merge_divisor: u64,
     next_generation: u64,
     now: Nanos,
     /// Test hook: fills ignore writes that start under them (the race rule, broken), so the
@@ -113,7 +113,7 @@ impl Cache {
             next_op: 0,
             next_fill: 0,
             next_hit: 0,
-            read_gap_max_bytes: SLOT_READ_GAP_MAX_BYTES,
+            read_merge_divisor: SLOT_READ_MERGE_DIVISOR,
             next_generation: 1,
             now: 0,
             #[cfg(test)]

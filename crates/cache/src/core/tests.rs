@@ -126,6 +126,35 @@ fn a_miss_fills_and_the_next_read_hits() {
     assert_eq!(r.cache.counters().hits, 3);
 }
 
+/// A hit reads the header's fields, the sums it needs and just the pages it needs: two
+/// member reads for a few pages of a 64 KiB block, one (the header's page and the block)
+/// for the whole block, where the gap is small beside the pages.
+#[test]
+fn a_hit_reads_the_pages_it_needs() {
+    let bs = 64 << 10;
+    let mut r = Rig::with(4 * bs, bs, 4, false);
+    r.read(1, 0, bs);
+    let want = |r: &Rig, from: u64, len: u64| r.backing[from as usize..(from + len) as usize].to_vec();
+    let member_reads = |r: &Rig| -> Vec<MemberCmd> {
+        r.held.iter().map(|a| match a {
+            Action::Member { cmd, .. } => cmd.clone(),
+            other => panic!("a slot read, not {other:?}"),
+        }).collect()
+    };
+    // Bytes 5 * 4096 + 100 .. + 5000: pages 5 and 6, whole, and the sums up to page 6's.
+    r.request(2, Request::Read { offset: 5 * BS + 100, len: 5000 });
+    let header = crate::slot::header_bytes(bs);
+    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: 0, len: 48 + 7 * 8 }, MemberCmd::Read { offset: header + 5 * BS, len: 2 * BS }]);
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(2), want(&r, 5 * BS + 100, 5000))));
+    r.request(3, Request::Read { offset: 0, len: bs });
+    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: 0, len: header + bs }]);
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(3), want(&r, 0, bs))));
+    let c = r.cache.counters();
+    assert_eq!((c.hits, c.hit_reads, c.hit_read_bytes), (2, 3, 48 + 7 * 8 + 2 * BS + header + bs));
+}
+
 #[test]
 fn a_fill_that_a_write_overtakes_is_not_installed() {
     let mut r = Rig::new(false);

@@ -52,8 +52,8 @@ pub struct Knobs {
     pub break_pages: bool,
     /// Of the faults, only pages changed between a hit's two reads (`torn_hit`), more often.
     pub only_torn_hits: bool,
-    /// The core's `read_gap_max_bytes`.
-    pub read_gap_max_bytes: u64,
+    /// The core's `read_merge_divisor`.
+    pub read_merge_divisor: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +110,7 @@ impl World {
         cache.break_generation = knobs.break_generation;
         cache.break_identity = knobs.break_identity;
         cache.break_pages = knobs.break_pages;
-        cache.read_gap_max_bytes = knobs.read_gap_max_bytes;
+        cache.read_merge_divisor = knobs.read_merge_divisor;
         let backing = vec![0; p.volume_bytes as usize];
         let members = (0..p.members.len()).map(|_| Member { bytes: Vec::new(), alive: false, hung: false, epoch: 0 }).collect();
         let restart_at = vec![Some(0); p.members.len()];
