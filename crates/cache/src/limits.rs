@@ -23,9 +23,9 @@ pub const PAGE_BYTES: u64 = 4096;
 /// else in two reads in flight at once. The sums end within the header's first page, so
 /// the gap is most of a page (and more for pages further in): for a 4 KiB read, reading
 /// it would double the link time (members are link-bound at depth), so it takes two reads;
-/// for a whole 64 KiB block it is 6% more bytes, cheaper than a second request on a busy
-/// gateway (the netmem bench's 1M sequential reads ran a fifth slower with two reads per
-/// block). The simulation counts member reads and bytes per hit for each choice.
+/// for a whole 64 KiB block it is 6% more bytes, cheaper than a second request (each costs
+/// the gateway a task, a wake-up and a reply to match). The simulation counts member reads
+/// and bytes per hit for each choice.
 pub const SLOT_READ_MERGE_DIVISOR: u64 = 8;
 
 /// Slots one member may hold: the directory keeps about 40 bytes per slot in the gateway's
