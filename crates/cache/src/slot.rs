@@ -1,34 +1,48 @@
 //! The slot format on a member: a member is a RAM export cut into slots of
-//! `SLOT_HEADER_BYTES + block` bytes, slot `i` at `i * slot_bytes`. The header page says
-//! which block of which volume the data is, and when it was written:
+//! `header_bytes(block) + block` bytes, slot `i` at `i * slot_bytes`. The header (whole
+//! pages, so the block stays page-aligned) says which block of which volume the data is,
+//! when it was written, and what each of its pages holds:
 //!
-//! | bytes  | field                                                           |
-//! |--------|-----------------------------------------------------------------|
-//! | 0..8   | magic `SLCACHE1`                                                |
-//! | 8..12  | block size in bytes (u32 LE)                                    |
-//! | 12..16 | bytes of the block inside the volume (u32 LE; the last is short)|
-//! | 16..24 | volume identity: random, chosen each time the cache starts      |
-//! | 24..32 | the block's offset in the volume                                |
-//! | 32..40 | generation: the gateway's counter, new for every fill            |
-//! | 40..48 | xxh3-64 of the block's data (all `block` bytes), seeded by the identity |
-//! | 48..56 | xxh3-64 of bytes 0..48                                          |
-//! | 56..4096 | zero, not read                                                |
+//! | bytes          | field                                                        |
+//! |----------------|--------------------------------------------------------------|
+//! | 0..8           | magic `SLCACHE2`                                             |
+//! | 8..12          | block size in bytes (u32 LE)                                 |
+//! | 12..16         | bytes of the block inside the volume (u32 LE; the last is short) |
+//! | 16..24         | volume identity: random, chosen each time the cache starts   |
+//! | 24..32         | the block's offset in the volume                             |
+//! | 32..40         | generation: the gateway's counter, new for every fill        |
+//! | 40..48         | xxh3-64 of bytes 0..40                                       |
+//! | 48 + 8i..+8    | page `i`'s sum: xxh3-64 of the block's page `i` (4 KiB), seeded with `page_seed(volume, offset, generation, i)` |
+//! | the rest       | zero, not read                                               |
 //!
 //! Why each: a member may lose any page of a slot behind the gateway's back (an elastic
-//! member punches holes, a restarted one is all zeros, an old write may land late), so the
-//! header and data are checked on every hit. The magic and the header checksum make an
-//! all-zero or torn header fail; the identity makes a slot left by an earlier run or by
+//! member punches holes, a restarted one is all zeros, an old write may land late), so a
+//! hit checks the header and every page it returns. The magic and the header checksum make
+//! an all-zero or torn header fail; the identity makes a slot left by an earlier run or by
 //! another volume fail; offset and generation make a slot reused for another block (or
-//! refilled for the same one) fail for a read that expected the older fill; the data
-//! checksum makes dropped or stale data pages fail. None of the fields can be zero in a
-//! valid header (magic, identity and block size are never zero), so zeros never validate.
+//! refilled for the same one) fail for a read that expected the older fill. None of those
+//! fields can be zero in a valid header (magic, identity and block size are never zero).
+//!
+//! The page sums are not under the header checksum, so a hit reads only the fixed fields
+//! and the sums of the pages it needs (`header_prefix_bytes`), not the header's pages. A
+//! page is good when the xxh3 of its bytes, seeded with (identity, offset, generation,
+//! page index) as the verified fixed fields and the directory say, equals the sum read.
+//! The fixed fields name exactly one fill of this run (generations are never reused), and
+//! the sum that fill wrote for page `i` is the hash of its bytes under that seed, so a page
+//! that matches holds that fill's bytes (zeros only where the fill wrote zeros), up to a
+//! 2^-64 chance. A sum and a page that both come from elsewhere (another block, another
+//! generation, another volume, or page `j`, with the sum written beside it) were hashed
+//! under another seed, so they do not match either: the seed binds each sum to its slot,
+//! fill and place, which is what lets the sums go unchecksummed and read in part.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::limits::SLOT_HEADER_BYTES;
+use crate::limits::PAGE_BYTES;
 
-const MAGIC: [u8; 8] = *b"SLCACHE1";
-const HEADER_USED_BYTES: usize = 56;
+const MAGIC: [u8; 8] = *b"SLCACHE2";
+/// Bytes of the fields before the page sums (header checksum included).
+const FIXED_BYTES: u64 = 48;
+const SUM_BYTES: u64 = 8;
 
 /// What a slot must say to be the block the directory expects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +64,7 @@ pub enum SlotError {
     Geometry,
     Offset,
     Generation,
-    DataChecksum,
+    PageChecksum,
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -61,136 +75,125 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("four bytes"))
 }
 
+/// Bytes of the header before a block of `block_bytes`: the fixed fields and one sum per
+/// page, in whole pages (one page up to 1 MiB blocks, two for 2 MiB, three for 4 MiB).
+pub fn header_bytes(block_bytes: u64) -> u64 {
+    header_prefix_bytes(block_bytes / PAGE_BYTES).next_multiple_of(PAGE_BYTES)
+}
+
+/// Bytes from the header's start that hold the fixed fields and the sums of pages
+/// `0..pages`: what a hit reads to check pages below `pages`.
+pub fn header_prefix_bytes(pages: u64) -> u64 {
+    FIXED_BYTES + pages * SUM_BYTES
+}
+
+/// The seed of page `page`'s sum: a hash of where and when the page was written, so a sum
+/// matches only this fill's page `page` of this block of this volume.
+fn page_seed(h: &Header, page: u64) -> u64 {
+    let mut key = [0u8; 24];
+    key[0..8].copy_from_slice(&h.offset.to_le_bytes());
+    key[8..16].copy_from_slice(&h.generation.to_le_bytes());
+    key[16..24].copy_from_slice(&page.to_le_bytes());
+    xxh3_64_with_seed(&key, h.volume)
+}
+
+fn page_sum(h: &Header, page: u64, bytes: &[u8]) -> u64 {
+    xxh3_64_with_seed(bytes, page_seed(h, page))
+}
+
 /// The bytes of a slot holding `data` (exactly `block_bytes`; a short last block padded
 /// with zeros by the caller).
 pub fn encode(h: &Header, data: &[u8]) -> Vec<u8> {
     assert_eq!(data.len() as u64, h.block_bytes as u64, "a slot holds a whole block");
     assert!(h.volume != 0 && h.block_bytes != 0, "zero identity or size would let zeros validate");
-    let mut out = vec![0u8; SLOT_HEADER_BYTES as usize + data.len()];
+    let head = header_bytes(h.block_bytes as u64) as usize;
+    let mut out = vec![0u8; head + data.len()];
     out[0..8].copy_from_slice(&MAGIC);
     out[8..12].copy_from_slice(&h.block_bytes.to_le_bytes());
     out[12..16].copy_from_slice(&h.data_len.to_le_bytes());
     out[16..24].copy_from_slice(&h.volume.to_le_bytes());
     out[24..32].copy_from_slice(&h.offset.to_le_bytes());
     out[32..40].copy_from_slice(&h.generation.to_le_bytes());
-    out[40..48].copy_from_slice(&xxh3_64_with_seed(data, h.volume).to_le_bytes());
-    let sum = xxh3_64(&out[..48]);
-    out[48..HEADER_USED_BYTES].copy_from_slice(&sum.to_le_bytes());
-    out[SLOT_HEADER_BYTES as usize..].copy_from_slice(data);
+    let sum = xxh3_64(&out[..40]);
+    out[40..48].copy_from_slice(&sum.to_le_bytes());
+    for (i, page) in data.chunks(PAGE_BYTES as usize).enumerate() {
+        let at = header_prefix_bytes(i as u64) as usize;
+        out[at..at + 8].copy_from_slice(&page_sum(h, i as u64, page).to_le_bytes());
+    }
+    out[head..].copy_from_slice(data);
     out
 }
 
-/// Checks a slot read back against what the directory expects; the block's data on success.
+/// Checks the start of a slot's header (`header_prefix_bytes(n)` bytes for some `n`)
+/// against what the directory expects: every fixed field. The sums are checked with
+/// their pages, by `verify_pages`.
+pub fn verify_header(head: &[u8], want: &Header) -> Result<(), SlotError> {
+    let len = head.len() as u64;
+    let pages = want.block_bytes as u64 / PAGE_BYTES;
+    if len < FIXED_BYTES || !(len - FIXED_BYTES).is_multiple_of(SUM_BYTES) || len > header_prefix_bytes(pages) {
+        return Err(SlotError::Length);
+    }
+    if head[0..8] != MAGIC {
+        return Err(SlotError::Magic);
+    }
+    if xxh3_64(&head[..40]) != u64_at(head, 40) {
+        return Err(SlotError::HeaderChecksum);
+    }
+    if u64_at(head, 16) != want.volume {
+        return Err(SlotError::Volume);
+    }
+    if u32_at(head, 8) != want.block_bytes || u32_at(head, 12) != want.data_len {
+        return Err(SlotError::Geometry);
+    }
+    if u64_at(head, 24) != want.offset {
+        return Err(SlotError::Offset);
+    }
+    if u64_at(head, 32) != want.generation {
+        return Err(SlotError::Generation);
+    }
+    Ok(())
+}
+
+/// Checks `pages`, the block's whole pages from page `first`, against the sums in `head`
+/// (a header `verify_header` passed, long enough to hold their sums).
+pub fn verify_pages(head: &[u8], want: &Header, first: u64, pages: &[u8]) -> Result<(), SlotError> {
+    let n = (pages.len() as u64).div_ceil(PAGE_BYTES);
+    if !(pages.len() as u64).is_multiple_of(PAGE_BYTES) || header_prefix_bytes(first + n) > head.len() as u64 {
+        return Err(SlotError::Length);
+    }
+    for (i, page) in pages.chunks(PAGE_BYTES as usize).enumerate() {
+        let index = first + i as u64;
+        if page_sum(want, index, page) != u64_at(head, header_prefix_bytes(index) as usize) {
+            return Err(SlotError::PageChecksum);
+        }
+    }
+    Ok(())
+}
+
+/// Checks a whole slot read back; the block's data on success.
 pub fn verify<'a>(slot: &'a [u8], want: &Header) -> Result<&'a [u8], SlotError> {
-    let head = SLOT_HEADER_BYTES as usize;
+    let head = header_bytes(want.block_bytes as u64) as usize;
     if slot.len() != head + want.block_bytes as usize {
         return Err(SlotError::Length);
     }
-    if slot[0..8] != MAGIC {
-        return Err(SlotError::Magic);
-    }
-    if xxh3_64(&slot[..48]) != u64_at(slot, 48) {
-        return Err(SlotError::HeaderChecksum);
-    }
-    if u64_at(slot, 16) != want.volume {
-        return Err(SlotError::Volume);
-    }
-    if u32_at(slot, 8) != want.block_bytes || u32_at(slot, 12) != want.data_len {
-        return Err(SlotError::Geometry);
-    }
-    if u64_at(slot, 24) != want.offset {
-        return Err(SlotError::Offset);
-    }
-    if u64_at(slot, 32) != want.generation {
-        return Err(SlotError::Generation);
-    }
-    let data = &slot[head..];
-    if xxh3_64_with_seed(data, want.volume) != u64_at(slot, 40) {
-        return Err(SlotError::DataChecksum);
-    }
-    Ok(data)
+    let prefix = &slot[..header_prefix_bytes(want.block_bytes as u64 / PAGE_BYTES) as usize];
+    verify_header(prefix, want)?;
+    verify_pages(prefix, want, 0, &slot[head..])?;
+    Ok(&slot[head..])
 }
 
-/// The generation a slot's header claims (test hook: a core that trusts it is a core
-/// without the generation check).
+/// The generation a header claims (test hook: a core that trusts it is a core without
+/// the generation check).
 #[cfg(test)]
-pub(crate) fn claimed_generation(slot: &[u8]) -> u64 {
-    slot.get(32..40).map_or(0, |_| u64_at(slot, 32))
+pub(crate) fn claimed_generation(head: &[u8]) -> u64 {
+    head.get(32..40).map_or(0, |_| u64_at(head, 32))
 }
 
-/// The volume identity a slot's header claims (test hook, as `claimed_generation`).
+/// The volume identity a header claims (test hook, as `claimed_generation`).
 #[cfg(test)]
-pub(crate) fn claimed_volume(slot: &[u8]) -> u64 {
-    slot.get(16..24).map_or(0, |_| u64_at(slot, 16))
+pub(crate) fn claimed_volume(head: &[u8]) -> u64 {
+    head.get(16..24).map_or(0, |_| u64_at(head, 16))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const H: Header = Header { block_bytes: 16384, data_len: 16384, volume: 0x5eed_1234, offset: 3 * 16384, generation: 42 };
-
-    fn data() -> Vec<u8> {
-        (0..H.block_bytes).map(|i| (i % 251) as u8 + 1).collect()
-    }
-
-    #[test]
-    fn round_trip() {
-        let d = data();
-        assert_eq!(verify(&encode(&H, &d), &H), Ok(&d[..]));
-    }
-
-    #[test]
-    fn all_zeros_never_validate() {
-        let zeros = vec![0u8; SLOT_HEADER_BYTES as usize + H.block_bytes as usize];
-        assert_eq!(verify(&zeros, &H), Err(SlotError::Magic));
-        // Zero data with a valid header validates only when the block really was zeros.
-        let z = vec![0u8; H.block_bytes as usize];
-        assert!(verify(&encode(&H, &z), &H).is_ok());
-    }
-
-    #[test]
-    fn any_zeroed_page_fails() {
-        let slot = encode(&H, &data());
-        for page in 0..slot.len() / 4096 {
-            let mut s = slot.clone();
-            s[page * 4096..(page + 1) * 4096].fill(0);
-            assert!(verify(&s, &H).is_err(), "page {page} zeroed still validates");
-        }
-    }
-
-    #[test]
-    fn every_used_header_byte_corrupted_fails() {
-        let slot = encode(&H, &data());
-        for at in 0..HEADER_USED_BYTES {
-            let mut s = slot.clone();
-            s[at] ^= 0x10;
-            assert!(verify(&s, &H).is_err(), "byte {at} flipped still validates");
-        }
-    }
-
-    #[test]
-    fn a_different_expectation_fails_with_its_reason() {
-        let slot = encode(&H, &data());
-        let cases = [
-            (Header { volume: 7, ..H }, SlotError::Volume),
-            (Header { offset: 0, ..H }, SlotError::Offset),
-            (Header { generation: 41, ..H }, SlotError::Generation),
-            (Header { data_len: 512, ..H }, SlotError::Geometry),
-        ];
-        for (want, why) in cases {
-            assert_eq!(verify(&slot, &want), Err(why));
-        }
-        assert_eq!(verify(&slot[..100], &H), Err(SlotError::Length));
-    }
-
-    #[test]
-    fn a_data_byte_corrupted_fails() {
-        let slot = encode(&H, &data());
-        for at in [SLOT_HEADER_BYTES as usize, slot.len() / 2, slot.len() - 1] {
-            let mut s = slot.clone();
-            s[at] ^= 1;
-            assert_eq!(verify(&s, &H), Err(SlotError::DataChecksum));
-        }
-    }
-}
+mod tests;

@@ -5,6 +5,8 @@
 //! - `read`: a read is cut into blocks; cached blocks are read from their slots and
 //!   verified, missing ones from the backing in runs (whole blocks, so each can be filled);
 //!   a block whose fill is already reading waits for it.
+//! - `hit`: a cached block's header start and just the pages a read needs are read from
+//!   its slot (two member reads in flight, the slot pinned until both are back) and checked.
 //! - `fill`: blocks read from the backing go into a slot on the member placement picks,
 //!   and into the directory once the slot write is done, unless a write made them stale;
 //!   prefetch and NBD_CMD_CACHE fills are paced.
@@ -12,6 +14,7 @@
 //!   touch when they start; flush passes through; members fail and come back.
 
 mod fill;
+mod hit;
 mod read;
 mod state;
 #[cfg(test)]
@@ -23,10 +26,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use crate::api::{Action, BackingCmd, Failure, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
 use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
-use crate::limits::{MEMBER_TIMEOUT_MS, SLOT_HEADER_BYTES};
+use crate::limits::{MEMBER_TIMEOUT_MS, PAGE_BYTES, SLOT_READ_MERGE_DIVISOR};
 use crate::prefetch::Streams;
-use crate::slot::Header;
-use state::{Fill, Hint, Op, OpKind, Pending};
+use crate::slot::{self, Header};
+use state::{Fill, Hint, Hit, Op, OpKind, Pending};
 
 pub struct Cache {
     p: Params,
@@ -36,6 +39,8 @@ pub struct Cache {
     reqs: HashMap<ReqId, Pending>,
     ops: BTreeMap<OpId, Op>,
     fills: BTreeMap<u64, Fill>,
+    /// Hits whose slot reads are in flight.
+    hits: BTreeMap<u64, Hit>,
     /// The fill of each block that has one (at most one per block).
     fill_of: HashMap<u64, u64>,
     /// Writes in flight: blocks `first..end` by operation.
@@ -50,6 +55,10 @@ pub struct Cache {
     demand_reads: usize,
     next_op: u64,
     next_fill: u64,
+    next_hit: u64,
+    /// `limits::SLOT_READ_MERGE_DIVISOR`, held here so the simulation can count the other
+    /// choices.
+    pub(crate) read_merge_divisor: u64,
     next_generation: u64,
     now: Nanos,
     /// Test hook: fills ignore writes that start under them (the race rule, broken), so the
@@ -59,6 +68,9 @@ pub struct Cache {
     /// Test hook: slots read back are taken as they are, unchecked.
     #[cfg(test)]
     pub(crate) break_verify: bool,
+    /// Test hook: a hit's header is checked, its pages are not.
+    #[cfg(test)]
+    pub(crate) break_pages: bool,
     /// Test hook: a slot's generation is taken from its header, not checked.
     #[cfg(test)]
     pub(crate) break_generation: bool,
@@ -81,7 +93,7 @@ pub struct Inflight {
 
 impl Cache {
     pub fn new(p: Params) -> Cache {
-        assert!(p.identity != 0 && p.block_bytes.is_power_of_two() && p.block_bytes >= SLOT_HEADER_BYTES);
+        assert!(p.identity != 0 && p.block_bytes.is_power_of_two() && p.block_bytes >= PAGE_BYTES);
         Cache {
             dir: Directory::new(&p.members),
             p,
@@ -90,6 +102,7 @@ impl Cache {
             reqs: HashMap::new(),
             ops: BTreeMap::new(),
             fills: BTreeMap::new(),
+            hits: BTreeMap::new(),
             fill_of: HashMap::new(),
             writes: BTreeMap::new(),
             streams: Streams::default(),
@@ -99,12 +112,16 @@ impl Cache {
             demand_reads: 0,
             next_op: 0,
             next_fill: 0,
+            next_hit: 0,
+            read_merge_divisor: SLOT_READ_MERGE_DIVISOR,
             next_generation: 1,
             now: 0,
             #[cfg(test)]
             break_stale_rule: false,
             #[cfg(test)]
             break_verify: false,
+            #[cfg(test)]
+            break_pages: false,
             #[cfg(test)]
             break_generation: false,
             #[cfg(test)]
@@ -115,7 +132,12 @@ impl Cache {
     /// Bytes of one slot on a member: what the shell divides a member's size by to get the
     /// slots it reports in `handle_member_up`.
     pub fn slot_bytes(&self) -> u64 {
-        SLOT_HEADER_BYTES + self.p.block_bytes
+        slot::header_bytes(self.p.block_bytes) + self.p.block_bytes
+    }
+
+    /// The cache block, in bytes.
+    pub fn block_bytes(&self) -> u64 {
+        self.p.block_bytes
     }
 
     /// A client request arrived (checked by the caller against the volume's size).
@@ -166,7 +188,7 @@ impl Cache {
         self.now = now;
         let Some(o) = self.ops.remove(&op) else { return };
         match o.kind {
-            OpKind::SlotRead { req, block, entry, prefetched } => self.slot_read_done(req, block, entry, prefetched, outcome),
+            OpKind::SlotRead { hit, part } => self.slot_read_done(hit, part, outcome),
             OpKind::SlotWrite { fill } => self.slot_write_done(fill, outcome),
             _ => unreachable!("a backing operation reported as a member's"),
         }
@@ -245,8 +267,9 @@ impl Cache {
     /// With no request in flight and every operation reported: nothing is left held.
     #[cfg(test)]
     pub(crate) fn check_idle(&self) -> Result<(), String> {
-        if !self.ops.is_empty() || !self.writes.is_empty() || self.demand_reads != 0 {
-            return Err(format!("idle, yet {} operations, {} writes, {} demand reads held", self.ops.len(), self.writes.len(), self.demand_reads));
+        if !self.ops.is_empty() || !self.writes.is_empty() || self.demand_reads != 0 || !self.hits.is_empty() {
+            let held = (self.ops.len(), self.writes.len(), self.demand_reads, self.hits.len());
+            return Err(format!("idle, yet (operations, writes, demand reads, hits) {held:?} held"));
         }
         self.dir.check_idle()
     }

@@ -1,14 +1,12 @@
 //! Reads: cut into blocks; a cached block is read from its slot and verified on return (a
-//! failed check is a miss, read again from the backing); missing blocks are read from the
+//! failed check is a miss, read again from the backing: see `hit`); missing blocks are read from the
 //! backing in runs of whole blocks, so a partial read still fills the block it touches
 //! (at most one block of extra reading at each end, as nbdkit's cache filter); a block whose
 //! fill is reading the backing already waits for that read.
 
 use super::state::{OpKind, Pending, Source, Stage};
 use super::Cache;
-use crate::api::{BackingCmd, Failure, MemberCmd, Outcome, ReqId};
-use crate::directory::Entry;
-use crate::slot;
+use crate::api::{BackingCmd, Failure, Outcome, ReqId};
 
 impl Cache {
     pub(super) fn start_read(&mut self, req: ReqId, offset: u64, len: u64) {
@@ -39,14 +37,6 @@ impl Cache {
             self.read_run(req, first, run);
         }
         self.part_done(req, None);
-    }
-
-    fn read_slot(&mut self, req: ReqId, block: u64, entry: Entry) {
-        let prefetched = self.dir.read_started(block);
-        self.reqs.get_mut(&req).expect("a pending read").parts += 1;
-        let len = self.slot_bytes();
-        let offset = entry.slot as u64 * len;
-        self.member_op(entry.member, OpKind::SlotRead { req, block, entry, prefetched }, MemberCmd::Read { offset, len });
     }
 
     /// `req` waits for the fill's backing read: its miss is counted when the data comes,
@@ -113,43 +103,6 @@ impl Cache {
             block.resize(bs as usize, 0);
             self.fill_read_done(f, Some(block));
         }
-    }
-
-    pub(super) fn slot_read_done(&mut self, req: ReqId, block: u64, e: Entry, prefetched: bool, outcome: Outcome) {
-        self.dir.read_done(e.member, e.slot);
-        let bytes = match outcome {
-            Ok(bytes) => bytes,
-            Err(_) => {
-                self.member_failed(e.member, true);
-                return self.reread(req, block);
-            }
-        };
-        self.dir.member_answered(e.member);
-        #[cfg(test)]
-        let e = Entry { generation: if self.break_generation { slot::claimed_generation(&bytes) } else { e.generation }, ..e };
-        let want = self.header(block, e.generation);
-        #[cfg(test)]
-        let want = if self.break_identity { slot::Header { volume: slot::claimed_volume(&bytes), ..want } } else { want };
-        let checked = slot::verify(&bytes, &want);
-        #[cfg(test)]
-        let checked = if self.break_verify { Ok(&bytes[crate::limits::SLOT_HEADER_BYTES as usize..]) } else { checked };
-        let Ok(data) = checked else {
-            self.counters.verify_failures += 1;
-            if prefetched {
-                self.counters.prefetched_wasted_bytes += self.p.block_bytes;
-            }
-            if self.dir.get(block).is_some_and(|now| (now.member, now.slot, now.generation) == (e.member, e.slot, e.generation)) {
-                self.dir.invalidate(block);
-            }
-            return self.reread(req, block);
-        };
-        let used = self.copy_into(req, block * self.p.block_bytes, &data[..self.block_len(block) as usize]);
-        self.counters.hits += 1;
-        self.counters.hit_bytes += used;
-        if prefetched {
-            self.counters.prefetched_used_bytes += used;
-        }
-        self.part_done(req, None);
     }
 
     /// A piece of `req` that was to come from a member (now failed or not valid) reads

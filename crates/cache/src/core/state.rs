@@ -66,8 +66,8 @@ pub enum OpKind {
     /// A write, zero or trim for `req` (its blocks are in `Cache::writes`).
     BackingWrite { req: ReqId },
     BackingFlush { req: ReqId },
-    /// A hit: the slot `entry` names, read for `req`'s block `block`.
-    SlotRead { req: ReqId, block: u64, entry: Entry, prefetched: bool },
+    /// One of hit `hit`'s slot reads.
+    SlotRead { hit: u64, part: Part },
     /// Fill `fill`'s slot write.
     SlotWrite { fill: u64 },
 }
@@ -85,4 +85,29 @@ pub struct Hint {
     pub next: u64,
     pub end: u64,
     pub outstanding: u32,
+}
+
+/// What a hit's slot read brings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The header's start: the fixed fields and the sums up to the last page needed.
+    Header,
+    /// The pages needed.
+    Pages,
+    /// Both, in one read (with whatever lies between them).
+    Both,
+}
+
+/// A hit in flight: `req`'s block `block`, read from the slot `entry` names, pages
+/// `first..end` of it. The slot stays pinned (`Directory::read_started`) until both parts
+/// are back; they are checked together.
+pub struct Hit {
+    pub req: ReqId,
+    pub block: u64,
+    pub entry: Entry,
+    pub prefetched: bool,
+    pub first: u64,
+    pub end: u64,
+    pub head: Option<Vec<u8>>,
+    pub pages: Option<Vec<u8>>,
 }

@@ -126,6 +126,35 @@ fn a_miss_fills_and_the_next_read_hits() {
     assert_eq!(r.cache.counters().hits, 3);
 }
 
+/// A hit reads the header's fields, the sums it needs and just the pages it needs: two
+/// member reads for a few pages of a 64 KiB block, one (the header's page and the block)
+/// for the whole block, where the gap is small beside the pages.
+#[test]
+fn a_hit_reads_the_pages_it_needs() {
+    let bs = 64 << 10;
+    let mut r = Rig::with(4 * bs, bs, 4, false);
+    r.read(1, 0, bs);
+    let want = |r: &Rig, from: u64, len: u64| r.backing[from as usize..(from + len) as usize].to_vec();
+    let member_reads = |r: &Rig| -> Vec<MemberCmd> {
+        r.held.iter().map(|a| match a {
+            Action::Member { cmd, .. } => cmd.clone(),
+            other => panic!("a slot read, not {other:?}"),
+        }).collect()
+    };
+    // Bytes 5 * 4096 + 100 .. + 5000: pages 5 and 6, whole, and the sums up to page 6's.
+    r.request(2, Request::Read { offset: 5 * BS + 100, len: 5000 });
+    let header = crate::slot::header_bytes(bs);
+    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: 0, len: 48 + 7 * 8 }, MemberCmd::Read { offset: header + 5 * BS, len: 2 * BS }]);
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(2), want(&r, 5 * BS + 100, 5000))));
+    r.request(3, Request::Read { offset: 0, len: bs });
+    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: 0, len: header + bs }]);
+    r.settle();
+    assert_eq!(r.replies.pop(), Some((ReqId(3), want(&r, 0, bs))));
+    let c = r.cache.counters();
+    assert_eq!((c.hits, c.hit_reads, c.hit_read_bytes), (2, 3, 48 + 7 * 8 + 2 * BS + header + bs));
+}
+
 #[test]
 fn a_fill_that_a_write_overtakes_is_not_installed() {
     let mut r = Rig::new(false);
@@ -188,7 +217,7 @@ fn a_member_that_does_not_answer_times_out() {
     let mut r = Rig::new(false);
     r.read(1, 0, BS);
     r.request(2, Request::Read { offset: 0, len: BS });
-    assert!(matches!(r.held[..], [Action::Member { .. }]));
+    assert!(matches!(r.held[..], [Action::Member { .. }, Action::Member { .. }]), "the header's start and the page");
     let at = r.cache.next_timeout().expect("a member operation in flight");
     r.cache.handle_tick(at - 1);
     r.collect();
@@ -196,7 +225,7 @@ fn a_member_that_does_not_answer_times_out() {
     r.cache.handle_tick(at);
     r.collect();
     assert_eq!(r.reconnects, 1);
-    r.held.remove(0);
+    r.held.drain(..2);
     r.settle();
     assert_eq!(r.replies.pop(), Some((ReqId(2), vec![1; BS as usize])), "served by the backing");
     assert_eq!(r.cache.next_timeout(), None);
@@ -240,7 +269,7 @@ fn the_last_block_of_a_volume_near_u64_max() {
     let mut cache = Cache::new(p);
     cache.handle_member_up(0, 0, 4);
     let (last, last_len) = (volume / BS * BS, volume % BS);
-    let mut slot = Vec::new();
+    let mut member = vec![0; 4 * cache.slot_bytes() as usize];
     for (id, (offset, len)) in [(1, (volume - 1024, 1024)), (2, (volume - 512, 512)), (3, (last, last_len))] {
         cache.handle_request(0, ReqId(id), Request::Read { offset, len });
         let mut reply = None;
@@ -250,11 +279,13 @@ fn the_last_block_of_a_volume_near_u64_max() {
                     assert!(o >= last && o.checked_add(l) == Some(volume), "reads {o}+{l}, past the volume");
                     cache.handle_backing_done(0, op, Ok(vec![9; l as usize]));
                 }
-                Action::Member { op, cmd: MemberCmd::Write { data, .. }, .. } => {
-                    slot = data;
+                Action::Member { op, cmd: MemberCmd::Write { offset, data }, .. } => {
+                    member[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
                     cache.handle_member_done(0, op, Ok(Vec::new()));
                 }
-                Action::Member { op, cmd: MemberCmd::Read { .. }, .. } => cache.handle_member_done(0, op, Ok(slot.clone())),
+                Action::Member { op, cmd: MemberCmd::Read { offset, len }, .. } => {
+                    cache.handle_member_done(0, op, Ok(member[offset as usize..(offset + len) as usize].to_vec()))
+                }
                 Action::Reply { result, .. } => reply = Some(result.expect("read")),
                 other => panic!("unexpected {other:?}"),
             }
@@ -303,7 +334,11 @@ fn late_completions_of_an_old_connection_are_ignored() {
     r.read(1, 0, BS);
     let old_slot = r.member[..r.cache.slot_bytes() as usize].to_vec();
     r.request(2, Request::Read { offset: 0, len: BS });
-    let Some(Action::Member { op: old_read, .. }) = r.held.pop() else { panic!("a slot read") };
+    let old_reads: Vec<OpId> = r.held.drain(..).map(|a| match a {
+        Action::Member { op, cmd: MemberCmd::Read { .. }, .. } => op,
+        other => panic!("a slot read, not {other:?}"),
+    }).collect();
+    assert_eq!(old_reads.len(), 2, "the header's start and the page");
     r.request(3, Request::Read { offset: BS, len: BS });
     r.complete(1);
     let Some(Action::Member { op: old_write, .. }) = r.held.pop() else { panic!("a slot write") };
@@ -316,7 +351,9 @@ fn late_completions_of_an_old_connection_are_ignored() {
     r.cache.handle_member_up(0, 0, 8);
     r.member.fill(0);
     assert_eq!(r.read(5, 0, BS), vec![7; BS as usize]);
-    r.cache.handle_member_done(0, old_read, Ok(old_slot));
+    for op in old_reads {
+        r.cache.handle_member_done(0, op, Ok(old_slot.clone()));
+    }
     r.cache.handle_member_done(0, old_write, Ok(Vec::new()));
     r.collect();
     assert!(r.held.is_empty() && r.replies.len() == 3, "nothing came of the late completions");

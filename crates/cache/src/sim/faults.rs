@@ -1,19 +1,21 @@
 //! Member faults: deaths the shell reports, deaths seen as failed operations, hangs the
 //! core must time out, silent restarts (all zeros, the same connection), reconnects that
 //! keep the member's memory (reported up, never down), old slot writes landing again,
-//! slots another gateway wrote (whole or torn), and dropped pages (an elastic member giving
-//! memory back).
+//! slots another gateway wrote (whole or torn), dropped pages (an elastic member giving
+//! memory back), and a page of a slot zeroed or replaced by another fill's between a hit's
+//! header read and its pages' read.
 
 use super::model::{sector_bytes, SECTOR};
 use super::store::{self, Cmd};
-use crate::limits::SLOT_HEADER_BYTES;
+use crate::api::MemberCmd;
+use crate::limits::PAGE_BYTES;
 use crate::slot::{self, Header};
 use super::World;
 use crate::api::Outcome;
 
 impl World {
     pub(super) fn fault(&mut self) {
-        if self.rng.below(150) != 0 {
+        if self.knobs.only_torn_hits || self.rng.below(150) != 0 {
             return;
         }
         let m = self.rng.below(self.members.len() as u64) as usize;
@@ -66,7 +68,7 @@ impl World {
     /// over one of ours: the same block, generation and geometry, valid checksums, data no
     /// client wrote; or only its header page lands (torn).
     fn foreign_slot(&mut self, m: usize) {
-        let (slot_bytes, head) = (self.cache.slot_bytes() as usize, SLOT_HEADER_BYTES as usize);
+        let (slot_bytes, head) = (self.cache.slot_bytes() as usize, slot::header_bytes(self.p.block_bytes) as usize);
         let slots = self.members[m].bytes.len() / slot_bytes;
         if slots == 0 {
             return;
@@ -76,7 +78,7 @@ impl World {
         let field = |i: usize| u64::from_le_bytes(old[i..i + 8].try_into().expect("eight bytes"));
         let word = |i: usize| u32::from_le_bytes(old[i..i + 4].try_into().expect("four bytes"));
         let header = Header { block_bytes: word(8), data_len: word(12), volume: self.p.identity ^ 0x1000, offset: field(24), generation: field(32) };
-        if old[..8] != *b"SLCACHE1" || header.block_bytes as usize != slot_bytes - head {
+        if old[..8] != *b"SLCACHE2" || header.block_bytes as usize != slot_bytes - head {
             return;
         }
         let data = sector_bytes(u64::MAX - self.rng.below(1000)).repeat(slot_bytes / SECTOR as usize);
@@ -85,6 +87,53 @@ impl World {
         let len = if torn { head } else { slot_bytes };
         self.members[m].bytes[at..at + len].copy_from_slice(&forged[..len]);
         self.log.push(format!("{} member {m}: a foreign slot lands at {at} (torn: {torn})", self.now));
+    }
+
+    /// Member `m` (in `epoch`) just answered a read at `offset`: if it was a hit's header
+    /// read and the hit's pages' read is still in flight, now and then one of those pages
+    /// is zeroed (dropped) or replaced by the same page of another fill (another generation
+    /// of this slot when the member had one, else of another slot) before that read lands.
+    pub(super) fn torn_hit(&mut self, m: usize, epoch: u64, offset: u64) {
+        let (slot_bytes, head) = (self.cache.slot_bytes(), slot::header_bytes(self.p.block_bytes));
+        let odds = if self.knobs.only_torn_hits { 2 } else { 16 };
+        if !self.knobs.faults || !offset.is_multiple_of(slot_bytes) || self.rng.below(odds) != 0 {
+            return;
+        }
+        let same = |t: &store::Target| *t == store::Target::Member { member: m, epoch };
+        let pages_read = self.inflight.iter().find_map(|f| match &f.cmd {
+            Cmd::Member(MemberCmd::Read { offset: at, len }) if same(&f.target) && *at >= offset + head && *at < offset + slot_bytes => Some((*at, *len)),
+            _ => None,
+        });
+        let Some((at, len)) = pages_read else { return };
+        let page = at + self.rng.below(len / PAGE_BYTES) * PAGE_BYTES;
+        let replacement = match self.rng.below(4) {
+            0 => None,
+            _ => self.other_fill_page(m, offset, page - offset),
+        };
+        let what = if replacement.is_some() { "replaced by another fill's" } else { "dropped" };
+        let bytes = replacement.unwrap_or_else(|| vec![0; PAGE_BYTES as usize]);
+        self.members[m].bytes[page as usize..(page + PAGE_BYTES) as usize].copy_from_slice(&bytes);
+        self.log.push(format!("{} member {m}: the page at {page} {what} between a hit's reads", self.now));
+    }
+
+    /// The bytes at `within` of a slot write member `m` took earlier for another fill than
+    /// the one its slot at `slot_at` holds now: of the same slot if it had one, else of
+    /// another slot.
+    fn other_fill_page(&mut self, m: usize, slot_at: u64, within: u64) -> Option<Vec<u8>> {
+        let now = self.members[m].bytes[slot_at as usize + 32..slot_at as usize + 40].to_vec();
+        let write = |i: usize| match &self.past_writes[i] {
+            (wm, Cmd::Member(MemberCmd::Write { offset, data })) if *wm == m && data[32..40] != now[..] => Some((*offset, data)),
+            _ => None,
+        };
+        let olds: Vec<usize> = (0..self.past_writes.len()).filter(|&i| write(i).is_some()).collect();
+        let same: Vec<usize> = olds.iter().copied().filter(|&i| write(i).is_some_and(|(o, _)| o == slot_at)).collect();
+        let from = if same.is_empty() { olds } else { same };
+        if from.is_empty() {
+            return None;
+        }
+        let i = from[self.rng.below(from.len() as u64) as usize];
+        let (_, data) = write(i).expect("listed");
+        Some(data[within as usize..(within + PAGE_BYTES) as usize].to_vec())
     }
 
     /// A slot write done earlier lands again (an old connection's copy arriving late):

@@ -48,6 +48,12 @@ pub struct Knobs {
     pub break_verify: bool,
     pub break_generation: bool,
     pub break_identity: bool,
+    /// A hit's pages taken unchecked (its header checked).
+    pub break_pages: bool,
+    /// Of the faults, only pages changed between a hit's two reads (`torn_hit`), more often.
+    pub only_torn_hits: bool,
+    /// The core's `read_merge_divisor`.
+    pub read_merge_divisor: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +109,8 @@ impl World {
         cache.break_verify = knobs.break_verify;
         cache.break_generation = knobs.break_generation;
         cache.break_identity = knobs.break_identity;
+        cache.break_pages = knobs.break_pages;
+        cache.read_merge_divisor = knobs.read_merge_divisor;
         let backing = vec![0; p.volume_bytes as usize];
         let members = (0..p.members.len()).map(|_| Member { bytes: Vec::new(), alive: false, hung: false, epoch: 0 }).collect();
         let restart_at = vec![Some(0); p.members.len()];
@@ -235,8 +243,10 @@ impl World {
                     return;
                 }
                 let out = store::apply(&mut m.bytes, &f.cmd);
-                if matches!(f.cmd, Cmd::Member(crate::api::MemberCmd::Write { .. })) {
-                    self.remember_write(member, f.cmd.clone());
+                match f.cmd {
+                    Cmd::Member(crate::api::MemberCmd::Write { .. }) => self.remember_write(member, f.cmd.clone()),
+                    Cmd::Member(crate::api::MemberCmd::Read { offset, .. }) => self.torn_hit(member, epoch, offset),
+                    Cmd::Backing(_) => {}
                 }
                 self.cache.handle_member_done(self.now, f.op, out);
             }

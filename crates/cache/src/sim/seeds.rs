@@ -25,6 +25,9 @@ fn knobs(seed: u64) -> Knobs {
         break_verify: false,
         break_generation: false,
         break_identity: false,
+        break_pages: false,
+        only_torn_hits: false,
+        read_merge_divisor: crate::limits::SLOT_READ_MERGE_DIVISOR,
     }
 }
 
@@ -33,6 +36,8 @@ fn add(total: &mut Counters, c: Counters) {
     total.misses += c.misses;
     total.hit_bytes += c.hit_bytes;
     total.miss_bytes += c.miss_bytes;
+    total.hit_reads += c.hit_reads;
+    total.hit_read_bytes += c.hit_read_bytes;
     total.fills += c.fills;
     total.prefetched_used_bytes += c.prefetched_used_bytes;
     total.prefetched_wasted_bytes += c.prefetched_wasted_bytes;
@@ -86,6 +91,55 @@ fn ignoring_the_generation_is_caught() {
 #[test]
 fn ignoring_the_volume_identity_is_caught() {
     caught("the slot's volume not checked", |k| Knobs { break_identity: true, ..k });
+}
+
+#[test]
+fn skipping_the_page_check_is_caught() {
+    caught("a hit's pages not checked", |k| Knobs { break_pages: true, ..k });
+}
+
+/// The new fault alone: one page of a slot zeroed or replaced by another fill's between a
+/// hit's header read and its pages' read.
+#[test]
+fn a_page_changed_between_a_hits_reads_is_caught() {
+    caught("a page changed between a hit's reads, pages not checked", |k| Knobs { break_pages: true, only_torn_hits: true, ..k });
+}
+
+/// With the page check, the same fault is a miss: the pages' check fails and the backing
+/// serves the read.
+#[test]
+fn a_page_changed_between_a_hits_reads_is_a_miss() {
+    let mut total = Counters::default();
+    for seed in seeds(100) {
+        let mut w = World::new(seed, Knobs { only_torn_hits: true, faults: true, ..knobs(seed) });
+        add(&mut total, w.run().unwrap_or_else(|e| panic!("{}", w.failure(seed, &e))));
+    }
+    eprintln!("cache sim, pages changed between a hit's reads: {total:?}");
+    assert!(total.verify_failures > 0, "the fault never hit a slot read");
+}
+
+/// The choice `limits::SLOT_READ_MERGE_DIVISOR` makes, in member reads and bytes per hit
+/// on warm random reads (up to three blocks long): two reads (header's start, pages)
+/// always; one when the gap is at most 1/8 of the pages read; one always.
+#[test]
+fn slot_reads_per_hit_by_merge_rule() {
+    let (mut bytes_per_hit, mut reads_per_hit) = (Vec::new(), Vec::new());
+    for divisor in [u64::MAX, crate::limits::SLOT_READ_MERGE_DIVISOR, 0] {
+        let mut c = Counters::default();
+        for seed in 0..10 {
+            let k = Knobs { faults: false, write_percent: 0, ample: true, sequential_percent: 0, read_merge_divisor: divisor, ..knobs(seed) };
+            let mut w = World::new(seed, k);
+            add(&mut c, w.run().unwrap_or_else(|e| panic!("{}", w.failure(seed, &e))));
+        }
+        let (reads, bytes, served) = (c.hit_reads as f64 / c.hits as f64, c.hit_read_bytes / c.hits, c.hit_bytes / c.hits);
+        eprintln!("cache sim, merge divisor {divisor}: {reads:.2} member reads and {bytes} bytes read per hit serving {served} bytes");
+        bytes_per_hit.push(bytes);
+        reads_per_hit.push(reads);
+    }
+    // The simulation's blocks (4 to 16 KiB) are small for the rule to merge: the gap is
+    // most of a page; `core::tests` shows it merging whole 64 KiB blocks.
+    assert!(bytes_per_hit[0] <= bytes_per_hit[1] && bytes_per_hit[1] < bytes_per_hit[2], "each merge reads more: {bytes_per_hit:?}");
+    assert!(reads_per_hit[0] >= reads_per_hit[1] && reads_per_hit[1] > reads_per_hit[2], "and makes fewer reads: {reads_per_hit:?}");
 }
 
 /// Hit rates in calm conditions, as a sanity figure: warm random reads over a working set

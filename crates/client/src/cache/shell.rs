@@ -288,7 +288,7 @@ impl<M: Conn> Shell<M> {
             slots,
             used,
         });
-        Status { block_bytes: self.core.slot_bytes() - sluice_cache::limits::SLOT_HEADER_BYTES, counters: self.core.counters(), members: members.collect() }
+        Status { block_bytes: self.core.block_bytes(), counters: self.core.counters(), members: members.collect() }
     }
 
     /// Says goodbye to the backing and the members (connected, or connecting when the stop

@@ -21,11 +21,12 @@ pub struct CacheSource {
 /// The volume-wide counters: name, help, and which counter.
 type Counted = (&'static str, &'static str, fn(&sluice_client::cache::Counters) -> u64);
 
-const COUNTERS: [Counted; 11] = [
+const COUNTERS: [Counted; 12] = [
     ("sluice_cache_hits_total", "Blocks a read found in a member's RAM and verified.", |c| c.hits),
     ("sluice_cache_misses_total", "Blocks a read went to the backing for (not cached, or failed the check).", |c| c.misses),
     ("sluice_cache_hit_bytes_total", "Bytes of client reads served from the members.", |c| c.hit_bytes),
     ("sluice_cache_miss_bytes_total", "Bytes of client reads served from the backing.", |c| c.miss_bytes),
+    ("sluice_cache_hit_read_bytes_total", "Bytes hits read from the members: the headers' fields and sums, and the pages the reads needed.", |c| c.hit_read_bytes),
     ("sluice_cache_fills_total", "Blocks written to a member slot and made readable.", |c| c.fills),
     ("sluice_cache_prefetched_used_bytes_total", "Bytes brought in by prefetch or NBD_CMD_CACHE that a read then used.", |c| c.prefetched_used_bytes),
     ("sluice_cache_prefetched_wasted_bytes_total", "Bytes brought in by prefetch or NBD_CMD_CACHE that left the cache unread.", |c| c.prefetched_wasted_bytes),
@@ -70,7 +71,7 @@ mod tests {
     use sluice_client::cache::{Counters, MemberStatus};
 
     fn sample(members: Vec<MemberStatus>) -> Status {
-        let counters = Counters { hits: 7, misses: 3, hit_bytes: 7 << 16, verify_failures: 2, ..Counters::default() };
+        let counters = Counters { hits: 7, misses: 3, hit_bytes: 7 << 16, hit_read_bytes: 7 << 17, verify_failures: 2, ..Counters::default() };
         Status { block_bytes: 65536, counters, members }
     }
 
@@ -92,6 +93,7 @@ mod tests {
             r#"sluice_cache_hits_total{export="vol"} 7"#,
             r#"sluice_cache_misses_total{export="vol"} 3"#,
             r#"sluice_cache_hit_bytes_total{export="vol"} 458752"#,
+            r#"sluice_cache_hit_read_bytes_total{export="vol"} 917504"#,
             r#"sluice_cache_verify_failures_total{export="vol"} 2"#,
             r#"sluice_cache_evictions_total{export="vol"} 0"#,
             r#"sluice_cache_member_up{export="vol",member="0",uri="nbd://a/ram"} 1"#,
