@@ -39,7 +39,7 @@ pub enum BackingCmd {
 }
 
 /// An operation on a member, at a byte offset on it: a fill writes a whole slot; a hit
-/// reads the start of a slot's header and the pages it needs (see `core`'s `hit`).
+/// reads the pages it needs (see `core`'s `hit`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MemberCmd {
     Read { offset: u64, len: u64 },

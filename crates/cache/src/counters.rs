@@ -12,10 +12,10 @@ pub struct Counters {
     pub hit_bytes: u64,
     /// Bytes of client reads served from the backing.
     pub miss_bytes: u64,
-    /// Member reads hits made (the header's start and the pages a read needs: one or two
-    /// per hit, see `limits::SLOT_READ_MERGE_DIVISOR`).
+    /// Member reads hits made: one per hit, of the pages the read needs.
     pub hit_reads: u64,
-    /// Bytes those reads moved: over `hit_bytes`, what checking the slot costs.
+    /// Bytes those reads moved: over `hit_bytes`, what reading whole pages costs (the
+    /// partial pages at a read's edges, read whole to be checked).
     pub hit_read_bytes: u64,
     /// Blocks written to a member slot and made readable.
     pub fills: u64,

@@ -1,16 +1,20 @@
 //! The gateway's map of what the members hold: block -> (member, slot, generation), the
-//! members' slot tables with their CLOCK hands, and placement by rendezvous hashing.
+//! members' slot tables with their CLOCK hands and the page sums of the blocks their slots
+//! hold, and placement by rendezvous hashing.
 //!
 //! Memory is bounded by the members' capacity: one `SlotMeta` (32 bytes) per slot a member
-//! lends, and at most one `Entry` (a hash map slot of about 40 bytes) per slot, since an
-//! entry exists only for a slot that holds its block. Blocks the cache does not hold cost
-//! nothing here.
+//! lends, at most one `Entry` (a hash map slot of about 40 bytes) per slot, since an entry
+//! exists only for a slot that holds its block, so about 72 bytes per lent slot; and one
+//! page sum (8 bytes) per 4 KiB page of the slots' blocks, 0.2% of the memory lent (128
+//! bytes a slot of 64 KiB). All of it is allocated when a member comes up, none per fill or
+//! hit; `limits::member_slots_max` bounds it whatever size a member claims.
+//! Blocks the cache does not hold cost nothing more.
 
 use std::collections::HashMap;
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::limits::MEMBER_SLOTS_MAX;
+use crate::limits::member_slots_max;
 
 /// Where a block that may be read from the cache lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +54,10 @@ struct Member {
     /// fails again at once keeps counting, so its reconnects back off.
     failures: u32,
     slots: Vec<SlotMeta>,
+    /// The page sums of the block each slot holds, `pages` a slot from slot 0: what a hit
+    /// checks the pages it reads against. A slot's sums are written only when its block is
+    /// installed (`install`), and left as they are when it is freed, until the next install.
+    sums: Vec<u64>,
     /// Slots holding a block (settled or filling): counted, since `/metrics` asks often and
     /// a member may lend millions of slots.
     held: u64,
@@ -66,16 +74,28 @@ pub struct Evicted {
 pub struct Directory {
     blocks: HashMap<u64, Entry>,
     members: Vec<Member>,
+    /// Pages in a block: the page sums each slot has.
+    pages: usize,
 }
 
 impl Directory {
     /// Members start down with no slots: the shell reports each up with its capacity.
-    pub fn new(names: &[String]) -> Directory {
+    /// Blocks have `pages` pages.
+    pub fn new(names: &[String], pages: usize) -> Directory {
+        assert!(pages > 0, "a block is at least a page");
         let members = names
             .iter()
-            .map(|n| Member { seed: xxh3_64(n.as_bytes()), state: MemberState::Down { failures: 0 }, failures: 0, slots: Vec::new(), held: 0, hand: 0 })
+            .map(|n| Member {
+                seed: xxh3_64(n.as_bytes()),
+                state: MemberState::Down { failures: 0 },
+                failures: 0,
+                slots: Vec::new(),
+                sums: Vec::new(),
+                held: 0,
+                hand: 0,
+            })
             .collect();
-        Directory { blocks: HashMap::new(), members }
+        Directory { blocks: HashMap::new(), members, pages }
     }
 
     pub fn get(&self, block: u64) -> Option<Entry> {
@@ -168,14 +188,34 @@ impl Directory {
         None
     }
 
-    /// A fill's slot write is done and still wanted: the block reads from the cache now.
-    pub fn install(&mut self, member: usize, slot: u32, generation: u64, prefetched: bool) {
-        let s = &mut self.members[member].slots[slot as usize];
+    /// A fill's slot write is done and still wanted: the block reads from the cache now,
+    /// checked against `sums`, the page sums the fill wrote.
+    ///
+    /// The sums become the slot's in this same step, never before: a hit checks against
+    /// the sums of the slot its entry names when its read comes back, and that must be the
+    /// fill the entry names. No hit of an older entry of this slot can be in flight here
+    /// (`allocate` takes no slot a read pins, and a hit pins its slot until it is checked),
+    /// so none sees these sums. Were one to, it would still fail safe: its page is checked
+    /// under a seed with its own entry's generation (and offset), under which no page of
+    /// this fill hashes to these sums.
+    pub fn install(&mut self, member: usize, slot: u32, generation: u64, prefetched: bool, sums: &[u64]) {
+        assert_eq!(sums.len(), self.pages, "a sum for every page of the block");
+        let m = &mut self.members[member];
+        let s = &mut m.slots[slot as usize];
         assert!(s.filling && s.generation == generation, "installing a slot that is not this fill's");
         s.filling = false;
+        let at = slot as usize * self.pages;
+        m.sums[at..at + self.pages].copy_from_slice(sums);
         let block = s.block.expect("a filling slot names its block");
         let old = self.blocks.insert(block, Entry { member, slot, generation, prefetched });
         assert!(old.is_none(), "block {block} installed twice");
+    }
+
+    /// The page sums of the block `member`'s slot `slot` holds (its fill's, from when it was
+    /// installed); None once the member went down.
+    pub fn sums(&self, member: usize, slot: u32) -> Option<&[u64]> {
+        let at = slot as usize * self.pages;
+        self.members.get(member)?.sums.get(at..at + self.pages)
     }
 
     /// A fill's slot write is done (or failed) and not wanted: the slot is free again.
@@ -207,6 +247,7 @@ impl Directory {
         m.state = MemberState::Down { failures: m.failures };
         let gone: Vec<u64> = m.slots.iter().filter(|s| !s.filling).filter_map(|s| s.block).collect();
         m.slots = Vec::new();
+        m.sums = Vec::new();
         m.held = 0;
         m.hand = 0;
         gone.iter().filter_map(|b| self.blocks.remove(b)).collect()
@@ -217,12 +258,15 @@ impl Directory {
         self.members[member].failures = 0;
     }
 
-    /// The member answers again, empty, lending `slots` slots (bounded).
+    /// The member answers again, empty, lending `slots` slots (bounded in slots and in
+    /// pages, so in the gateway memory they take).
     pub fn member_up(&mut self, member: usize, slots: u64) {
+        let slots = slots.min(member_slots_max(self.pages as u64)) as usize;
         let m = &mut self.members[member];
         assert!(m.slots.is_empty(), "a member comes up only after it went down");
         m.state = MemberState::Up;
-        m.slots = vec![SlotMeta::default(); slots.min(MEMBER_SLOTS_MAX) as usize];
+        m.slots = vec![SlotMeta::default(); slots];
+        m.sums = vec![0; slots * self.pages];
         m.hand = 0;
     }
 
@@ -236,6 +280,9 @@ impl Directory {
             }
         }
         for (i, m) in self.members.iter().enumerate() {
+            if m.sums.len() != m.slots.len() * self.pages {
+                return Err(format!("member {i}: {} page sums for {} slots of {} pages", m.sums.len(), m.slots.len(), self.pages));
+            }
             let held = m.slots.iter().filter(|s| s.block.is_some()).count() as u64;
             if held != m.held {
                 return Err(format!("member {i}: {held} slots hold a block, {} counted", m.held));
@@ -265,14 +312,14 @@ mod tests {
 
     fn dir(members: usize, slots: u64) -> Directory {
         let names: Vec<String> = (0..members).map(|i| format!("nbd://node{i}/ram")).collect();
-        let mut d = Directory::new(&names);
+        let mut d = Directory::new(&names, 1);
         (0..members).for_each(|m| d.member_up(m, slots));
         d
     }
 
     fn fill(d: &mut Directory, m: usize, block: u64, generation: u64) -> Option<Evicted> {
         let (slot, ev) = d.allocate(m, block, generation).expect("a slot");
-        d.install(m, slot, generation, false);
+        d.install(m, slot, generation, false, &[generation]);
         ev
     }
 
@@ -329,13 +376,30 @@ mod tests {
         assert_eq!(d.usage(0), (4, 1));
         for b in 10..20 {
             let (s, _) = d.allocate(0, b, b + 10).unwrap();
-            d.install(0, s, b + 10, false);
+            d.install(0, s, b + 10, false, &[b]);
         }
         assert_eq!(d.usage(0), (4, 4), "evictions keep the count");
         d.check().unwrap();
         d.member_down(0);
         d.member_up(0, 2);
         assert_eq!(d.usage(0), (2, 0));
+    }
+
+    /// A slot's sums are its fill's from the install on, stay while the slot is free, and go
+    /// with the member.
+    #[test]
+    fn sums_are_the_installed_fills() {
+        let mut d = Directory::new(&["nbd://a/ram".into()], 4);
+        d.member_up(0, 2);
+        let (s, _) = d.allocate(0, 7, 1).unwrap();
+        assert_eq!(d.sums(0, s), Some(&[0; 4][..]), "not the fill's while its write is in flight");
+        d.install(0, s, 1, false, &[1, 2, 3, 4]);
+        assert_eq!(d.sums(0, s), Some(&[1, 2, 3, 4][..]));
+        d.invalidate(7);
+        assert_eq!(d.sums(0, s), Some(&[1, 2, 3, 4][..]), "kept until the next install");
+        d.check().unwrap();
+        d.member_down(0);
+        assert_eq!(d.sums(0, s), None);
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! serves a `cache:FILE` volume through it (docs/cache.md).
 //!
 //! - `config`: the `cache:FILE` file, parsed and checked;
-//! - `slot`: the format of a slot on a member (header pages + block, a sum per page), the
-//!   header and the pages a hit reads verified on every hit;
+//! - `slot`: the format of a slot on a member (header pages + block, a sum per page), and
+//!   the check of the pages a hit reads against the sums the directory keeps;
 //! - `directory`: which member slot holds which block, CLOCK eviction per member, and
 //!   rendezvous placement;
 //! - `core`: the cache itself (below);

@@ -15,23 +15,25 @@ pub const BLOCK_DEFAULT_BYTES: u64 = 64 << 10;
 /// The page: the unit a member may drop (an elastic member punches holes of pages), the
 /// unit of a slot's header (whole pages, so the block stays page-aligned on the member and
 /// a dropped page never straddles header and data), and the unit a hit reads and checks
-/// (each page of a block has its own sum in the header).
+/// (each page of a block has its own sum, in the header and in the gateway's directory).
 pub const PAGE_BYTES: u64 = 4096;
 
-/// A hit reads the header's start (fixed fields and the sums it needs) and the pages it
-/// needs in one member read when the bytes between them are at most 1/8 of the pages',
-/// else in two reads in flight at once. The sums end within the header's first page, so
-/// the gap is most of a page (and more for pages further in): for a 4 KiB read, reading
-/// it would double the link time (members are link-bound at depth), so it takes two reads;
-/// for a whole 64 KiB block it is 6% more bytes, cheaper than a second request (each costs
-/// the gateway a task, a wake-up and a reply to match). The simulation counts member reads
-/// and bytes per hit for each choice.
-pub const SLOT_READ_MERGE_DIVISOR: u64 = 8;
-
-/// Slots one member may hold: the directory keeps about 40 bytes per slot in the gateway's
-/// memory, so this caps a member at 640 MiB of gateway memory (16 Mi slots: 1 TiB of 64 KiB
-/// blocks).
+/// Slots one member may hold: the directory keeps about 72 bytes per slot in the gateway's
+/// memory, so this caps a member at 1.1 GiB of gateway memory for its slots (16 Mi slots:
+/// 1 TiB of 64 KiB blocks).
 pub const MEMBER_SLOTS_MAX: u64 = 16 << 20;
+
+/// Pages one member's slots may hold: the directory keeps a page sum (8 bytes) per page in
+/// the gateway's memory, so this caps a member at 2 GiB of sums (1 TiB lent, 0.2%), whatever
+/// the block; with 64 KiB blocks it allows as many slots as `MEMBER_SLOTS_MAX`.
+pub const MEMBER_PAGES_MAX: u64 = 1 << 28;
+
+/// Slots a member may lend for blocks of `pages` pages: `MEMBER_SLOTS_MAX`, and no more
+/// than `MEMBER_PAGES_MAX` pages.
+pub const fn member_slots_max(pages: u64) -> u64 {
+    let by_pages = MEMBER_PAGES_MAX / pages;
+    if by_pages < MEMBER_SLOTS_MAX { by_pages } else { MEMBER_SLOTS_MAX }
+}
 
 /// Members one cached volume may have: placement hashes every member on every fill, and a
 /// rack has fewer nodes lending memory than this.
@@ -99,6 +101,8 @@ const _: () = assert!(BLOCK_MIN_BYTES.is_power_of_two() && BLOCK_MAX_BYTES.is_po
 const _: () = assert!(BLOCK_MIN_BYTES <= BLOCK_DEFAULT_BYTES && BLOCK_DEFAULT_BYTES <= BLOCK_MAX_BYTES);
 const _: () = assert!(BLOCK_MIN_BYTES.is_multiple_of(PAGE_BYTES));
 const _: () = assert!(MEMBER_SLOTS_MAX <= u32::MAX as u64 && MEMBERS_MAX <= u16::MAX as usize);
+const _: () = assert!(MEMBER_SLOTS_MAX * (BLOCK_DEFAULT_BYTES / PAGE_BYTES) <= MEMBER_PAGES_MAX);
+const _: () = assert!(MEMBER_PAGES_MAX / (BLOCK_MAX_BYTES / PAGE_BYTES) > 0);
 const _: () = assert!(PREFETCH_TRIGGER_READS >= 1 && PREFETCH_DEMAND_READS_MAX >= 1);
 const _: () = assert!(PREFETCH_RUN_BYTES_MAX <= PREFETCH_INFLIGHT_BYTES_MAX);
 const _: () = assert!(MEMBER_RECONNECT_BACKOFF_MIN_MS <= MEMBER_RECONNECT_BACKOFF_MAX_MS);
@@ -119,5 +123,12 @@ mod tests {
         assert_eq!(reconnect_backoff_ms(1), MEMBER_RECONNECT_BACKOFF_MIN_MS);
         assert_eq!(reconnect_backoff_ms(2), 2 * MEMBER_RECONNECT_BACKOFF_MIN_MS);
         assert_eq!(reconnect_backoff_ms(100), MEMBER_RECONNECT_BACKOFF_MAX_MS);
+    }
+
+    #[test]
+    fn a_member_lends_at_most_a_tebibyte_of_pages_beyond_64k_blocks() {
+        assert_eq!(member_slots_max(1), MEMBER_SLOTS_MAX);
+        assert_eq!(member_slots_max(BLOCK_DEFAULT_BYTES / PAGE_BYTES), MEMBER_SLOTS_MAX);
+        assert_eq!(member_slots_max(BLOCK_MAX_BYTES / PAGE_BYTES) * BLOCK_MAX_BYTES, 1 << 40);
     }
 }

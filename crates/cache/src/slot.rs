@@ -16,24 +16,33 @@
 //! | the rest       | zero, not read                                               |
 //!
 //! Why each: a member may lose any page of a slot behind the gateway's back (an elastic
-//! member punches holes, a restarted one is all zeros, an old write may land late), so a
-//! hit checks the header and every page it returns. The magic and the header checksum make
-//! an all-zero or torn header fail; the identity makes a slot left by an earlier run or by
-//! another volume fail; offset and generation make a slot reused for another block (or
-//! refilled for the same one) fail for a read that expected the older fill. None of those
-//! fields can be zero in a valid header (magic, identity and block size are never zero).
+//! member punches holes, a restarted one is all zeros, an old write may land late), so
+//! nothing read back from a slot is taken unchecked. When a whole slot is checked
+//! (`verify`), the magic and the header checksum make an all-zero or torn header fail; the
+//! identity makes a slot left by an earlier run or by another volume fail; offset and
+//! generation make a slot reused for another block (or refilled for the same one) fail for
+//! a read that expected the older fill. None of those fields can be zero in a valid header
+//! (magic, identity and block size are never zero).
 //!
-//! The page sums are not under the header checksum, so a hit reads only the fixed fields
-//! and the sums of the pages it needs (`header_prefix_bytes`), not the header's pages. A
-//! page is good when the xxh3 of its bytes, seeded with (identity, offset, generation,
-//! page index) as the verified fixed fields and the directory say, equals the sum read.
-//! The fixed fields name exactly one fill of this run (generations are never reused), and
-//! the sum that fill wrote for page `i` is the hash of its bytes under that seed, so a page
-//! that matches holds that fill's bytes (zeros only where the fill wrote zeros), up to a
-//! 2^-64 chance. A sum and a page that both come from elsewhere (another block, another
-//! generation, another volume, or page `j`, with the sum written beside it) were hashed
-//! under another seed, so they do not match either: the seed binds each sum to its slot,
-//! fill and place, which is what lets the sums go unchecksummed and read in part.
+//! A hit reads no header: `encode` hands the fill its page sums too, the directory keeps
+//! them for the slot from the moment it installs the block, and a hit reads just the pages
+//! it needs and checks each against the directory's copy (`check_pages`), seeded with
+//! (identity, offset, generation, page index) as the directory says. That is at least as
+//! strong as checking the header and the sums written beside the pages: the reference
+//! lives in the gateway, which a member cannot alter, and it is the sums of exactly the
+//! fill the directory's entry names, so a page that matches holds that fill's bytes (zeros
+//! only where the fill wrote zeros), up to a 2^-64 chance, whatever the member did to the
+//! header or the pages. The seed is then a second line: should the copy ever be another
+//! fill's than the entry's, its sums were hashed under that fill's seed, so no page
+//! matches them under the entry's, and the hit is a miss.
+//!
+//! The header is still written with every fill: it is the slot's description of itself,
+//! which `verify` checks for a whole slot read back without the gateway's copy (the tests
+//! below hold it to that). There the page sums come from the member, unchecksummed: the
+//! fixed fields name exactly one fill of this run (generations are never reused), and a
+//! sum and a page that both come from elsewhere (another block, another generation,
+//! another volume, or page `j`, with the sum written beside it) were hashed under another
+//! seed, so they do not match: the seed binds each sum to its slot, fill and place.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -82,7 +91,7 @@ pub fn header_bytes(block_bytes: u64) -> u64 {
 }
 
 /// Bytes from the header's start that hold the fixed fields and the sums of pages
-/// `0..pages`: what a hit reads to check pages below `pages`.
+/// `0..pages`.
 pub fn header_prefix_bytes(pages: u64) -> u64 {
     FIXED_BYTES + pages * SUM_BYTES
 }
@@ -102,8 +111,9 @@ fn page_sum(h: &Header, page: u64, bytes: &[u8]) -> u64 {
 }
 
 /// The bytes of a slot holding `data` (exactly `block_bytes`; a short last block padded
-/// with zeros by the caller).
-pub fn encode(h: &Header, data: &[u8]) -> Vec<u8> {
+/// with zeros by the caller), and its page sums: the gateway's copy, which the directory
+/// keeps once the slot is installed and hits check their pages against.
+pub fn encode(h: &Header, data: &[u8]) -> (Vec<u8>, Vec<u64>) {
     assert_eq!(data.len() as u64, h.block_bytes as u64, "a slot holds a whole block");
     assert!(h.volume != 0 && h.block_bytes != 0, "zero identity or size would let zeros validate");
     let head = header_bytes(h.block_bytes as u64) as usize;
@@ -116,12 +126,13 @@ pub fn encode(h: &Header, data: &[u8]) -> Vec<u8> {
     out[32..40].copy_from_slice(&h.generation.to_le_bytes());
     let sum = xxh3_64(&out[..40]);
     out[40..48].copy_from_slice(&sum.to_le_bytes());
-    for (i, page) in data.chunks(PAGE_BYTES as usize).enumerate() {
+    let sums: Vec<u64> = data.chunks(PAGE_BYTES as usize).enumerate().map(|(i, page)| page_sum(h, i as u64, page)).collect();
+    for (i, sum) in sums.iter().enumerate() {
         let at = header_prefix_bytes(i as u64) as usize;
-        out[at..at + 8].copy_from_slice(&page_sum(h, i as u64, page).to_le_bytes());
+        out[at..at + 8].copy_from_slice(&sum.to_le_bytes());
     }
     out[head..].copy_from_slice(data);
-    out
+    (out, sums)
 }
 
 /// Checks the start of a slot's header (`header_prefix_bytes(n)` bytes for some `n`)
@@ -158,12 +169,30 @@ pub fn verify_header(head: &[u8], want: &Header) -> Result<(), SlotError> {
 /// (a header `verify_header` passed, long enough to hold their sums).
 pub fn verify_pages(head: &[u8], want: &Header, first: u64, pages: &[u8]) -> Result<(), SlotError> {
     let n = (pages.len() as u64).div_ceil(PAGE_BYTES);
-    if !(pages.len() as u64).is_multiple_of(PAGE_BYTES) || header_prefix_bytes(first + n) > head.len() as u64 {
+    if header_prefix_bytes(first + n) > head.len() as u64 {
+        return Err(SlotError::Length);
+    }
+    pages_match(want, first, pages, |page| u64_at(head, header_prefix_bytes(page) as usize))
+}
+
+/// Checks `pages`, the block's whole pages from page `first`, against `sums`, the sums
+/// `encode` gave for those pages (the gateway's copy): a hit's check.
+pub fn check_pages(want: &Header, first: u64, pages: &[u8], sums: &[u64]) -> Result<(), SlotError> {
+    if (pages.len() as u64).div_ceil(PAGE_BYTES) != sums.len() as u64 {
+        return Err(SlotError::Length);
+    }
+    pages_match(want, first, pages, |page| sums[(page - first) as usize])
+}
+
+/// Whether each whole page of `pages` (the block's from page `first`) hashes, under its
+/// seed, to `sum(page index)`.
+fn pages_match(want: &Header, first: u64, pages: &[u8], sum: impl Fn(u64) -> u64) -> Result<(), SlotError> {
+    if !(pages.len() as u64).is_multiple_of(PAGE_BYTES) {
         return Err(SlotError::Length);
     }
     for (i, page) in pages.chunks(PAGE_BYTES as usize).enumerate() {
         let index = first + i as u64;
-        if page_sum(want, index, page) != u64_at(head, header_prefix_bytes(index) as usize) {
+        if page_sum(want, index, page) != sum(index) {
             return Err(SlotError::PageChecksum);
         }
     }
@@ -180,19 +209,6 @@ pub fn verify<'a>(slot: &'a [u8], want: &Header) -> Result<&'a [u8], SlotError> 
     verify_header(prefix, want)?;
     verify_pages(prefix, want, 0, &slot[head..])?;
     Ok(&slot[head..])
-}
-
-/// The generation a header claims (test hook: a core that trusts it is a core without
-/// the generation check).
-#[cfg(test)]
-pub(crate) fn claimed_generation(head: &[u8]) -> u64 {
-    head.get(32..40).map_or(0, |_| u64_at(head, 32))
-}
-
-/// The volume identity a header claims (test hook, as `claimed_generation`).
-#[cfg(test)]
-pub(crate) fn claimed_volume(head: &[u8]) -> u64 {
-    head.get(16..24).map_or(0, |_| u64_at(head, 16))
 }
 
 #[cfg(test)]

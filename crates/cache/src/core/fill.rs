@@ -67,20 +67,22 @@ impl Cache {
         }
         // A prefetch a waiting read used already counted as used: not again, nor as wasted.
         let entry = Entry { member, slot, generation, prefetched: source.paced() && !served };
-        self.fills.get_mut(&f).expect("a live fill").stage = Stage::Writing(entry);
-        let header = self.header(block, generation);
+        let (bytes, sums) = slot::encode(&self.header(block, generation), &data);
+        self.fills.get_mut(&f).expect("a live fill").stage = Stage::Writing(entry, sums);
         let offset = slot as u64 * self.slot_bytes();
-        self.member_op(member, OpKind::SlotWrite { fill: f }, MemberCmd::Write { offset, data: slot::encode(&header, &data) });
+        self.member_op(member, OpKind::SlotWrite { fill: f }, MemberCmd::Write { offset, data: bytes });
     }
 
     pub(super) fn slot_write_done(&mut self, f: u64, outcome: Outcome) {
-        let Stage::Writing(e) = self.fills[&f].stage else { unreachable!("a slot write of a fill not writing") };
+        let fill = &self.fills[&f];
+        let Stage::Writing(e, sums) = &fill.stage else { unreachable!("a slot write of a fill not writing") };
+        let e = *e;
         if outcome.is_ok() {
             self.dir.member_answered(e.member);
         }
         match outcome {
-            Ok(_) if !self.fills[&f].stale => {
-                self.dir.install(e.member, e.slot, e.generation, e.prefetched);
+            Ok(_) if !fill.stale => {
+                self.dir.install(e.member, e.slot, e.generation, e.prefetched, sums);
                 self.counters.fills += 1;
                 self.end_fill(f, true);
             }

@@ -1,17 +1,15 @@
-//! Hits: a cached block is read from its slot as two pieces, the header's start (the fixed
-//! fields and the sums of the pages up to the last one needed) and the pages the request
-//! covers (whole pages: a partial page at a request's edge is read whole), in two member
-//! reads in flight at once, or in one when little lies between them for what it reads
-//! (`SLOT_READ_MERGE_DIVISOR`). The slot stays pinned until both are back; then the header
-//! and just those pages are checked. A failed read or check is a miss, read again from
-//! the backing.
+//! Hits: a cached block is read from its slot in one member read of just the pages the
+//! request covers (whole pages: a partial page at a request's edge is read whole), the
+//! slot pinned until they are back and checked. Each page is checked against the sum the
+//! directory kept from the block's fill (`slot` says why no header need be read). A failed
+//! read or check is a miss, read again from the backing.
 
-use super::state::{Hit, OpKind, Part};
+use super::state::{Hit, OpKind};
 use super::Cache;
 use crate::api::{MemberCmd, Outcome, ReqId};
 use crate::directory::Entry;
 use crate::limits::PAGE_BYTES;
-use crate::slot::{self, Header, SlotError};
+use crate::slot::{self, SlotError};
 
 impl Cache {
     pub(super) fn read_slot(&mut self, req: ReqId, block: u64, entry: Entry) {
@@ -22,63 +20,26 @@ impl Cache {
         let lo = p.offset.max(start) - start;
         let hi = (p.offset + p.buf.len() as u64).min(start + self.block_len(block)) - start;
         let (first, end) = (lo / PAGE_BYTES, hi.div_ceil(PAGE_BYTES));
-        let hit = self.next_hit;
-        self.next_hit += 1;
-        self.hits.insert(hit, Hit { req, block, entry, prefetched, first, end, head: None, pages: None });
-        let at = entry.slot as u64 * self.slot_bytes();
-        let (head_len, pages_at) = layout(self.p.block_bytes, first, end);
-        let pages_len = (end - first) * PAGE_BYTES;
-        if (pages_at - head_len).saturating_mul(self.read_merge_divisor) <= pages_len {
-            self.slot_read(entry.member, hit, Part::Both, at, pages_at + pages_len);
-        } else {
-            self.slot_read(entry.member, hit, Part::Header, at, head_len);
-            self.slot_read(entry.member, hit, Part::Pages, at + pages_at, pages_len);
-        }
-    }
-
-    fn slot_read(&mut self, member: usize, hit: u64, part: Part, offset: u64, len: u64) {
+        let offset = entry.slot as u64 * self.slot_bytes() + slot::header_bytes(self.p.block_bytes) + first * PAGE_BYTES;
+        let len = (end - first) * PAGE_BYTES;
         self.counters.hit_reads += 1;
         self.counters.hit_read_bytes += len;
-        self.member_op(member, OpKind::SlotRead { hit, part }, MemberCmd::Read { offset, len });
+        let hit = Hit { req, block, entry, prefetched, first, end };
+        self.member_op(entry.member, OpKind::SlotRead(hit), MemberCmd::Read { offset, len });
     }
 
-    pub(super) fn slot_read_done(&mut self, hit: u64, part: Part, outcome: Outcome) {
-        let h = self.hits.get_mut(&hit).expect("a hit with a read in flight");
-        let member = h.entry.member;
-        let Ok(mut bytes) = outcome else {
-            let h = self.hits.remove(&hit).expect("just seen");
-            self.dir.read_done(member, h.entry.slot);
-            self.member_failed(member, true);
+    /// A hit's pages are back: served if they check, else read from the backing.
+    pub(super) fn slot_read_done(&mut self, h: Hit, outcome: Outcome) {
+        let e = h.entry;
+        let Ok(pages) = outcome else {
+            self.dir.read_done(e.member, e.slot);
+            self.member_failed(e.member, true);
             return self.reread(h.req, h.block);
         };
-        self.dir.member_answered(member);
-        match part {
-            Part::Header => h.head = Some(bytes),
-            Part::Pages => h.pages = Some(bytes),
-            Part::Both => {
-                let (head_len, pages_at) = layout(self.p.block_bytes, h.first, h.end);
-                h.pages = Some(bytes.get(pages_at as usize..).unwrap_or_default().to_vec());
-                bytes.truncate(head_len as usize);
-                h.head = Some(bytes);
-            }
-        }
-        if h.head.is_some() && h.pages.is_some() {
-            let h = self.hits.remove(&hit).expect("just seen");
-            self.dir.read_done(member, h.entry.slot);
-            self.hit_read(h);
-        }
-    }
-
-    /// Both pieces of a hit are back: serve the pages if they check, else read the backing.
-    fn hit_read(&mut self, h: Hit) {
-        let (head, pages) = (h.head.as_deref().expect("read"), h.pages.as_deref().expect("read"));
-        let e = h.entry;
-        #[cfg(test)]
-        let e = Entry { generation: if self.break_generation { slot::claimed_generation(head) } else { e.generation }, ..e };
-        let want = self.header(h.block, e.generation);
-        #[cfg(test)]
-        let want = if self.break_identity { Header { volume: slot::claimed_volume(head), ..want } } else { want };
-        if self.verify_hit(head, &want, h.first, h.end, pages).is_err() {
+        self.dir.member_answered(e.member);
+        let checked = self.check_hit(&h, &pages);
+        self.dir.read_done(e.member, e.slot);
+        if checked.is_err() {
             self.counters.verify_failures += 1;
             if h.prefetched {
                 self.counters.prefetched_wasted_bytes += self.p.block_bytes;
@@ -99,25 +60,29 @@ impl Cache {
         self.part_done(h.req, None);
     }
 
-    fn verify_hit(&self, head: &[u8], want: &Header, first: u64, end: u64, pages: &[u8]) -> Result<(), SlotError> {
-        if head.len() as u64 != slot::header_prefix_bytes(end) || pages.len() as u64 != (end - first) * PAGE_BYTES {
+    /// Checks the pages a hit read against the directory's sums of its slot, which are those
+    /// of the fill its entry names: the slot is pinned from the hit's start to here, so no
+    /// other fill was installed in it meanwhile (see `Directory::install`).
+    fn check_hit(&self, h: &Hit, pages: &[u8]) -> Result<(), SlotError> {
+        if pages.len() as u64 != (h.end - h.first) * PAGE_BYTES {
             return Err(SlotError::Length);
         }
         #[cfg(test)]
         if self.break_verify {
             return Ok(());
         }
-        slot::verify_header(head, want)?;
+        let sums = self.dir.sums(h.entry.member, h.entry.slot).ok_or(SlotError::Length)?;
+        let want = self.header(h.block, h.entry.generation);
         #[cfg(test)]
-        if self.break_pages {
-            return Ok(());
-        }
-        slot::verify_pages(head, want, first, pages)
+        let want = slot::Header {
+            generation: want.generation + u64::from(self.break_generation),
+            volume: want.volume ^ u64::from(self.break_identity),
+            ..want
+        };
+        let end = h.end;
+        #[cfg(test)]
+        let end = if self.break_pages { h.first + 1 } else { end };
+        let n = ((end - h.first) * PAGE_BYTES) as usize;
+        slot::check_pages(&want, h.first, &pages[..n], &sums[h.first as usize..end as usize])
     }
-}
-
-/// For pages `first..end` of a block of `block_bytes`: the bytes of the header a hit
-/// reads, and where in the slot the first page lies.
-fn layout(block_bytes: u64, first: u64, end: u64) -> (u64, u64) {
-    (slot::header_prefix_bytes(end), slot::header_bytes(block_bytes) + first * PAGE_BYTES)
 }

@@ -5,8 +5,9 @@
 //! - `read`: a read is cut into blocks; cached blocks are read from their slots and
 //!   verified, missing ones from the backing in runs (whole blocks, so each can be filled);
 //!   a block whose fill is already reading waits for it.
-//! - `hit`: a cached block's header start and just the pages a read needs are read from
-//!   its slot (two member reads in flight, the slot pinned until both are back) and checked.
+//! - `hit`: just the pages a read needs are read from a cached block's slot (one member
+//!   read, the slot pinned until it is back) and checked against the sums the directory
+//!   kept from the block's fill.
 //! - `fill`: blocks read from the backing go into a slot on the member placement picks,
 //!   and into the directory once the slot write is done, unless a write made them stale;
 //!   prefetch and NBD_CMD_CACHE fills are paced.
@@ -26,10 +27,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use crate::api::{Action, BackingCmd, Failure, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
 use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
-use crate::limits::{MEMBER_TIMEOUT_MS, PAGE_BYTES, SLOT_READ_MERGE_DIVISOR};
+use crate::limits::{MEMBER_TIMEOUT_MS, PAGE_BYTES};
 use crate::prefetch::Streams;
 use crate::slot::{self, Header};
-use state::{Fill, Hint, Hit, Op, OpKind, Pending};
+use state::{Fill, Hint, Op, OpKind, Pending};
 
 pub struct Cache {
     p: Params,
@@ -39,8 +40,6 @@ pub struct Cache {
     reqs: HashMap<ReqId, Pending>,
     ops: BTreeMap<OpId, Op>,
     fills: BTreeMap<u64, Fill>,
-    /// Hits whose slot reads are in flight.
-    hits: BTreeMap<u64, Hit>,
     /// The fill of each block that has one (at most one per block).
     fill_of: HashMap<u64, u64>,
     /// Writes in flight: blocks `first..end` by operation.
@@ -55,26 +54,23 @@ pub struct Cache {
     demand_reads: usize,
     next_op: u64,
     next_fill: u64,
-    next_hit: u64,
-    /// `limits::SLOT_READ_MERGE_DIVISOR`, held here so the simulation can count the other
-    /// choices.
-    pub(crate) read_merge_divisor: u64,
     next_generation: u64,
     now: Nanos,
     /// Test hook: fills ignore writes that start under them (the race rule, broken), so the
     /// simulation can show it catches the stale reads that follow.
     #[cfg(test)]
     pub(crate) break_stale_rule: bool,
-    /// Test hook: slots read back are taken as they are, unchecked.
+    /// Test hook: the pages a hit reads are taken as they are, unchecked.
     #[cfg(test)]
     pub(crate) break_verify: bool,
-    /// Test hook: a hit's header is checked, its pages are not.
+    /// Test hook: a hit checks its first page only (which shows the slot holds the entry's
+    /// fill, as the header's check did), the others are taken as they are.
     #[cfg(test)]
     pub(crate) break_pages: bool,
-    /// Test hook: a slot's generation is taken from its header, not checked.
+    /// Test hook: a hit seeds its check with another generation than its entry's.
     #[cfg(test)]
     pub(crate) break_generation: bool,
-    /// Test hook: a slot's volume identity is taken from its header, not checked.
+    /// Test hook: a hit seeds its check with another volume identity than the cache's.
     #[cfg(test)]
     pub(crate) break_identity: bool,
 }
@@ -95,14 +91,13 @@ impl Cache {
     pub fn new(p: Params) -> Cache {
         assert!(p.identity != 0 && p.block_bytes.is_power_of_two() && p.block_bytes >= PAGE_BYTES);
         Cache {
-            dir: Directory::new(&p.members),
+            dir: Directory::new(&p.members, (p.block_bytes / PAGE_BYTES) as usize),
             p,
             counters: Counters::default(),
             actions: VecDeque::new(),
             reqs: HashMap::new(),
             ops: BTreeMap::new(),
             fills: BTreeMap::new(),
-            hits: BTreeMap::new(),
             fill_of: HashMap::new(),
             writes: BTreeMap::new(),
             streams: Streams::default(),
@@ -112,8 +107,6 @@ impl Cache {
             demand_reads: 0,
             next_op: 0,
             next_fill: 0,
-            next_hit: 0,
-            read_merge_divisor: SLOT_READ_MERGE_DIVISOR,
             next_generation: 1,
             now: 0,
             #[cfg(test)]
@@ -188,7 +181,7 @@ impl Cache {
         self.now = now;
         let Some(o) = self.ops.remove(&op) else { return };
         match o.kind {
-            OpKind::SlotRead { hit, part } => self.slot_read_done(hit, part, outcome),
+            OpKind::SlotRead(hit) => self.slot_read_done(hit, outcome),
             OpKind::SlotWrite { fill } => self.slot_write_done(fill, outcome),
             _ => unreachable!("a backing operation reported as a member's"),
         }
@@ -267,9 +260,9 @@ impl Cache {
     /// With no request in flight and every operation reported: nothing is left held.
     #[cfg(test)]
     pub(crate) fn check_idle(&self) -> Result<(), String> {
-        if !self.ops.is_empty() || !self.writes.is_empty() || self.demand_reads != 0 || !self.hits.is_empty() {
-            let held = (self.ops.len(), self.writes.len(), self.demand_reads, self.hits.len());
-            return Err(format!("idle, yet (operations, writes, demand reads, hits) {held:?} held"));
+        if !self.ops.is_empty() || !self.writes.is_empty() || self.demand_reads != 0 {
+            let held = (self.ops.len(), self.writes.len(), self.demand_reads);
+            return Err(format!("idle, yet (operations, writes, demand reads) {held:?} held"));
         }
         self.dir.check_idle()
     }

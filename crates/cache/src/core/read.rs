@@ -19,7 +19,7 @@ impl Cache {
             for b in offset / bs..(offset + len).div_ceil(bs) {
                 let waitable = self.fill_of.get(&b).copied().filter(|f| {
                     let fill = &self.fills[f];
-                    !fill.stale && fill.stage == Stage::Reading
+                    !fill.stale && matches!(fill.stage, Stage::Reading)
                 });
                 match (self.dir.get(b), waitable) {
                     (Some(e), _) => self.read_slot(req, b, e),

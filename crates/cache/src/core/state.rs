@@ -32,12 +32,14 @@ impl Source {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stage {
     /// The block is being read from the backing.
     Reading,
-    /// Its slot is being written: `Entry` says where (not in the directory yet).
-    Writing(Entry),
+    /// Its slot is being written: `Entry` says where (not in the directory yet), with the
+    /// page sums the slot write carries, which the directory takes when it installs the
+    /// block (and not before: see `Directory::install`).
+    Writing(Entry, Vec<u64>),
 }
 
 /// A block on its way into the cache. `stale` is the race rule: a write (or zero, trim)
@@ -66,8 +68,8 @@ pub enum OpKind {
     /// A write, zero or trim for `req` (its blocks are in `Cache::writes`).
     BackingWrite { req: ReqId },
     BackingFlush { req: ReqId },
-    /// One of hit `hit`'s slot reads.
-    SlotRead { hit: u64, part: Part },
+    /// A hit's read of the pages it needs from its slot.
+    SlotRead(Hit),
     /// Fill `fill`'s slot write.
     SlotWrite { fill: u64 },
 }
@@ -87,20 +89,10 @@ pub struct Hint {
     pub outstanding: u32,
 }
 
-/// What a hit's slot read brings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Part {
-    /// The header's start: the fixed fields and the sums up to the last page needed.
-    Header,
-    /// The pages needed.
-    Pages,
-    /// Both, in one read (with whatever lies between them).
-    Both,
-}
-
-/// A hit in flight: `req`'s block `block`, read from the slot `entry` names, pages
-/// `first..end` of it. The slot stays pinned (`Directory::read_started`) until both parts
-/// are back; they are checked together.
+/// A hit in flight: `req`'s block `block`, pages `first..end` of it read from the slot
+/// `entry` names, in one member read. The slot stays pinned (`Directory::read_started`)
+/// until the pages are back and checked.
+#[derive(Clone, Debug)]
 pub struct Hit {
     pub req: ReqId,
     pub block: u64,
@@ -108,6 +100,4 @@ pub struct Hit {
     pub prefetched: bool,
     pub first: u64,
     pub end: u64,
-    pub head: Option<Vec<u8>>,
-    pub pages: Option<Vec<u8>>,
 }

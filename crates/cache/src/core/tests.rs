@@ -126,9 +126,8 @@ fn a_miss_fills_and_the_next_read_hits() {
     assert_eq!(r.cache.counters().hits, 3);
 }
 
-/// A hit reads the header's fields, the sums it needs and just the pages it needs: two
-/// member reads for a few pages of a 64 KiB block, one (the header's page and the block)
-/// for the whole block, where the gap is small beside the pages.
+/// A hit reads just the pages it needs, whole, in one member read, and no header: the
+/// sums it checks them against are the gateway's.
 #[test]
 fn a_hit_reads_the_pages_it_needs() {
     let bs = 64 << 10;
@@ -141,18 +140,18 @@ fn a_hit_reads_the_pages_it_needs() {
             other => panic!("a slot read, not {other:?}"),
         }).collect()
     };
-    // Bytes 5 * 4096 + 100 .. + 5000: pages 5 and 6, whole, and the sums up to page 6's.
+    // Bytes 5 * 4096 + 100 .. + 5000: pages 5 and 6, whole.
     r.request(2, Request::Read { offset: 5 * BS + 100, len: 5000 });
     let header = crate::slot::header_bytes(bs);
-    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: 0, len: 48 + 7 * 8 }, MemberCmd::Read { offset: header + 5 * BS, len: 2 * BS }]);
+    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: header + 5 * BS, len: 2 * BS }]);
     r.settle();
     assert_eq!(r.replies.pop(), Some((ReqId(2), want(&r, 5 * BS + 100, 5000))));
     r.request(3, Request::Read { offset: 0, len: bs });
-    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: 0, len: header + bs }]);
+    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: header, len: bs }]);
     r.settle();
     assert_eq!(r.replies.pop(), Some((ReqId(3), want(&r, 0, bs))));
     let c = r.cache.counters();
-    assert_eq!((c.hits, c.hit_reads, c.hit_read_bytes), (2, 3, 48 + 7 * 8 + 2 * BS + header + bs));
+    assert_eq!((c.hits, c.hit_reads, c.hit_read_bytes), (2, 2, 2 * BS + bs));
 }
 
 #[test]
@@ -217,7 +216,7 @@ fn a_member_that_does_not_answer_times_out() {
     let mut r = Rig::new(false);
     r.read(1, 0, BS);
     r.request(2, Request::Read { offset: 0, len: BS });
-    assert!(matches!(r.held[..], [Action::Member { .. }, Action::Member { .. }]), "the header's start and the page");
+    assert!(matches!(r.held[..], [Action::Member { .. }]), "the page");
     let at = r.cache.next_timeout().expect("a member operation in flight");
     r.cache.handle_tick(at - 1);
     r.collect();
@@ -225,7 +224,7 @@ fn a_member_that_does_not_answer_times_out() {
     r.cache.handle_tick(at);
     r.collect();
     assert_eq!(r.reconnects, 1);
-    r.held.drain(..2);
+    r.held.drain(..1);
     r.settle();
     assert_eq!(r.replies.pop(), Some((ReqId(2), vec![1; BS as usize])), "served by the backing");
     assert_eq!(r.cache.next_timeout(), None);
@@ -332,13 +331,14 @@ fn a_member_that_keeps_failing_backs_off_longer() {
 fn late_completions_of_an_old_connection_are_ignored() {
     let mut r = Rig::new(false);
     r.read(1, 0, BS);
-    let old_slot = r.member[..r.cache.slot_bytes() as usize].to_vec();
+    let head = crate::slot::header_bytes(BS) as usize;
+    let old_page = r.member[head..head + BS as usize].to_vec();
     r.request(2, Request::Read { offset: 0, len: BS });
     let old_reads: Vec<OpId> = r.held.drain(..).map(|a| match a {
         Action::Member { op, cmd: MemberCmd::Read { .. }, .. } => op,
         other => panic!("a slot read, not {other:?}"),
     }).collect();
-    assert_eq!(old_reads.len(), 2, "the header's start and the page");
+    assert_eq!(old_reads.len(), 1, "the page");
     r.request(3, Request::Read { offset: BS, len: BS });
     r.complete(1);
     let Some(Action::Member { op: old_write, .. }) = r.held.pop() else { panic!("a slot write") };
@@ -352,7 +352,7 @@ fn late_completions_of_an_old_connection_are_ignored() {
     r.member.fill(0);
     assert_eq!(r.read(5, 0, BS), vec![7; BS as usize]);
     for op in old_reads {
-        r.cache.handle_member_done(0, op, Ok(old_slot.clone()));
+        r.cache.handle_member_done(0, op, Ok(old_page.clone()));
     }
     r.cache.handle_member_done(0, old_write, Ok(Vec::new()));
     r.collect();

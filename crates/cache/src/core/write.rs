@@ -59,14 +59,9 @@ impl Cache {
         let ops: Vec<_> = self.ops.iter().filter(|(_, o)| o.member == Some(member)).map(|(&op, _)| op).collect();
         for op in ops {
             match self.ops.remove(&op).expect("listed").kind {
-                OpKind::SlotRead { hit, .. } => {
-                    // A hit's other read, if any, was on this member too: one reread.
-                    if let Some(h) = self.hits.remove(&hit) {
-                        self.reread(h.req, h.block);
-                    }
-                }
+                OpKind::SlotRead(h) => self.reread(h.req, h.block),
                 OpKind::SlotWrite { fill } => {
-                    debug_assert!(matches!(self.fills[&fill].stage, Stage::Writing(e) if e.member == member));
+                    debug_assert!(matches!(self.fills[&fill].stage, Stage::Writing(e, _) if e.member == member));
                     self.end_fill(fill, false);
                 }
                 _ => unreachable!("a backing operation on a member"),

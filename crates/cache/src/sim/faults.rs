@@ -2,8 +2,8 @@
 //! core must time out, silent restarts (all zeros, the same connection), reconnects that
 //! keep the member's memory (reported up, never down), old slot writes landing again,
 //! slots another gateway wrote (whole or torn), dropped pages (an elastic member giving
-//! memory back), and a page of a slot zeroed or replaced by another fill's between a hit's
-//! header read and its pages' read.
+//! memory back), and a page of a slot zeroed or replaced by another fill's while a hit
+//! reads it.
 
 use super::model::{sector_bytes, SECTOR};
 use super::store::{self, Cmd};
@@ -82,38 +82,33 @@ impl World {
             return;
         }
         let data = sector_bytes(u64::MAX - self.rng.below(1000)).repeat(slot_bytes / SECTOR as usize);
-        let forged = slot::encode(&header, &data[..slot_bytes - head]);
+        let (forged, _) = slot::encode(&header, &data[..slot_bytes - head]);
         let torn = self.rng.below(2) == 0;
         let len = if torn { head } else { slot_bytes };
         self.members[m].bytes[at..at + len].copy_from_slice(&forged[..len]);
         self.log.push(format!("{} member {m}: a foreign slot lands at {at} (torn: {torn})", self.now));
     }
 
-    /// Member `m` (in `epoch`) just answered a read at `offset`: if it was a hit's header
-    /// read and the hit's pages' read is still in flight, now and then one of those pages
-    /// is zeroed (dropped) or replaced by the same page of another fill (another generation
-    /// of this slot when the member had one, else of another slot) before that read lands.
-    pub(super) fn torn_hit(&mut self, m: usize, epoch: u64, offset: u64) {
-        let (slot_bytes, head) = (self.cache.slot_bytes(), slot::header_bytes(self.p.block_bytes));
+    /// Member `m` is about to answer a hit's read of `len` bytes at `offset`: now and then
+    /// one of those pages is zeroed (dropped) or replaced by the same page of another fill
+    /// (another generation of this slot when the member had one, else of another slot)
+    /// while the read is in flight.
+    pub(super) fn page_under_hit(&mut self, m: usize, offset: u64, len: u64) {
         let odds = if self.knobs.only_torn_hits { 2 } else { 16 };
-        if !self.knobs.faults || !offset.is_multiple_of(slot_bytes) || self.rng.below(odds) != 0 {
+        if !self.knobs.faults || len < PAGE_BYTES || self.rng.below(odds) != 0 {
             return;
         }
-        let same = |t: &store::Target| *t == store::Target::Member { member: m, epoch };
-        let pages_read = self.inflight.iter().find_map(|f| match &f.cmd {
-            Cmd::Member(MemberCmd::Read { offset: at, len }) if same(&f.target) && *at >= offset + head && *at < offset + slot_bytes => Some((*at, *len)),
-            _ => None,
-        });
-        let Some((at, len)) = pages_read else { return };
-        let page = at + self.rng.below(len / PAGE_BYTES) * PAGE_BYTES;
+        let slot_bytes = self.cache.slot_bytes();
+        let page = offset + self.rng.below(len / PAGE_BYTES) * PAGE_BYTES;
+        let slot_at = page / slot_bytes * slot_bytes;
         let replacement = match self.rng.below(4) {
             0 => None,
-            _ => self.other_fill_page(m, offset, page - offset),
+            _ => self.other_fill_page(m, slot_at, page - slot_at),
         };
         let what = if replacement.is_some() { "replaced by another fill's" } else { "dropped" };
         let bytes = replacement.unwrap_or_else(|| vec![0; PAGE_BYTES as usize]);
         self.members[m].bytes[page as usize..(page + PAGE_BYTES) as usize].copy_from_slice(&bytes);
-        self.log.push(format!("{} member {m}: the page at {page} {what} between a hit's reads", self.now));
+        self.log.push(format!("{} member {m}: the page at {page} {what} while a hit reads it", self.now));
     }
 
     /// The bytes at `within` of a slot write member `m` took earlier for another fill than

@@ -45,15 +45,17 @@ pub struct Knobs {
     /// Prefetch on whatever the seed says.
     pub force_prefetch: bool,
     pub break_stale_rule: bool,
+    /// A hit's pages taken unchecked.
     pub break_verify: bool,
+    /// A hit's check seeded with another generation, or another volume identity: it fails
+    /// for good pages (caught as verify failures in a run without faults).
     pub break_generation: bool,
     pub break_identity: bool,
-    /// A hit's pages taken unchecked (its header checked).
+    /// A hit's first page checked, the others taken unchecked.
     pub break_pages: bool,
-    /// Of the faults, only pages changed between a hit's two reads (`torn_hit`), more often.
+    /// Of the faults, only pages changed while a hit reads them (`page_under_hit`), more
+    /// often.
     pub only_torn_hits: bool,
-    /// The core's `read_merge_divisor`.
-    pub read_merge_divisor: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +112,6 @@ impl World {
         cache.break_generation = knobs.break_generation;
         cache.break_identity = knobs.break_identity;
         cache.break_pages = knobs.break_pages;
-        cache.read_merge_divisor = knobs.read_merge_divisor;
         let backing = vec![0; p.volume_bytes as usize];
         let members = (0..p.members.len()).map(|_| Member { bytes: Vec::new(), alive: false, hung: false, epoch: 0 }).collect();
         let restart_at = vec![Some(0); p.members.len()];
@@ -242,11 +243,12 @@ impl World {
                     }
                     return;
                 }
-                let out = store::apply(&mut m.bytes, &f.cmd);
-                match f.cmd {
-                    Cmd::Member(crate::api::MemberCmd::Write { .. }) => self.remember_write(member, f.cmd.clone()),
-                    Cmd::Member(crate::api::MemberCmd::Read { offset, .. }) => self.torn_hit(member, epoch, offset),
-                    Cmd::Backing(_) => {}
+                if let Cmd::Member(crate::api::MemberCmd::Read { offset, len }) = f.cmd {
+                    self.page_under_hit(member, offset, len);
+                }
+                let out = store::apply(&mut self.members[member].bytes, &f.cmd);
+                if let Cmd::Member(crate::api::MemberCmd::Write { .. }) = f.cmd {
+                    self.remember_write(member, f.cmd.clone());
                 }
                 self.cache.handle_member_done(self.now, f.op, out);
             }
@@ -330,6 +332,9 @@ impl World {
         }
         self.cache.check_idle()?;
         let c = self.cache.counters();
+        if !self.knobs.faults && c.verify_failures != 0 {
+            return Err(format!("no faults, yet {} hits failed their check: the check refuses good slots", c.verify_failures));
+        }
         if c.hits + c.misses != self.read_blocks || c.hit_bytes + c.miss_bytes != self.read_bytes {
             return Err(format!("reads touched {} blocks, {} bytes; counted {c:?}", self.read_blocks, self.read_bytes));
         }

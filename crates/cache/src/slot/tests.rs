@@ -33,14 +33,14 @@ fn the_header_is_whole_pages_and_holds_every_sum() {
 fn round_trip() {
     for h in [H, Header { block_bytes: 4096, data_len: 1024, offset: 0, ..H }, Header { block_bytes: 4 << 20, data_len: 4 << 20, ..H }] {
         let d = data(&h, 0);
-        assert_eq!(verify(&encode(&h, &d), &h), Ok(&d[..]));
+        assert_eq!(verify(&encode(&h, &d).0, &h), Ok(&d[..]));
     }
 }
 
 #[test]
 fn part_of_a_slot_verifies_alone() {
     let d = data(&H, 0);
-    let slot = encode(&H, &d);
+    let slot = encode(&H, &d).0;
     for (first, end) in [(0u64, 1u64), (1, 3), (3, 4), (0, 4)] {
         let head = &slot[..header_prefix_bytes(end) as usize];
         let pages = &slot[head_len(&H) + first as usize * PAGE..head_len(&H) + end as usize * PAGE];
@@ -51,19 +51,43 @@ fn part_of_a_slot_verifies_alone() {
     assert_eq!(verify_pages(&slot[..header_prefix_bytes(4) as usize], &H, 0, &slot[head_len(&H)..][..100]), Err(SlotError::Length));
 }
 
+/// The sums `encode` hands the gateway are the header's, and a hit's check of pages
+/// against them passes for the fill's pages and fails for a changed one, another fill's
+/// (same bytes, another generation), or too few sums.
+#[test]
+fn the_gateways_sums_check_pages_as_the_headers_do() {
+    let d = data(&H, 0);
+    let (slot, sums) = encode(&H, &d);
+    assert_eq!(sums.len(), 4);
+    for (p, sum) in sums.iter().enumerate() {
+        assert_eq!(slot[page_and_sum(&H, p).1], sum.to_le_bytes());
+    }
+    for (first, end) in [(0usize, 1usize), (1, 3), (0, 4)] {
+        let pages = &d[first * PAGE..end * PAGE];
+        assert_eq!(check_pages(&H, first as u64, pages, &sums[first..end]), Ok(()));
+        let mut changed = pages.to_vec();
+        changed[PAGE - 1] ^= 1;
+        assert_eq!(check_pages(&H, first as u64, &changed, &sums[first..end]), Err(SlotError::PageChecksum));
+        let refill = Header { generation: 43, ..H };
+        assert_eq!(check_pages(&refill, first as u64, pages, &sums[first..end]), Err(SlotError::PageChecksum));
+        assert_eq!(check_pages(&H, first as u64, pages, &sums[first..end - 1]), Err(SlotError::Length));
+    }
+    assert_eq!(check_pages(&H, 0, &d[..100], &sums[..1]), Err(SlotError::Length));
+}
+
 #[test]
 fn all_zeros_never_validate() {
     let zeros = vec![0u8; head_len(&H) + H.block_bytes as usize];
     assert_eq!(verify(&zeros, &H), Err(SlotError::Magic));
     // Zero data with a valid header validates only when the block really was zeros.
     let z = vec![0u8; H.block_bytes as usize];
-    assert!(verify(&encode(&H, &z), &H).is_ok());
+    assert!(verify(&encode(&H, &z).0, &H).is_ok());
 }
 
 #[test]
 fn any_zeroed_page_fails() {
     for h in [H, Header { block_bytes: 4 << 20, data_len: 4 << 20, ..H }] {
-        let slot = encode(&h, &data(&h, 0));
+        let slot = encode(&h, &data(&h, 0)).0;
         for page in 0..slot.len() / PAGE {
             let mut s = slot.clone();
             s[page * PAGE..(page + 1) * PAGE].fill(0);
@@ -74,7 +98,7 @@ fn any_zeroed_page_fails() {
 
 #[test]
 fn every_used_header_byte_corrupted_fails() {
-    let slot = encode(&H, &data(&H, 0));
+    let slot = encode(&H, &data(&H, 0)).0;
     for at in 0..header_prefix_bytes(H.block_bytes as u64 / PAGE_BYTES) as usize {
         let mut s = slot.clone();
         s[at] ^= 0x10;
@@ -84,7 +108,7 @@ fn every_used_header_byte_corrupted_fails() {
 
 #[test]
 fn a_different_expectation_fails_with_its_reason() {
-    let slot = encode(&H, &data(&H, 0));
+    let slot = encode(&H, &data(&H, 0)).0;
     let cases = [
         (Header { volume: 7, ..H }, SlotError::Volume),
         (Header { offset: 0, ..H }, SlotError::Offset),
@@ -102,7 +126,7 @@ fn a_different_expectation_fails_with_its_reason() {
 
 #[test]
 fn a_data_byte_corrupted_fails() {
-    let slot = encode(&H, &data(&H, 0));
+    let slot = encode(&H, &data(&H, 0)).0;
     for at in [head_len(&H), slot.len() / 2, slot.len() - 1] {
         let mut s = slot.clone();
         s[at] ^= 1;
@@ -115,7 +139,7 @@ fn a_data_byte_corrupted_fails() {
 /// the same fill.
 #[test]
 fn a_page_from_elsewhere_fails_even_with_its_sum() {
-    let ours = encode(&H, &data(&H, 0));
+    let ours = encode(&H, &data(&H, 0)).0;
     let others = [
         (Header { generation: 43, ..H }, data(&H, 0)),
         (Header { generation: 43, ..H }, data(&H, 7)),
@@ -123,7 +147,7 @@ fn a_page_from_elsewhere_fails_even_with_its_sum() {
         (Header { volume: 99, ..H }, data(&H, 0)),
     ];
     for (other, d) in &others {
-        let theirs = encode(other, d);
+        let theirs = encode(other, d).0;
         for p in 0..4 {
             let (page, sum) = page_and_sum(&H, p);
             let mut s = ours.clone();
@@ -150,7 +174,7 @@ fn a_page_from_elsewhere_fails_even_with_its_sum() {
 #[test]
 fn a_zero_page_with_a_zero_sum_fails() {
     let (page, sum) = page_and_sum(&H, 2);
-    let mut s = encode(&H, &data(&H, 0));
+    let mut s = encode(&H, &data(&H, 0)).0;
     s[page].fill(0);
     s[sum].fill(0);
     assert_eq!(verify(&s, &H), Err(SlotError::PageChecksum));

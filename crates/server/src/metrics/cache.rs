@@ -26,7 +26,7 @@ const COUNTERS: [Counted; 12] = [
     ("sluice_cache_misses_total", "Blocks a read went to the backing for (not cached, or failed the check).", |c| c.misses),
     ("sluice_cache_hit_bytes_total", "Bytes of client reads served from the members.", |c| c.hit_bytes),
     ("sluice_cache_miss_bytes_total", "Bytes of client reads served from the backing.", |c| c.miss_bytes),
-    ("sluice_cache_hit_read_bytes_total", "Bytes hits read from the members: the headers' fields and sums, and the pages the reads needed.", |c| c.hit_read_bytes),
+    ("sluice_cache_hit_read_bytes_total", "Bytes hits read from the members: the pages the reads needed, whole.", |c| c.hit_read_bytes),
     ("sluice_cache_fills_total", "Blocks written to a member slot and made readable.", |c| c.fills),
     ("sluice_cache_prefetched_used_bytes_total", "Bytes brought in by prefetch or NBD_CMD_CACHE that a read then used.", |c| c.prefetched_used_bytes),
     ("sluice_cache_prefetched_wasted_bytes_total", "Bytes brought in by prefetch or NBD_CMD_CACHE that left the cache unread.", |c| c.prefetched_wasted_bytes),
