@@ -1,11 +1,9 @@
 //! The task that owns the cache core: it takes events from one inbox (requests, the
 //! completions of backing and member operations, members connecting, status asked for,
-//! a stop), tells the core, and carries out every action the core then asks for. Member
-//! operations, the hot path of a hit, run inside this task (`ops`): the member's reply
-//! wakes this task directly, with no task to spawn and no inbox to cross per operation.
-//! Backing operations and connecting a member after its backoff run as tasks of their own
-//! that report back through the inbox; the core's timer (`next_timeout`) wakes the loop
-//! for `handle_tick`.
+//! a stop), tells the core, and carries out every action the core then asks for. Backing
+//! and member operations, and connecting a member after its backoff, run as tasks of
+//! their own that report back through the inbox; the core's timer (`next_timeout`) wakes
+//! the loop for `handle_tick`.
 
 use super::io;
 use super::status::{MemberStatus, Status};
@@ -13,13 +11,8 @@ use crate::pool::member::Member as Conn;
 use crate::uri::Uri;
 use sluice_cache::limits::{reconnect_backoff_ms, MEMBER_TIMEOUT_MS};
 use sluice_cache::{Action, BackingCmd, Cache, Config, Failure, MemberCmd, MemberState, OpId, Outcome, Params, ReqId, Request};
-use futures_util::future::{AbortHandle as OpHandle, Abortable, FutureExt};
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashMap;
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,23 +23,13 @@ use tokio::task::AbortHandle;
 pub(super) enum Event<M> {
     Request { request: Request, done: oneshot::Sender<Result<Vec<u8>, Failure>> },
     Backing { op: OpId, outcome: Outcome },
-    Member(MemberDone),
+    Member { op: OpId, member: usize, outcome: Outcome },
     /// A member's connection attempt ended.
     Connected { member: usize, result: Result<M, String> },
     Status(oneshot::Sender<Status>),
     /// Stop once the requests in flight are answered (and say so, if asked).
     Stop(Option<oneshot::Sender<()>>),
 }
-
-/// A member operation's completion.
-pub(super) struct MemberDone {
-    op: OpId,
-    member: usize,
-    outcome: Outcome,
-}
-
-/// A member operation in flight inside the shell's task; aborted when its member is dropped.
-type MemberOp = Abortable<Pin<Box<dyn Future<Output = MemberDone> + Send>>>;
 
 struct Shell<M: Conn> {
     core: Cache,
@@ -62,8 +45,6 @@ struct Shell<M: Conn> {
     next_req: u64,
     /// For the tasks this one starts, to report back.
     inbox: mpsc::UnboundedSender<Event<M>>,
-    /// The member operations in flight.
-    ops: FuturesUnordered<MemberOp>,
     connections: Arc<AtomicUsize>,
     /// A stop was asked for: no new requests; these are told when it is done.
     stopping: Option<Vec<oneshot::Sender<()>>>,
@@ -75,7 +56,7 @@ struct Member<M> {
     client: Option<M>,
     /// Its operations in flight, aborted when it is dropped (a stalled member never
     /// answers them, and they hold its connection).
-    ops: HashMap<OpId, OpHandle>,
+    ops: HashMap<OpId, AbortHandle>,
     /// Its connection attempt (after its backoff) while down, aborted at the stop: a
     /// sleeping one would otherwise wake after it and connect for nothing.
     connecting: Option<AbortHandle>,
@@ -114,7 +95,7 @@ pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, uris: Vec<
     let core = Cache::new(Params::new(&config, backing.export().size, identity()));
     let members = uris.into_iter().map(|uri| Member { uri, client: None, ops: HashMap::new(), connecting: None, failures: 0 }).collect();
     let name = path.display().to_string();
-    let shell = Shell { core, start: Instant::now(), name, backing, members, options, waiting: HashMap::new(), next_req: 0, inbox: inbox.clone(), ops: FuturesUnordered::new(), connections, stopping: None };
+    let shell = Shell { core, start: Instant::now(), name, backing, members, options, waiting: HashMap::new(), next_req: 0, inbox: inbox.clone(), connections, stopping: None };
     tokio::spawn(shell.run(events));
     inbox
 }
@@ -146,13 +127,6 @@ impl<M: Conn> Shell<M> {
                     Some(event) => self.handle(event),
                     None => break,
                 },
-                Some(done) = self.ops.next(), if !self.ops.is_empty() => {
-                    // An aborted operation ends as `Err`: its member was dropped, and the
-                    // core forgot it.
-                    if let Ok(done) = done {
-                        self.handle(Event::Member(done));
-                    }
-                }
                 () = sleep_until(timer) => {
                     let now = self.now();
                     self.core.handle_tick(now);
@@ -182,7 +156,7 @@ impl<M: Conn> Shell<M> {
                 self.core.handle_request(now, req, request);
             }
             Event::Backing { op, outcome } => self.core.handle_backing_done(now, op, outcome),
-            Event::Member(MemberDone { op, member, outcome }) => {
+            Event::Member { op, member, outcome } => {
                 self.members[member].ops.remove(&op);
                 self.core.handle_member_done(now, op, outcome);
             }
@@ -219,19 +193,17 @@ impl<M: Conn> Shell<M> {
     }
 
     fn member_op(&mut self, op: OpId, member: usize, cmd: MemberCmd) {
-        let client = self.members[member].client.clone();
-        let work = async move {
-            let outcome = match client {
-                // A panic under the client fails this operation, not the whole cache.
-                Some(c) => AssertUnwindSafe(io::member(&c, cmd)).catch_unwind().await.unwrap_or_else(|_| Err("the member's client panicked".into())),
-                // The core only uses members that are up; answered anyway, as a failure.
-                None => Err("not connected".into()),
-            };
-            MemberDone { op, member, outcome }
+        let inbox = self.inbox.clone();
+        let Some(client) = self.members[member].client.clone() else {
+            // The core only uses members that are up; answered anyway, as a failure.
+            let _ = inbox.send(Event::Member { op, member, outcome: Err("not connected".into()) });
+            return;
         };
-        let (handle, registration) = OpHandle::new_pair();
-        self.ops.push(Abortable::new(Box::pin(work), registration));
-        self.members[member].ops.insert(op, handle);
+        let task = tokio::spawn(async move {
+            let outcome = io::member(&client, cmd).await;
+            let _ = inbox.send(Event::Member { op, member, outcome });
+        });
+        self.members[member].ops.insert(op, task.abort_handle());
     }
 
     /// The core dropped a member (a failed operation, a timeout): close its connection,
@@ -330,8 +302,6 @@ impl<M: Conn> Shell<M> {
                 task.abort();
             }
         }
-        // The aborted operations hold their members' connections: let them go.
-        self.ops = FuturesUnordered::new();
         // Connections made before their task was aborted wait in the inbox.
         events.close();
         let mut goodbyes = Vec::new();
