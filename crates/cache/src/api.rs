@@ -91,6 +91,9 @@ pub struct Params {
     pub prefetch: bool,
     /// Blocks a sequential stream reads ahead (see `limits::PREFETCH_WINDOW_BYTES`).
     pub prefetch_window_blocks: u64,
+    /// A member operation older than this marks its member down (the file's
+    /// `member-timeout`).
+    pub member_timeout_ms: u64,
 }
 
 impl Params {
@@ -104,6 +107,7 @@ impl Params {
             members: config.members.clone(),
             prefetch: config.prefetch == crate::config::Prefetch::Auto,
             prefetch_window_blocks: Params::default_window_blocks(config.block_bytes),
+            member_timeout_ms: config.member_timeout_ms,
         }
     }
 

@@ -6,11 +6,12 @@
 //! block = "64K"
 //! policy = "write-through"
 //! prefetch = "auto"
+//! member-timeout = "2s"    # optional, as in a pool's file
 //! ```
 
 use serde::Deserialize;
 
-use crate::limits::{BLOCK_DEFAULT_BYTES, BLOCK_MAX_BYTES, BLOCK_MIN_BYTES, MEMBERS_MAX};
+use crate::limits::{BLOCK_DEFAULT_BYTES, BLOCK_MAX_BYTES, BLOCK_MIN_BYTES, MEMBERS_MAX, MEMBER_TIMEOUT_DEFAULT_MS, MEMBER_TIMEOUT_MAX_MS};
 
 /// When writes are acknowledged: only write-through (the backing has them) for now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -38,6 +39,7 @@ pub struct CacheFile {
     pub policy: Option<Policy>,
     #[serde(default)]
     pub prefetch: Prefetch,
+    pub member_timeout: Option<String>,
 }
 
 /// A checked configuration.
@@ -50,6 +52,8 @@ pub struct Config {
     pub block_bytes: u64,
     pub policy: Policy,
     pub prefetch: Prefetch,
+    /// A member operation older than this marks its member down.
+    pub member_timeout_ms: u64,
 }
 
 impl CacheFile {
@@ -83,6 +87,10 @@ impl CacheFile {
             block_bytes: self.block_bytes()?,
             policy: self.policy.unwrap_or(Policy::WriteThrough),
             prefetch: self.prefetch,
+            member_timeout_ms: match &self.member_timeout {
+                None => MEMBER_TIMEOUT_DEFAULT_MS,
+                Some(s) => sluice_proto::size::parse_duration_ms(s, MEMBER_TIMEOUT_MAX_MS, "1h").map_err(|e| format!("member-timeout: {e}"))?,
+            },
         })
     }
 
@@ -120,13 +128,14 @@ mod tests {
     fn defaults_are_64k_write_through_auto() {
         let c = parse(GOOD).unwrap();
         assert_eq!((c.block_bytes, c.policy, c.prefetch), (64 << 10, Policy::WriteThrough, Prefetch::Auto));
+        assert_eq!(c.member_timeout_ms, MEMBER_TIMEOUT_DEFAULT_MS);
         assert_eq!(c.members.len(), 2);
     }
 
     #[test]
     fn every_key_is_read() {
-        let c = parse(&format!("{GOOD}block = \"1M\"\npolicy = \"write-through\"\nprefetch = \"off\"\n")).unwrap();
-        assert_eq!((c.block_bytes, c.prefetch), (1 << 20, Prefetch::Off));
+        let c = parse(&format!("{GOOD}block = \"1M\"\npolicy = \"write-through\"\nprefetch = \"off\"\nmember-timeout = \"250ms\"\n")).unwrap();
+        assert_eq!((c.block_bytes, c.prefetch, c.member_timeout_ms), (1 << 20, Prefetch::Off, 250));
     }
 
     #[test]
@@ -135,6 +144,14 @@ mod tests {
         refused("block = \"8M\"", TWO, "power of two");
         refused("block = \"96K\"", TWO, "power of two");
         refused("block = \"lots\"", TWO, "block");
+    }
+
+    #[test]
+    fn member_timeout_is_a_duration_in_range() {
+        refused("member-timeout = \"soon\"", TWO, "member-timeout");
+        refused("member-timeout = \"0s\"", TWO, "between 1ms and 1h");
+        refused("member-timeout = \"2h\"", TWO, "between 1ms and 1h");
+        assert_eq!(parse(&format!("{GOOD}member-timeout = \"5\"\n")).unwrap().member_timeout_ms, 5000);
     }
 
     #[test]

@@ -92,10 +92,14 @@ pub const MEMBER_RECONNECT_BACKOFF_MIN_MS: u64 = 250;
 /// minute, cheaply.
 pub const MEMBER_RECONNECT_BACKOFF_MAX_MS: u64 = 30_000;
 
-/// A member operation older than this marks the member down: a RAM member answers in
-/// microseconds, so seconds mean a dead node or link, and its reads are better served by
-/// the backing than waited for.
-pub const MEMBER_TIMEOUT_MS: u64 = 2_000;
+/// A member operation older than this marks the member down, unless the file's
+/// `member-timeout` says otherwise: a RAM member answers in microseconds, so seconds mean a
+/// dead node or link, and its reads are better served by the backing than waited for.
+pub const MEMBER_TIMEOUT_DEFAULT_MS: u64 = 2_000;
+
+/// Longest `member-timeout`: a read waits this long for a silent member before the backing
+/// serves it, and an hour is already far past any reason to wait.
+pub const MEMBER_TIMEOUT_MAX_MS: u64 = 3_600_000;
 
 const _: () = assert!(BLOCK_MIN_BYTES.is_power_of_two() && BLOCK_MAX_BYTES.is_power_of_two());
 const _: () = assert!(BLOCK_MIN_BYTES <= BLOCK_DEFAULT_BYTES && BLOCK_DEFAULT_BYTES <= BLOCK_MAX_BYTES);

@@ -297,41 +297,17 @@ fn sluice_size(s: &str) -> Result<u64, String> {
 
 /// `"5s"`, `"500ms"`, `"2m"`, `"1h"`, or a bare number of seconds, up to 24h.
 pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
-    duration_ms(s, 86_400_000, "24h")
+    sluice_proto::size::parse_duration_ms(s, 86_400_000, "24h")
 }
 
 /// A scrub interval: a duration such as `"7d"` or `"24h"`, from a minute to a year (a
 /// shorter one would keep a pool scrubbing all the time).
 pub fn parse_interval_ms(s: &str) -> Result<u64, String> {
-    let ms = duration_ms(s, 365 * 86_400_000, "365d")?;
+    let ms = sluice_proto::size::parse_duration_ms(s, 365 * 86_400_000, "365d")?;
     if ms < 60_000 {
         return Err(format!("{s:?} is shorter than a minute"));
     }
     Ok(ms)
-}
-
-fn duration_ms(s: &str, max_ms: u64, max_text: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let bad = || format!("{s:?} is not a duration such as \"5s\" or \"500ms\"");
-    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1000)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60_000)
-    } else if let Some(n) = t.strip_suffix('h') {
-        (n, 3_600_000)
-    } else if let Some(n) = t.strip_suffix('d') {
-        (n, 86_400_000)
-    } else {
-        (t, 1000)
-    };
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    let ms = v * scale as f64;
-    if !(1.0..=max_ms as f64).contains(&ms) {
-        return Err(format!("{s:?} must be between 1ms and {max_text}"));
-    }
-    Ok(ms as u64)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Sizes as users write them in export specs, options and files: a number with an optional
-//! binary suffix (`512K`, `1.5G`, `4MiB`).
+//! binary suffix (`512K`, `1.5G`, `4MiB`); and durations, as files write them (`"5s"`).
 
 /// Parses a size; the message says what was wrong.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -40,3 +40,29 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     }
     Ok(value)
 }
+/// Parses a duration as users write them in files: `"5s"`, `"500ms"`, `"2m"`, `"1h"`, `"7d"`,
+/// or a bare number of seconds, from 1 ms to `max_ms` (`max_text` says it in the message).
+pub fn parse_duration_ms(s: &str, max_ms: u64, max_text: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let bad = || format!("{s:?} is not a duration such as \"5s\" or \"500ms\"");
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60_000)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3_600_000)
+    } else if let Some(n) = t.strip_suffix('d') {
+        (n, 86_400_000)
+    } else {
+        (t, 1000)
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    let ms = v * scale as f64;
+    if !(1.0..=max_ms as f64).contains(&ms) {
+        return Err(format!("{s:?} must be between 1ms and {max_text}"));
+    }
+    Ok(ms as u64)
+}
+

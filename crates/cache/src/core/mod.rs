@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use crate::api::{Action, BackingCmd, Failure, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
 use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
-use crate::limits::{MEMBER_TIMEOUT_MS, PAGE_BYTES};
+use crate::limits::PAGE_BYTES;
 use crate::prefetch::Streams;
 use crate::slot::{self, Header};
 use state::{Fill, Hint, Op, OpKind, Pending};
@@ -205,7 +205,7 @@ impl Cache {
         self.pump();
     }
 
-    /// Time passed: member operations older than `MEMBER_TIMEOUT_MS` mark their member down.
+    /// Time passed: member operations older than the member timeout mark their member down.
     pub fn handle_tick(&mut self, now: Nanos) {
         self.now = now;
         self.check_timeouts();
@@ -214,7 +214,12 @@ impl Cache {
 
     /// When to call `handle_tick` next: when the oldest member operation would time out.
     pub fn next_timeout(&self) -> Option<Nanos> {
-        self.ops.values().filter(|o| o.member.is_some()).map(|o| o.started + MEMBER_TIMEOUT_MS * 1_000_000 + 1).min()
+        self.ops.values().filter(|o| o.member.is_some()).map(|o| o.started + self.p.member_timeout_ms * 1_000_000 + 1).min()
+    }
+
+    /// How long a member operation may take before its member is marked down.
+    pub fn member_timeout_ms(&self) -> u64 {
+        self.p.member_timeout_ms
     }
 
     /// What to do next, demand work first (prefetch is queued behind it).

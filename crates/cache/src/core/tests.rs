@@ -26,6 +26,11 @@ impl Rig {
     /// A volume of `volume` bytes in blocks of `bs`, byte `i` of the backing holding
     /// `i / BS + 1`, and one member lending `slots` slots.
     fn with(volume: u64, bs: u64, slots: u64, prefetch: bool) -> Rig {
+        Rig::timed(volume, bs, slots, prefetch, crate::limits::MEMBER_TIMEOUT_DEFAULT_MS)
+    }
+
+    /// `with`, and member operations time out after `member_timeout_ms`.
+    fn timed(volume: u64, bs: u64, slots: u64, prefetch: bool, member_timeout_ms: u64) -> Rig {
         let p = Params {
             volume_bytes: volume,
             block_bytes: bs,
@@ -33,6 +38,7 @@ impl Rig {
             members: vec!["nbd://a/ram".into()],
             prefetch,
             prefetch_window_blocks: 2,
+            member_timeout_ms,
         };
         let mut cache = Cache::new(p);
         cache.handle_member_up(0, 0, slots);
@@ -213,11 +219,20 @@ fn sequential_reads_prefetch_and_hints_fill() {
 
 #[test]
 fn a_member_that_does_not_answer_times_out() {
-    let mut r = Rig::new(false);
+    for timeout_ms in [crate::limits::MEMBER_TIMEOUT_DEFAULT_MS, 250] {
+        a_member_times_out_after(timeout_ms);
+    }
+}
+
+/// The file's `member-timeout` is the core's: the operation started at 0 times out just
+/// after it, and not before.
+fn a_member_times_out_after(timeout_ms: u64) {
+    let mut r = Rig::timed(16 * BS, BS, 8, false, timeout_ms);
     r.read(1, 0, BS);
     r.request(2, Request::Read { offset: 0, len: BS });
     assert!(matches!(r.held[..], [Action::Member { .. }]), "the page");
     let at = r.cache.next_timeout().expect("a member operation in flight");
+    assert_eq!(at, timeout_ms * 1_000_000 + 1);
     r.cache.handle_tick(at - 1);
     r.collect();
     assert_eq!(r.reconnects, 0);
@@ -264,7 +279,7 @@ fn a_short_last_block_of_4m_reads_writes_and_hits() {
 #[test]
 fn the_last_block_of_a_volume_near_u64_max() {
     let volume = u64::MAX - 511;
-    let p = Params { volume_bytes: volume, block_bytes: BS, identity: 7, members: vec!["nbd://a/ram".into()], prefetch: true, prefetch_window_blocks: 2 };
+    let p = Params { volume_bytes: volume, block_bytes: BS, identity: 7, members: vec!["nbd://a/ram".into()], prefetch: true, prefetch_window_blocks: 2, member_timeout_ms: crate::limits::MEMBER_TIMEOUT_DEFAULT_MS };
     let mut cache = Cache::new(p);
     cache.handle_member_up(0, 0, 4);
     let (last, last_len) = (volume / BS * BS, volume % BS);

@@ -8,7 +8,6 @@ use super::state::{OpKind, Pending, Stage};
 use super::Cache;
 use crate::api::{Action, BackingCmd, ReqId};
 use crate::directory::MemberState;
-use crate::limits::MEMBER_TIMEOUT_MS;
 
 impl Cache {
     pub(super) fn start_write(&mut self, req: ReqId, offset: u64, len: u64, cmd: BackingCmd) {
@@ -74,7 +73,7 @@ impl Cache {
     }
 
     pub(super) fn check_timeouts(&mut self) {
-        let limit = MEMBER_TIMEOUT_MS * 1_000_000;
+        let limit = self.p.member_timeout_ms * 1_000_000;
         let late: Vec<usize> =
             self.ops.values().filter(|o| self.now.saturating_sub(o.started) > limit).filter_map(|o| o.member).collect();
         for m in late {

@@ -161,7 +161,7 @@ impl World {
             self.arrive()?;
         }
         if self.members.iter().any(|m| m.hung) && self.rng.below(200) == 0 {
-            self.now += (crate::limits::MEMBER_TIMEOUT_MS + 1) * 1_000_000;
+            self.now += (self.cache.member_timeout_ms() + 1) * 1_000_000;
         }
         self.complete_due()?;
         self.cache.handle_tick(self.now);

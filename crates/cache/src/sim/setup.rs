@@ -19,5 +19,6 @@ pub fn params(rng: &mut Rng) -> Params {
         members,
         prefetch: rng.below(5) != 0,
         prefetch_window_blocks: 1 + rng.below(8),
+        member_timeout_ms: crate::limits::MEMBER_TIMEOUT_DEFAULT_MS,
     }
 }

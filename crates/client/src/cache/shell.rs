@@ -9,7 +9,7 @@ use super::io;
 use super::status::{MemberStatus, Status};
 use crate::pool::member::Member as Conn;
 use crate::uri::Uri;
-use sluice_cache::limits::{reconnect_backoff_ms, MEMBER_TIMEOUT_MS};
+use sluice_cache::limits::reconnect_backoff_ms;
 use sluice_cache::{Action, BackingCmd, Cache, Config, Failure, MemberCmd, MemberState, OpId, Outcome, Params, ReqId, Request};
 use std::collections::HashMap;
 use std::path::Path;
@@ -215,7 +215,7 @@ impl<M: Conn> Shell<M> {
         }
         m.failures = failures;
         if let Some(old) = m.client.take() {
-            goodbye(old);
+            goodbye(old, self.core.member_timeout_ms());
         }
         let wait = reconnect_backoff_ms(failures);
         log::warn!("cache {}: member {} is down (failure {failures}); connecting again in {wait} ms", self.name, m.uri);
@@ -238,15 +238,15 @@ impl<M: Conn> Shell<M> {
         self.members[member].connecting = None;
         if self.stopping.is_some() {
             if let Ok(c) = result {
-                goodbye(c);
+                goodbye(c, self.core.member_timeout_ms());
             }
             return;
         }
-        let slot_bytes = self.core.slot_bytes();
+        let (slot_bytes, limit_ms) = (self.core.slot_bytes(), self.core.member_timeout_ms());
         let usable = result.and_then(|c| match usable_slots(&c, slot_bytes) {
             Ok(slots) => Ok((c, slots)),
             Err(e) => {
-                goodbye(c);
+                goodbye(c, limit_ms);
                 Err(e)
             }
         });
@@ -304,13 +304,13 @@ impl<M: Conn> Shell<M> {
         }
         // Connections made before their task was aborted wait in the inbox.
         events.close();
-        let mut goodbyes = Vec::new();
+        let (mut goodbyes, limit_ms) = (Vec::new(), self.core.member_timeout_ms());
         while let Ok(event) = events.try_recv() {
             if let Event::Connected { result: Ok(c), .. } = event {
-                goodbyes.push(goodbye(c));
+                goodbyes.push(goodbye(c, limit_ms));
             }
         }
-        goodbyes.extend(self.members.iter_mut().filter_map(|m| m.client.take()).map(goodbye));
+        goodbyes.extend(self.members.iter_mut().filter_map(|m| m.client.take()).map(|c| goodbye(c, limit_ms)));
         for g in goodbyes {
             let _ = g.await;
         }
@@ -324,8 +324,8 @@ impl<M: Conn> Shell<M> {
 /// Says goodbye to a member on a task of its own (at the stop, all at once), for the
 /// member timeout at most: a stalled member (its socket full) never takes it, and would
 /// hold up the stop, or its old connection, for as long as it stalls.
-fn goodbye<M: Conn>(c: M) -> tokio::task::JoinHandle<()> {
-    let limit = Duration::from_millis(MEMBER_TIMEOUT_MS);
+fn goodbye<M: Conn>(c: M, limit_ms: u64) -> tokio::task::JoinHandle<()> {
+    let limit = Duration::from_millis(limit_ms);
     tokio::spawn(async move {
         let _ = tokio::time::timeout(limit, c.disconnect()).await;
     })

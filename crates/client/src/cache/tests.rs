@@ -146,7 +146,7 @@ async fn a_stalled_member_does_not_hold_up_the_stop() {
     let (uri, d) = one_member("nbd://cache-test-stalled/ram", Some(&member), &Fake::new(1 << 20, true, true, true));
     wait(&d, "the member up", |s| s.members[0].up).await;
     member.stall_disconnect();
-    let limit = Duration::from_millis(sluice_cache::limits::MEMBER_TIMEOUT_MS) + SETTLE;
+    let limit = Duration::from_millis(sluice_cache::limits::MEMBER_TIMEOUT_DEFAULT_MS) + SETTLE;
     tokio::time::timeout(limit, d.disconnect()).await.expect("the stop waited on the stalled member");
     Fake::unlisten(&uri.to_string());
 }
@@ -165,7 +165,7 @@ async fn a_dropped_member_is_let_go_though_it_never_takes_the_goodbye() {
     read(&d, 0, BLOCK as usize).await;
     wait(&d, "the member dropped", |s| s.counters.member_failures == 1).await;
     wait(&d, "the member back", |s| s.members[0].up).await;
-    let limit = Duration::from_millis(sluice_cache::limits::MEMBER_TIMEOUT_MS) + SETTLE;
+    let limit = Duration::from_millis(sluice_cache::limits::MEMBER_TIMEOUT_DEFAULT_MS) + SETTLE;
     let deadline = tokio::time::Instant::now() + limit;
     while member.handles() > 3 {
         assert!(tokio::time::Instant::now() < deadline, "the old connection is still held after {limit:?}");
