@@ -57,6 +57,31 @@ impl Failure {
     pub fn io(message: impl Into<String>) -> Failure {
         Failure { errno: Errno::Io, message: message.into() }
     }
+
+    /// The same failure, its message prefixed with where it happened; the errno is kept, so
+    /// the backing's ENOSPC reaches the client as ENOSPC.
+    pub fn context(self, what: &str) -> Failure {
+        Failure { errno: self.errno, message: format!("{what}: {}", self.message) }
+    }
+}
+
+/// A failure without an errno of its own (a lost connection, a short reply) is EIO.
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure::io(message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        Failure::io(message)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// What the shell should do next.
@@ -74,8 +99,9 @@ pub enum Action {
     Reconnect { member: usize, failures: u32 },
 }
 
-/// A completion: a read's bytes (empty for other commands), or why it failed.
-pub type Outcome = Result<Vec<u8>, String>;
+/// A completion: a read's bytes (empty for other commands), or why it failed (for the
+/// backing, with the errno a client should see).
+pub type Outcome = Result<Vec<u8>, Failure>;
 
 /// How the core is set up: from the file's `Config` and what the shell learned when it
 /// connected (the backing's size), with a fresh random identity each start.

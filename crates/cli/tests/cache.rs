@@ -1,7 +1,8 @@
 //! A cached volume (`cache:FILE`) served by the real binary: a file export as the backing,
 //! two RAM exports as members, a third `sluice serve` serving the cache. Reads hit once
 //! filled, NBD_CMD_CACHE fills ahead of reads, a member killed and restarted empty costs
-//! no error and no stale read, and a bad file is refused naming the file and the key.
+//! no error and no stale read, a bad file is refused naming the file and the key, and the
+//! backing's errno reaches the client.
 mod common;
 use common::*;
 
@@ -294,4 +295,29 @@ async fn a_stalled_member_is_timed_out_and_its_reads_go_to_the_backing() {
     s.wait_member(0, true, BACK_UP);
     s.read_back(&c, &second, "a read with member 0 back").await;
     s.disconnect(c).await;
+}
+
+/// The backing's errno reaches the cached volume's client: nbdkit failing every write
+/// with ENOSPC gives ENOSPC in the gateway's reply, not EIO; reads still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backings_errno_comes_through() {
+    require!("nbdkit");
+    let dir = tempfile::tempdir().unwrap();
+    let kit = Nbdkit::start(dir.path(), "kit", &["--filter=error", "memory", "4M", "error=ENOSPC", "error-pwrite-rate=100%"]);
+    let member = Sluice::start(&["--export", &format!("ram={MEMBER}")]);
+    let file = dir.path().join("cache.toml");
+    std::fs::write(&file, format!("backing = {:?}\nmembers = [{:?}]\n", kit.uri(), member.uri_for("ram"))).unwrap();
+    let cache = Sluice::start(&["--export", &format!("v=cache:{}", file.display())]);
+    let logs = || format!("--- cache:\n{}\n--- member:\n{}", cache.log_text(), member.log_text());
+    let uri = Uri::parse(&cache.uri_for("v")).unwrap();
+    let c = tokio::time::timeout(SETTLE, Client::connect_with(&uri, &Options::default())).await.expect("connect, bounded").expect("connect");
+    let read = tokio::time::timeout(SETTLE, c.read_owned(0, vec![1; 65536])).await.expect("a read, bounded");
+    assert_eq!(read.unwrap_or_else(|e| panic!("read: {e}\n{}", logs())), vec![0; 65536]);
+    match tokio::time::timeout(SETTLE, c.write(0, &[7; 4096], false)).await.expect("a write, bounded") {
+        Err(sluice_client::Error::Server { errno, .. }) => assert_eq!(errno, libc::ENOSPC as u32, "{}", logs()),
+        other => panic!("the backing's ENOSPC was lost: {other:?}\n{}", logs()),
+    }
+    c.disconnect().await;
+    let (status, log) = cache.stop_with_log();
+    assert_eq!(status.code(), Some(0), "{log}");
 }

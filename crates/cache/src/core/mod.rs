@@ -24,7 +24,7 @@ mod write;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::api::{Action, BackingCmd, Failure, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
+use crate::api::{Action, BackingCmd, MemberCmd, Nanos, OpId, Outcome, Params, ReqId, Request};
 use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
 use crate::limits::PAGE_BYTES;
@@ -161,15 +161,15 @@ impl Cache {
             OpKind::BackingRead { req, first, start, len, fills } => {
                 let outcome = outcome.and_then(|d| match d.len() as u64 == len {
                     true => Ok(d),
-                    false => Err(format!("{} bytes back of {len}", d.len())),
+                    false => Err(format!("{} bytes back of {len}", d.len()).into()),
                 });
                 self.backing_read_done(req, first, start, fills, outcome)
             }
             OpKind::BackingWrite { req, .. } => {
                 self.writes.remove(&op);
-                self.part_done(req, outcome.err().map(|e| Failure::io(format!("backing: {e}"))));
+                self.part_done(req, outcome.err().map(|e| e.context("backing")));
             }
-            OpKind::BackingFlush { req } => self.part_done(req, outcome.err().map(|e| Failure::io(format!("backing flush: {e}")))),
+            OpKind::BackingFlush { req } => self.part_done(req, outcome.err().map(|e| e.context("backing flush"))),
             OpKind::SlotRead { .. } | OpKind::SlotWrite { .. } => unreachable!("a member operation reported as the backing's"),
         }
         self.pump();

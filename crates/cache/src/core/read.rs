@@ -87,7 +87,7 @@ impl Cache {
             Ok(data) => data,
             Err(e) => {
                 if let Some(req) = req {
-                    self.part_done(req, Some(Failure::io(format!("backing read: {e}"))));
+                    self.part_done(req, Some(e.context("backing read")));
                 }
                 return fills.into_iter().flatten().for_each(|f| self.fill_read_done(f, None));
             }

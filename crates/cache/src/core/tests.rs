@@ -424,3 +424,20 @@ fn a_hint_reads_the_backing_in_runs_of_consecutive_blocks() {
     r.read(2, 0, 300 * BS);
     assert_eq!(r.cache.counters().misses, 0, "every block was filled");
 }
+
+/// The backing's errno reaches the client (ENOSPC stays ENOSPC), with where it happened.
+#[test]
+fn a_backing_failure_keeps_its_errno() {
+    let mut r = Rig::new(false);
+    r.request(1, Request::Write { offset: 0, data: vec![9; BS as usize], fua: false });
+    let Some(Action::Backing { op, .. }) = r.held.pop() else { panic!("the backing write: {:?}", r.held) };
+    let full = crate::api::Failure { errno: sluice_proto::Errno::NoSpc, message: "disk full".into() };
+    r.cache.handle_backing_done(0, op, Err(full));
+    match r.cache.poll_action() {
+        Some(Action::Reply { req: ReqId(1), result: Err(f) }) => {
+            assert_eq!(f.errno, sluice_proto::Errno::NoSpc);
+            assert!(f.message.contains("backing") && f.message.contains("disk full"), "{}", f.message);
+        }
+        other => panic!("expected the write's failure, got {other:?}"),
+    }
+}

@@ -61,7 +61,7 @@ pub fn apply(bytes: &mut [u8], cmd: &Cmd) -> Outcome {
     let range = |offset: u64, len: u64| offset as usize..(offset + len) as usize;
     match cmd {
         Cmd::Backing(BackingCmd::Read { offset, len }) | Cmd::Member(MemberCmd::Read { offset, len }) => {
-            bytes.get(range(*offset, *len)).map(<[u8]>::to_vec).ok_or_else(|| "read past the end".to_string())
+            bytes.get(range(*offset, *len)).map(<[u8]>::to_vec).ok_or_else(|| "read past the end".into())
         }
         Cmd::Backing(BackingCmd::Write { offset, data, .. }) | Cmd::Member(MemberCmd::Write { offset, data }) => {
             let to = bytes.get_mut(range(*offset, data.len() as u64)).ok_or("write past the end")?;

@@ -5,7 +5,8 @@
 
 use crate::error::Error;
 use crate::pool::member::Member;
-use sluice_cache::{BackingCmd, MemberCmd, Outcome};
+use sluice_cache::{BackingCmd, Failure, MemberCmd, Outcome};
+use sluice_proto::Errno;
 
 pub(super) async fn backing<M: Member>(c: &M, cmd: BackingCmd) -> Outcome {
     let done = |r: Result<(), Error>| r.map(|()| Vec::new());
@@ -17,7 +18,7 @@ pub(super) async fn backing<M: Member>(c: &M, cmd: BackingCmd) -> Outcome {
         BackingCmd::Flush => done(c.flush().await),
     };
     // The core says "backing" in its messages.
-    r.map_err(|e| e.to_string())
+    r.map_err(failure)
 }
 
 pub(super) async fn member<M: Member>(c: &M, cmd: MemberCmd) -> Outcome {
@@ -26,5 +27,36 @@ pub(super) async fn member<M: Member>(c: &M, cmd: MemberCmd) -> Outcome {
         // No FUA: a member's memory is never the only copy of anything.
         MemberCmd::Write { offset, data } => c.write(offset, &data, false).await.map(|()| Vec::new()),
     };
-    r.map_err(|e| e.to_string())
+    r.map_err(failure)
+}
+
+/// The failure a client of the cached volume sees for the backing's `e`: the backing
+/// server's own errno (ENOSPC stays ENOSPC; one the spec does not name is EINVAL, as it
+/// says), or what the request's fault was; anything else (a lost connection, a broken
+/// reply) is EIO.
+fn failure(e: Error) -> Failure {
+    let errno = match &e {
+        Error::Server { errno, .. } => Errno::from_code(*errno).unwrap_or(Errno::Io),
+        Error::ReadOnly => Errno::Perm,
+        Error::Unsupported(_) => Errno::NotSup,
+        Error::OutOfRange { .. } | Error::Unaligned { .. } => Errno::Inval,
+        _ => Errno::Io,
+    };
+    Failure { errno, message: e.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backings_errno_is_kept_and_the_rest_is_eio() {
+        let full = failure(Error::Server { errno: Errno::NoSpc.code(), message: Some("disk full".into()) });
+        assert_eq!(full.errno, Errno::NoSpc);
+        assert!(full.message.contains("disk full"), "{}", full.message);
+        // The spec has a client treat an errno it does not know as EINVAL.
+        assert_eq!(failure(Error::Server { errno: 9999, message: None }).errno, Errno::Inval);
+        assert_eq!(failure(Error::ReadOnly).errno, Errno::Perm);
+        assert_eq!(failure(Error::Closed).errno, Errno::Io);
+    }
 }
