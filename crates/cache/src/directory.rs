@@ -6,9 +6,10 @@
 //! lends, at most one `Entry` (a hash map slot of about 40 bytes) per slot, since an entry
 //! exists only for a slot that holds its block, so about 72 bytes per lent slot; and one
 //! page sum (8 bytes) per 4 KiB page of the slots' blocks, 0.2% of the memory lent (128
-//! bytes a slot of 64 KiB). All of it is allocated when a member comes up, none per fill or
-//! hit; `limits::member_slots_max` bounds it whatever size a member claims.
-//! Blocks the cache does not hold cost nothing more.
+//! bytes a slot of 64 KiB). The slot tables and the sums are allocated when a member comes
+//! up, whether its slots hold blocks or not, none per fill or hit; the entries' map grows as
+//! blocks are installed, up to one entry per slot. `limits::member_slots_max` bounds all of
+//! it whatever size a member claims. Blocks the cache does not hold cost nothing more.
 
 use std::collections::HashMap;
 

@@ -34,20 +34,17 @@ impl Cache {
         let Ok(pages) = outcome else {
             self.dir.read_done(e.member, e.slot);
             self.member_failed(e.member, true);
-            return self.reread(h.req, h.block);
+            return self.hit_lost(&h);
         };
         self.dir.member_answered(e.member);
         let checked = self.check_hit(&h, &pages);
         self.dir.read_done(e.member, e.slot);
         if checked.is_err() {
             self.counters.verify_failures += 1;
-            if h.prefetched {
-                self.counters.prefetched_wasted_bytes += self.p.block_bytes;
-            }
             if self.dir.get(h.block).is_some_and(|now| (now.member, now.slot, now.generation) == (e.member, e.slot, e.generation)) {
                 self.dir.invalidate(h.block);
             }
-            return self.reread(h.req, h.block);
+            return self.hit_lost(&h);
         }
         let skip = h.first * PAGE_BYTES;
         let data = &pages[..(self.block_len(h.block) - skip).min(pages.len() as u64) as usize];
@@ -58,6 +55,17 @@ impl Cache {
             self.counters.prefetched_used_bytes += used;
         }
         self.part_done(h.req, None);
+    }
+
+    /// A hit served nothing (its read failed or was forgotten with its member, or its pages
+    /// failed their check): the piece reads the backing. A prefetched block's first read
+    /// took its mark (`Directory::read_started`), so the block, gone or untrusted now, is
+    /// counted wasted here or never.
+    pub(super) fn hit_lost(&mut self, h: &Hit) {
+        if h.prefetched {
+            self.counters.prefetched_wasted_bytes += self.p.block_bytes;
+        }
+        self.reread(h.req, h.block);
     }
 
     /// Checks the pages a hit read against the directory's sums of its slot, which are those

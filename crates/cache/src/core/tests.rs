@@ -441,3 +441,39 @@ fn a_backing_failure_keeps_its_errno() {
         other => panic!("expected the write's failure, got {other:?}"),
     }
 }
+
+/// A block a hint brought in whose first read from the member fails or is forgotten (the
+/// member errs, is lost, or times out) left the cache unread: wasted, as when its pages
+/// fail their check, and never used.
+#[test]
+fn a_hinted_block_lost_on_its_first_hit_is_wasted() {
+    type Lose = fn(&mut Rig);
+    let fail: Lose = fail_member_op;
+    let lost: Lose = |r| {
+        r.cache.handle_member_down(0, 0);
+        r.collect();
+        r.settle();
+    };
+    let late: Lose = |r| {
+        let at = r.cache.next_timeout().expect("the slot read in flight");
+        r.cache.handle_tick(at);
+        r.collect();
+        r.held.retain(|a| !matches!(a, Action::Member { .. }));
+        r.settle();
+    };
+    let damaged: Lose = |r| {
+        r.member.fill(0);
+        r.settle();
+    };
+    for (how, lose) in [("failed", fail), ("lost", lost), ("timed out", late), ("failed its check", damaged)] {
+        let mut r = Rig::new(false);
+        r.request(1, Request::Cache { offset: 2 * BS, len: BS });
+        r.settle();
+        assert_eq!(r.cache.counters().fills, 1, "the hint filled block 2");
+        r.request(2, Request::Read { offset: 2 * BS, len: BS });
+        lose(&mut r);
+        assert_eq!(r.replies.pop(), Some((ReqId(2), vec![3; BS as usize])), "{how}: served by the backing");
+        let c = r.cache.counters();
+        assert_eq!((c.hits, c.prefetched_used_bytes, c.prefetched_wasted_bytes), (0, 0, BS), "{how}: wasted, never used");
+    }
+}

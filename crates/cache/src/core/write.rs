@@ -58,7 +58,7 @@ impl Cache {
         let ops: Vec<_> = self.ops.iter().filter(|(_, o)| o.member == Some(member)).map(|(&op, _)| op).collect();
         for op in ops {
             match self.ops.remove(&op).expect("listed").kind {
-                OpKind::SlotRead(h) => self.reread(h.req, h.block),
+                OpKind::SlotRead(h) => self.hit_lost(&h),
                 OpKind::SlotWrite { fill } => {
                     debug_assert!(matches!(self.fills[&fill].stage, Stage::Writing(e, _) if e.member == member));
                     self.end_fill(fill, false);
