@@ -253,10 +253,12 @@ impl<M: Conn> Shell<M> {
         let m = &mut self.members[member];
         match usable {
             Ok((client, slots)) => {
-                log::info!("cache {}: member {} is up with {slots} slots of {slot_bytes} bytes", self.name, m.uri);
                 (m.client, m.failures) = (Some(client), 0);
                 let now = self.now();
                 self.core.handle_member_up(now, member, slots);
+                // What the core uses, which its bound on a member's slots may make fewer.
+                let used = self.core.members().get(member).map_or(0, |(_, (slots, _))| *slots);
+                log::info!("cache {}: member {} is up with {used} slots of {slot_bytes} bytes (of {slots} it could hold)", self.name, self.members[member].uri);
                 self.count_connections();
             }
             Err(e) => {
