@@ -39,11 +39,14 @@ pub enum BackingCmd {
 }
 
 /// An operation on a member, at a byte offset on it: a fill writes a whole slot; a hit
-/// reads the pages it needs (see `core`'s `hit`).
+/// reads the pages it needs (see `core`'s `hit`); a slot the cache drops without reusing
+/// it is trimmed whole, so the member gives its memory back. A member whose export cannot
+/// trim is answered Ok at once, without sending.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MemberCmd {
     Read { offset: u64, len: u64 },
     Write { offset: u64, data: Vec<u8> },
+    Trim { offset: u64, len: u64 },
 }
 
 /// Why a request failed.

@@ -29,6 +29,9 @@ pub struct Counters {
     pub evictions: u64,
     /// Slots read back that failed their check (dropped pages, a restarted member, a reuse).
     pub verify_failures: u64,
+    /// Slots the cache dropped without reusing them (invalidated, or written by a fill a
+    /// write overtook) and asked their member to trim, so it gives their memory back.
+    pub member_trims: u64,
     /// Times a member was marked down (failed operation, timeout, or the shell said so).
     pub member_failures: u64,
 }

@@ -37,6 +37,10 @@ struct SlotMeta {
     busy: u32,
     /// A fill's write is in flight: not yet in the map, and not reusable.
     filling: bool,
+    /// Dropped while holding bytes no entry reads: the core trims it (once the last read
+    /// pinning it is done), and it is not reusable until the trim is reported, so the trim
+    /// never lands after a later fill's write (see `Cache::trim_slot`).
+    trimming: bool,
 }
 
 /// A member as the directory sees it.
@@ -152,10 +156,30 @@ impl Directory {
         std::mem::replace(&mut e.prefetched, false)
     }
 
-    pub fn read_done(&mut self, member: usize, slot: u32) {
-        if let Some(s) = self.members.get_mut(member).and_then(|m| m.slots.get_mut(slot as usize)) {
-            s.busy = s.busy.saturating_sub(1);
-        }
+    /// A hit's slot read is done. True when it was the last read pinning a slot dropped
+    /// meanwhile: the slot's trim is due now.
+    pub fn read_done(&mut self, member: usize, slot: u32) -> bool {
+        let Some(s) = self.members.get_mut(member).and_then(|m| m.slots.get_mut(slot as usize)) else { return false };
+        s.busy = s.busy.saturating_sub(1);
+        s.busy == 0 && s.trimming
+    }
+
+    /// Whether a slot just dropped (by `release` or `invalidate`) is to be trimmed now:
+    /// false while a read pins it (`read_done` says when).
+    pub fn trim_due(&self, member: usize, slot: u32) -> bool {
+        self.members[member].slots[slot as usize].busy == 0
+    }
+
+    /// The slot's trim is reported (done): it may be allocated again.
+    pub fn trim_done(&mut self, member: usize, slot: u32) {
+        let s = &mut self.members[member].slots[slot as usize];
+        assert!(s.trimming && s.busy == 0 && s.block.is_none(), "a trim's slot is dropped and unpinned: {s:?}");
+        s.trimming = false;
+    }
+
+    /// Whether `member`'s slot `slot` waits on its trim (for the core's `check`).
+    pub fn trimming(&self, member: usize, slot: u32) -> bool {
+        self.members.get(member).and_then(|m| m.slots.get(slot as usize)).is_some_and(|s| s.trimming)
     }
 
     /// A slot on `member` for a fill of `block`, by CLOCK: the hand passes referenced slots
@@ -171,7 +195,7 @@ impl Directory {
             let i = m.hand;
             m.hand = (m.hand + 1) % n;
             let s = &mut m.slots[i];
-            if s.busy > 0 || s.filling {
+            if s.busy > 0 || s.filling || s.trimming {
                 continue;
             }
             if s.block.is_some() && s.referenced {
@@ -183,7 +207,7 @@ impl Directory {
                 Evicted { block: b, prefetched: e.prefetched }
             });
             m.held += u64::from(s.block.is_none());
-            *s = SlotMeta { block: Some(block), generation, referenced: false, busy: 0, filling: true };
+            *s = SlotMeta { block: Some(block), generation, referenced: false, busy: 0, filling: true, trimming: false };
             return Some((i as u32, evicted));
         }
         None
@@ -219,24 +243,24 @@ impl Directory {
         self.members.get(member)?.sums.get(at..at + self.pages)
     }
 
-    /// A fill's slot write is done (or failed) and not wanted: the slot is free again.
+    /// A fill's slot write is done and not wanted: the slot holds its bytes, which no entry
+    /// reads, so it waits on its trim (`trim_done`) before it is reused.
     pub fn release(&mut self, member: usize, slot: u32, generation: u64) {
-        let Some(m) = self.members.get_mut(member) else { return };
-        if let Some(s) = m.slots.get_mut(slot as usize) {
-            if s.filling && s.generation == generation {
-                *s = SlotMeta { busy: s.busy, ..SlotMeta::default() };
-                m.held -= 1;
-            }
-        }
+        let m = &mut self.members[member];
+        let s = &mut m.slots[slot as usize];
+        assert!(s.filling && s.generation == generation, "releasing a slot that is not this fill's");
+        *s = SlotMeta { busy: s.busy, trimming: true, ..SlotMeta::default() };
+        m.held -= 1;
     }
 
     /// The block's cached copy is no longer good (written, or failed its check): forget it
-    /// and free its slot (reads of it in flight keep it from reuse until they finish).
+    /// and drop its slot, which waits on its trim (`trim_done`) before it is reused (and
+    /// reads of it in flight keep it from reuse until they finish).
     pub fn invalidate(&mut self, block: u64) -> Option<Entry> {
         let e = self.blocks.remove(&block)?;
         let m = &mut self.members[e.member];
         let s = &mut m.slots[e.slot as usize];
-        *s = SlotMeta { busy: s.busy, ..SlotMeta::default() };
+        *s = SlotMeta { busy: s.busy, trimming: true, ..SlotMeta::default() };
         m.held -= 1;
         Some(e)
     }
@@ -299,7 +323,7 @@ impl Directory {
     #[cfg(test)]
     pub fn check_idle(&self) -> Result<(), String> {
         for (m, member) in self.members.iter().enumerate() {
-            if let Some((i, s)) = member.slots.iter().enumerate().find(|(_, s)| s.busy > 0 || s.filling) {
+            if let Some((i, s)) = member.slots.iter().enumerate().find(|(_, s)| s.busy > 0 || s.filling || s.trimming) {
                 return Err(format!("idle, yet member {m} slot {i} is held: {s:?}"));
             }
         }
@@ -362,6 +386,8 @@ mod tests {
         let (s, _) = d.allocate(0, 1, 2).unwrap();
         assert_eq!(d.allocate(0, 2, 3), None, "one slot being read, the other filling");
         d.release(0, s, 2);
+        assert_eq!(d.allocate(0, 2, 3), None, "a released slot waits on its trim");
+        d.trim_done(0, s);
         assert!(d.allocate(0, 2, 3).is_some());
     }
 
@@ -373,8 +399,10 @@ mod tests {
         let (s, _) = d.allocate(0, 2, 3).unwrap();
         assert_eq!(d.usage(0), (4, 3), "a filling slot holds its block");
         d.release(0, s, 3);
-        d.invalidate(0);
+        let e = d.invalidate(0).unwrap();
         assert_eq!(d.usage(0), (4, 1));
+        d.trim_done(0, s);
+        d.trim_done(0, e.slot);
         for b in 10..20 {
             let (s, _) = d.allocate(0, b, b + 10).unwrap();
             d.install(0, s, b + 10, false, &[b]);
@@ -398,6 +426,7 @@ mod tests {
         assert_eq!(d.sums(0, s), Some(&[1, 2, 3, 4][..]));
         d.invalidate(7);
         assert_eq!(d.sums(0, s), Some(&[1, 2, 3, 4][..]), "kept until the next install");
+        d.trim_done(0, s);
         d.check().unwrap();
         d.member_down(0);
         assert_eq!(d.sums(0, s), None);

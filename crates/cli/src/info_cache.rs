@@ -19,6 +19,7 @@ pub fn print(s: &Status) {
     println!("fills:              {} ({} overtaken by writes), {} evictions", c.fills, c.fills_overtaken, c.evictions);
     println!("verify failures:    {}", c.verify_failures);
     println!("member failures:    {}", c.member_failures);
+    println!("member trims:       {}", c.member_trims);
     for (i, m) in s.members.iter().enumerate() {
         let state = match (m.up, m.failures) {
             (true, _) => format!("up, {} of {} slots used", m.used, m.slots),
@@ -46,6 +47,7 @@ pub fn json(s: &Status) -> Value {
         "evictions": c.evictions,
         "verify_failures": c.verify_failures,
         "member_failures": c.member_failures,
+        "member_trims": c.member_trims,
         "members": members,
     })
 }

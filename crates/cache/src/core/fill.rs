@@ -88,6 +88,7 @@ impl Cache {
             }
             Ok(_) => {
                 self.dir.release(e.member, e.slot, e.generation);
+                self.trim_slot(e.member, e.slot);
                 self.end_fill(f, false);
             }
             Err(_) => {
@@ -95,6 +96,38 @@ impl Cache {
                 self.end_fill(f, false);
                 self.member_failed(e.member, true);
             }
+        }
+    }
+
+    /// Member `member`'s slot `slot` was just dropped holding bytes no entry reads (its
+    /// entry invalidated, or a fill that a write overtook): it is trimmed whole, so the
+    /// member gives its memory back (CLOCK's evictions need none: the new fill overwrites
+    /// the slot). The slot is not allocated again until the trim is reported, since a trim
+    /// and a later fill's write, on different connections, may land in either order.
+    ///
+    /// A slot a hit's read pins is trimmed when the last such read is done (`read_done`
+    /// says so), never under a read: the slot cannot be allocated meanwhile either, so it is
+    /// trimmed exactly once, with nothing else of this cache in flight on it.
+    pub(super) fn trim_slot(&mut self, member: usize, slot: u32) {
+        if !self.dir.trim_due(member, slot) {
+            return;
+        }
+        self.counters.member_trims += 1;
+        let len = self.slot_bytes();
+        self.member_op(member, OpKind::SlotTrim { slot }, MemberCmd::Trim { offset: slot as u64 * len, len });
+    }
+
+    /// A slot's trim is reported. A failed trim fails its member, as any failed member
+    /// operation does: one rule for what a member's error means (its connection, or the
+    /// member, is broken), and it costs nothing here, since every member the shell keeps
+    /// supports TRIM or is answered Ok without sending (a RAM export always can).
+    pub(super) fn slot_trim_done(&mut self, member: usize, slot: u32, outcome: Outcome) {
+        match outcome {
+            Ok(_) => {
+                self.dir.member_answered(member);
+                self.dir.trim_done(member, slot);
+            }
+            Err(_) => self.member_failed(member, true),
         }
     }
 

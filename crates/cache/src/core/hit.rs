@@ -32,17 +32,21 @@ impl Cache {
     pub(super) fn slot_read_done(&mut self, h: Hit, outcome: Outcome) {
         let e = h.entry;
         let Ok(pages) = outcome else {
+            // No trim even if the slot was dropped: the member goes down with its slots.
             self.dir.read_done(e.member, e.slot);
             self.member_failed(e.member, true);
             return self.hit_lost(&h);
         };
         self.dir.member_answered(e.member);
         let checked = self.check_hit(&h, &pages);
-        self.dir.read_done(e.member, e.slot);
+        if self.dir.read_done(e.member, e.slot) {
+            self.trim_slot(e.member, e.slot);
+        }
         if checked.is_err() {
             self.counters.verify_failures += 1;
             if self.dir.get(h.block).is_some_and(|now| (now.member, now.slot, now.generation) == (e.member, e.slot, e.generation)) {
                 self.dir.invalidate(h.block);
+                self.trim_slot(e.member, e.slot);
             }
             return self.hit_lost(&h);
         }

@@ -170,7 +170,9 @@ impl Cache {
                 self.part_done(req, outcome.err().map(|e| e.context("backing")));
             }
             OpKind::BackingFlush { req } => self.part_done(req, outcome.err().map(|e| e.context("backing flush"))),
-            OpKind::SlotRead { .. } | OpKind::SlotWrite { .. } => unreachable!("a member operation reported as the backing's"),
+            OpKind::SlotRead { .. } | OpKind::SlotWrite { .. } | OpKind::SlotTrim { .. } => {
+                unreachable!("a member operation reported as the backing's")
+            }
         }
         self.pump();
     }
@@ -183,6 +185,7 @@ impl Cache {
         match o.kind {
             OpKind::SlotRead(hit) => self.slot_read_done(hit, outcome),
             OpKind::SlotWrite { fill } => self.slot_write_done(fill, outcome),
+            OpKind::SlotTrim { slot } => self.slot_trim_done(o.member.expect("a member's operation"), slot, outcome),
             _ => unreachable!("a backing operation reported as a member's"),
         }
         self.pump();
@@ -258,6 +261,13 @@ impl Cache {
         }
         if self.fill_of.len() != self.fills.len() {
             return Err(format!("{} fills, {} blocks with fills", self.fills.len(), self.fill_of.len()));
+        }
+        for o in self.ops.values() {
+            if let (OpKind::SlotTrim { slot }, Some(m)) = (&o.kind, o.member) {
+                if !self.dir.trimming(m, *slot) || !self.dir.trim_due(m, *slot) {
+                    return Err(format!("a trim in flight of member {m} slot {slot}, which is not dropped and unpinned"));
+                }
+            }
         }
         Ok(())
     }

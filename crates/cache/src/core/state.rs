@@ -72,6 +72,8 @@ pub enum OpKind {
     SlotRead(Hit),
     /// Fill `fill`'s slot write.
     SlotWrite { fill: u64 },
+    /// The trim of slot `slot`, dropped (see `Cache::trim_slot`); its member is the op's.
+    SlotTrim { slot: u32 },
 }
 
 pub struct Op {

@@ -88,6 +88,10 @@ impl Rig {
                 self.member[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
                 Vec::new()
             }
+            MemberCmd::Trim { offset, len } => {
+                self.member[offset as usize..(offset + len) as usize].fill(0);
+                Vec::new()
+            }
         };
         self.cache.handle_member_done(0, op, Ok(out));
     }
@@ -184,6 +188,7 @@ fn dropped_pages_are_a_miss_and_never_returned() {
     r.member[..slot].iter_mut().skip(4096).for_each(|b| *b = 0);
     assert_eq!(r.read(2, 0, BS), vec![1; BS as usize]);
     assert_eq!(r.cache.counters().verify_failures, 1);
+    assert_eq!(r.cache.counters().member_trims, 1, "the slot that failed its check is trimmed");
     r.read(3, 0, BS);
     assert_eq!(r.cache.counters().hits, 1, "refilled after the failed check");
 }
@@ -309,7 +314,7 @@ fn the_last_block_of_a_volume_near_u64_max() {
     assert_eq!((cache.counters().fills, cache.counters().hits), (1, 2));
 }
 
-/// Fails the next slot operation the rig holds (a read or a fill's write).
+/// Fails the next slot operation the rig holds (a read, a fill's write or a trim).
 fn fail_member_op(r: &mut Rig) {
     let at = r.held.iter().position(|a| matches!(a, Action::Member { .. })).expect("a member operation");
     let Action::Member { op, .. } = r.held.remove(at) else { unreachable!() };
@@ -476,4 +481,83 @@ fn a_hinted_block_lost_on_its_first_hit_is_wasted() {
         let c = r.cache.counters();
         assert_eq!((c.hits, c.prefetched_used_bytes, c.prefetched_wasted_bytes), (0, 0, BS), "{how}: wasted, never used");
     }
+}
+
+/// The member trims held, in order.
+fn held_trims(r: &Rig) -> Vec<MemberCmd> {
+    r.held.iter().filter_map(|a| match a {
+        Action::Member { cmd: cmd @ MemberCmd::Trim { .. }, .. } => Some(cmd.clone()),
+        _ => None,
+    }).collect()
+}
+
+/// A write over a cached block trims its slot, whole; the slot is not refilled until the
+/// trim is reported, and is after.
+#[test]
+fn a_write_trims_the_slot_it_invalidates_and_the_slot_waits_for_the_trim() {
+    let mut r = Rig::with(16 * BS, BS, 1, false);
+    r.read(1, 0, BS);
+    let slot = r.cache.slot_bytes();
+    r.request(2, Request::Write { offset: 0, data: vec![7; 512], fua: false });
+    assert_eq!(held_trims(&r), [MemberCmd::Trim { offset: 0, len: slot }]);
+    assert_eq!(r.cache.counters().member_trims, 1);
+    let trim = r.held.iter().position(|a| matches!(a, Action::Member { .. })).unwrap();
+    let trim = r.held.remove(trim);
+    r.settle();
+    assert_eq!(r.read(3, BS, BS), vec![2; BS as usize]);
+    assert_eq!(r.cache.counters().fills, 1, "the only slot is being trimmed: no fill");
+    r.held.push(trim);
+    r.settle();
+    r.cache.check().unwrap();
+    assert!(r.member[..slot as usize].iter().all(|&b| b == 0), "the slot was trimmed");
+    r.read(4, 2 * BS, BS);
+    assert_eq!(r.cache.counters().fills, 2, "the trimmed slot is filled again");
+    assert_eq!(r.read(5, 2 * BS, BS), vec![3; BS as usize]);
+    assert_eq!(r.cache.counters().hits, 1);
+    r.cache.check_idle().unwrap();
+}
+
+/// A slot a hit is reading is trimmed when the read is back, never under it.
+#[test]
+fn a_hit_in_flight_delays_the_trim_of_its_slot() {
+    let mut r = Rig::with(16 * BS, BS, 1, false);
+    r.read(1, 0, BS);
+    r.request(2, Request::Read { offset: 0, len: BS });
+    r.request(3, Request::Write { offset: 0, data: vec![7; 512], fua: false });
+    assert!(held_trims(&r).is_empty(), "no trim under the hit: {:?}", r.held);
+    r.cache.check().unwrap();
+    r.complete(1);
+    assert_eq!(held_trims(&r), [MemberCmd::Trim { offset: 0, len: r.cache.slot_bytes() }]);
+    r.settle();
+    assert_eq!(r.cache.counters().member_trims, 1);
+    assert_eq!(r.replies.iter().find(|(q, _)| *q == ReqId(2)).map(|(_, d)| d.len()), Some(BS as usize));
+    r.cache.check_idle().unwrap();
+}
+
+/// A fill whose slot write is done after a write overtook it trims the slot it wrote.
+#[test]
+fn a_fill_a_write_overtook_trims_the_slot_it_wrote() {
+    let mut r = Rig::new(false);
+    r.request(1, Request::Read { offset: 0, len: BS });
+    r.complete(1);
+    assert!(matches!(r.held[..], [Action::Member { cmd: MemberCmd::Write { .. }, .. }]), "the slot write");
+    r.request(2, Request::Write { offset: 0, data: vec![7; 512], fua: false });
+    assert!(held_trims(&r).is_empty(), "not while the slot write is in flight");
+    r.complete(1);
+    assert_eq!(held_trims(&r), [MemberCmd::Trim { offset: 0, len: r.cache.slot_bytes() }]);
+    r.settle();
+    assert_eq!((r.cache.counters().fills, r.cache.counters().member_trims), (0, 1));
+    r.cache.check_idle().unwrap();
+}
+
+/// A failed trim fails its member, as any failed member operation does.
+#[test]
+fn a_failed_trim_fails_its_member() {
+    let mut r = Rig::new(false);
+    r.read(1, 0, BS);
+    r.request(2, Request::Write { offset: 0, data: vec![7; 512], fua: false });
+    fail_member_op(&mut r);
+    assert_eq!((r.reconnects, r.cache.counters().member_failures), (1, 1));
+    r.settle();
+    r.cache.check_idle().unwrap();
 }

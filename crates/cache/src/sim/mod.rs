@@ -17,7 +17,7 @@ mod store;
 
 use std::collections::BTreeMap;
 
-use crate::api::{Action, BackingCmd, Nanos, Params, ReqId, Request};
+use crate::api::{Action, BackingCmd, MemberCmd, Nanos, Params, ReqId, Request};
 use crate::core::Cache;
 use crate::counters::Counters;
 use crate::limits::{paced_fills_max, paced_run_blocks, PREFETCH_WINDOW_BLOCKS_MAX, STREAMS_MAX};
@@ -273,6 +273,7 @@ impl World {
                 Action::Member { op, member, cmd } => {
                     let (due, epoch) = (self.now + self.delay() / 4, self.members[member].epoch);
                     let target = Target::Member { member, epoch };
+                    self.check_trim_alone(target, &cmd)?;
                     self.inflight.push(InFlight { op, target, cmd: Cmd::Member(cmd), lands: due, landed: None, write: None, due });
                 }
                 Action::Reply { req, result } => self.reply(req, result)?,
@@ -310,6 +311,26 @@ impl World {
             Kind::Read => self.model.check_read(r.offset, &data, r.started).map_err(|e| format!("read {}: {e}", req.0)),
             Kind::Write | Kind::Other => Ok(()),
         }
+    }
+
+    /// A trim never shares its range with another operation of this incarnation of the
+    /// member in flight (a slot being trimmed is neither read nor refilled until the trim
+    /// is reported), so it can never land after a fill's write.
+    fn check_trim_alone(&self, target: Target, cmd: &MemberCmd) -> Result<(), String> {
+        let range = |c: &MemberCmd| match c {
+            MemberCmd::Read { offset, len } => ("read", *offset, offset + len),
+            MemberCmd::Trim { offset, len } => ("trim", *offset, offset + len),
+            MemberCmd::Write { offset, data } => ("write", *offset, offset + data.len() as u64),
+        };
+        let (what, lo, hi) = range(cmd);
+        for f in self.inflight.iter().filter(|f| f.target == target) {
+            let Cmd::Member(other) = &f.cmd else { continue };
+            let (was, a, b) = range(other);
+            if (what == "trim" || was == "trim") && a < hi && lo < b {
+                return Err(format!("a {what} of {lo}..{hi} sent while a {was} of {a}..{b} is in flight on {target:?}"));
+            }
+        }
+        Ok(())
     }
 
     fn check_bounds(&self) -> Result<(), String> {

@@ -68,7 +68,9 @@ pub fn apply(bytes: &mut [u8], cmd: &Cmd) -> Outcome {
             to.copy_from_slice(data);
             Ok(Vec::new())
         }
-        Cmd::Backing(BackingCmd::Zero { offset, len, .. } | BackingCmd::Trim { offset, len, .. }) => {
+        // A member's trim reads back as zeroes, as a RAM export's does.
+        Cmd::Backing(BackingCmd::Zero { offset, len, .. } | BackingCmd::Trim { offset, len, .. })
+        | Cmd::Member(MemberCmd::Trim { offset, len }) => {
             bytes.get_mut(range(*offset, *len)).ok_or("zero past the end")?.fill(0);
             Ok(Vec::new())
         }

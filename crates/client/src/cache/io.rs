@@ -26,6 +26,10 @@ pub(super) async fn member<M: Member>(c: &M, cmd: MemberCmd) -> Outcome {
         MemberCmd::Read { offset, len } => c.read(offset, len as usize).await,
         // No FUA: a member's memory is never the only copy of anything.
         MemberCmd::Write { offset, data } => c.write(offset, &data, false).await.map(|()| Vec::new()),
+        // A dropped slot is trimmed so the member frees its memory; one that cannot trim
+        // keeps the bytes, which the slot's next fill overwrites.
+        MemberCmd::Trim { offset, len } if c.export().can_trim() => c.trim(offset, len, false).await.map(|()| Vec::new()),
+        MemberCmd::Trim { .. } => Ok(Vec::new()),
     };
     r.map_err(failure)
 }

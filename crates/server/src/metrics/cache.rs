@@ -21,7 +21,7 @@ pub struct CacheSource {
 /// The volume-wide counters: name, help, and which counter.
 type Counted = (&'static str, &'static str, fn(&sluice_client::cache::Counters) -> u64);
 
-const COUNTERS: [Counted; 12] = [
+const COUNTERS: [Counted; 13] = [
     ("sluice_cache_hits_total", "Blocks a read found in a member's RAM and verified.", |c| c.hits),
     ("sluice_cache_misses_total", "Blocks a read went to the backing for (not cached, or failed the check).", |c| c.misses),
     ("sluice_cache_hit_bytes_total", "Bytes of client reads served from the members.", |c| c.hit_bytes),
@@ -33,6 +33,7 @@ const COUNTERS: [Counted; 12] = [
     ("sluice_cache_fills_overtaken_total", "Fills dropped because a write to their block started while they were in flight.", |c| c.fills_overtaken),
     ("sluice_cache_evictions_total", "Blocks pushed out of their slot to make room.", |c| c.evictions),
     ("sluice_cache_verify_failures_total", "Slots read back that failed their check (dropped pages, a restarted member), read from the backing instead.", |c| c.verify_failures),
+    ("sluice_cache_member_trims_total", "Slots dropped without reuse (invalidated, or written by an overtaken fill) that their member was asked to trim.", |c| c.member_trims),
     ("sluice_cache_member_failures_total", "Times a member was marked down (a failed operation or a timeout).", |c| c.member_failures),
 ];
 
