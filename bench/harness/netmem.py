@@ -44,7 +44,7 @@ BACKING_BYTES = 1 << 30
 WORKING_SET = 256 << 20
 MEMBER_SIZE = "512M"
 # Each member's floor: half of what it holds once the working set is cached (half the working
-# set each, plus a header page a slot), so the squeeze takes about half of it back.
+# set each), so the squeeze takes about half of it back.
 MEMBER_FLOOR = f"{WORKING_SET >> 22}M"
 MEMBER_METRICS_PORT = 9101
 # The squeeze: the members give back 1/8 of what they hold every 2 s (docs/backends/memory.md),

@@ -7,8 +7,8 @@
 //! serves a `cache:FILE` volume through it (docs/cache.md).
 //!
 //! - `config`: the `cache:FILE` file, parsed and checked;
-//! - `slot`: the format of a slot on a member (header pages + block, a sum per page), and
-//!   the check of the pages a hit reads against the sums the directory keeps;
+//! - `slot`: what a member holds (a slot is just the block), the page sums a fill computes
+//!   and the directory keeps, and the check of the pages a hit reads against them;
 //! - `directory`: which member slot holds which block, CLOCK eviction per member, and
 //!   rendezvous placement;
 //! - `core`: the cache itself (below);

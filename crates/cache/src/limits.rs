@@ -12,10 +12,9 @@ pub const BLOCK_MAX_BYTES: u64 = 4 << 20;
 /// moving the bytes as on the round trip, so larger blocks stop paying for their misses.
 pub const BLOCK_DEFAULT_BYTES: u64 = 64 << 10;
 
-/// The page: the unit a member may drop (an elastic member punches holes of pages), the
-/// unit of a slot's header (whole pages, so the block stays page-aligned on the member and
-/// a dropped page never straddles header and data), and the unit a hit reads and checks
-/// (each page of a block has its own sum, in the header and in the gateway's directory).
+/// The page: the unit a member may drop (an elastic member punches holes of pages), and the
+/// unit a hit reads and checks (each page of a block has its own sum, in the gateway's
+/// directory). Blocks are whole pages, so every slot on a member is page-aligned.
 pub const PAGE_BYTES: u64 = 4096;
 
 /// Slots one member may hold: the directory keeps about 72 bytes per slot in the gateway's

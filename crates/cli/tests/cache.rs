@@ -12,7 +12,7 @@ use std::time::Duration;
 const MIB: u64 = 1 << 20;
 /// The backing volume: room for the written range and a separate range for the hint.
 const VOLUME: u64 = 16 * MIB;
-/// Each member's RAM: 240 slots of 64 KiB blocks, so the 4 MiB the tests read (64 blocks)
+/// Each member's RAM: 256 slots of 64 KiB blocks, so the 4 MiB the tests read (64 blocks)
 /// fits with room to spare and nothing is evicted.
 const MEMBER: &str = "memory:16M";
 const RANGE: usize = 4 * MIB as usize;
@@ -150,7 +150,7 @@ async fn reads_hit_once_filled_and_the_cache_hint_fills_ahead() {
     let v: serde_json::Value = serde_json::from_str(&out).expect("info --json prints JSON");
     assert_eq!(v["size"], VOLUME);
     let members = v["cache"]["members"].as_array().expect("the members");
-    assert!(members.len() == 2 && members.iter().all(|m| m["up"] == true && m["slots"] == 240), "{out}");
+    assert!(members.len() == 2 && members.iter().all(|m| m["up"] == true && m["slots"] == 256), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,10 +67,10 @@ impl Cache {
         }
         // A prefetch a waiting read used already counted as used: not again, nor as wasted.
         let entry = Entry { member, slot, generation, prefetched: source.paced() && !served };
-        let (bytes, sums) = slot::encode(&self.header(block, generation), &data);
+        let sums = slot::page_sums(&self.origin(block, generation), &data);
         self.fills.get_mut(&f).expect("a live fill").stage = Stage::Writing(entry, sums);
         let offset = slot as u64 * self.slot_bytes();
-        self.member_op(member, OpKind::SlotWrite { fill: f }, MemberCmd::Write { offset, data: bytes });
+        self.member_op(member, OpKind::SlotWrite { fill: f }, MemberCmd::Write { offset, data });
     }
 
     pub(super) fn slot_write_done(&mut self, f: u64, outcome: Outcome) {

@@ -1,7 +1,7 @@
 //! Hits: a cached block is read from its slot in one member read of just the pages the
 //! request covers (whole pages: a partial page at a request's edge is read whole), the
 //! slot pinned until they are back and checked. Each page is checked against the sum the
-//! directory kept from the block's fill (`slot` says why no header need be read). A failed
+//! directory kept from the block's fill (`slot` says why that is enough). A failed
 //! read or check is a miss, read again from the backing.
 
 use super::state::{Hit, OpKind};
@@ -9,7 +9,7 @@ use super::Cache;
 use crate::api::{MemberCmd, Outcome, ReqId};
 use crate::directory::Entry;
 use crate::limits::PAGE_BYTES;
-use crate::slot::{self, SlotError};
+use crate::slot::{self, PageError};
 
 impl Cache {
     pub(super) fn read_slot(&mut self, req: ReqId, block: u64, entry: Entry) {
@@ -20,7 +20,7 @@ impl Cache {
         let lo = p.offset.max(start) - start;
         let hi = (p.offset + p.buf.len() as u64).min(start + self.block_len(block)) - start;
         let (first, end) = (lo / PAGE_BYTES, hi.div_ceil(PAGE_BYTES));
-        let offset = entry.slot as u64 * self.slot_bytes() + slot::header_bytes(self.p.block_bytes) + first * PAGE_BYTES;
+        let offset = entry.slot as u64 * self.slot_bytes() + first * PAGE_BYTES;
         let len = (end - first) * PAGE_BYTES;
         self.counters.hit_reads += 1;
         self.counters.hit_read_bytes += len;
@@ -75,18 +75,18 @@ impl Cache {
     /// Checks the pages a hit read against the directory's sums of its slot, which are those
     /// of the fill its entry names: the slot is pinned from the hit's start to here, so no
     /// other fill was installed in it meanwhile (see `Directory::install`).
-    fn check_hit(&self, h: &Hit, pages: &[u8]) -> Result<(), SlotError> {
+    fn check_hit(&self, h: &Hit, pages: &[u8]) -> Result<(), PageError> {
         if pages.len() as u64 != (h.end - h.first) * PAGE_BYTES {
-            return Err(SlotError::Length);
+            return Err(PageError::Length);
         }
         #[cfg(test)]
         if self.break_verify {
             return Ok(());
         }
-        let sums = self.dir.sums(h.entry.member, h.entry.slot).ok_or(SlotError::Length)?;
-        let want = self.header(h.block, h.entry.generation);
+        let sums = self.dir.sums(h.entry.member, h.entry.slot).ok_or(PageError::Length)?;
+        let want = self.origin(h.block, h.entry.generation);
         #[cfg(test)]
-        let want = slot::Header {
+        let want = slot::Origin {
             generation: want.generation + u64::from(self.break_generation),
             volume: want.volume ^ u64::from(self.break_identity),
             ..want

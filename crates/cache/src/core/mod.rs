@@ -29,7 +29,7 @@ use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
 use crate::limits::PAGE_BYTES;
 use crate::prefetch::Streams;
-use crate::slot::{self, Header};
+use crate::slot::Origin;
 use state::{Fill, Hint, Op, OpKind, Pending};
 
 pub struct Cache {
@@ -63,8 +63,7 @@ pub struct Cache {
     /// Test hook: the pages a hit reads are taken as they are, unchecked.
     #[cfg(test)]
     pub(crate) break_verify: bool,
-    /// Test hook: a hit checks its first page only (which shows the slot holds the entry's
-    /// fill, as the header's check did), the others are taken as they are.
+    /// Test hook: a hit checks its first page only, the others are taken as they are.
     #[cfg(test)]
     pub(crate) break_pages: bool,
     /// Test hook: a hit seeds its check with another generation than its entry's.
@@ -122,10 +121,10 @@ impl Cache {
         }
     }
 
-    /// Bytes of one slot on a member: what the shell divides a member's size by to get the
-    /// slots it reports in `handle_member_up`.
+    /// Bytes of one slot on a member, the block (`slot` says why no more): what the shell
+    /// divides a member's size by to get the slots it reports in `handle_member_up`.
     pub fn slot_bytes(&self) -> u64 {
-        slot::header_bytes(self.p.block_bytes) + self.p.block_bytes
+        self.p.block_bytes
     }
 
     /// The cache block, in bytes.
@@ -304,15 +303,9 @@ impl Cache {
         self.p.volume_bytes.div_ceil(self.p.block_bytes)
     }
 
-    /// The header a slot holding block `b` at `generation` carries.
-    fn header(&self, b: u64, generation: u64) -> Header {
-        Header {
-            block_bytes: self.p.block_bytes as u32,
-            data_len: self.block_len(b) as u32,
-            volume: self.p.identity,
-            offset: b * self.p.block_bytes,
-            generation,
-        }
+    /// The fill of block `b` at `generation`, as its page sums are seeded.
+    fn origin(&self, b: u64, generation: u64) -> Origin {
+        Origin { volume: self.p.identity, offset: b * self.p.block_bytes, generation }
     }
 
     /// Bytes of block `b` inside the volume (the last block may be short).

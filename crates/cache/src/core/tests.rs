@@ -136,8 +136,8 @@ fn a_miss_fills_and_the_next_read_hits() {
     assert_eq!(r.cache.counters().hits, 3);
 }
 
-/// A hit reads just the pages it needs, whole, in one member read, and no header: the
-/// sums it checks them against are the gateway's.
+/// A hit reads just the pages it needs, whole, in one member read, from a slot that is just
+/// the block: the sums it checks them against are the gateway's.
 #[test]
 fn a_hit_reads_the_pages_it_needs() {
     let bs = 64 << 10;
@@ -152,12 +152,12 @@ fn a_hit_reads_the_pages_it_needs() {
     };
     // Bytes 5 * 4096 + 100 .. + 5000: pages 5 and 6, whole.
     r.request(2, Request::Read { offset: 5 * BS + 100, len: 5000 });
-    let header = crate::slot::header_bytes(bs);
-    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: header + 5 * BS, len: 2 * BS }]);
+    assert_eq!(r.cache.slot_bytes(), bs, "a slot is the block");
+    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: 5 * BS, len: 2 * BS }]);
     r.settle();
     assert_eq!(r.replies.pop(), Some((ReqId(2), want(&r, 5 * BS + 100, 5000))));
     r.request(3, Request::Read { offset: 0, len: bs });
-    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: header, len: bs }]);
+    assert_eq!(member_reads(&r), [MemberCmd::Read { offset: 0, len: bs }]);
     r.settle();
     assert_eq!(r.replies.pop(), Some((ReqId(3), want(&r, 0, bs))));
     let c = r.cache.counters();
@@ -185,7 +185,7 @@ fn dropped_pages_are_a_miss_and_never_returned() {
     let mut r = Rig::new(false);
     r.read(1, 0, BS);
     let slot = r.cache.slot_bytes() as usize;
-    r.member[..slot].iter_mut().skip(4096).for_each(|b| *b = 0);
+    r.member[..slot].fill(0);
     assert_eq!(r.read(2, 0, BS), vec![1; BS as usize]);
     assert_eq!(r.cache.counters().verify_failures, 1);
     assert_eq!(r.cache.counters().member_trims, 1, "the slot that failed its check is trimmed");
@@ -351,8 +351,7 @@ fn a_member_that_keeps_failing_backs_off_longer() {
 fn late_completions_of_an_old_connection_are_ignored() {
     let mut r = Rig::new(false);
     r.read(1, 0, BS);
-    let head = crate::slot::header_bytes(BS) as usize;
-    let old_page = r.member[head..head + BS as usize].to_vec();
+    let old_page = r.member[..BS as usize].to_vec();
     r.request(2, Request::Read { offset: 0, len: BS });
     let old_reads: Vec<OpId> = r.held.drain(..).map(|a| match a {
         Action::Member { op, cmd: MemberCmd::Read { .. }, .. } => op,

@@ -1,15 +1,14 @@
 //! Member faults: deaths the shell reports, deaths seen as failed operations, hangs the
 //! core must time out, silent restarts (all zeros, the same connection), reconnects that
 //! keep the member's memory (reported up, never down), old slot writes landing again,
-//! slots another gateway wrote (whole or torn), dropped pages (an elastic member giving
-//! memory back), and a page of a slot zeroed or replaced by another fill's while a hit
-//! reads it.
+//! slots another gateway wrote (whole or torn: bytes that are some block's valid data, of
+//! this volume or another), dropped pages (an elastic member giving memory back), and a page
+//! of a slot zeroed or replaced by another fill's while a hit reads it.
 
 use super::model::{sector_bytes, SECTOR};
 use super::store::{self, Cmd};
 use crate::api::MemberCmd;
 use crate::limits::PAGE_BYTES;
-use crate::slot::{self, Header};
 use super::World;
 use crate::api::Outcome;
 
@@ -64,29 +63,31 @@ impl World {
         self.log.push(format!("{} member {m} drops {n} pages", self.now));
     }
 
-    /// Another gateway (another volume, or this one's earlier run) writes a slot of its own
-    /// over one of ours: the same block, generation and geometry, valid checksums, data no
-    /// client wrote; or only its header page lands (torn).
+    /// Another gateway writes a block of its own over one of our slots, whole or only its
+    /// first page (torn): another gateway caching this volume (the backing's bytes of some
+    /// block as they are now: the block our slot holds or another, a newer version of it or
+    /// the one we filled), or one caching another volume (bytes no client of ours wrote).
+    /// Each is some block's valid data, which only the gateway's sums tell from ours.
     fn foreign_slot(&mut self, m: usize) {
-        let (slot_bytes, head) = (self.cache.slot_bytes() as usize, slot::header_bytes(self.p.block_bytes) as usize);
-        let slots = self.members[m].bytes.len() / slot_bytes;
+        let bs = self.p.block_bytes as usize;
+        let slots = self.members[m].bytes.len() / bs;
         if slots == 0 {
             return;
         }
-        let at = self.rng.below(slots as u64) as usize * slot_bytes;
-        let old = &self.members[m].bytes[at..at + slot_bytes];
-        let field = |i: usize| u64::from_le_bytes(old[i..i + 8].try_into().expect("eight bytes"));
-        let word = |i: usize| u32::from_le_bytes(old[i..i + 4].try_into().expect("four bytes"));
-        let header = Header { block_bytes: word(8), data_len: word(12), volume: self.p.identity ^ 0x1000, offset: field(24), generation: field(32) };
-        if old[..8] != *b"SLCACHE2" || header.block_bytes as usize != slot_bytes - head {
-            return;
-        }
-        let data = sector_bytes(u64::MAX - self.rng.below(1000)).repeat(slot_bytes / SECTOR as usize);
-        let (forged, _) = slot::encode(&header, &data[..slot_bytes - head]);
+        let at = self.rng.below(slots as u64) as usize * bs;
+        let this_volume = self.rng.below(2) == 0;
+        let data = if this_volume {
+            let b = self.rng.below(self.p.volume_bytes.div_ceil(bs as u64)) as usize;
+            let mut d = self.backing[b * bs..((b + 1) * bs).min(self.backing.len())].to_vec();
+            d.resize(bs, 0);
+            d
+        } else {
+            sector_bytes(u64::MAX - self.rng.below(1000)).repeat(bs / SECTOR as usize)
+        };
         let torn = self.rng.below(2) == 0;
-        let len = if torn { head } else { slot_bytes };
-        self.members[m].bytes[at..at + len].copy_from_slice(&forged[..len]);
-        self.log.push(format!("{} member {m}: a foreign slot lands at {at} (torn: {torn})", self.now));
+        let len = if torn { PAGE_BYTES as usize } else { bs };
+        self.members[m].bytes[at..at + len].copy_from_slice(&data[..len]);
+        self.log.push(format!("{} member {m}: a foreign slot lands at {at} (this volume: {this_volume}, torn: {torn})", self.now));
     }
 
     /// Member `m` is about to answer a hit's read of `len` bytes at `offset`: now and then
@@ -111,13 +112,14 @@ impl World {
         self.log.push(format!("{} member {m}: the page at {page} {what} while a hit reads it", self.now));
     }
 
-    /// The bytes at `within` of a slot write member `m` took earlier for another fill than
-    /// the one its slot at `slot_at` holds now: of the same slot if it had one, else of
-    /// another slot.
+    /// The page at `within` of a slot write member `m` took earlier for another fill than
+    /// the one its slot at `slot_at` holds now (told apart by that page's bytes, the only
+    /// difference a hit could see): of the same slot if it had one, else of another slot.
     fn other_fill_page(&mut self, m: usize, slot_at: u64, within: u64) -> Option<Vec<u8>> {
-        let now = self.members[m].bytes[slot_at as usize + 32..slot_at as usize + 40].to_vec();
+        let page = |b: &[u8], at: u64| b[(at + within) as usize..(at + within + PAGE_BYTES) as usize].to_vec();
+        let now = page(&self.members[m].bytes, slot_at);
         let write = |i: usize| match &self.past_writes[i] {
-            (wm, Cmd::Member(MemberCmd::Write { offset, data })) if *wm == m && data[32..40] != now[..] => Some((*offset, data)),
+            (wm, Cmd::Member(MemberCmd::Write { offset, data })) if *wm == m && page(data, 0) != now => Some((*offset, data)),
             _ => None,
         };
         let olds: Vec<usize> = (0..self.past_writes.len()).filter(|&i| write(i).is_some()).collect();
@@ -128,7 +130,7 @@ impl World {
         }
         let i = from[self.rng.below(from.len() as u64) as usize];
         let (_, data) = write(i).expect("listed");
-        Some(data[within as usize..(within + PAGE_BYTES) as usize].to_vec())
+        Some(page(data, 0))
     }
 
     /// A slot write done earlier lands again (an old connection's copy arriving late):

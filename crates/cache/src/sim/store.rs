@@ -43,8 +43,8 @@ pub struct Member {
 
 impl Member {
     /// Comes back with `slots` slots: empty after a restart, or (`keep`: only the
-    /// connection was lost) still holding what it held, slots of this gateway with valid
-    /// headers of fills it has forgotten.
+    /// connection was lost) still holding what it held, slots of this gateway's fills that
+    /// it has forgotten.
     pub fn restart(&mut self, slots: u64, slot_bytes: u64, keep: bool) {
         if !keep {
             self.bytes.clear();

@@ -333,10 +333,10 @@ fn goodbye<M: Conn>(c: M, limit_ms: u64) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Slots a connected member can hold: its size over the slot size. A read-only member, one
-/// too small for a slot, or one whose minimum block does not divide the slot (its every
-/// slot operation would be refused as unaligned, and it would go down and up for ever)
-/// cannot be used.
+/// Slots a connected member can hold: its size over the slot size (a slot is one block).
+/// A read-only member, one too small for a slot, or one whose minimum block does not divide
+/// the slot (a block smaller than it: its every slot operation would be refused as
+/// unaligned, and it would go down and up for ever) cannot be used.
 fn usable_slots<M: Conn>(c: &M, slot_bytes: u64) -> Result<u64, String> {
     let ex = c.export();
     if ex.read_only() {
@@ -359,9 +359,11 @@ mod tests {
 
     #[test]
     fn a_member_must_take_whole_slots() {
-        let slot = 4096 + 65536;
-        assert_eq!(usable_slots(&Fake::new(10 * slot, true, true, true).with_flags(0, 4096), slot), Ok(10));
-        let e = usable_slots(&Fake::new(10 * slot, true, true, true).with_flags(0, 8192), slot).unwrap_err();
+        // A slot is one block.
+        let slot = 65536;
+        assert_eq!(usable_slots(&Fake::new(10 * slot + 4096, true, true, true).with_flags(0, 4096), slot), Ok(10));
+        assert_eq!(usable_slots(&Fake::new(10 * slot, true, true, true).with_flags(0, 65536), slot), Ok(10));
+        let e = usable_slots(&Fake::new(10 * 4096, true, true, true).with_flags(0, 8192), 4096).unwrap_err();
         assert!(e.contains("8192") && e.contains("does not divide"), "{e}");
         assert!(usable_slots(&Fake::new(slot - 1, true, true, true), slot).unwrap_err().contains("no slot"));
         assert!(usable_slots(&Fake::new(slot, true, true, true).with_flags(FLAG_READ_ONLY, 1), slot).unwrap_err().contains("read-only"));

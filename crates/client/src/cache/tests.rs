@@ -50,7 +50,7 @@ async fn wait(d: &CacheDriver<Fake>, what: &str, done: impl Fn(&Status) -> bool)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_count_and_a_failed_member_comes_back_empty() {
     let uris: Vec<Uri> = ["nbd://cache-test-a/ram", "nbd://cache-test-b/ram"].iter().map(|u| Uri::parse(u).unwrap()).collect();
-    let members: Vec<Fake> = uris.iter().map(|_| Fake::new(32 * 2 * BLOCK, true, true, true)).collect();
+    let members: Vec<Fake> = uris.iter().map(|_| Fake::new(32 * BLOCK, true, true, true)).collect();
     for (m, u) in members.iter().zip(&uris) {
         m.listen(&u.to_string());
     }
@@ -107,7 +107,7 @@ fn one_member(uri: &str, member: Option<&Fake>, backing: &Fake) -> (Uri, CacheDr
 }
 
 fn small_fake() -> Fake {
-    Fake::new(32 * 2 * BLOCK, true, true, true)
+    Fake::new(32 * BLOCK, true, true, true)
 }
 
 /// A member that cannot be reached is retried with backoff; once the volume is

@@ -7,8 +7,8 @@
 //! Aligned chunks mean that, at rest, a cache laying its slots out within chunks has lost a
 //! slot whole or not at all. Not so for a read that races a punch: tmpfs reads take no lock
 //! against it, so one read may return some of a chunk's pages as data and the rest as zeros
-//! (a test below shows it). Only each page is whole. A cache must therefore check the whole
-//! slot on every hit (a checksum of its data beside the header), never the header alone.
+//! (a test below shows it). Only each page is whole. A cache must therefore check every
+//! page it reads on every hit, never take some pages' check for the others'.
 //! A punch and a single write(2) to the file are serialised (the inode lock), but the server
 //! does not promise that a request is one: a short write is finished with a second.
 //! What `given_back_bytes` counts is the data a chunk held when looked at just before its
