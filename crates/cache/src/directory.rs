@@ -9,13 +9,14 @@
 //! bytes a slot of 64 KiB). The slot tables and the sums are allocated when a member comes
 //! up, whether its slots hold blocks or not, none per fill or hit; the entries' map grows as
 //! blocks are installed, up to one entry per slot. `limits::member_slots_max` bounds all of
-//! it whatever size a member claims. Blocks the cache does not hold cost nothing more.
+//! it whatever size a member claims. Blocks the cache does not hold cost nothing more;
+//! slots dropped and waiting to be trimmed, 4 bytes each while they wait (`Member::trims`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::limits::member_slots_max;
+use crate::limits::{member_slots_max, MEMBER_TRIMS_INFLIGHT_MAX};
 
 /// Where a block that may be read from the cache lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +68,12 @@ struct Member {
     /// a member may lend millions of slots.
     held: u64,
     hand: usize,
+    /// Slots dropped, unpinned and waiting for their trim to be sent: at most
+    /// `MEMBER_TRIMS_INFLIGHT_MAX` are in flight (`trims_sent`), and a slot dropped past
+    /// them waits here, once (a slot is dropped again only after its trim is done).
+    trims: VecDeque<u32>,
+    /// Trims sent and not yet reported (the core's `SlotTrim` operations on this member).
+    trims_sent: usize,
 }
 
 /// A block pushed out of its slot to make room.
@@ -98,6 +105,8 @@ impl Directory {
                 sums: Vec::new(),
                 held: 0,
                 hand: 0,
+                trims: VecDeque::new(),
+                trims_sent: 0,
             })
             .collect();
         Directory { blocks: HashMap::new(), members, pages }
@@ -170,11 +179,39 @@ impl Directory {
         self.members[member].slots[slot as usize].busy == 0
     }
 
+    /// A dropped slot's trim is due (`trim_due`): it waits its turn (`next_trim`).
+    pub fn queue_trim(&mut self, member: usize, slot: u32) {
+        let m = &mut self.members[member];
+        let s = &m.slots[slot as usize];
+        assert!(s.trimming && s.busy == 0 && s.block.is_none(), "a trim's slot is dropped and unpinned: {s:?}");
+        m.trims.push_back(slot);
+    }
+
+    /// The next slot of `member` whose trim is to be sent now, if fewer than
+    /// `MEMBER_TRIMS_INFLIGHT_MAX` are in flight; it counts as sent.
+    pub fn next_trim(&mut self, member: usize) -> Option<u32> {
+        let m = &mut self.members[member];
+        if m.trims_sent >= MEMBER_TRIMS_INFLIGHT_MAX {
+            return None;
+        }
+        let slot = m.trims.pop_front()?;
+        m.trims_sent += 1;
+        Some(slot)
+    }
+
+    /// Trims of `member` sent and not yet reported.
+    pub fn trims_sent(&self, member: usize) -> usize {
+        self.members[member].trims_sent
+    }
+
     /// The slot's trim is reported (done): it may be allocated again.
     pub fn trim_done(&mut self, member: usize, slot: u32) {
-        let s = &mut self.members[member].slots[slot as usize];
+        let m = &mut self.members[member];
+        let s = &mut m.slots[slot as usize];
         assert!(s.trimming && s.busy == 0 && s.block.is_none(), "a trim's slot is dropped and unpinned: {s:?}");
+        assert!(m.trims_sent > 0, "a trim reported that was not sent");
         s.trimming = false;
+        m.trims_sent -= 1;
     }
 
     /// Whether `member`'s slot `slot` waits on its trim (for the core's `check`).
@@ -275,6 +312,8 @@ impl Directory {
         m.sums = Vec::new();
         m.held = 0;
         m.hand = 0;
+        m.trims = VecDeque::new();
+        m.trims_sent = 0;
         gone.iter().filter_map(|b| self.blocks.remove(b)).collect()
     }
 
@@ -312,6 +351,14 @@ impl Directory {
             if held != m.held {
                 return Err(format!("member {i}: {held} slots hold a block, {} counted", m.held));
             }
+            if let Some(s) = m.slots.iter().find(|s| s.trimming && (s.block.is_some() || s.filling)) {
+                return Err(format!("member {i}: a slot waiting on its trim holds a block: {s:?}"));
+            }
+            let waiting = m.slots.iter().filter(|s| s.trimming && s.busy == 0).count();
+            if m.trims_sent > MEMBER_TRIMS_INFLIGHT_MAX || m.trims.len() + m.trims_sent != waiting {
+                let (queued, sent) = (m.trims.len(), m.trims_sent);
+                return Err(format!("member {i}: {queued} trims queued and {sent} sent, for {waiting} dropped unpinned slots"));
+            }
         }
         if self.blocks.len() as u64 > self.capacity() {
             return Err(format!("{} entries for {} slots", self.blocks.len(), self.capacity()));
@@ -319,7 +366,8 @@ impl Directory {
         Ok(())
     }
 
-    /// With nothing in flight: no slot is kept from reuse by a read or a fill that ended.
+    /// With nothing in flight: no slot is kept from reuse by a read, a fill that ended or a
+    /// trim (sent or waiting).
     #[cfg(test)]
     pub fn check_idle(&self) -> Result<(), String> {
         for (m, member) in self.members.iter().enumerate() {
@@ -340,6 +388,13 @@ mod tests {
         let mut d = Directory::new(&names, 1);
         (0..members).for_each(|m| d.member_up(m, slots));
         d
+    }
+
+    /// A dropped slot's trim is queued, sent and reported.
+    fn trimmed(d: &mut Directory, m: usize, slot: u32) {
+        d.queue_trim(m, slot);
+        assert_eq!(d.next_trim(m), Some(slot));
+        d.trim_done(m, slot);
     }
 
     fn fill(d: &mut Directory, m: usize, block: u64, generation: u64) -> Option<Evicted> {
@@ -387,7 +442,7 @@ mod tests {
         assert_eq!(d.allocate(0, 2, 3), None, "one slot being read, the other filling");
         d.release(0, s, 2);
         assert_eq!(d.allocate(0, 2, 3), None, "a released slot waits on its trim");
-        d.trim_done(0, s);
+        trimmed(&mut d, 0, s);
         assert!(d.allocate(0, 2, 3).is_some());
     }
 
@@ -401,8 +456,8 @@ mod tests {
         d.release(0, s, 3);
         let e = d.invalidate(0).unwrap();
         assert_eq!(d.usage(0), (4, 1));
-        d.trim_done(0, s);
-        d.trim_done(0, e.slot);
+        trimmed(&mut d, 0, s);
+        trimmed(&mut d, 0, e.slot);
         for b in 10..20 {
             let (s, _) = d.allocate(0, b, b + 10).unwrap();
             d.install(0, s, b + 10, false, &[b]);
@@ -426,7 +481,7 @@ mod tests {
         assert_eq!(d.sums(0, s), Some(&[1, 2, 3, 4][..]));
         d.invalidate(7);
         assert_eq!(d.sums(0, s), Some(&[1, 2, 3, 4][..]), "kept until the next install");
-        d.trim_done(0, s);
+        trimmed(&mut d, 0, s);
         d.check().unwrap();
         d.member_down(0);
         assert_eq!(d.sums(0, s), None);

@@ -96,6 +96,15 @@ pub const MEMBER_RECONNECT_BACKOFF_MAX_MS: u64 = 30_000;
 /// dead node or link, and its reads are better served by the backing than waited for.
 pub const MEMBER_TIMEOUT_DEFAULT_MS: u64 = 2_000;
 
+/// Trims one member has in flight at once; the slots dropped past them wait in the
+/// directory, each sent when one before it is answered. A client's trim or write of a
+/// large range drops every slot it covers at once (a discard of the whole volume: all of
+/// them), and each trim is a member operation timed from when it is sent: sent all at
+/// once, thousands would queue on the member's connections ahead of hits and fills, and
+/// the last ones would pass the member timeout however fast the member answers, marking
+/// it down. A RAM member answers a trim in microseconds, so a few dozen keep it busy.
+pub const MEMBER_TRIMS_INFLIGHT_MAX: usize = 32;
+
 /// Longest `member-timeout`: a read waits this long for a silent member before the backing
 /// serves it, and an hour is already far past any reason to wait.
 pub const MEMBER_TIMEOUT_MAX_MS: u64 = 3_600_000;

@@ -107,14 +107,24 @@ impl Cache {
     ///
     /// A slot a hit's read pins is trimmed when the last such read is done (`read_done`
     /// says so), never under a read: the slot cannot be allocated meanwhile either, so it is
-    /// trimmed exactly once, with nothing else of this cache in flight on it.
+    /// trimmed exactly once, with nothing else of this cache in flight on it. Trims go out
+    /// at most `MEMBER_TRIMS_INFLIGHT_MAX` at a time per member (`send_trims`).
     pub(super) fn trim_slot(&mut self, member: usize, slot: u32) {
         if !self.dir.trim_due(member, slot) {
             return;
         }
-        self.counters.member_trims += 1;
+        self.dir.queue_trim(member, slot);
+        self.send_trims(member);
+    }
+
+    /// Sends the trims of `member` that wait, while fewer than `MEMBER_TRIMS_INFLIGHT_MAX`
+    /// are in flight.
+    fn send_trims(&mut self, member: usize) {
         let len = self.slot_bytes();
-        self.member_op(member, OpKind::SlotTrim { slot }, MemberCmd::Trim { offset: slot as u64 * len, len });
+        while let Some(slot) = self.dir.next_trim(member) {
+            self.counters.member_trims += 1;
+            self.member_op(member, OpKind::SlotTrim { slot }, MemberCmd::Trim { offset: slot as u64 * len, len });
+        }
     }
 
     /// A slot's trim is reported. A failed trim fails its member, as any failed member
@@ -126,6 +136,7 @@ impl Cache {
             Ok(_) => {
                 self.dir.member_answered(member);
                 self.dir.trim_done(member, slot);
+                self.send_trims(member);
             }
             Err(_) => self.member_failed(member, true),
         }

@@ -261,14 +261,19 @@ impl Cache {
         if self.fill_of.len() != self.fills.len() {
             return Err(format!("{} fills, {} blocks with fills", self.fills.len(), self.fill_of.len()));
         }
+        let mut trims = vec![0; self.dir.member_count()];
         for o in self.ops.values() {
             if let (OpKind::SlotTrim { slot }, Some(m)) = (&o.kind, o.member) {
                 if !self.dir.trimming(m, *slot) || !self.dir.trim_due(m, *slot) {
                     return Err(format!("a trim in flight of member {m} slot {slot}, which is not dropped and unpinned"));
                 }
+                trims[m] += 1;
             }
         }
-        Ok(())
+        match (0..trims.len()).find(|&m| trims[m] != self.dir.trims_sent(m)) {
+            Some(m) => Err(format!("member {m}: {} trims in flight, {} counted", trims[m], self.dir.trims_sent(m))),
+            None => Ok(()),
+        }
     }
 
     /// With no request in flight and every operation reported: nothing is left held.

@@ -560,3 +560,43 @@ fn a_failed_trim_fails_its_member() {
     r.settle();
     r.cache.check_idle().unwrap();
 }
+
+/// A client's trim of the whole volume drops every slot at once; their trims go to the
+/// member a few at a time, each timed from when it is sent, so a member that answers them
+/// at a steady rate is not marked down for the ones still waiting, and all are trimmed.
+#[test]
+fn a_mass_invalidation_trims_a_few_slots_at_a_time() {
+    let max = crate::limits::MEMBER_TRIMS_INFLIGHT_MAX;
+    let (slots, timeout_ms) = (4 * max as u64, 10);
+    let mut r = Rig::timed(slots * BS, BS, slots, false, timeout_ms);
+    r.read(1, 0, slots * BS);
+    assert_eq!(r.cache.counters().fills, slots);
+    r.request(2, Request::Trim { offset: 0, len: slots * BS, fua: false });
+    r.held.retain(|a| match a {
+        Action::Backing { op, cmd } => {
+            let out = backing_op(&mut r.backing, cmd.clone());
+            r.cache.handle_backing_done(0, *op, Ok(out));
+            false
+        }
+        _ => true,
+    });
+    r.collect();
+    // The member answers `max` trims every half timeout.
+    let mut now = 0;
+    while !r.held.is_empty() {
+        assert!(held_trims(&r).len() <= max, "{} trims in flight", held_trims(&r).len());
+        now += timeout_ms * 1_000_000 / 2;
+        r.cache.handle_tick(now);
+        r.collect();
+        let batch: Vec<Action> = r.held.drain(..max.min(r.held.len())).collect();
+        for a in batch {
+            let Action::Member { op, cmd: MemberCmd::Trim { offset, len }, .. } = a else { panic!("{a:?}") };
+            r.member[offset as usize..(offset + len) as usize].fill(0);
+            r.cache.handle_member_done(now, op, Ok(Vec::new()));
+        }
+        r.collect();
+    }
+    let c = r.cache.counters();
+    assert_eq!((c.member_failures, c.member_trims), (0, slots), "every slot trimmed, none timed out");
+    r.cache.check_idle().unwrap();
+}

@@ -43,6 +43,7 @@ fn add(total: &mut Counters, c: Counters) {
     total.evictions += c.evictions;
     total.fills_overtaken += c.fills_overtaken;
     total.verify_failures += c.verify_failures;
+    total.member_trims += c.member_trims;
     total.member_failures += c.member_failures;
 }
 
