@@ -127,11 +127,16 @@ fn fake_with(block_min: u32, meta_fails: bool, extended: bool, script: Script) -
 
 /// Connects, reads 4096 bytes at 4096 and returns the result, all within 10 seconds.
 fn read_from(port: u16) -> Result<Vec<u8>, Error> {
+    read_into_from(port, 0)
+}
+
+/// As `read_from`, into a buffer that holds `old` in every byte before the read.
+fn read_into_from(port: u16, old: u8) -> Result<Vec<u8>, Error> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(10), async {
             let c = Client::connect(&format!("nbd://127.0.0.1:{port}/")).await?;
-            let first = c.read_owned(4096, vec![0; 4096]).await;
+            let first = c.read_owned(4096, vec![old; 4096]).await;
             if matches!(first, Err(Error::Protocol(_))) {
                 // The connection must now refuse further work rather than hang.
                 let again = c.read_owned(0, vec![0; 512]).await;
@@ -308,6 +313,18 @@ fn honest_out_of_order_chunks_with_a_hole_are_accepted() {
     assert!(got[..1024].iter().all(|&b| b == 1));
     assert!(got[1024..3072].iter().all(|&b| b == 0));
     assert!(got[3072..].iter().all(|&b| b == 3));
+}
+
+#[test]
+fn a_hole_reads_as_zeros_whatever_the_buffer_held() {
+    // The client does not zero a read's buffer first: a hole chunk must write its zeros.
+    let port = fake(|s, r| {
+        let _ = s.write_all(&reply::offset_hole(ReplyTo::compact(r.handle), r.offset, 1024, false));
+        data_chunk(s, r.handle, r.offset + 1024, &[5; 3072], true);
+    });
+    let got = read_into_from(port, 0xaa).expect("honest reply refused");
+    assert!(got[..1024].iter().all(|&b| b == 0), "the hole kept what the buffer held");
+    assert!(got[1024..].iter().all(|&b| b == 5));
 }
 
 /// A fake whose handshake itself misbehaves.

@@ -40,7 +40,9 @@ struct Pending {
     offset: u64,
     /// 64 bits with extended headers; a read's always fits in 32.
     len: u64,
-    /// Read destination: zero-filled buffers whose lengths add up to `len`.
+    /// Read destination: buffers whose lengths add up to `len`, holding anything until the
+    /// reply's data and hole chunks (which must cover the whole range before the read
+    /// succeeds) have written every byte.
     bufs: Vec<Vec<u8>>,
     /// Byte ranges (relative to `offset`) already filled by data or hole chunks, for the
     /// overlap and coverage checks.
@@ -519,22 +521,11 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
             let n = (h.len - 8) as u32;
             let rel = place(p, at, n, end, "OFFSET_DATA")?;
             // Straight from the socket into the caller's buffers.
-            let mut skip = rel as usize;
-            let mut left = n as usize;
-            for b in &mut p.bufs {
-                if left == 0 {
-                    break;
-                }
-                if skip >= b.len() {
-                    skip -= b.len();
-                    continue;
-                }
-                let take = (b.len() - skip).min(left);
-                read_exact(r, &mut b[skip..skip + take]).await?;
-                left -= take;
-                skip = 0;
+            let mut spans = Spans::new(rel, n);
+            while let Some((i, range)) = spans.next(&p.bufs) {
+                read_exact(r, &mut p.bufs[i][range]).await?;
             }
-            debug_assert_eq!(left, 0);
+            debug_assert_eq!(spans.left, 0, "a chunk reaches past its request's buffers");
         }
         REPLY_TYPE_OFFSET_HOLE => {
             if p.cmd != CMD_READ {
@@ -545,8 +536,13 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
             if n == 0 {
                 return protocol("OFFSET_HOLE chunk of length 0");
             }
-            // The buffers were zero-filled and this range is new, so it already reads as zeros.
-            place(p, at, n, end, "OFFSET_HOLE")?;
+            // The buffers may hold anything (they are not zeroed up front), so the hole is
+            // written as zeros here, like data.
+            let rel = place(p, at, n, end, "OFFSET_HOLE")?;
+            let mut spans = Spans::new(rel, n);
+            while let Some((i, range)) = spans.next(&p.bufs) {
+                p.bufs[i][range].fill(0);
+            }
         }
         REPLY_TYPE_BLOCK_STATUS_EXT if !session.extended => return protocol("BLOCK_STATUS_EXT chunk without extended headers"),
         REPLY_TYPE_BLOCK_STATUS | REPLY_TYPE_BLOCK_STATUS_EXT => {
@@ -598,6 +594,37 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
         kind => return protocol(format!("unknown reply chunk type {kind}")),
     }
     Ok(())
+}
+
+/// Where a chunk's bytes land in its request's buffers: (buffer, range within it) pieces,
+/// in order, for `left` bytes starting `skip` bytes into the request. `place` checked that
+/// they lie inside it. It borrows the buffers only between steps, so each piece can be
+/// written in turn.
+struct Spans {
+    skip: usize,
+    left: usize,
+    i: usize,
+}
+
+impl Spans {
+    fn new(skip: u32, left: u32) -> Spans {
+        Spans { skip: skip as usize, left: left as usize, i: 0 }
+    }
+
+    fn next(&mut self, bufs: &[Vec<u8>]) -> Option<(usize, std::ops::Range<usize>)> {
+        while self.left > 0 {
+            let (i, len) = (self.i, bufs.get(self.i)?.len());
+            self.i += 1;
+            if self.skip >= len {
+                self.skip -= len;
+                continue;
+            }
+            let (at, take) = (self.skip, (len - self.skip).min(self.left));
+            (self.skip, self.left) = (0, self.left - take);
+            return Some((i, at..at + take));
+        }
+        None
+    }
 }
 
 /// Reads a non-data chunk's payload, refusing sizes no honest server sends.

@@ -39,14 +39,31 @@ impl<M: Member> CacheDriver<M> {
     }
 
     /// One request that `Client` checked and split, as it would send it to a server.
-    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], mut bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
-        let request = request(cmd, flags, offset, len as u64, payload)?;
+    pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+        let write = (cmd == CMD_WRITE).then(|| gather(payload));
+        self.submit(cmd, flags, offset, len, write, bufs).await
+    }
+
+    /// A write whose bytes the caller hands over (`Client::write_owned`): the core takes
+    /// the caller's buffer, which `call` would copy first.
+    pub(crate) async fn write_owned(&self, flags: u16, offset: u64, data: Vec<u8>) -> Result<Outcome, Error> {
+        let len = u32::try_from(data.len()).expect("a cached volume's requests stay within 32 bits");
+        self.submit(CMD_WRITE, flags, offset, len, Some(data), Vec::new()).await
+    }
+
+    /// Sends the core a request and waits for its answer. A read without buffers
+    /// (`Client::read_pieces`) gets the core's own.
+    async fn submit(&self, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, mut bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+        let request = request(cmd, flags, offset, len as u64, write)?;
         let (done, answer) = oneshot::channel();
         self.inbox.send(Event::Request { request, done }).map_err(|_| Error::Closed)?;
         match answer.await {
             Ok(Ok(data)) if cmd == CMD_READ => {
                 if data.len() as u64 != len as u64 {
                     return Err(Error::Protocol(format!("the cache answered a read of {len} bytes with {}", data.len())));
+                }
+                if bufs.is_empty() {
+                    return Ok(Outcome::Read(vec![data]));
                 }
                 land(&mut bufs, 0, data);
                 Ok(Outcome::Read(bufs))
@@ -88,11 +105,12 @@ impl<M: Member> Drop for CacheDriver<M> {
 
 /// The core's request for an NBD request that `Client` already checked (range, alignment,
 /// read-only, flags the export advertises).
-fn request(cmd: u16, flags: u16, offset: u64, len: u64, payload: &[IoSlice<'_>]) -> Result<Request, Error> {
+/// A write's bytes are `write`.
+fn request(cmd: u16, flags: u16, offset: u64, len: u64, write: Option<Vec<u8>>) -> Result<Request, Error> {
     let fua = flags & CMD_FLAG_FUA != 0;
     match cmd {
         CMD_READ => Ok(Request::Read { offset, len }),
-        CMD_WRITE => Ok(Request::Write { offset, data: gather(payload), fua }),
+        CMD_WRITE => Ok(Request::Write { offset, data: write.unwrap_or_default(), fua }),
         CMD_WRITE_ZEROES => Ok(Request::Zero { offset, len, fua, may_trim: flags & CMD_FLAG_NO_HOLE == 0 }),
         CMD_TRIM => Ok(Request::Trim { offset, len, fua }),
         CMD_FLUSH => Ok(Request::Flush),
@@ -108,13 +126,13 @@ mod tests {
 
     #[test]
     fn requests_carry_their_flags() {
-        let data = [7u8; 3];
-        assert_eq!(request(CMD_READ, 0, 4096, 512, &[]).unwrap(), Request::Read { offset: 4096, len: 512 });
-        assert_eq!(request(CMD_WRITE, CMD_FLAG_FUA, 0, 3, &[IoSlice::new(&data)]).unwrap(), Request::Write { offset: 0, data: data.to_vec(), fua: true });
-        assert_eq!(request(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1, 2, &[]).unwrap(), Request::Zero { offset: 1, len: 2, fua: false, may_trim: false });
-        assert_eq!(request(CMD_TRIM, 0, 3, 4, &[]).unwrap(), Request::Trim { offset: 3, len: 4, fua: false });
-        assert_eq!(request(CMD_CACHE, 0, 8, 9, &[]).unwrap(), Request::Cache { offset: 8, len: 9 });
-        assert_eq!(request(CMD_FLUSH, 0, 0, 0, &[]).unwrap(), Request::Flush);
-        assert!(matches!(request(CMD_BLOCK_STATUS, 0, 0, 1, &[]), Err(Error::Unsupported(_))));
+        let data = vec![7u8; 3];
+        assert_eq!(request(CMD_READ, 0, 4096, 512, None).unwrap(), Request::Read { offset: 4096, len: 512 });
+        assert_eq!(request(CMD_WRITE, CMD_FLAG_FUA, 0, 3, Some(data.clone())).unwrap(), Request::Write { offset: 0, data, fua: true });
+        assert_eq!(request(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1, 2, None).unwrap(), Request::Zero { offset: 1, len: 2, fua: false, may_trim: false });
+        assert_eq!(request(CMD_TRIM, 0, 3, 4, None).unwrap(), Request::Trim { offset: 3, len: 4, fua: false });
+        assert_eq!(request(CMD_CACHE, 0, 8, 9, None).unwrap(), Request::Cache { offset: 8, len: 9 });
+        assert_eq!(request(CMD_FLUSH, 0, 0, 0, None).unwrap(), Request::Flush);
+        assert!(matches!(request(CMD_BLOCK_STATUS, 0, 0, 1, None), Err(Error::Unsupported(_))));
     }
 }

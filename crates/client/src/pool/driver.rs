@@ -3,13 +3,13 @@
 use super::background::supervise;
 use super::member::Member;
 use super::pump::Shared;
-use super::requests::{self, Request};
+use super::requests::{self, ReadInto, Request};
 use crate::connection::Outcome;
 use crate::error::Error;
 use crate::limits::POOL_STOP_MARGIN_MS;
 use crate::uri::Uri;
 use sluice_pool::{Coordinator, Status};
-use sluice_proto::wire::CMD_WRITE;
+use sluice_proto::wire::{CMD_READ, CMD_WRITE};
 use std::io::IoSlice;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,10 +37,27 @@ impl<M: Member> PoolDriver<M> {
 
     /// One request that `Client` checked and split, as it would send it to a server.
     pub(crate) async fn call(&self, cmd: u16, flags: u16, offset: u64, len: u32, payload: &[IoSlice<'_>], bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
+        let write = (cmd == CMD_WRITE).then(|| requests::gather(payload));
+        self.submit(cmd, flags, offset, len, write, bufs).await
+    }
+
+    /// A write whose bytes the caller hands over (`Client::write_owned`): the member writes
+    /// send them from the caller's buffer, which `call` would copy first.
+    pub(crate) async fn write_owned(&self, flags: u16, offset: u64, data: Vec<u8>) -> Result<Outcome, Error> {
+        let len = u32::try_from(data.len()).expect("a pool's requests stay within 32 bits");
+        self.submit(CMD_WRITE, flags, offset, len, Some(data), Vec::new()).await
+    }
+
+    async fn submit(&self, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
         let command = requests::command(cmd, flags, offset, len)?;
-        let write = (cmd == CMD_WRITE).then(|| Arc::new(requests::gather(payload)));
+        let write = write.map(Arc::new);
         let (done, answer) = oneshot::channel();
-        let request = Request { write, read: bufs, done };
+        // A read without buffers (`Client::read_pieces`) keeps the members' own.
+        let read = match cmd == CMD_READ && bufs.is_empty() {
+            true => ReadInto::Pieces { len: len as u64, got: Vec::new() },
+            false => ReadInto::Bufs(bufs),
+        };
+        let request = Request { write, read, done };
         self.shared.run(|core, now| {
             if core.closed {
                 return Err(Error::Closed);

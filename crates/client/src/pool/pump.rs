@@ -6,7 +6,7 @@
 
 use super::member::Member;
 use super::member_io::{self, Payload};
-use super::requests::{land, Request};
+use super::requests::Request;
 use crate::error::Error;
 use crate::uri::Uri;
 use sluice_pool::{Action, Coordinator, CopyId, Data, Failure, Found, MemberCmd, OpId, OpOutcome, ReqId};
@@ -365,7 +365,7 @@ impl<M> Core<M> {
             (Sink::Request { req, at }, Some(b)) => {
                 // A request that already failed has no buffers left to fill.
                 if let Some(r) = self.requests.get_mut(&req) {
-                    land(&mut r.read, at, b);
+                    r.read.land(at, b);
                 }
             }
             (Sink::Copy(id), Some(b)) => {
@@ -387,7 +387,7 @@ impl<M> Core<M> {
     fn complete(&mut self, req: ReqId, result: Result<(), Failure>) {
         if let Some(r) = self.requests.remove(&req) {
             // The caller may have given up waiting; nothing to tell then.
-            let _ = r.done.send(result.map(|()| r.read));
+            let _ = r.done.send(result.map(|()| r.read.finish()));
         }
     }
 }

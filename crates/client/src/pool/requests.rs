@@ -14,8 +14,8 @@ use tokio::sync::oneshot;
 pub(crate) struct Request {
     /// A write's bytes, shared by the member writes that send them.
     pub(crate) write: Option<Arc<Vec<u8>>>,
-    /// A read's destination (the caller's buffers, in order).
-    pub(crate) read: Vec<Vec<u8>>,
+    /// A read's destination.
+    pub(crate) read: ReadInto,
     pub(crate) done: oneshot::Sender<Result<Vec<Vec<u8>>, Failure>>,
 }
 
@@ -42,6 +42,52 @@ pub(crate) fn gather(payload: &[IoSlice<'_>]) -> Vec<u8> {
         out.extend_from_slice(s);
     }
     out
+}
+
+/// Where a read's pieces go.
+pub(crate) enum ReadInto {
+    /// The caller's buffers, in order: each piece is copied into them (or replaces the
+    /// only one, when it is the whole of it).
+    Bufs(Vec<Vec<u8>>),
+    /// No buffers of the caller's: the members' own buffers are kept as they come, each
+    /// with its offset in the request, and handed back in order. No piece is copied.
+    Pieces { len: u64, got: Vec<(u64, Vec<u8>)> },
+}
+
+impl ReadInto {
+    pub(crate) fn land(&mut self, at: u64, data: Vec<u8>) {
+        match self {
+            ReadInto::Bufs(bufs) => land(bufs, at, data),
+            ReadInto::Pieces { got, .. } => got.push((at, data)),
+        }
+    }
+
+    /// The read's bytes, in order. Pieces that do not tile the request exactly (a piece
+    /// read twice, from two copies, both answering) are laid into one buffer instead, in
+    /// the order they came, as `Bufs` would have them.
+    pub(crate) fn finish(self) -> Vec<Vec<u8>> {
+        let (len, mut got) = match self {
+            ReadInto::Bufs(bufs) => return bufs,
+            ReadInto::Pieces { len, got } => (len, got),
+        };
+        let mut sorted: Vec<(u64, u64)> = got.iter().map(|(at, d)| (*at, d.len() as u64)).collect();
+        sorted.sort_unstable();
+        let mut end = 0;
+        let tiles = sorted.iter().all(|&(at, n)| {
+            let next = at == end;
+            end = at + n;
+            next
+        }) && end == len;
+        if tiles {
+            got.sort_unstable_by_key(|(at, _)| *at);
+            return got.into_iter().map(|(_, d)| d).collect();
+        }
+        let mut one = vec![vec![0u8; len as usize]];
+        for (at, d) in got {
+            land(&mut one, at, d);
+        }
+        one
+    }
 }
 
 /// Puts `data`, read from a member, at byte `at` of the request's buffers. A piece that is
@@ -126,6 +172,31 @@ mod tests {
         assert_eq!(bufs[0].as_ptr(), at);
         land(&mut bufs, 1, vec![9, 9]);
         assert_eq!(bufs[0], vec![1, 9, 9, 4]);
+    }
+
+    #[test]
+    fn pieces_come_back_in_order_uncopied() {
+        let mut r = ReadInto::Pieces { len: 7, got: Vec::new() };
+        let (a, b, c) = (vec![5u8, 6, 7], vec![1u8, 2], vec![3u8, 4]);
+        let at = [a.as_ptr(), b.as_ptr(), c.as_ptr()];
+        r.land(4, a);
+        r.land(0, b);
+        r.land(2, c);
+        let out = r.finish();
+        assert_eq!(out, vec![vec![1, 2], vec![3, 4], vec![5, 6, 7]]);
+        assert_eq!([out[2].as_ptr(), out[0].as_ptr(), out[1].as_ptr()], at);
+    }
+
+    #[test]
+    fn pieces_that_do_not_tile_are_laid_in_arrival_order() {
+        // The same range answered twice (two copies), and a gap: one buffer, as `Bufs`.
+        let mut r = ReadInto::Pieces { len: 6, got: Vec::new() };
+        r.land(0, vec![1, 1]);
+        r.land(0, vec![2, 2]);
+        r.land(4, vec![3, 3]);
+        assert_eq!(r.finish(), vec![vec![2, 2, 0, 0, 3, 3]]);
+        let short = ReadInto::Pieces { len: 4, got: vec![(0, vec![1, 2])] };
+        assert_eq!(short.finish(), vec![vec![1, 2, 0, 0]]);
     }
 
     #[test]

@@ -182,8 +182,10 @@ impl Backend for RemoteBackend {
             StorageOp::Read { offset, len, into: Held::Buf(buf), at, .. } => {
                 let done = ring.defer(id, Held::Buf(buf), at);
                 self.spawn(done, async move {
-                    match remote.client.read_owned(offset, vec![0; len]).await {
-                        Ok(data) => (data.len() as i32, Payload::Bytes(data)),
+                    // A pool's pieces come as its members sent them, and are copied into
+                    // the parked buffer once, on the worker.
+                    match remote.client.read_pieces(offset, len).await {
+                        Ok(pieces) => (pieces.iter().map(Vec::len).sum::<usize>() as i32, Payload::Pieces(pieces)),
                         Err(e) => (remote.result(Err(e)), Payload::Nothing),
                     }
                 });
@@ -195,7 +197,7 @@ impl Backend for RemoteBackend {
                 let data = buf.as_slice()[at..at + len].to_vec();
                 let done = ring.defer(id, Held::Buf(buf), 0);
                 self.spawn(done, async move {
-                    let written = remote.client.write(offset, &data, fua).await;
+                    let written = remote.client.write_owned(offset, data, fua).await;
                     (remote.result(written.map(|()| len)), Payload::Nothing)
                 });
             }

@@ -31,6 +31,8 @@ pub enum Payload {
     Nothing,
     /// Bytes read: copied into the parked buffer at the offset given to `defer`.
     Bytes(Vec<u8>),
+    /// Bytes read in pieces, in order: copied one after another, as `Bytes` is.
+    Pieces(Vec<Vec<u8>>),
     /// Extents found: they replace what was parked (an empty `Held::Extents`, which an
     /// operation cancelled without an answer still returns).
     Extents(Vec<Extent>),
@@ -183,16 +185,8 @@ impl Mailbox {
                 held = Held::Extents(extents);
                 result
             }
-            Payload::Bytes(data) => match &mut held {
-                Held::Buf(buf) if at + data.len() <= buf.len() => {
-                    buf.as_mut_slice()[at..at + data.len()].copy_from_slice(&data);
-                    result
-                }
-                _ => {
-                    debug_assert!(false, "{} bytes do not fit the buffer parked at {at}", data.len());
-                    -libc::EIO
-                }
-            },
+            Payload::Bytes(data) => land(&mut held, at, &[data], result),
+            Payload::Pieces(pieces) => land(&mut held, at, &pieces, result),
         };
         Some(Completion { token: Token::Storage { id, held }, result })
     }
@@ -220,6 +214,27 @@ impl Drop for Mailbox {
             }
         }
     }
+}
+
+/// Copies `pieces`, in order, into a parked buffer from byte `at` on; the operation's
+/// `result` stands if they fit, and EIO replaces it if not (a bug in the poster).
+fn land(held: &mut Held, at: usize, pieces: &[Vec<u8>], result: i32) -> i32 {
+    let total: usize = pieces.iter().map(Vec::len).sum();
+    let Held::Buf(buf) = held else {
+        debug_assert!(false, "{total} bytes for an operation parked without a buffer");
+        return -libc::EIO;
+    };
+    if at + total > buf.len() {
+        debug_assert!(false, "{total} bytes do not fit the buffer parked at {at}");
+        return -libc::EIO;
+    }
+    let mut to = &mut buf.as_mut_slice()[at..at + total];
+    for piece in pieces {
+        let (here, rest) = to.split_at_mut(piece.len());
+        here.copy_from_slice(piece);
+        to = rest;
+    }
+    result
 }
 
 #[cfg(test)]

@@ -4,6 +4,9 @@
 //! sends the same requests to the pool's driver instead, and a client of a cached volume
 //! (`cache:PATH`) to the cache's driver.
 
+mod admin;
+mod read;
+
 use crate::cache::CacheDriver;
 use crate::connection::Outcome;
 use crate::error::Error;
@@ -154,76 +157,31 @@ impl Client {
         Ok(())
     }
 
-    /// Reads `buf.len()` bytes at `offset` into `buf` and hands it back. The data goes from
-    /// the socket straight into `buf`; no staging copy. The buffer is zero-filled first, so
-    /// nothing stale can leak through a misbehaving reply.
-    pub async fn read_owned(&self, offset: u64, buf: Vec<u8>) -> Result<Vec<u8>, Error> {
-        let mut bufs = self.read_vectored(offset, vec![buf]).await?;
-        Ok(bufs.pop().unwrap_or_default())
-    }
-
-    /// Reads into several buffers in order (scatter): `offset` goes to the start of the
-    /// first. Large ranges are split into requests the server accepts and sent together.
-    pub async fn read_vectored(&self, offset: u64, mut bufs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, Error> {
-        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-        self.check_range(offset, total)?;
-        for b in &mut bufs {
-            b.fill(0);
-        }
-        let ex = &self.inner.export;
-        let max = ex.request_max_bytes() as u64;
-        if total <= max && ex.aligned(offset, total) {
-            return self.read_request(offset, bufs).await;
-        }
-        // Too big for one request, or not on the export's block boundaries: read whole
-        // blocks in pieces of at most `max`, each into its own buffer, all in flight
-        // together, then copy the wanted bytes into the caller's buffers. (Splitting the
-        // caller's buffers in place would need aliasing the borrow checker cannot see.)
-        let b = ex.block_min as u64;
-        let lo = offset / b * b;
-        let hi = (offset + total).next_multiple_of(b).min(ex.size);
-        let pieces = (0..(hi - lo).div_ceil(max)).map(|i| {
-            let n = (hi - lo - i * max).min(max);
-            self.read_request(lo + i * max, vec![vec![0u8; n as usize]])
-        });
-        let mut data = Vec::new();
-        for r in join_all(pieces).await {
-            data.extend(r?);
-        }
-        let skip = (offset - lo) as usize;
-        let mut src = data.iter().flat_map(|d| d.iter()).skip(skip);
-        for b in &mut bufs {
-            for (d, s) in b.iter_mut().zip(&mut src) {
-                *d = *s;
-            }
-        }
-        Ok(bufs)
-    }
-
-    /// One READ request; the buffers' lengths add up to at most the request maximum.
-    async fn read_request(&self, offset: u64, bufs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, Error> {
-        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-        if total == 0 {
-            return Ok(bufs);
-        }
-        match self.call(CMD_READ, 0, offset, total, &[], bufs).await? {
-            Outcome::Read(b) => Ok(b),
-            _ => Err(Error::Protocol("read answered without data".into())),
-        }
-    }
-
-    /// Reads into a borrowed buffer. This costs one copy from an owned buffer; use
-    /// `read_owned` or `read_vectored` on hot paths.
-    pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
-        let data = self.read_owned(offset, vec![0u8; buf.len()]).await?;
-        buf.copy_from_slice(&data);
-        Ok(())
-    }
-
     /// Writes `data` at `offset`; with `fua`, the server has it on stable storage before
     /// answering.
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Error> {
         self.write_vectored(offset, &[IoSlice::new(data)], fua).await
+    }
+
+    /// Writes `data` at `offset`, as `write` does, handing the buffer over: a pool or a
+    /// cached volume sends it to its members as it is, where `write` copies it first (their
+    /// member writes outlive a borrow). Other exports write it as `write` does.
+    pub async fn write_owned(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), Error> {
+        let len = data.len() as u64;
+        let one_request = len > 0 && len <= self.inner.export.request_max_bytes() as u64;
+        if matches!(self.inner.transport, Transport::Conns(_)) || !one_request {
+            return self.write(offset, &data, fua).await;
+        }
+        self.check_writable()?;
+        self.check_range(offset, len)?;
+        self.check_aligned(offset, len)?;
+        let flags = self.fua_flag(fua)?;
+        match &self.inner.transport {
+            Transport::Pool(pool) => pool.write_owned(flags, offset, data).await?,
+            Transport::Cache(cache) => cache.write_owned(flags, offset, data).await?,
+            Transport::Conns(links) => links.call(CMD_WRITE, flags, offset, len, &[IoSlice::new(&data)], Vec::new()).await?,
+        };
+        Ok(())
     }
 
     /// Writes several buffers in order (gather) as one range starting at `offset`. The
@@ -474,96 +432,4 @@ async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) 
     })
     .await;
     results.into_iter().map(|r| r.unwrap()).collect()
-}
-
-/// What a client of a pool (`pool:` URI) can ask of the pool itself, and one of a cached
-/// volume (`cache:`) of its cache.
-impl Client {
-    /// For a cached volume: its counters and members now; `None` for anything else (or
-    /// once it stopped).
-    pub async fn cache_status(&self) -> Option<crate::cache::Status> {
-        match &self.inner.transport {
-            Transport::Cache(cache) => cache.status().await,
-            _ => None,
-        }
-    }
-
-    /// For a pool: where its members are now, in the pool file's order.
-    pub fn pool_members(&self) -> Option<Vec<Uri>> {
-        match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => None,
-            Transport::Pool(pool) => Some(pool.member_uris()),
-        }
-    }
-
-    /// For a pool: puts the server at `uri` in member `index`'s place. The old member is
-    /// dropped; the new one is connected in the background and rebuilt in full from the
-    /// other copies of its set. Refused for a stripe, for the only in-sync member of a set,
-    /// and for anything but a pool.
-    pub fn replace_pool_member(&self, index: usize, uri: &Uri) -> Result<(), Error> {
-        match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
-            Transport::Pool(pool) => pool.replace(index, uri.clone()),
-        }
-    }
-
-    /// For a pool: the servers that take the place of a member missing `spare_after_ms`
-    /// (in order), as the pool file names them now.
-    pub fn set_pool_spares(&self, spares: Vec<String>, spare_after_ms: u64) -> Result<(), Error> {
-        match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
-            Transport::Pool(pool) => {
-                pool.set_spares(spares, spare_after_ms);
-                Ok(())
-            }
-        }
-    }
-
-    /// For a pool: whether the members at `indexes` could all be replaced now (each set
-    /// keeping an in-sync member that stays): Ok, or why not.
-    pub fn check_pool_replacements(&self, indexes: &[usize]) -> Result<(), Error> {
-        match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
-            Transport::Pool(pool) => pool.can_replace(indexes),
-        }
-    }
-
-    /// For a pool: starts comparing the copies of every mirror set (`repair`: and
-    /// rewriting those that differ from member `from`, or each set's first in-sync copy);
-    /// `pool_status().scrub` follows it. Refused for a stripe, while a scrub runs, and for
-    /// anything but a pool.
-    pub fn start_pool_scrub(&self, repair: bool, from: Option<usize>) -> Result<(), Error> {
-        match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
-            Transport::Pool(pool) => pool.start_scrub(repair, from),
-        }
-    }
-
-    /// For a pool: adds the servers at `uris` at the end of its members (`sluice pool
-    /// grow`). A stripe or raid10 (whole mirror sets) reshapes the volume onto them while
-    /// serving, and grows when that is done (new connections see the new size); a mirror
-    /// gets them as copies more. Refused for anything but a pool.
-    pub async fn grow_pool(&self, uris: &[Uri]) -> Result<(), Error> {
-        match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
-            Transport::Pool(pool) => pool.grow(uris.to_vec()).await,
-        }
-    }
-
-    /// For a pool: whether `count` members could be added now: Ok, or why not.
-    pub fn check_pool_grow(&self, count: usize) -> Result<(), Error> {
-        match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => Err(Error::Refused("not a pool".into())),
-            Transport::Pool(pool) => pool.can_grow(count),
-        }
-    }
-
-    /// The live state of the pool this client uses (members, resync progress, dirty
-    /// regions); `None` for a plain export.
-    pub fn pool_status(&self) -> Option<sluice_pool::Status> {
-        match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => None,
-            Transport::Pool(pool) => Some(pool.status()),
-        }
-    }
 }
