@@ -27,6 +27,10 @@ class Job:
     # --rate: bytes per second per job (connection) and direction, a plain number because
     # fio reads a suffix like 400m in binary units (kb_base=1024). None: as fast as it goes.
     rate: Optional[int] = None
+    # --offset and --size: the bytes the job ranges over, when not the whole export (a
+    # re-exported pool's volume starts past its member's metadata). None: fio's default.
+    offset: Optional[int] = None
+    size: Optional[int] = None
 
 
 @dataclass
@@ -75,6 +79,10 @@ def _common(job: Job) -> list:
         args.append(f"--cpus_allowed={job.cpus}")
     if job.rate:
         args.append(f"--rate={job.rate}")
+    if job.offset:
+        args.append(f"--offset={job.offset}")
+    if job.size:
+        args.append(f"--size={job.size}")
     return args
 
 

@@ -18,10 +18,10 @@ def default_path(size: int) -> str:
     return os.path.join(DEFAULT_DIR, f"sluice-bench-{size_label(size)}.img")
 
 
-def scratch_path(image: str) -> str:
+def scratch_path(image: str, role: str = "scratch") -> str:
     base = os.path.basename(image)
     stem = base[:-4] if base.endswith(".img") else base
-    return os.path.join(DEFAULT_DIR, f"{stem}-scratch.img")
+    return os.path.join(DEFAULT_DIR, f"{stem}-{role}.img")
 
 
 def size_of(path: str) -> int:
@@ -51,13 +51,15 @@ def ensure(path: str, size: int, report) -> int:
     return size
 
 
-def ensure_scratch(image: str, report) -> str:
-    """A copy of the image for write jobs, made once; fully allocated, like the image."""
-    path = scratch_path(image)
+def ensure_scratch(image: str, report, role: str = "scratch",
+                   purpose: str = "for write jobs") -> str:
+    """A copy of the image, made once; fully allocated, like the image. role names the file
+    (IMAGE-ROLE.img): the write jobs' copy, or one an experiment writes metadata to."""
+    path = scratch_path(image, role)
     size = size_of(image)
     if os.path.exists(path) and size_of(path) == size:
         return path
-    report.say(f"creating {path}: a copy of the image for write jobs ...")
+    report.say(f"creating {path}: a copy of the image {purpose} ...")
     partial = path + ".partial"
     shutil.copyfile(image, partial)
     with open(partial, "rb+") as f:

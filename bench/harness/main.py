@@ -20,6 +20,7 @@ import ceph
 import clients
 import clientside
 import fio
+import gateway
 import image
 import interference
 import netmem
@@ -36,11 +37,12 @@ from units import parse_size, size_label
 
 EXPERIMENTS = {"peers": peers.run, "sweep": sweep.run, "clients": clients.run,
                "client": clientside.run, "scale": scale.run, "interference": interference.run,
-               "ceph": ceph.run, "qos": qos.run, "netmem": netmem.run}
+               "ceph": ceph.run, "qos": qos.run, "netmem": netmem.run, "gateway": gateway.run}
 # What a plain bench/run runs: the full run is already about 44 minutes, so interference (a
 # question of its own, with its own CPU placement), ceph (a Ceph cluster of its own, and
 # sluice's rbd backend) and qos (checks of load restriction against its goals, not a
-# comparison; about 3.5 minutes) and netmem (three nodes in network namespaces) run only
+# comparison; about 3.5 minutes), netmem (three nodes in network namespaces) and gateway
+# (re-exporting servers against their member, judged against the goals) run only
 # when --only names them.
 DEFAULT_EXPERIMENTS = ("peers", "sweep", "clients", "client", "scale")
 # The full run: 574 points (126 peers, 330 sweep, 18 clients, 100 scale on 2 cores) x 3 runs
@@ -74,7 +76,8 @@ def parse_args(argv):
                         f"(default {REPEAT}, {QUICK_REPEAT} with --quick)")
     p.add_argument("--only", metavar="EXPERIMENT",
                    help="run only these, comma-separated: peers, sweep, clients, client, scale, "
-                        "interference, ceph, qos, netmem (the last four only when named)")
+                        "interference, ceph, qos, netmem, gateway (the last five only when "
+                        "named)")
     p.add_argument("--image", metavar="PATH",
                    help="image to serve (default: /var/tmp/sluice-bench-SIZE.img, created once); "
                         "it is only read; writes go to a scratch copy in /var/tmp")

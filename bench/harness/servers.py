@@ -115,7 +115,7 @@ def start(server: Server, image: str, workdir: str, logdir: str) -> Running:
     if server.cpus:
         # taskset execs the server in its own place, so the pid we watch stays the server's.
         argv = ["taskset", "-c", server.cpus] + argv
-    log_path = os.path.join(logdir, f"{_slug(server.name)}.log")
+    log_path = os.path.join(logdir, log_name(server))
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
@@ -205,6 +205,11 @@ def _tail(path: str, lines: int = 2) -> str:
     text = [l.strip() for l in text if l.strip()]
     errors = [l for l in text if "error" in l.lower()]
     return " | ".join(errors[-1:] or text[-lines:]) or "(no output)"
+
+
+def log_name(server: Server) -> str:
+    """The server's log file in the run's logs/ directory."""
+    return f"{_slug(server.name)}.log"
 
 
 def _slug(name: str) -> str:
@@ -348,3 +353,24 @@ def sluice_null(binary: str, size: int, threads: Optional[int] = None) -> Server
 
     name = "null (sluice)" + (f" threads={threads}" if threads else "")
     return Server(name=name, kind="null", cache="no storage", argv=argv)
+
+
+def sluice_gateway(binary: str, name: str, spec: str) -> Server:
+    """sluice re-exporting SPEC (`nbd://...`, `pool:FILE`) as export `vol`: a gateway whose
+    data path is always copy (docs/backends/remote.md), so no --data-path is given."""
+
+    def argv(launch: Launch) -> list:
+        return [binary, "serve", "--listen", f"127.0.0.1:{launch.port}", "--export",
+                f"vol={spec}", "--log-level", "warn"]
+
+    return Server(name=name, kind="sluice", cache="remote (copy)", argv=argv, export="vol")
+
+
+def nbdkit_nbd(uri: str) -> Server:
+    """nbdkit's nbd plugin re-exporting URI: one connection to it per client connection
+    (the plugin's default, shared=false)."""
+
+    def argv(launch: Launch) -> list:
+        return _nbdkit_common(launch, None) + [nbdkit_plugin("nbd"), f"uri={uri}"]
+
+    return Server(name="nbdkit nbd", kind="nbdkit", cache="remote", argv=argv)
