@@ -11,7 +11,8 @@ path). The same fio jobs run against it and against three gateways in front of i
 Every row moves the same bytes of the file: the pool's volume starts after the member's
 1 MiB of metadata, so the other rows start there too (which also keeps their writes off the
 pool's superblock). Warm only: the file is read once before each job, so what differs from
-row to row is the hop, not the disk.
+row to row is the hop, not the disk. The member runs with `--busy-poll 0` (it stands for
+another node; see `_measure_job`).
 
 For each job the member and the gateways start fresh and run side by side; the rows then
 take turns, one run each per round (member, pool, proxy, nbdkit), --repeat rounds, so the
@@ -161,7 +162,12 @@ def _measure_job(ctx: Context, spec: tuple, copy: str, span: int, skipped: dict)
     rounds run, everything stopped (gateways first: the pool releases itself on the member)."""
     label = spec[0]
     cache.warm(copy)
-    member_server = dataclasses.replace(servers.sluice(ctx.binary), name=NAMES["member"])
+    # The member stands for another node: spinning after its work (busy-poll) would take
+    # the cores the gateway and fio share with it here, which on a cluster are another
+    # machine's. Measured on the 2-core VM: with its default spin, the member's four
+    # connections from a sluice gateway kept two of its workers spinning, and the gateway
+    # rows fell by up to a fifth; nbdkit's one connection kept one.
+    member_server = dataclasses.replace(servers.sluice(ctx.binary, busy_poll=0), name=NAMES["member"])
     member = ctx.start(member_server, copy)
     if member is None:
         raise RuntimeError("the member did not start (see the note above and logs/)")
