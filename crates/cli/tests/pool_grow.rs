@@ -2,11 +2,12 @@
 //! members with a fio write+verify load (sluice copy without fio) acknowledged mid-reshape,
 //! the coordinator SIGKILLed twice and restarted, then every byte verified again, the size
 //! grown and (raid10) the copies equal; a stripe grown where no one serves it; a mirror
-//! given a third copy; and the refusals.
+//! given a third copy; the refusals; and a client reading past the size it negotiated.
 mod common;
 use common::*;
 
 use common::pool::{all_in_sync, Coordinator, Member, Pool, MIB};
+use sluice_client::{Client, Options, Uri};
 
 const MEMBER_DATA: u64 = 16 * MIB;
 
@@ -229,4 +230,51 @@ fn grows_that_cannot_work_are_refused_before_anything_changes() {
     let (ok, _, err) = run(SLUICE, &["pool", "grow", &stripe.spec, "--add", &one.uri()]);
     assert!(!ok && err.contains("--offline"), "{err}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), before, "a refused grow leaves the pool file alone");
+}
+
+/// A pool client whose pool grew serves past the size it negotiated: an unaligned read there
+/// (split into whole blocks) must bring the data, never what the caller's buffer held (the
+/// client does not zero it first).
+const GROWN_MEMBER_DATA: u64 = 4 * MIB;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unaligned_read_past_the_negotiated_size_of_a_grown_pool_returns_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members: Vec<Member> = (0..2).map(|i| Member::new(dir.path(), i, GROWN_MEMBER_DATA)).collect();
+    let uris: Vec<String> = members.iter().map(|m| format!("{:?}", m.uri())).collect();
+    let file = dir.path().join("pool.toml");
+    let text = format!("layout = \"stripe\"\nstripe-unit = \"64K\"\nresync-rate = \"1G\"\nmembers = [{}]\n", uris.join(", "));
+    std::fs::write(&file, text).unwrap();
+    let spec = format!("pool:{}", file.display());
+    let (ok, out, err) = run(SLUICE, &["pool", "init", &spec]);
+    assert!(ok, "pool init: {out}{err}");
+
+    let pool = Client::connect_with(&Uri::parse(&spec).unwrap(), &Options::default()).await.expect("open the pool");
+    let old = pool.export().size;
+    assert_eq!(old, 2 * GROWN_MEMBER_DATA);
+    for i in 2..4 {
+        members.push(Member::new(dir.path(), i, GROWN_MEMBER_DATA));
+    }
+    let added: Vec<Uri> = members[2..].iter().map(|m| Uri::parse(&m.uri()).unwrap()).collect();
+    pool.grow_pool(&added).await.expect("grow the pool");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pool.size() != 4 * GROWN_MEMBER_DATA {
+        assert!(std::time::Instant::now() < deadline, "the reshape did not finish: size {}", pool.size());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(pool.export().size, old, "export() keeps the negotiated size");
+
+    // Data in the grown part, written aligned (the fast path).
+    pool.write(old, &[0x5a; 4096], false).await.expect("write past the old size");
+    assert_eq!(pool.read_owned(old, vec![0; 4096]).await.unwrap(), vec![0x5a; 4096], "aligned read of the grown part");
+
+    // Unaligned, crossing the old end: the tail must be the data, not the buffer's old bytes.
+    let got = pool.read_owned(old - 100, vec![0xaa; 200]).await.expect("read across the old end");
+    assert!(got[..100].iter().all(|&b| b == 0), "before the old end: {:?}", &got[..100]);
+    assert!(got[100..].iter().all(|&b| b == 0x5a), "past the old end the read returned {:#x?} (0xaa: the buffer's old contents)", &got[100..110]);
+
+    // Unaligned, wholly inside the grown part's first block: no piece is read at all.
+    let got = pool.read_owned(old + 100, vec![0xaa; 100]).await.expect("read inside the grown part");
+    assert!(got.iter().all(|&b| b == 0x5a), "inside the grown part the read returned {:#x?}", &got[..10]);
+    pool.disconnect().await;
 }

@@ -6,6 +6,7 @@
 use crate::error::Error;
 use crate::limits::*;
 use crate::socket::{Reader, Writer};
+use crate::spans::Spans;
 use sluice_proto::client as wire_c;
 use sluice_proto::wire::*;
 use sluice_proto::RawRequest;
@@ -596,37 +597,6 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
     Ok(())
 }
 
-/// Where a chunk's bytes land in its request's buffers: (buffer, range within it) pieces,
-/// in order, for `left` bytes starting `skip` bytes into the request. `place` checked that
-/// they lie inside it. It borrows the buffers only between steps, so each piece can be
-/// written in turn.
-struct Spans {
-    skip: usize,
-    left: usize,
-    i: usize,
-}
-
-impl Spans {
-    fn new(skip: u32, left: u32) -> Spans {
-        Spans { skip: skip as usize, left: left as usize, i: 0 }
-    }
-
-    fn next(&mut self, bufs: &[Vec<u8>]) -> Option<(usize, std::ops::Range<usize>)> {
-        while self.left > 0 {
-            let (i, len) = (self.i, bufs.get(self.i)?.len());
-            self.i += 1;
-            if self.skip >= len {
-                self.skip -= len;
-                continue;
-            }
-            let (at, take) = (self.skip, (len - self.skip).min(self.left));
-            (self.skip, self.left) = (0, self.left - take);
-            return Some((i, at..at + take));
-        }
-        None
-    }
-}
-
 /// Reads a non-data chunk's payload, refusing sizes no honest server sends.
 async fn small_payload(r: &mut Reader, h: &wire_c::ChunkHeader) -> Result<Vec<u8>, Error> {
     if h.len > CHUNK_PAYLOAD_MAX_BYTES as u64 {
@@ -695,3 +665,4 @@ fn complete(p: &mut Pending) -> Result<Outcome, Error> {
         _ => Ok(Outcome::Done),
     }
 }
+

@@ -40,6 +40,7 @@ pub mod pool;
 mod readahead;
 mod reconnect;
 mod socket;
+mod spans;
 mod tls;
 mod uri;
 

@@ -51,7 +51,9 @@ impl Client {
         // caller's buffers in place would need aliasing the borrow checker cannot see.)
         let b = ex.block_min as u64;
         let lo = offset / b * b;
-        let hi = (offset + total).next_multiple_of(b).min(ex.size);
+        // `self.size()`, not `ex.size`: a grown pool serves past the size it negotiated,
+        // and the range was checked against the former.
+        let hi = (offset + total).next_multiple_of(b).min(self.size());
         let pieces = (0..(hi - lo).div_ceil(max)).map(|i| {
             let n = (hi - lo - i * max).min(max);
             self.read_request(lo + i * max, vec![vec![0u8; n as usize]])
@@ -61,6 +63,10 @@ impl Client {
             data.extend(r?);
         }
         let skip = (offset - lo) as usize;
+        // Every byte of the caller's buffers must come from this read: they are not zeroed.
+        if data.iter().map(|d| d.len() as u64).sum::<u64>() < skip as u64 + total {
+            return Err(Error::Protocol(format!("a split read of {total} bytes at {offset} came back short")));
+        }
         let mut src = data.iter().flat_map(|d| d.iter()).skip(skip);
         for b in &mut bufs {
             for (d, s) in b.iter_mut().zip(&mut src) {
