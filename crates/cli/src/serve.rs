@@ -277,8 +277,11 @@ fn start(args: ServeArgs, built: Built, pid_file: Option<PidFile>, signals: std:
         }
     };
     let notifier = Arc::new(Notifier::from_env());
-    notifier.ready(&running);
+    // Housekeeping watches the connections before READY=1 goes out: a client that connects
+    // the moment the manager hears it must still change the status line. (The other way
+    // round, one that came in between was missed until the next change.)
     let housekeeping = Housekeeping::spawn(Arc::clone(&running), Arc::clone(&notifier));
+    notifier.ready(&running);
     let command = args.run.clone();
     let reloader = Reloader { args, inherited, catalog, fixed, poke: housekeeping.poker() };
     match signals {
