@@ -1,7 +1,8 @@
 //! Pipelined reads: a large read is split into chunks that go out as each is read, in
 //! completion order with structured replies, and a storage error mid-read is reported the
 //! way the protocol requires; automatic chunks (the default) arrive intact on every data
-//! path and in every reply mode.
+//! path and in every reply mode; many large reads in flight at once arrive intact when the
+//! socket fills under them.
 mod common;
 mod raw;
 use std::os::fd::AsRawFd;
@@ -218,6 +219,40 @@ fn automatic_chunks_arrive_intact_on_every_path_and_in_every_reply_mode() {
                 }
             }
             c.disconnect();
+        }
+        assert_eq!(s.stop().code(), Some(0));
+    }
+}
+
+/// Spliced replies to many reads in flight at once: the socket fills while the client is
+/// not yet reading, so the server's splices stop short or find no room and must carry on
+/// once the client reads.
+#[test]
+fn many_large_reads_in_flight_arrive_intact_when_the_socket_fills() {
+    let len = 8 << 20;
+    for path in ["splice", "splice-direct", "copy"] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("disk.img");
+        let data = pattern(len, 11);
+        write_file(&file, &data);
+        let s = Sluice::start(&[file.to_str().unwrap(), "--data-path", path]);
+        for structured in [false, true] {
+            let mut sockets = vec![Client::connect(&s.socket, "", structured, false).0, Client::tcp(s.port)];
+            sockets[1].start();
+            sockets[1].go("", structured, false);
+            for mut c in sockets {
+                c.set_read_timeout(Duration::from_secs(10));
+                let reads: Vec<(u64, u32)> = (0..24u64).map(|i| ((i * 333_333) % (6 << 20), (1 << 20) + (i as u32 % 3) * 4096)).collect();
+                let handles: Vec<u64> = reads.iter().map(|&(offset, n)| c.req(0, CMD_READ, offset, n)).collect();
+                let mut replies = c.replies(reads.len());
+                for (h, (offset, n)) in handles.into_iter().zip(reads) {
+                    let r = replies.remove(&h).unwrap();
+                    r.assert_ok();
+                    let want = &data[offset as usize..offset as usize + n as usize];
+                    assert!(r.read_data() == want, "{path}, structured {structured}: read of {n} at {offset} differs");
+                }
+                c.disconnect();
+            }
         }
         assert_eq!(s.stop().code(), Some(0));
     }

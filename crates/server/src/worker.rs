@@ -16,7 +16,7 @@ use crate::access::Client;
 use crate::admission::{Budget, Permit};
 use crate::busy_poll::BusyPoll;
 use crate::conn::{Conn, Env, Io, Shutdown};
-use crate::engine::{unacked_bytes, Buf, Completion, ConnId, Pipes, Pool, Ring, StorageId, Token};
+use crate::engine::{splice_out_now, unacked_bytes, Buf, Completion, ConnId, Pipe, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::{Board, Look, Metrics};
@@ -354,12 +354,7 @@ impl Worker {
                     e.conn.handle_send(&mut s.env(), result, batch)
                 }
             }),
-            Token::SpliceOut { conn, pipe } => self.on_entry(conn, |e, s, _| {
-                if e.conn.wants_socket_backlog(result) {
-                    e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
-                }
-                e.conn.handle_splice_out(&mut s.env(), result, pipe)
-            }),
+            Token::SpliceOut { conn, pipe } => self.on_entry(conn, |e, s, _| spliced_out(e, s, result, pipe)),
             Token::Storage { id: StorageId { conn, tag }, held } => {
                 self.on(conn, |c, env| c.handle_storage(env, tag, result, held))
             }
@@ -555,7 +550,16 @@ fn drive(entry: &mut Entry, id: ConnId, shared: &mut Shared) {
     }
 }
 
-/// Carries out what the core asked for; true when some storage operation finished at once.
+/// Tells the core how a splice to its socket went.
+fn spliced_out(entry: &mut Entry, shared: &mut Shared, result: i32, pipe: Pipe) {
+    if entry.conn.wants_socket_backlog(result) {
+        entry.conn.socket_backlog(unacked_bytes(entry.fd.as_fd()));
+    }
+    entry.conn.handle_splice_out(&mut shared.env(), result, pipe)
+}
+
+/// Carries out what the core asked for; true when some storage operation or splice
+/// finished at once.
 fn carry_out(entry: &mut Entry, id: ConnId, shared: &mut Shared) -> bool {
     let fd = entry.fd.as_raw_fd();
     let mut answered_now = false;
@@ -569,7 +573,14 @@ fn carry_out(entry: &mut Entry, id: ConnId, shared: &mut Shared) -> bool {
                 Some(link) => link.send(&mut Wire { ring: shared.ring, fd, id }, batch),
                 None => shared.ring.send(fd, batch, id, !entry.ktls),
             },
-            Io::SpliceOut { pipe, len } => shared.ring.splice_out(pipe, fd, len, id),
+            Io::SpliceOut { pipe, len } => match splice_out_now(&pipe, entry.fd.as_fd(), len) {
+                Ok(n) if n > 0 => {
+                    spliced_out(entry, shared, n as i32, pipe);
+                    answered_now = true;
+                }
+                // Full, or failing: the ring waits for room, or reports the error.
+                _ => shared.ring.splice_out(pipe, fd, len, id),
+            },
             Io::Storage { tag, op } => {
                 if let Some(done) = entry.export.backend.start(op, StorageId { conn: id, tag }, shared.ring) {
                     entry.conn.handle_storage_now(&mut shared.env(), tag, done.result, done.held);

@@ -43,10 +43,6 @@ impl Conn {
         if len == 0 {
             return self.reply_ok(env, slot);
         }
-        if !self.caps.instant {
-            self.reads_in_flight += 1;
-            self.slot_mut(slot).storage_read = true;
-        }
         let plan = self.plan_read(env, offset, len);
         let end = offset + len as u64;
         let pipe_bytes = env.pipes.bytes() as u64;
@@ -130,17 +126,17 @@ impl Conn {
         let direct = self.direct_align;
         let aligned = direct.is_some_and(|a| (offset as usize | len).is_multiple_of(a));
         let pipe_bytes = env.pipes.bytes();
-        // Splice only reads big enough to pay for two worker-thread hops, that small pipes
-        // (when the system refused 1 MiB) can still carry in CHUNKS_PER_READ_MAX chunks
-        // (cutting chunks at page runs adds at most one), and that are alone: spliced
-        // replies leave one after another, each through an io-wq round trip, so with other
-        // reads in flight, copying keeps the socket busier for less CPU.
+        // Splice reads big enough to pay for a trip through io_uring's worker threads (the
+        // one taken when the data is not cached, or the socket full), that small pipes (when
+        // the system refused 1 MiB) can still carry in CHUNKS_PER_READ_MAX chunks (cutting
+        // chunks at page runs adds at most one). Other reads in flight do not matter: the
+        // driver splices to the socket at once when it has room, so spliced replies cost no
+        // more per turn than sent ones.
         let splice = self.export.data_path.uses_splice()
             && caps.splice
             && len >= SPLICE_MIN_BYTES
             && pipe_bytes > 0
-            && len.div_ceil(pipe_bytes) < CHUNKS_PER_READ_MAX
-            && self.reads_in_flight == 1;
+            && len.div_ceil(pipe_bytes) < CHUNKS_PER_READ_MAX;
         // O_DIRECT into buffers reads whole aligned blocks and sends the requested part; an
         // O_DIRECT splice must cover the requested range exactly.
         let bounce = !splice && direct.is_some();

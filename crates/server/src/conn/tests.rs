@@ -411,6 +411,22 @@ fn small_reads_on_a_splice_export_are_copied_without_a_pipe() {
 }
 
 #[test]
+fn large_reads_in_flight_together_are_each_spliced() {
+    let mut rig = Rig::build(true, Chunking::Fixed(1 << 20), DataPath::Splice, Pipes::new(4, 1 << 20));
+    if rig.pipes.bytes() < 1 << 20 {
+        eprintln!("SKIP: this system grants no 1 MiB pipes");
+        return;
+    }
+    let mut bytes = request(CMD_READ, 0, 1, 0, 1 << 20).to_vec();
+    bytes.extend_from_slice(&request(CMD_READ, 0, 2, 1 << 20, 1 << 20));
+    bytes.extend_from_slice(&request(CMD_READ, 0, 3, 2 << 20, 256 << 10));
+    rig.deliver(&bytes);
+    assert_eq!(rig.storage.len(), 3, "all three reads reach the storage at once");
+    assert!(rig.storage.iter().all(|(_, op)| matches!(op, StorageOp::Read { into: Held::Pipe(_), .. })), "each fills a pipe");
+    assert_eq!(rig.pipes.in_use(), 3);
+}
+
+#[test]
 fn a_request_held_at_the_backend_past_the_threshold_is_slow_until_it_ends() {
     use crate::metrics::Look;
     let mut rig = Rig::new(true);

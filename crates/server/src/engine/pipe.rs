@@ -145,3 +145,24 @@ pub fn splice_now(file: BorrowedFd<'_>, offset: u64, pipe: &Pipe, len: usize) ->
     let n = rustix::pipe::splice(file, Some(&mut off), pipe.write_end(), None, len, rustix::pipe::SpliceFlags::NONBLOCK)?;
     Ok(n)
 }
+
+/// Moves what the socket takes at once of the `len` bytes waiting in `pipe`, without
+/// waiting for room; `WouldBlock` when it takes nothing.
+///
+/// A splice through io_uring always runs on one of its worker threads, and that round trip
+/// cost more than a copy for replies of a few hundred KiB. Done here it is one system call.
+/// The socket is non-blocking only for this call: a splice handed to io_uring because the
+/// socket was full must wait for room rather than fail, and a splice cannot be told alone
+/// not to wait (SPLICE_F_NONBLOCK concerns the pipe). Nothing else acts on the socket
+/// meanwhile: the ring runs its deferred work only inside this thread's `io_uring_enter`,
+/// and a connection has one send or splice at a time.
+pub fn splice_out_now(pipe: &Pipe, socket: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    rustix::io::ioctl_fionbio(socket, true)?;
+    let moved = rustix::pipe::splice(pipe.read_end(), None, socket, None, len, rustix::pipe::SpliceFlags::NONBLOCK);
+    if let Err(e) = rustix::io::ioctl_fionbio(socket, false) {
+        // The bytes moved must still be counted. A later splice through the ring may then
+        // fail with EAGAIN, which closes the connection rather than hanging it.
+        log::warn!("could not make a socket blocking again after a splice: {e}");
+    }
+    Ok(moved?)
+}
