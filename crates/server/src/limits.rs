@@ -160,8 +160,9 @@ pub const RATE_HALF_LIFE_BYTES: usize = 16 * 1024 * 1024;
 /// cheaper than a round trip through io_uring's worker threads, where buffered writes run.
 pub const INLINE_WRITE_MAX_BYTES: usize = 64 * 1024;
 
-/// Spliced reads smaller than this are copied: two trips through io_uring's worker threads
-/// cost more than copying a few pages.
+/// Spliced reads smaller than this are copied: when the data is not cached or the socket
+/// is full, a splice takes a trip through io_uring's worker threads, which costs more than
+/// copying a few pages.
 pub const SPLICE_MIN_BYTES: usize = 64 * 1024;
 
 /// O_DIRECT alignment assumed when the kernel cannot say (statx DIOALIGN is Linux 6.1+):

@@ -145,6 +145,7 @@ impl Server {
         if let Some(m) = &metrics_server {
             log::info!("metrics at http://{}/metrics", m.local_addr());
         }
+        raise_descriptor_limit(config.threads.max(1));
         let (handles, joins) = start_workers(&config, &shutdown, &metrics, &qos)?;
         qos.set_wakers(handles.iter().map(|h| {
             let h = h.clone();
@@ -441,6 +442,29 @@ impl Stopper {
         }
         for w in self.workers.lock().expect("stopper lock").iter() {
             w.wake();
+        }
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard one, as a server with many clients
+/// should: each worker may hold PIPES_PER_WORKER_MAX pipes (two descriptors each) besides
+/// its connections, which the usual soft limit of 1024 cannot take on a many-core machine.
+/// A limit that cannot be raised is only logged: clients are then refused with EMFILE
+/// sooner, and reads fall back to copying when no pipe can be made.
+fn raise_descriptor_limit(workers: usize) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    // None is "unlimited".
+    let Some(soft) = limit.current else { return };
+    if limit.maximum.is_some_and(|hard| hard <= soft) {
+        return;
+    }
+    let hard = limit.maximum.map_or("unlimited".to_string(), |n| n.to_string());
+    match setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum }) {
+        Ok(()) => log::debug!("open descriptor limit raised from {soft} to {hard}"),
+        Err(e) => {
+            let pipes = workers * crate::limits::PIPES_PER_WORKER_MAX * 2;
+            log::warn!("cannot raise the open descriptor limit from {soft} ({e}); the workers' pipes alone may take {pipes}")
         }
     }
 }

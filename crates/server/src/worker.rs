@@ -1,7 +1,8 @@
 //! A worker thread: one ring, one buffer pool, one byte budget, and the connections handed
 //! to it. It routes each completion to its connection's core, carries out the operations
 //! the core asks for (socket operations on the ring, storage operations through the
-//! export's backend), and never blocks except in the ring's wait.
+//! export's backend; a splice to the socket, or a storage operation, that can be done at
+//! once without waiting is done here), and never blocks except in the ring's wait.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};

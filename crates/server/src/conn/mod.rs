@@ -118,6 +118,8 @@ pub struct Conn {
     chunks: Vec<Vec<Chunk>>,
     free_slots: Vec<u16>,
     inflight_bytes: usize,
+    /// Reads being worked on; an O_DIRECT splice is taken only by a read that is alone.
+    reads_in_flight: usize,
     /// Extent lists of finished BLOCK_STATUS requests, reused by the next ones.
     spare_extents: Vec<Vec<Extent>>,
 
@@ -185,6 +187,7 @@ impl Conn {
             chunks: (0..slots_max).map(|_| Vec::new()).collect(),
             free_slots: (0..slots_max as u16).rev().collect(),
             inflight_bytes: 0,
+            reads_in_flight: 0,
             spare_extents: Vec::new(),
             batch: Some(SendBatch::new(SEND_PARTS_MAX)),
             queue: VecDeque::with_capacity(slots_max),

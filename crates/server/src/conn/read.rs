@@ -14,14 +14,16 @@ use super::{Conn, Env};
 use crate::backend::StorageOp;
 use crate::engine::{Held, Part, BUFFER_ALIGN_BYTES};
 use crate::errors::errno_from_os;
-use crate::export::Chunking;
+use crate::export::{Chunking, DataPath};
 use crate::limits::{CHUNKS_PER_READ_MAX, PAGE_BYTES, SPLICE_MIN_BYTES};
 
 /// Says once per process that pipes ran out, the one case where splice falls back to copy.
 fn log_once_pipes_exhausted() {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
-        log::info!("all splice pipes are in use; further reads are copied until some are free (said once)")
+        log::info!(
+            "no splice pipe free (all in use, or the system refuses more pipe memory); further reads are copied until one is (said once)"
+        )
     });
 }
 
@@ -42,6 +44,10 @@ impl Conn {
     pub(super) fn start_read(&mut self, env: &mut Env, slot: u16, offset: u64, len: usize) {
         if len == 0 {
             return self.reply_ok(env, slot);
+        }
+        if !self.caps.instant {
+            self.reads_in_flight += 1;
+            self.slot_mut(slot).storage_read = true;
         }
         let plan = self.plan_read(env, offset, len);
         let end = offset + len as u64;
@@ -129,14 +135,19 @@ impl Conn {
         // Splice reads big enough to pay for a trip through io_uring's worker threads (the
         // one taken when the data is not cached, or the socket full), that small pipes (when
         // the system refused 1 MiB) can still carry in CHUNKS_PER_READ_MAX chunks (cutting
-        // chunks at page runs adds at most one). Other reads in flight do not matter: the
-        // driver splices to the socket at once when it has room, so spliced replies cost no
-        // more per turn than sent ones.
+        // chunks at page runs adds at most one). From the page cache, other reads in flight
+        // do not matter: cached pages go into the pipe at once, and the driver splices the
+        // pipe to the socket at once while it has room. An O_DIRECT splice always reads on
+        // one of io_uring's worker threads, so with other reads in flight an O_DIRECT read
+        // into a buffer (asynchronous, no thread) keeps the disk busier: such a read is
+        // spliced only when it is alone.
+        let direct_splice = aligned && self.export.data_path == DataPath::SpliceDirect;
         let splice = self.export.data_path.uses_splice()
             && caps.splice
             && len >= SPLICE_MIN_BYTES
             && pipe_bytes > 0
-            && len.div_ceil(pipe_bytes) < CHUNKS_PER_READ_MAX;
+            && len.div_ceil(pipe_bytes) < CHUNKS_PER_READ_MAX
+            && (!direct_splice || self.reads_in_flight == 1);
         // O_DIRECT into buffers reads whole aligned blocks and sends the requested part; an
         // O_DIRECT splice must cover the requested range exactly.
         let bounce = !splice && direct.is_some();

@@ -62,6 +62,9 @@ impl Conn {
             self.streaming = None;
         }
         let s = self.slots[slot as usize].take().expect("a released slot was live");
+        if s.storage_read {
+            self.reads_in_flight -= 1;
+        }
         self.inflight_bytes -= s.bytes;
         env.budget.give(s.bytes);
         self.free_slots.push(slot);

@@ -37,6 +37,8 @@ pub(super) struct Slot {
     pub(super) window: u16,
     pub(super) next_in_order: u16,
     pub(super) error: Option<(i32, u64)>,
+    /// A read that went to storage and counts in `reads_in_flight`.
+    pub(super) storage_read: bool,
     /// Payload bytes counted against the budgets (a read's or a write's length).
     pub(super) bytes: usize,
     /// Answered with an error.
@@ -77,6 +79,7 @@ impl Slot {
             window: 0,
             next_in_order: 0,
             error: None,
+            storage_read: false,
             bytes: 0,
             failed: false,
             slow: false,

@@ -17,9 +17,11 @@ use crate::export::{Chunking, DataPath, Export};
 use crate::limits::{Limits, CHUNK_AUTO_MIN_BYTES, CHUNK_WINDOW_COUNT};
 use crate::metrics::Metrics;
 
-/// Storage whose operations the tests complete by hand; `splice` says it can fill pipes.
+/// Storage whose operations the tests complete by hand; `splice` says it can fill pipes,
+/// `direct` that it has an O_DIRECT path (4 KiB aligned).
 pub(super) struct Later {
     splice: bool,
+    direct: bool,
 }
 
 const SIZE: u64 = 16 << 20;
@@ -32,7 +34,8 @@ impl Backend for Later {
         SIZE
     }
     fn caps(&self) -> Caps {
-        Caps { trim: true, zero: true, fua: true, splice: self.splice, ..Caps::default() }
+        let direct_align = self.direct.then_some(4096);
+        Caps { trim: true, zero: true, fua: true, splice: self.splice, direct_align, ..Caps::default() }
     }
     fn start(&self, _: StorageOp, _: StorageId, _: &mut Ring) -> Option<Outcome> {
         unreachable!("these tests complete operations by hand")
@@ -77,7 +80,7 @@ impl Rig {
             chunking,
             elastic: None,
             identity: String::new(),
-            backend: Box::new(Later { splice: data_path.uses_splice() }),
+            backend: Box::new(Later { splice: data_path.uses_splice(), direct: matches!(data_path, DataPath::Direct | DataPath::SpliceDirect) }),
         };
         let flags = export.flags() | FLAG_SEND_DF;
         let mut session = Session { size: SIZE, flags, structured: false, extended: false, base_allocation: None, payload_max_bytes: 32 << 20 };
@@ -424,6 +427,23 @@ fn large_reads_in_flight_together_are_each_spliced() {
     assert_eq!(rig.storage.len(), 3, "all three reads reach the storage at once");
     assert!(rig.storage.iter().all(|(_, op)| matches!(op, StorageOp::Read { into: Held::Pipe(_), .. })), "each fills a pipe");
     assert_eq!(rig.pipes.in_use(), 3);
+}
+
+#[test]
+fn an_o_direct_splice_is_taken_only_by_a_read_that_is_alone() {
+    let mut rig = Rig::build(true, Chunking::Fixed(1 << 20), DataPath::SpliceDirect, Pipes::new(4, 1 << 20));
+    if rig.pipes.bytes() < 1 << 20 {
+        eprintln!("SKIP: this system grants no 1 MiB pipes");
+        return;
+    }
+    let mut bytes = request(CMD_READ, 0, 1, 0, 1 << 20).to_vec();
+    bytes.extend_from_slice(&request(CMD_READ, 0, 2, 1 << 20, 1 << 20));
+    rig.deliver(&bytes);
+    assert!(
+        matches!(rig.storage[..], [(_, StorageOp::Read { into: Held::Pipe(_), direct: true, .. }), (_, StorageOp::Read { into: Held::Buf(_), direct: true, .. })]),
+        "the first read splices from the O_DIRECT descriptor, the second reads into a buffer"
+    );
+    assert_eq!(rig.pipes.in_use(), 1);
 }
 
 #[test]

@@ -153,9 +153,11 @@ pub fn splice_now(file: BorrowedFd<'_>, offset: u64, pipe: &Pipe, len: usize) ->
 /// cost more than a copy for replies of a few hundred KiB. Done here it is one system call.
 /// The socket is non-blocking only for this call: a splice handed to io_uring because the
 /// socket was full must wait for room rather than fail, and a splice cannot be told alone
-/// not to wait (SPLICE_F_NONBLOCK concerns the pipe). Nothing else acts on the socket
-/// meanwhile: the ring runs its deferred work only inside this thread's `io_uring_enter`,
-/// and a connection has one send or splice at a time.
+/// not to wait (SPLICE_F_NONBLOCK concerns the pipe). Nothing else that could wait acts on
+/// the socket meanwhile: a connection has one send or splice at a time, and io_uring's own
+/// receives and sends never read the flag (they ask not to wait themselves).
+/// A splice to a reset socket raises SIGPIPE (splice has no MSG_NOSIGNAL); the `sluice`
+/// binary ignores it, as every Rust program does, so the call fails with EPIPE.
 pub fn splice_out_now(pipe: &Pipe, socket: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
     rustix::io::ioctl_fionbio(socket, true)?;
     let moved = rustix::pipe::splice(pipe.read_end(), None, socket, None, len, rustix::pipe::SpliceFlags::NONBLOCK);
@@ -165,4 +167,57 @@ pub fn splice_out_now(pipe: &Pipe, socket: BorrowedFd<'_>, len: usize) -> io::Re
         log::warn!("could not make a socket blocking again after a splice: {e}");
     }
     Ok(moved?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    fn blocking(socket: &UnixStream) -> bool {
+        !rustix::fs::fcntl_getfl(socket).unwrap().contains(rustix::fs::OFlags::NONBLOCK)
+    }
+
+    #[test]
+    fn splice_out_now_moves_what_fits_never_waits_and_leaves_the_socket_blocking() {
+        let mut pipes = Pipes::new(1, 1 << 20);
+        let Some(pipe) = pipes.get().filter(|_| pipes.bytes() >= 256 << 10) else {
+            eprintln!("SKIP: this system grants no 256 KiB pipes");
+            return;
+        };
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&ours, 16 << 10).unwrap();
+        let data: Vec<u8> = (0..256u32 << 10).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let mut w = std::fs::File::from(pipe.write_end().try_clone_to_owned().unwrap());
+        w.write_all(&data).unwrap();
+        // The socket's buffer is much smaller than 256 KiB: the first call moves part, and
+        // once the buffer is full the next one moves nothing and says so at once.
+        let mut moved = splice_out_now(&pipe, ours.as_fd(), data.len()).unwrap();
+        assert!(moved > 0 && moved < data.len(), "moved {moved}");
+        assert!(blocking(&ours), "the socket is blocking again");
+        let full = loop {
+            match splice_out_now(&pipe, ours.as_fd(), data.len() - moved) {
+                Ok(n) => moved += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(full.kind(), io::ErrorKind::WouldBlock);
+        assert!(blocking(&ours), "the socket is blocking again after a refusal");
+        // The peer reads; the rest goes, and every byte arrives once and in order.
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; 256 << 10];
+            peer.read_exact(&mut got).unwrap();
+            got
+        });
+        while moved < data.len() {
+            match splice_out_now(&pipe, ours.as_fd(), data.len() - moved) {
+                Ok(n) => moved += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(reader.join().unwrap() == data, "the bytes arrived as they were written");
+    }
 }

@@ -214,7 +214,15 @@ impl World {
                 Io::Recv { buf, at } if self.recv.is_none() => self.recv = Some((buf, at)),
                 Io::Send { .. } | Io::SpliceOut { .. } if self.shut => return Err("a send after the socket was shut".into()),
                 Io::Send { batch } if self.send.is_none() && self.splice.is_none() => self.send = Some(batch),
-                Io::SpliceOut { pipe, len } if self.send.is_none() && self.splice.is_none() => self.splice = Some((pipe, len)),
+                Io::SpliceOut { pipe, len } if self.send.is_none() && self.splice.is_none() => {
+                    self.splice = Some((pipe, len));
+                    if self.rng.below(2) == 0 {
+                        // Spliced at once while the socket has room, as the worker does, in
+                        // the middle of the core's burst: maybe only part of it.
+                        self.complete_splice(conn)?;
+                        answered_now = true;
+                    }
+                }
                 Io::Storage { tag, op } => {
                     storage::check_op(&op, self.size, self.direct_align)?;
                     self.check_window(tag, &op)?;
