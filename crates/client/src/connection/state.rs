@@ -1,0 +1,178 @@
+//! What a connection's callers and its reader task share: the requests in flight and their
+//! answers, the connection's state, the sending side and its queue, and the request framing.
+
+use crate::error::Error;
+use crate::socket::Writer;
+use sluice_proto::wire::*;
+use sluice_proto::RawRequest;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{oneshot, watch};
+
+/// What a finished request hands back.
+pub(crate) enum Outcome {
+    Done,
+    Read(Vec<Vec<u8>>),
+    /// (length, flags) descriptors from base:allocation.
+    Extents(Vec<(u64, u32)>),
+}
+
+/// A request that failed, with a read's buffers handed back (partly filled, perhaps) so
+/// that a retry can use them again.
+pub(crate) struct Failed {
+    pub error: Error,
+    pub bufs: Vec<Vec<u8>>,
+}
+
+/// What the reader task sends a waiting caller. `None` as the error: the request was
+/// dropped unanswered, and the connection's own error says why.
+pub(super) type Answer = Result<Outcome, (Option<Error>, Vec<Vec<u8>>)>;
+
+pub(super) struct Pending {
+    pub(super) cmd: u16,
+    pub(super) flags: u16,
+    pub(super) offset: u64,
+    /// 64 bits with extended headers; a read's always fits in 32.
+    pub(super) len: u64,
+    /// Read destination: buffers whose lengths add up to `len`, holding anything until the
+    /// reply's data and hole chunks (which must cover the whole range before the read
+    /// succeeds) have written every byte.
+    pub(super) bufs: Vec<Vec<u8>>,
+    /// Byte ranges (relative to `offset`) already filled by data or hole chunks, for the
+    /// overlap and coverage checks.
+    pub(super) covered: Vec<(u32, u32)>,
+    pub(super) covered_bytes: u64,
+    pub(super) extents: Option<Vec<(u64, u32)>>,
+    pub(super) error: Option<Error>,
+    /// Taken when the answer is sent; a request dropped before that still answers.
+    pub(super) done: Option<oneshot::Sender<Answer>>,
+}
+
+impl Pending {
+    /// Sends the caller its result, with the read buffers if it failed.
+    pub(super) fn finish(mut self, result: Result<Outcome, Error>) {
+        if let Some(done) = self.done.take() {
+            let bufs = std::mem::take(&mut self.bufs);
+            let _ = done.send(result.map_err(|e| (Some(e), bufs)));
+        }
+    }
+
+    /// A write the server has not been asked to make durable at once: a later flush, and
+    /// nothing else, makes it so.
+    pub(super) fn unforced_write(&self) -> bool {
+        matches!(self.cmd, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES) && self.flags & CMD_FLAG_FUA == 0
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // Dropped unanswered (the reader task was stopped in the middle of this reply):
+        // the caller still gets its buffers back.
+        if let Some(done) = self.done.take() {
+            let _ = done.send(Err((None, std::mem::take(&mut self.bufs))));
+        }
+    }
+}
+
+/// Becomes true once the connection has failed and every request in flight was answered
+/// (fail_all ran); a reconnecting client waits on it.
+pub(super) struct Ended(pub(super) watch::Sender<bool>);
+
+impl Default for Ended {
+    fn default() -> Ended {
+        Ended(watch::Sender::new(false))
+    }
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) next_handle: u64,
+    pub(super) pending: HashMap<u64, Pending>,
+    /// Set once the connection failed; every later request gets this error.
+    pub(super) dead: Option<Error>,
+    /// The server answered ESHUTDOWN: it is going away, and the spec asks the client to
+    /// send nothing new and disconnect once the requests in flight are answered.
+    pub(super) server_shutting_down: bool,
+    /// fail_all has run: requests in flight were failed and the table must stay empty.
+    pub(super) failed: bool,
+    /// Unforced writes the server acknowledged on this connection; final once `failed`.
+    pub(super) writes_acked: u64,
+    pub(super) ended: Ended,
+}
+
+/// The sending side, shared by every caller and the reader task.
+pub(super) struct Outgoing {
+    /// The write half; `None` once the connection is closed (by DISC or after a failure).
+    /// Dropping a write half shuts the socket's sending side, which ends the connection.
+    pub(super) half: tokio::sync::Mutex<Option<Writer>>,
+    /// Whole headers of requests without payload, waiting to go out together (`call`).
+    pub(super) queued: Mutex<Vec<u8>>,
+}
+
+pub(super) type SharedWriter = Arc<Outgoing>;
+
+impl Outgoing {
+    /// Sends what is queued, in one write. A write that fails ends the connection, as any
+    /// failed send does.
+    pub(super) async fn send_queued(&self, state: &Mutex<State>, reader: &tokio::task::AbortHandle) {
+        let mut half = self.half.lock().await;
+        let bytes = std::mem::take(&mut *self.queued.lock().unwrap());
+        // Closed meanwhile: whoever closed it fails or answers what is pending.
+        let (false, Some(w)) = (bytes.is_empty(), half.as_mut()) else { return };
+        if let Err(e) = w.write_all(&bytes).await {
+            half.take();
+            fail_all(state, Error::io(e));
+            reader.abort();
+        }
+    }
+}
+
+/// Sends NBD_CMD_DISC and closes the write side, unless it is closed already. Nothing is
+/// ever sent after it: the writer is taken out for good.
+pub(super) async fn send_disc(writer: &SharedWriter, extended: bool) {
+    if let Some(mut w) = writer.half.lock().await.take() {
+        // Requests queued before the goodbye still go, ahead of it.
+        let mut bytes = std::mem::take(&mut *writer.queued.lock().unwrap());
+        let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: u64::MAX, offset: 0, length: 0 };
+        let (b, n) = header(disc, extended);
+        bytes.extend_from_slice(&b[..n]);
+        let _ = w.write_all(&bytes).await;
+        let _ = w.shutdown().await;
+    }
+}
+
+/// What the reader task needs to know about the session.
+#[derive(Clone, Copy)]
+pub(super) struct Session {
+    pub(super) structured: bool,
+    pub(super) extended: bool,
+    pub(super) base_allocation_id: Option<u32>,
+}
+
+/// A request header in the framing the session uses; extended WRITEs say their payload.
+pub(super) fn header(raw: RawRequest, extended: bool) -> ([u8; EXTENDED_REQUEST_BYTES], usize) {
+    let mut b = [0u8; EXTENDED_REQUEST_BYTES];
+    if extended {
+        let payload = if raw.kind == CMD_WRITE { CMD_FLAG_PAYLOAD_LEN } else { 0 };
+        b = RawRequest { flags: raw.flags | payload, ..raw }.encode_extended();
+        return (b, EXTENDED_REQUEST_BYTES);
+    }
+    b[..REQUEST_BYTES].copy_from_slice(&raw.encode());
+    (b, REQUEST_BYTES)
+}
+
+pub(super) fn fail_all(state: &Mutex<State>, e: Error) {
+    let pending = {
+        let mut st = state.lock().unwrap();
+        if st.dead.is_none() {
+            st.dead = Some(e.clone());
+        }
+        st.failed = true;
+        std::mem::take(&mut st.pending)
+    };
+    for (_, p) in pending {
+        p.finish(Err(e.clone()));
+    }
+    state.lock().unwrap().ended.0.send_replace(true);
+}

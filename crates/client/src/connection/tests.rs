@@ -1,0 +1,148 @@
+use super::*;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncWrite, BufReader, DuplexStream};
+
+/// A write half that keeps each write the connection makes, as it made it.
+#[derive(Clone, Default)]
+struct Writes(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl AsyncWrite for Writes {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.0.lock().unwrap().push(buf.to_vec());
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Writes {
+    fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    /// Lets the connection's tasks run until `n` reads are written (at most 1,000 turns of
+    /// the runtime: nothing here waits on anything outside this thread), and returns them.
+    async fn wait_for(&self, n: usize) -> Vec<(u64, u64)> {
+        for _ in 0..1000 {
+            if self.reads().len() >= n {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let reads = self.reads();
+        assert_eq!(reads.len(), n, "requests written");
+        reads
+    }
+
+    /// The READ requests written so far, in order: (handle, offset).
+    fn reads(&self) -> Vec<(u64, u64)> {
+        let all: Vec<u8> = self.0.lock().unwrap().concat();
+        assert_eq!(all.len() % REQUEST_BYTES, 0, "whole headers only");
+        all.chunks(REQUEST_BYTES)
+            .filter(|h| u16::from_be_bytes([h[6], h[7]]) == CMD_READ)
+            .map(|h| (u64::from_be_bytes(h[8..16].try_into().unwrap()), u64::from_be_bytes(h[16..24].try_into().unwrap())))
+            .collect()
+    }
+}
+
+/// A connection without structured replies whose requests land in `Writes` and whose
+/// replies the test writes into the returned stream.
+fn connection() -> (Connection, Writes, DuplexStream) {
+    let (ours, theirs) = tokio::io::duplex(1 << 20);
+    let writes = Writes::default();
+    let reader: Reader = BufReader::new(Box::new(ours));
+    (Connection::start(reader, Box::new(writes.clone()), false, false, None), writes, theirs)
+}
+
+async fn answer(server: &mut DuplexStream, handle: u64, offset: u64) {
+    let mut reply = Vec::new();
+    reply.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    reply.extend_from_slice(&0u32.to_be_bytes());
+    reply.extend_from_slice(&handle.to_be_bytes());
+    reply.extend(std::iter::repeat_n((offset >> 12) as u8, 4096));
+    server.write_all(&reply).await.unwrap();
+}
+
+fn read(conn: &Connection, offset: u64) -> impl std::future::Future<Output = Result<Outcome, Failed>> + '_ {
+    conn.call(CMD_READ, 0, offset, 4096, &[], vec![vec![0; 4096]])
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn requests_issued_together_go_out_in_one_write_and_each_gets_its_reply() {
+    let (conn, writes, mut server) = connection();
+    let offsets: Vec<u64> = (0..16).map(|i| i * 4096).collect();
+    let calls = together(offsets.iter().map(|&o| Box::pin(read(&conn, o))).collect());
+    let serve = async {
+        // All sixteen written, then answered in reverse order.
+        let sent = writes.wait_for(16).await;
+        // The first went alone (nothing else was in flight); the other fifteen together.
+        assert_eq!(writes.count(), 2, "writes: {:?}", writes.0.lock().unwrap().iter().map(Vec::len).collect::<Vec<_>>());
+        for &(handle, offset) in sent.iter().rev() {
+            answer(&mut server, handle, offset).await;
+        }
+    };
+    let (results, ()) = tokio::join!(calls, serve);
+    for (r, offset) in results.into_iter().zip(offsets) {
+        let Ok(Outcome::Read(bufs)) = r else { panic!("read at {offset} failed") };
+        assert!(bufs[0].iter().all(|&b| b == (offset >> 12) as u8), "read at {offset} got another's data");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn queued_requests_go_out_even_when_the_caller_that_owed_the_write_gives_up() {
+    let (conn, writes, mut server) = connection();
+    // One in flight, so the next caller queues and yields rather than writing at once.
+    let mut first = Box::pin(read(&conn, 0));
+    assert!(futures_poll_once(first.as_mut()).await.is_none());
+    let mut owing = Box::pin(read(&conn, 4096));
+    let mut other = Box::pin(read(&conn, 8192));
+    assert!(futures_poll_once(owing.as_mut()).await.is_none());
+    assert!(futures_poll_once(other.as_mut()).await.is_none());
+    assert_eq!(writes.reads().len(), 1, "the two later ones wait in the queue");
+    drop(owing);
+    // The queue is sent without its caller.
+    let sent = writes.wait_for(3).await;
+    // The given-up request's reply comes too; the connection takes it and goes on.
+    for &(handle, offset) in &sent {
+        answer(&mut server, handle, offset).await;
+    }
+    assert!(matches!(first.await, Ok(Outcome::Read(_))));
+    let Ok(Outcome::Read(bufs)) = other.await else { panic!("the other queued read failed") };
+    assert!(bufs[0].iter().all(|&b| b == 2));
+    assert!(conn.failure().is_none(), "the connection is still up");
+}
+
+/// Polls the futures together in one task, as a runtime runs a burst, to the end of all.
+async fn together<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()).filter(|(_, o)| o.is_none()) {
+            if let Poll::Ready(v) = Pin::new(f).poll(cx) {
+                *o = Some(v);
+            }
+        }
+        if out.iter().all(Option::is_some) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+/// Polls once; Some if it finished.
+async fn futures_poll_once<F: std::future::Future>(f: Pin<&mut F>) -> Option<F::Output> {
+    let mut f = Some(f);
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match f.take().unwrap().poll(cx) {
+            Poll::Ready(v) => Some(v),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
