@@ -16,6 +16,7 @@ use sluice_proto::wire::*;
 use sluice_proto::RawRequest;
 use state::{fail_all, header, send_disc, Answer, Outgoing, Pending, Session, SharedWriter, State};
 use std::io::IoSlice;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::oneshot;
@@ -26,6 +27,9 @@ pub(crate) struct Connection {
     reader: tokio::task::JoinHandle<()>,
     /// Extended headers: every request goes out in the 32-byte framing.
     extended: bool,
+    /// The runtime the connection's reader runs on, where a queue left by a cancelled
+    /// caller is sent (`QueueSender`).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Drop for Connection {
@@ -46,9 +50,9 @@ impl Connection {
     pub(crate) fn start(reader: Reader, writer: Writer, structured: bool, extended: bool, base_allocation_id: Option<u32>) -> Connection {
         let state = Arc::new(Mutex::new(State::default()));
         let session = Session { structured, extended, base_allocation_id };
-        let writer = Arc::new(Outgoing { half: tokio::sync::Mutex::new(Some(writer)), queued: Mutex::new(Vec::new()) });
+        let writer = Arc::new(Outgoing::new(writer, extended));
         let task = tokio::spawn(read_replies(reader, state.clone(), writer.clone(), session));
-        Connection { writer, state, reader: task, extended }
+        Connection { writer, state, reader: task, extended, runtime: tokio::runtime::Handle::current() }
     }
 
     /// Requests sent and not yet answered, or None once the connection takes no more
@@ -109,7 +113,7 @@ impl Connection {
         }
         {
             let mut lock = self.writer.half.lock().await;
-            let Some(w) = lock.as_mut() else {
+            let Some(w) = self.writer.usable(&mut lock, &self.state, &self.reader.abort_handle()) else {
                 // Closed (DISC sent, or failed) after the check above: the entry, dropped
                 // unanswered, fails with the connection's error below.
                 let unsent = self.state.lock().unwrap().pending.remove(&handle);
@@ -138,6 +142,8 @@ impl Connection {
                     Ok(n) => {
                         guard.written += n;
                         IoSlice::advance_slices(&mut slices, n);
+                        // Cancelled from here on, the frame is torn (`usable`).
+                        self.writer.torn.store(!slices.is_empty(), Ordering::Relaxed);
                         continue;
                     }
                     Err(e) => failed = Some(e),
@@ -231,11 +237,10 @@ impl Drop for QueueSender<'_> {
         if self.sent {
             return;
         }
-        // Without a runtime the process is going away, and the connection with it.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (writer, state, reader) = (self.conn.writer.clone(), self.conn.state.clone(), self.conn.reader.abort_handle());
-            runtime.spawn(async move { writer.send_queued(&state, &reader).await });
-        }
+        // On the connection's own runtime, wherever this drop runs (if that runtime is
+        // gone, so is the connection's reader, and every request fails).
+        let (writer, state, reader) = (self.conn.writer.clone(), self.conn.state.clone(), self.conn.reader.abort_handle());
+        self.conn.runtime.spawn(async move { writer.send_queued(&state, &reader).await });
     }
 }
 

@@ -6,8 +6,10 @@ use crate::socket::Writer;
 use sluice_proto::wire::*;
 use sluice_proto::RawRequest;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
+use tokio::task::AbortHandle;
 use tokio::sync::{oneshot, watch};
 
 /// What a finished request hands back.
@@ -108,30 +110,99 @@ pub(super) struct Outgoing {
     pub(super) half: tokio::sync::Mutex<Option<Writer>>,
     /// Whole headers of requests without payload, waiting to go out together (`call`).
     pub(super) queued: Mutex<Vec<u8>>,
+    /// A writer that was cancelled left a frame half-written, so the stream cannot carry
+    /// another: set under `half`'s lock by a write in progress and cleared when it is
+    /// done; whoever next takes the lock and finds it set ends the connection (`usable`).
+    pub(super) torn: AtomicBool,
+    /// Bytes of one request header (28, or 32 with extended headers).
+    pub(super) frame: usize,
+}
+
+/// A batch of queued headers being written. Dropped before all of it went (its writer
+/// cancelled): if none went, it goes back to the front of the queue, for whoever sends
+/// next; if some went, the stream is torn.
+struct Batch<'a> {
+    out: &'a Outgoing,
+    bytes: Vec<u8>,
+    at: usize,
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if self.at == 0 && !self.bytes.is_empty() {
+            let mut queued = self.out.queued.lock().unwrap();
+            let later = std::mem::replace(&mut *queued, std::mem::take(&mut self.bytes));
+            queued.extend_from_slice(&later);
+        } else if self.at < self.bytes.len() {
+            self.out.torn.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 pub(super) type SharedWriter = Arc<Outgoing>;
 
 impl Outgoing {
+    pub(super) fn new(writer: Writer, extended: bool) -> Outgoing {
+        let frame = if extended { EXTENDED_REQUEST_BYTES } else { REQUEST_BYTES };
+        Outgoing { half: tokio::sync::Mutex::new(Some(writer)), queued: Mutex::new(Vec::new()), torn: AtomicBool::new(false), frame }
+    }
+
+    /// The write half (under its lock), if the stream can take another frame. When a
+    /// cancelled writer left one half-written, the connection ends here: its requests fail
+    /// (and a reconnecting client sends them again), as when the writer's own guard can
+    /// close it.
+    pub(super) fn usable<'a>(&self, half: &'a mut Option<Writer>, state: &Mutex<State>, reader: &AbortHandle) -> Option<&'a mut Writer> {
+        if self.torn.load(Ordering::Relaxed) && half.take().is_some() {
+            let why = std::io::Error::other("a request was cancelled while being sent; the connection was closed");
+            fail_all(state, Error::io(why));
+            reader.abort();
+        }
+        half.as_mut()
+    }
+
     /// Sends what is queued, in one write. A write that fails ends the connection, as any
     /// failed send does.
-    pub(super) async fn send_queued(&self, state: &Mutex<State>, reader: &tokio::task::AbortHandle) {
+    pub(super) async fn send_queued(&self, state: &Mutex<State>, reader: &AbortHandle) {
         let mut half = self.half.lock().await;
-        let bytes = std::mem::take(&mut *self.queued.lock().unwrap());
-        // Closed meanwhile: whoever closed it fails or answers what is pending.
-        let (false, Some(w)) = (bytes.is_empty(), half.as_mut()) else { return };
-        if let Err(e) = w.write_all(&bytes).await {
+        let mut batch = Batch { out: self, bytes: std::mem::take(&mut *self.queued.lock().unwrap()), at: 0 };
+        let Some(w) = self.usable(&mut half, state, reader) else {
+            // Closed (DISC sent, or failed) after these requests were queued: they will not
+            // go, so they fail now rather than when the server closes.
+            self.fail_unsent(&std::mem::take(&mut batch.bytes), state);
+            return;
+        };
+        let mut failed = None;
+        while batch.at < batch.bytes.len() && failed.is_none() {
+            match w.write(&batch.bytes[batch.at..]).await {
+                Ok(n) if n > 0 => batch.at += n,
+                done => failed = Some(done.err().unwrap_or_else(|| std::io::ErrorKind::WriteZero.into())),
+            }
+        }
+        if let Some(e) = failed {
+            // Every request in the batch is still pending: fail_all answers them.
+            batch.at = batch.bytes.len();
             half.take();
             fail_all(state, Error::io(e));
             reader.abort();
         }
+    }
+
+    /// Answers the requests whose headers are in `bytes` and were never sent: each caller
+    /// gets the connection's error (a `Pending` dropped unanswered).
+    fn fail_unsent(&self, bytes: &[u8], state: &Mutex<State>) {
+        let unsent: Vec<Pending> = {
+            let mut st = state.lock().unwrap();
+            let handles = bytes.chunks(self.frame).map(|h| u64::from_be_bytes(h[8..16].try_into().expect("8 bytes")));
+            handles.filter_map(|handle| st.pending.remove(&handle)).collect()
+        };
+        drop(unsent);
     }
 }
 
 /// Sends NBD_CMD_DISC and closes the write side, unless it is closed already. Nothing is
 /// ever sent after it: the writer is taken out for good.
 pub(super) async fn send_disc(writer: &SharedWriter, extended: bool) {
-    if let Some(mut w) = writer.half.lock().await.take() {
+    if let Some(mut w) = writer.half.lock().await.take().filter(|_| !writer.torn.load(Ordering::Relaxed)) {
         // Requests queued before the goodbye still go, ahead of it.
         let mut bytes = std::mem::take(&mut *writer.queued.lock().unwrap());
         let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: u64::MAX, offset: 0, length: 0 };

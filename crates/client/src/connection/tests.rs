@@ -3,14 +3,24 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncWrite, BufReader, DuplexStream};
 
-/// A write half that keeps each write the connection makes, as it made it.
+/// A write half that keeps each write the connection makes, as it made it; with `room`
+/// set, it takes at most that many bytes more and then never finishes another write (a
+/// socket that filled up).
 #[derive(Clone, Default)]
-struct Writes(Arc<Mutex<Vec<Vec<u8>>>>);
+struct Writes(Arc<Mutex<Vec<Vec<u8>>>>, Arc<Mutex<Option<usize>>>);
 
 impl AsyncWrite for Writes {
     fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        self.0.lock().unwrap().push(buf.to_vec());
-        Poll::Ready(Ok(buf.len()))
+        let mut room = self.1.lock().unwrap();
+        let n = buf.len().min(room.unwrap_or(usize::MAX));
+        if n == 0 {
+            return Poll::Pending;
+        }
+        if let Some(r) = room.as_mut() {
+            *r -= n;
+        }
+        self.0.lock().unwrap().push(buf[..n].to_vec());
+        Poll::Ready(Ok(n))
     }
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
@@ -38,11 +48,14 @@ impl Writes {
         reads
     }
 
+    fn fill_after(&self, bytes: usize) {
+        *self.1.lock().unwrap() = Some(bytes);
+    }
+
     /// The READ requests written so far, in order: (handle, offset).
     fn reads(&self) -> Vec<(u64, u64)> {
         let all: Vec<u8> = self.0.lock().unwrap().concat();
-        assert_eq!(all.len() % REQUEST_BYTES, 0, "whole headers only");
-        all.chunks(REQUEST_BYTES)
+        all.chunks_exact(REQUEST_BYTES)
             .filter(|h| u16::from_be_bytes([h[6], h[7]]) == CMD_READ)
             .map(|h| (u64::from_be_bytes(h[8..16].try_into().unwrap()), u64::from_be_bytes(h[16..24].try_into().unwrap())))
             .collect()
@@ -145,4 +158,48 @@ async fn futures_poll_once<F: std::future::Future>(f: Pin<&mut F>) -> Option<F::
         })
     })
     .await
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_cut_short_by_its_writer_giving_up_ends_the_connection_and_fails_its_requests() {
+    let (conn, writes, _server) = connection();
+    let mut first = Box::pin(read(&conn, 0));
+    assert!(futures_poll_once(first.as_mut()).await.is_none());
+    // The socket takes ten bytes of the next batch, then nothing.
+    writes.fill_after(10);
+    let mut owing = Box::pin(read(&conn, 4096));
+    let mut other = Box::pin(read(&conn, 8192));
+    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "queued, yielding");
+    assert!(futures_poll_once(other.as_mut()).await.is_none(), "queued behind it");
+    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "stuck ten bytes into the batch");
+    drop(owing);
+    // The stream is torn: the other request must fail, not wait for ever, and the
+    // connection take no more.
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), other).await.expect("the other request was answered");
+    assert!(got.is_err(), "the other request failed");
+    assert!(conn.failure().is_some(), "the connection ended");
+    assert!(first.await.is_err(), "and so did the request in flight before");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_its_writer_gave_up_on_before_any_byte_went_is_sent_by_another() {
+    let (conn, writes, mut server) = connection();
+    let mut first = Box::pin(read(&conn, 0));
+    assert!(futures_poll_once(first.as_mut()).await.is_none());
+    writes.fill_after(0);
+    let mut owing = Box::pin(read(&conn, 4096));
+    let mut other = Box::pin(read(&conn, 8192));
+    assert!(futures_poll_once(owing.as_mut()).await.is_none());
+    assert!(futures_poll_once(other.as_mut()).await.is_none());
+    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "waiting for room, nothing written");
+    drop(owing);
+    // Room again: the batch goes, whole, without the caller that gave up.
+    *writes.1.lock().unwrap() = None;
+    let sent = writes.wait_for(3).await;
+    for &(handle, offset) in &sent {
+        answer(&mut server, handle, offset).await;
+    }
+    assert!(matches!(other.await, Ok(Outcome::Read(_))));
+    assert!(matches!(first.await, Ok(Outcome::Read(_))));
+    assert!(conn.failure().is_none());
 }
