@@ -36,11 +36,10 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.reader.abort();
         // A client dropped without `disconnect()` still leaves the polite way when it can:
-        // NBD_CMD_DISC from a task, if a runtime is there to run it (best effort).
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (writer, extended) = (self.writer.clone(), self.extended);
-            runtime.spawn(async move { send_disc(&writer, extended).await });
-        }
+        // NBD_CMD_DISC from a task on the connection's runtime (best effort: not if that
+        // runtime is gone).
+        let (writer, extended, state) = (self.writer.clone(), self.extended, self.state.clone());
+        self.runtime.spawn(async move { send_disc(&writer, extended, &state).await });
     }
 }
 
@@ -215,7 +214,7 @@ impl Connection {
                 st.dead = Some(Error::Closed);
             }
         }
-        send_disc(&self.writer, self.extended).await;
+        send_disc(&self.writer, self.extended, &self.state).await;
     }
 }
 
@@ -237,8 +236,8 @@ impl Drop for QueueSender<'_> {
         if self.sent {
             return;
         }
-        // On the connection's own runtime, wherever this drop runs (if that runtime is
-        // gone, so is the connection's reader, and every request fails).
+        // On the connection's own runtime, wherever this drop runs. If that runtime is gone,
+        // so is the reader, whose task failed every request as it was dropped.
         let (writer, state, reader) = (self.conn.writer.clone(), self.conn.state.clone(), self.conn.reader.abort_handle());
         self.conn.runtime.spawn(async move { writer.send_queued(&state, &reader).await });
     }

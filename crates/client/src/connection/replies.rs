@@ -11,7 +11,18 @@ use crate::spans::Spans;
 use sluice_proto::client as wire_c;
 use tokio::io::AsyncReadExt;
 
+/// Fails every request still in flight when the reader task goes without reaching its end
+/// (aborted, or dropped with its runtime): no reply can come for them any more.
+struct FailOnDrop(Arc<Mutex<State>>);
+
+impl Drop for FailOnDrop {
+    fn drop(&mut self) {
+        fail_all(&self.0, Error::Closed);
+    }
+}
+
 pub(super) async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer: SharedWriter, session: Session) {
+    let _fail = FailOnDrop(Arc::clone(&state));
     let e = loop {
         if let Err(e) = read_reply(&mut r, &state, session).await {
             break e;
@@ -22,7 +33,7 @@ pub(super) async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer
         };
         if leave {
             // The soft disconnect ESHUTDOWN asks for.
-            send_disc(&writer, session.extended).await;
+            send_disc(&writer, session.extended, &state).await;
             break Error::Closed;
         }
     };

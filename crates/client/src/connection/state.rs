@@ -118,6 +118,8 @@ pub(super) struct Outgoing {
     pub(super) frame: usize,
 }
 
+const TORN: &str = "a request was cancelled while being sent; the connection was closed";
+
 /// A batch of queued headers being written. Dropped before all of it went (its writer
 /// cancelled): if none went, it goes back to the front of the queue, for whoever sends
 /// next; if some went, the stream is torn.
@@ -153,8 +155,7 @@ impl Outgoing {
     /// close it.
     pub(super) fn usable<'a>(&self, half: &'a mut Option<Writer>, state: &Mutex<State>, reader: &AbortHandle) -> Option<&'a mut Writer> {
         if self.torn.load(Ordering::Relaxed) && half.take().is_some() {
-            let why = std::io::Error::other("a request was cancelled while being sent; the connection was closed");
-            fail_all(state, Error::io(why));
+            fail_all(state, Error::io(std::io::Error::other(TORN)));
             reader.abort();
         }
         half.as_mut()
@@ -200,9 +201,17 @@ impl Outgoing {
 }
 
 /// Sends NBD_CMD_DISC and closes the write side, unless it is closed already. Nothing is
-/// ever sent after it: the writer is taken out for good.
-pub(super) async fn send_disc(writer: &SharedWriter, extended: bool) {
-    if let Some(mut w) = writer.half.lock().await.take().filter(|_| !writer.torn.load(Ordering::Relaxed)) {
+/// ever sent after it: the writer is taken out for good. On a torn stream (`usable`) the
+/// goodbye cannot be said: the connection just ends, and its requests fail now (a TLS
+/// stream's write half closes nothing when dropped, so the server would wait for the rest
+/// of the frame, and they with it).
+pub(super) async fn send_disc(writer: &SharedWriter, extended: bool, state: &Mutex<State>) {
+    let Some(mut w) = writer.half.lock().await.take() else { return };
+    if writer.torn.load(Ordering::Relaxed) {
+        fail_all(state, Error::io(std::io::Error::other(TORN)));
+        return;
+    }
+    {
         // Requests queued before the goodbye still go, ahead of it.
         let mut bytes = std::mem::take(&mut *writer.queued.lock().unwrap());
         let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: u64::MAX, offset: 0, length: 0 };

@@ -203,3 +203,24 @@ async fn a_batch_its_writer_gave_up_on_before_any_byte_went_is_sent_by_another()
     assert!(matches!(first.await, Ok(Outcome::Read(_))));
     assert!(conn.failure().is_none());
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_goodbye_on_a_torn_stream_fails_the_requests_left_rather_than_leaving_them_waiting() {
+    let (conn, writes, _server) = connection();
+    let mut first = Box::pin(read(&conn, 0));
+    assert!(futures_poll_once(first.as_mut()).await.is_none());
+    writes.fill_after(10);
+    let mut owing = Box::pin(read(&conn, 4096));
+    let mut other = Box::pin(read(&conn, 8192));
+    assert!(futures_poll_once(owing.as_mut()).await.is_none());
+    assert!(futures_poll_once(other.as_mut()).await.is_none());
+    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "stuck ten bytes into the batch");
+    drop(owing);
+    // The goodbye comes before anything else takes the lock: no DISC can follow the torn
+    // frame, and the other request must not wait for a server that waits for the frame.
+    conn.disconnect().await;
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), other).await.expect("the other request was answered");
+    assert!(got.is_err());
+    let tail: Vec<u8> = writes.0.lock().unwrap().concat();
+    assert_eq!(tail.len(), REQUEST_BYTES + 10, "nothing was written after the torn frame");
+}
