@@ -148,8 +148,26 @@ async fn together<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F:
     out.into_iter().map(Option::unwrap).collect()
 }
 
+type Call<'a> = Pin<Box<dyn std::future::Future<Output = Result<Outcome, Failed>> + 'a>>;
+
+/// One read in flight, then two queued behind a socket that takes `room` bytes more; the
+/// caller that owes the queue's write gets stuck in it and is given up on (dropped).
+/// Returns the read in flight and the other queued one.
+async fn stuck_batch<'a>(conn: &'a Connection, writes: &Writes, room: usize) -> (Call<'a>, Call<'a>) {
+    let mut first: Call = Box::pin(read(conn, 0));
+    assert!(futures_poll_once(first.as_mut()).await.is_none());
+    writes.fill_after(room);
+    let mut owing: Call = Box::pin(read(conn, 4096));
+    let mut other: Call = Box::pin(read(conn, 8192));
+    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "queued, yielding");
+    assert!(futures_poll_once(other.as_mut()).await.is_none(), "queued behind it");
+    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "stuck in the batch's write");
+    drop(owing);
+    (first, other)
+}
+
 /// Polls once; Some if it finished.
-async fn futures_poll_once<F: std::future::Future>(f: Pin<&mut F>) -> Option<F::Output> {
+async fn futures_poll_once<F: std::future::Future + ?Sized>(f: Pin<&mut F>) -> Option<F::Output> {
     let mut f = Some(f);
     std::future::poll_fn(|cx| {
         Poll::Ready(match f.take().unwrap().poll(cx) {
@@ -163,16 +181,7 @@ async fn futures_poll_once<F: std::future::Future>(f: Pin<&mut F>) -> Option<F::
 #[tokio::test(flavor = "current_thread")]
 async fn a_batch_cut_short_by_its_writer_giving_up_ends_the_connection_and_fails_its_requests() {
     let (conn, writes, _server) = connection();
-    let mut first = Box::pin(read(&conn, 0));
-    assert!(futures_poll_once(first.as_mut()).await.is_none());
-    // The socket takes ten bytes of the next batch, then nothing.
-    writes.fill_after(10);
-    let mut owing = Box::pin(read(&conn, 4096));
-    let mut other = Box::pin(read(&conn, 8192));
-    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "queued, yielding");
-    assert!(futures_poll_once(other.as_mut()).await.is_none(), "queued behind it");
-    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "stuck ten bytes into the batch");
-    drop(owing);
+    let (first, other) = stuck_batch(&conn, &writes, 10).await;
     // The stream is torn: the other request must fail, not wait for ever, and the
     // connection take no more.
     let got = tokio::time::timeout(std::time::Duration::from_secs(10), other).await.expect("the other request was answered");
@@ -184,15 +193,7 @@ async fn a_batch_cut_short_by_its_writer_giving_up_ends_the_connection_and_fails
 #[tokio::test(flavor = "current_thread")]
 async fn a_batch_its_writer_gave_up_on_before_any_byte_went_is_sent_by_another() {
     let (conn, writes, mut server) = connection();
-    let mut first = Box::pin(read(&conn, 0));
-    assert!(futures_poll_once(first.as_mut()).await.is_none());
-    writes.fill_after(0);
-    let mut owing = Box::pin(read(&conn, 4096));
-    let mut other = Box::pin(read(&conn, 8192));
-    assert!(futures_poll_once(owing.as_mut()).await.is_none());
-    assert!(futures_poll_once(other.as_mut()).await.is_none());
-    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "waiting for room, nothing written");
-    drop(owing);
+    let (first, other) = stuck_batch(&conn, &writes, 0).await;
     // Room again: the batch goes, whole, without the caller that gave up.
     *writes.1.lock().unwrap() = None;
     let sent = writes.wait_for(3).await;
@@ -207,15 +208,7 @@ async fn a_batch_its_writer_gave_up_on_before_any_byte_went_is_sent_by_another()
 #[tokio::test(flavor = "current_thread")]
 async fn a_goodbye_on_a_torn_stream_fails_the_requests_left_rather_than_leaving_them_waiting() {
     let (conn, writes, _server) = connection();
-    let mut first = Box::pin(read(&conn, 0));
-    assert!(futures_poll_once(first.as_mut()).await.is_none());
-    writes.fill_after(10);
-    let mut owing = Box::pin(read(&conn, 4096));
-    let mut other = Box::pin(read(&conn, 8192));
-    assert!(futures_poll_once(owing.as_mut()).await.is_none());
-    assert!(futures_poll_once(other.as_mut()).await.is_none());
-    assert!(futures_poll_once(owing.as_mut()).await.is_none(), "stuck ten bytes into the batch");
-    drop(owing);
+    let (first, other) = stuck_batch(&conn, &writes, 10).await;
     // The goodbye comes before anything else takes the lock: no DISC can follow the torn
     // frame, and the other request must not wait for a server that waits for the frame.
     conn.disconnect().await;
@@ -223,4 +216,5 @@ async fn a_goodbye_on_a_torn_stream_fails_the_requests_left_rather_than_leaving_
     assert!(got.is_err());
     let tail: Vec<u8> = writes.0.lock().unwrap().concat();
     assert_eq!(tail.len(), REQUEST_BYTES + 10, "nothing was written after the torn frame");
+    assert!(first.await.is_err(), "the request in flight before failed too");
 }
