@@ -57,8 +57,9 @@ Exit status: 0 after a clean shutdown (SIGINT/SIGTERM); 1 when the server cannot
 an export that cannot be opened (missing file, bad size, unreachable NBD server or Ceph
 cluster, missing RBD pool or image).")]
 pub struct ServeArgs {
-    /// File or block device to serve as the default export (name ""). Without PATH and
-    /// without --export, a 1 GiB in-memory export is served.
+    /// File or block device to serve as the default export (name ""); anything --export
+    /// takes as SPEC works too (memory:4G, nbd://HOST/NAME, pool:FILE, cache:FILE). Without
+    /// PATH and without --export, a 1 GiB in-memory export is served.
     #[arg(value_name = "PATH", value_parser = Spec::parse)]
     path: Option<Spec>,
 
@@ -74,14 +75,15 @@ pub struct ServeArgs {
     /// Add a named export (repeatable). SPEC is a path, memory:SIZE
     /// (memory:SIZE,elastic[,floor=SIZE]: RAM the node takes back under memory pressure, down
     /// to the floor, that reads as zeros after; not a disk), null:SIZE, an NBD URI
-    /// (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH) to re-export, pool:FILE, or a
+    /// (nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH) to re-export, pool:FILE (a
+    /// striped or mirrored pool), cache:FILE (a volume cached in other nodes' RAM), or a
     /// Ceph RBD image rbd:POOL/[NAMESPACE/]IMAGE[@SNAPSHOT] (a snapshot is read-only);
     /// options follow after commas: `ro`, `degraded` (a pool: may start with members
     /// missing, see --degraded), `data-path=PATH`, for RBD `rbd-conf=FILE`, `rbd-id=ID` and
     /// `rbd-keyring=FILE`, `qos=NAME` (the load restriction class of its connections, a
     /// `[qos.NAME]` table of the --config file) and `description=TEXT` (last, may contain
     /// commas).
-    #[arg(long, value_name = "NAME=SPEC[,ro][,degraded][,data-path=PATH][,rbd-...=VALUE][,qos=NAME][,description=TEXT]")]
+    #[arg(long, value_name = "NAME=SPEC[,OPTION]...")]
     export: Vec<ExportEntry>,
 
     /// Ceph configuration file for rbd: exports that name none. Default: where Ceph's

@@ -132,12 +132,25 @@ fn serve_help_mentions_every_option_and_the_exit_codes() {
     ] {
         assert!(help.contains(option), "serve --help does not mention {option}:\n{help}");
     }
-    for word in ["memory:", ",elastic", "floor=SIZE", "null:", "description=", "ro", "Exit status", "splice-direct", "data-path="] {
+    for word in ["memory:", ",elastic", "floor=SIZE", "null:", "pool:FILE", "cache:FILE", "rbd:", "description=", "ro", "Exit status", "splice-direct", "data-path="] {
         assert!(help.contains(word), "serve --help does not mention {word:?}:\n{help}");
     }
     let out = output(Command::new(SLUICE).arg("--help"));
     assert!(out.status.success());
     assert!(String::from_utf8(out.stdout).unwrap().contains("serve"), "sluice --help does not list serve");
+}
+
+/// Every subcommand's --help reads at 80 columns: a long value name once pushed the
+/// descriptions of `serve --help` into a column one word wide (860 lines).
+#[test]
+fn help_text_is_readable_at_80_columns() {
+    for sub in ["serve", "info", "copy", "bench", "mount", "pool", "attach", "detach"] {
+        let out = output(Command::new(SLUICE).args([sub, "--help"]).env("COLUMNS", "80"));
+        assert!(out.status.success(), "{sub} --help failed");
+        let help = String::from_utf8(out.stdout).unwrap();
+        let squeezed: Vec<&str> = help.lines().filter(|l| l.len() - l.trim_start().len() > 50).collect();
+        assert!(squeezed.len() < 3, "{sub} --help wraps into a narrow column at 80 columns:\n{help}");
+    }
 }
 
 /// SIGINT alone (no SIGTERM fallback) stops the server with status 0.
