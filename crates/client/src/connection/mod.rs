@@ -14,7 +14,7 @@ use crate::socket::{Reader, Writer};
 use replies::read_replies;
 use sluice_proto::wire::*;
 use sluice_proto::RawRequest;
-use state::{fail_all, header, send_disc, Answer, Outgoing, Pending, Session, SharedWriter, State};
+use state::{header, send_disc, Answer, Outgoing, Pending, Session, SharedWriter, State};
 use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -38,8 +38,8 @@ impl Drop for Connection {
         // A client dropped without `disconnect()` still leaves the polite way when it can:
         // NBD_CMD_DISC from a task on the connection's runtime (best effort: not if that
         // runtime is gone).
-        let (writer, extended, state) = (self.writer.clone(), self.extended, self.state.clone());
-        self.runtime.spawn(async move { send_disc(&writer, extended, &state).await });
+        let (writer, extended) = (self.writer.clone(), self.extended);
+        self.runtime.spawn(async move { send_disc(&writer, extended).await });
     }
 }
 
@@ -49,8 +49,9 @@ impl Connection {
     pub(crate) fn start(reader: Reader, writer: Writer, structured: bool, extended: bool, base_allocation_id: Option<u32>) -> Connection {
         let state = Arc::new(Mutex::new(State::default()));
         let session = Session { structured, extended, base_allocation_id };
-        let writer = Arc::new(Outgoing::new(writer, extended));
+        let writer = Arc::new(Outgoing::new(writer, extended, state.clone()));
         let task = tokio::spawn(read_replies(reader, state.clone(), writer.clone(), session));
+        writer.reader.set(task.abort_handle()).expect("a new connection's reader is set once");
         Connection { writer, state, reader: task, extended, runtime: tokio::runtime::Handle::current() }
     }
 
@@ -112,7 +113,7 @@ impl Connection {
         }
         {
             let mut lock = self.writer.half.lock().await;
-            let Some(w) = self.writer.usable(&mut lock, &self.state, &self.reader.abort_handle()) else {
+            let Some(w) = self.writer.usable(&mut lock) else {
                 // Closed (DISC sent, or failed) after the check above: the entry, dropped
                 // unanswered, fails with the connection's error below.
                 let unsent = self.state.lock().unwrap().pending.remove(&handle);
@@ -151,9 +152,7 @@ impl Connection {
             }
             guard.finished = true;
             if let Some(e) = failed {
-                lock.take();
-                fail_all(&self.state, Error::io(e));
-                self.reader.abort();
+                self.writer.end(&mut lock, Error::io(e));
             }
         }
         self.answer(rx).await
@@ -196,12 +195,11 @@ impl Connection {
     /// Marks the connection failed, fails everything in flight with `e`, and closes it: a
     /// client that saw the protocol broken must hard-disconnect.
     fn fail(&self, e: Error) {
-        fail_all(&self.state, e);
-        self.reader.abort();
         // The writer is free unless a send is in progress; that send then fails or finds
         // the connection dead, and the Connection's drop closes it at the latest.
-        if let Ok(mut w) = self.writer.half.try_lock() {
-            w.take();
+        match self.writer.half.try_lock() {
+            Ok(mut half) => self.writer.end(&mut half, e),
+            Err(_) => self.writer.fail(e),
         }
     }
 
@@ -214,7 +212,7 @@ impl Connection {
                 st.dead = Some(Error::Closed);
             }
         }
-        send_disc(&self.writer, self.extended, &self.state).await;
+        send_disc(&self.writer, self.extended).await;
     }
 }
 
@@ -226,7 +224,7 @@ struct QueueSender<'a> {
 
 impl QueueSender<'_> {
     async fn send(mut self) {
-        self.conn.writer.send_queued(&self.conn.state, &self.conn.reader.abort_handle()).await;
+        self.conn.writer.send_queued().await;
         self.sent = true;
     }
 }
@@ -238,8 +236,8 @@ impl Drop for QueueSender<'_> {
         }
         // On the connection's own runtime, wherever this drop runs. If that runtime is gone,
         // so is the reader, whose task failed every request as it was dropped.
-        let (writer, state, reader) = (self.conn.writer.clone(), self.conn.state.clone(), self.conn.reader.abort_handle());
-        self.conn.runtime.spawn(async move { writer.send_queued(&state, &reader).await });
+        let writer = self.conn.writer.clone();
+        self.conn.runtime.spawn(async move { writer.send_queued().await });
     }
 }
 

@@ -33,7 +33,7 @@ pub(super) async fn read_replies(mut r: Reader, state: Arc<Mutex<State>>, writer
         };
         if leave {
             // The soft disconnect ESHUTDOWN asks for.
-            send_disc(&writer, session.extended, &state).await;
+            send_disc(&writer, session.extended).await;
             break Error::Closed;
         }
     };

@@ -7,7 +7,7 @@ use sluice_proto::wire::*;
 use sluice_proto::RawRequest;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::io::AsyncWriteExt;
 use tokio::task::AbortHandle;
 use tokio::sync::{oneshot, watch};
@@ -116,6 +116,10 @@ pub(super) struct Outgoing {
     pub(super) torn: AtomicBool,
     /// Bytes of one request header (28, or 32 with extended headers).
     pub(super) frame: usize,
+    /// The requests in flight, which an end of the connection fails.
+    pub(super) state: Arc<Mutex<State>>,
+    /// The reader task, stopped when the connection ends; set once it is started.
+    pub(super) reader: OnceLock<AbortHandle>,
 }
 
 const TORN: &str = "a request was cancelled while being sent; the connection was closed";
@@ -144,32 +148,50 @@ impl Drop for Batch<'_> {
 pub(super) type SharedWriter = Arc<Outgoing>;
 
 impl Outgoing {
-    pub(super) fn new(writer: Writer, extended: bool) -> Outgoing {
+    pub(super) fn new(writer: Writer, extended: bool, state: Arc<Mutex<State>>) -> Outgoing {
         let frame = if extended { EXTENDED_REQUEST_BYTES } else { REQUEST_BYTES };
-        Outgoing { half: tokio::sync::Mutex::new(Some(writer)), queued: Mutex::new(Vec::new()), torn: AtomicBool::new(false), frame }
+        let (half, queued) = (tokio::sync::Mutex::new(Some(writer)), Mutex::new(Vec::new()));
+        Outgoing { half, queued, torn: AtomicBool::new(false), frame, state, reader: OnceLock::new() }
+    }
+
+    /// Ends the connection: the write half (held under its lock) closed, every request in
+    /// flight failed with `e`, the reader stopped. Once a send failed or a frame was torn,
+    /// the stream carries nothing more.
+    pub(super) fn end(&self, half: &mut Option<Writer>, e: Error) {
+        half.take();
+        self.fail(e);
+    }
+
+    /// Fails every request in flight with `e` and stops the reader, leaving the write half
+    /// to whoever holds its lock (a send in progress then fails, or finds the connection
+    /// dead).
+    pub(super) fn fail(&self, e: Error) {
+        fail_all(&self.state, e);
+        if let Some(reader) = self.reader.get() {
+            reader.abort();
+        }
     }
 
     /// The write half (under its lock), if the stream can take another frame. When a
     /// cancelled writer left one half-written, the connection ends here: its requests fail
     /// (and a reconnecting client sends them again), as when the writer's own guard can
     /// close it.
-    pub(super) fn usable<'a>(&self, half: &'a mut Option<Writer>, state: &Mutex<State>, reader: &AbortHandle) -> Option<&'a mut Writer> {
-        if self.torn.load(Ordering::Relaxed) && half.take().is_some() {
-            fail_all(state, Error::io(std::io::Error::other(TORN)));
-            reader.abort();
+    pub(super) fn usable<'a>(&self, half: &'a mut Option<Writer>) -> Option<&'a mut Writer> {
+        if self.torn.load(Ordering::Relaxed) && half.is_some() {
+            self.end(half, Error::io(std::io::Error::other(TORN)));
         }
         half.as_mut()
     }
 
     /// Sends what is queued, in one write. A write that fails ends the connection, as any
     /// failed send does.
-    pub(super) async fn send_queued(&self, state: &Mutex<State>, reader: &AbortHandle) {
+    pub(super) async fn send_queued(&self) {
         let mut half = self.half.lock().await;
         let mut batch = Batch { out: self, bytes: std::mem::take(&mut *self.queued.lock().unwrap()), at: 0 };
-        let Some(w) = self.usable(&mut half, state, reader) else {
+        let Some(w) = self.usable(&mut half) else {
             // Closed (DISC sent, or failed) after these requests were queued: they will not
             // go, so they fail now rather than when the server closes.
-            self.fail_unsent(&std::mem::take(&mut batch.bytes), state);
+            self.fail_unsent(&std::mem::take(&mut batch.bytes));
             return;
         };
         let mut failed = None;
@@ -182,17 +204,23 @@ impl Outgoing {
         if let Some(e) = failed {
             // Every request in the batch is still pending: fail_all answers them.
             batch.at = batch.bytes.len();
-            half.take();
-            fail_all(state, Error::io(e));
-            reader.abort();
+            return self.end(&mut half, Error::io(e));
+        }
+        // The batch's buffer becomes the queue's again, unless the next burst has begun one:
+        // a steady stream of bursts then allocates nothing.
+        let mut spare = std::mem::take(&mut batch.bytes);
+        let mut queued = self.queued.lock().unwrap();
+        if queued.capacity() == 0 {
+            spare.clear();
+            *queued = spare;
         }
     }
 
     /// Answers the requests whose headers are in `bytes` and were never sent: each caller
     /// gets the connection's error (a `Pending` dropped unanswered).
-    fn fail_unsent(&self, bytes: &[u8], state: &Mutex<State>) {
+    fn fail_unsent(&self, bytes: &[u8]) {
         let unsent: Vec<Pending> = {
-            let mut st = state.lock().unwrap();
+            let mut st = self.state.lock().unwrap();
             let handles = bytes.chunks(self.frame).map(|h| u64::from_be_bytes(h[8..16].try_into().expect("8 bytes")));
             handles.filter_map(|handle| st.pending.remove(&handle)).collect()
         };
@@ -205,10 +233,10 @@ impl Outgoing {
 /// goodbye cannot be said: the connection just ends, and its requests fail now (a TLS
 /// stream's write half closes nothing when dropped, so the server would wait for the rest
 /// of the frame, and they with it).
-pub(super) async fn send_disc(writer: &SharedWriter, extended: bool, state: &Mutex<State>) {
+pub(super) async fn send_disc(writer: &SharedWriter, extended: bool) {
     let Some(mut w) = writer.half.lock().await.take() else { return };
     if writer.torn.load(Ordering::Relaxed) {
-        fail_all(state, Error::io(std::io::Error::other(TORN)));
+        fail_all(&writer.state, Error::io(std::io::Error::other(TORN)));
         return;
     }
     {

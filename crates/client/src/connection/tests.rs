@@ -218,3 +218,27 @@ async fn a_goodbye_on_a_torn_stream_fails_the_requests_left_rather_than_leaving_
     assert_eq!(tail.len(), REQUEST_BYTES + 10, "nothing was written after the torn frame");
     assert!(first.await.is_err(), "the request in flight before failed too");
 }
+
+/// Requests whose headers were queued just as the write side closed (a goodbye that took
+/// the queue a moment before they joined it) fail at once rather than wait for a server
+/// that never gets them; with extended headers, the queue holds 32-byte frames.
+#[tokio::test(flavor = "current_thread")]
+async fn requests_queued_after_the_write_side_closed_fail_at_once_in_either_framing() {
+    for extended in [false, true] {
+        let (ours, _theirs) = tokio::io::duplex(1 << 20);
+        let writes = Writes::default();
+        let conn = Connection::start(BufReader::new(Box::new(ours)), Box::new(writes.clone()), extended, extended, None);
+        let mut first: Call = Box::pin(read(&conn, 0));
+        assert!(futures_poll_once(first.as_mut()).await.is_none());
+        let mut owing: Call = Box::pin(read(&conn, 4096));
+        let mut other: Call = Box::pin(read(&conn, 8192));
+        assert!(futures_poll_once(owing.as_mut()).await.is_none(), "queued, yielding");
+        assert!(futures_poll_once(other.as_mut()).await.is_none(), "queued behind it");
+        conn.writer.half.lock().await.take();
+        let bound = std::time::Duration::from_secs(10);
+        let got = tokio::time::timeout(bound, async { (owing.await, other.await) }).await.expect("both queued requests were answered");
+        assert!(got.0.is_err() && got.1.is_err(), "extended {extended}: neither was sent, so both failed");
+        assert_eq!(writes.0.lock().unwrap().len(), 1, "only the first request went");
+        drop(first);
+    }
+}
