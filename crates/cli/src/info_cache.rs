@@ -14,7 +14,7 @@ pub fn print(s: &Status) {
     let c = &s.counters;
     println!("cache block:        {} ({})", s.block_bytes, HumanBytes(s.block_bytes));
     // This process opened the volume for itself: a server's own figures are elsewhere.
-    println!("counters:           this look's own, from zero (a served volume's: its server's /metrics)");
+    println!("counters:           this command's own, from zero (a served volume's: its server's /metrics)");
     println!("hits:               {} blocks, {} ({:.1}% of blocks read)", c.hits, HumanBytes(c.hit_bytes), c.hit_percent());
     println!("misses:             {} blocks, {}", c.misses, HumanBytes(c.miss_bytes));
     println!("prefetched:         {} used, {} wasted", HumanBytes(c.prefetched_used_bytes), HumanBytes(c.prefetched_wasted_bytes));

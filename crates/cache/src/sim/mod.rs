@@ -241,6 +241,12 @@ impl World {
                     if m.alive && matches!(f.cmd, Cmd::Member(_)) && self.rng.below(2) == 0 {
                         let _ = store::apply(&mut m.bytes, &f.cmd);
                     }
+                    // And its answer may still reach the core: the shell forwards a
+                    // completion that was on its way when the member was dropped.
+                    if self.rng.below(2) == 0 {
+                        let out = self.late_answer(member, &f.cmd);
+                        self.cache.handle_member_done(self.now, f.op, out);
+                    }
                     return;
                 }
                 if let Cmd::Member(crate::api::MemberCmd::Read { offset, len }) = f.cmd {
@@ -252,6 +258,20 @@ impl World {
                 }
                 self.cache.handle_member_done(self.now, f.op, out);
             }
+        }
+    }
+
+    /// What an operation of a member's earlier incarnation reports when it comes in after
+    /// the core dropped that member: success, a failure, or for a read the bytes there are
+    /// now (a restarted member's, or another fill's). The core must take none of it.
+    fn late_answer(&mut self, member: usize, cmd: &Cmd) -> crate::api::Outcome {
+        match (cmd, self.rng.below(3)) {
+            (_, 0) => Err("late: the connection was dropped".into()),
+            (Cmd::Member(MemberCmd::Read { offset, len }), _) => {
+                let at = |b: &Vec<u8>| b.get(*offset as usize..(*offset + *len) as usize).map(<[u8]>::to_vec);
+                Ok(at(&self.members[member].bytes).unwrap_or_else(|| vec![0; *len as usize]))
+            }
+            _ => Ok(Vec::new()),
         }
     }
 

@@ -195,8 +195,8 @@ impl Connection {
     /// Marks the connection failed, fails everything in flight with `e`, and closes it: a
     /// client that saw the protocol broken must hard-disconnect.
     fn fail(&self, e: Error) {
-        // The writer is free unless a send is in progress; that send then fails or finds
-        // the connection dead, and the Connection's drop closes it at the latest.
+        // The writer is free unless a send is in progress; every caller marked the frame
+        // torn first, so that send, or the next, ends the connection (`usable`).
         match self.writer.half.try_lock() {
             Ok(mut half) => self.writer.end(&mut half, e),
             Err(_) => self.writer.fail(e),

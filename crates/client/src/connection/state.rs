@@ -122,6 +122,10 @@ pub(super) struct Outgoing {
     pub(super) reader: OnceLock<AbortHandle>,
 }
 
+/// The largest queue buffer kept for the next burst (a burst of 128 extended headers):
+/// one rare larger burst does not hold its memory for the connection's life.
+const QUEUE_KEPT_BYTES_MAX: usize = 4096;
+
 const TORN: &str = "a request was cancelled while being sent; the connection was closed";
 
 /// A batch of queued headers being written. Dropped before all of it went (its writer
@@ -163,8 +167,8 @@ impl Outgoing {
     }
 
     /// Fails every request in flight with `e` and stops the reader, leaving the write half
-    /// to whoever holds its lock (a send in progress then fails, or finds the connection
-    /// dead).
+    /// to whoever holds its lock: the callers that reach this with the lock held by someone
+    /// else have marked the frame torn, so the next holder ends the connection (`usable`).
     pub(super) fn fail(&self, e: Error) {
         fail_all(&self.state, e);
         if let Some(reader) = self.reader.get() {
@@ -210,7 +214,7 @@ impl Outgoing {
         // a steady stream of bursts then allocates nothing.
         let mut spare = std::mem::take(&mut batch.bytes);
         let mut queued = self.queued.lock().unwrap();
-        if queued.capacity() == 0 {
+        if queued.capacity() == 0 && spare.capacity() <= QUEUE_KEPT_BYTES_MAX {
             spare.clear();
             *queued = spare;
         }
@@ -236,7 +240,7 @@ impl Outgoing {
 pub(super) async fn send_disc(writer: &SharedWriter, extended: bool) {
     let Some(mut w) = writer.half.lock().await.take() else { return };
     if writer.torn.load(Ordering::Relaxed) {
-        fail_all(&writer.state, Error::io(std::io::Error::other(TORN)));
+        writer.fail(Error::io(std::io::Error::other(TORN)));
         return;
     }
     {

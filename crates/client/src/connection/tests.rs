@@ -223,7 +223,7 @@ async fn a_goodbye_on_a_torn_stream_fails_the_requests_left_rather_than_leaving_
 /// the queue a moment before they joined it) fail at once rather than wait for a server
 /// that never gets them; with extended headers, the queue holds 32-byte frames.
 #[tokio::test(flavor = "current_thread")]
-async fn requests_queued_after_the_write_side_closed_fail_at_once_in_either_framing() {
+async fn requests_queued_as_the_write_side_closed_fail_at_once_in_either_framing() {
     for extended in [false, true] {
         let (ours, _theirs) = tokio::io::duplex(1 << 20);
         let writes = Writes::default();
