@@ -105,6 +105,9 @@ impl Drop for Region {
 enum Origin {
     Pool { region: Rc<Region>, block: u32, order: u8 },
     Heap { layout: Layout },
+    /// A `Vec`'s allocation, taken over whole (`from_vec`): `capacity` is the Vec's, to
+    /// free it; only the first `init` bytes were ever written.
+    Vec { capacity: usize, init: usize },
 }
 
 /// An owned, aligned buffer. Whoever holds it may touch its bytes; while an operation is in
@@ -127,6 +130,15 @@ impl Buf {
         Buf { ptr, len, origin: Origin::Heap { layout } }
     }
 
+    /// Bytes read elsewhere (a remote export's reply, read on the runtime's thread) as a
+    /// buffer, without copying them.
+    pub fn from_vec(bytes: Vec<u8>) -> Buf {
+        let mut bytes = std::mem::ManuallyDrop::new(bytes);
+        let (len, capacity) = (bytes.len(), bytes.capacity());
+        let ptr = NonNull::new(bytes.as_mut_ptr()).expect("a Vec's pointer is never null");
+        Buf { ptr, len, origin: Origin::Vec { capacity, init: len } }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -136,6 +148,8 @@ impl Buf {
         match &self.origin {
             Origin::Pool { order, .. } => BUFFER_ALIGN_BYTES << order,
             Origin::Heap { layout } => layout.size(),
+            // Past `init` the bytes were never written: no use may see them.
+            Origin::Vec { init, .. } => *init,
         }
     }
 
@@ -146,8 +160,8 @@ impl Buf {
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for capacity() >= len bytes, initialised (zeroed or written by
-        // the kernel), and this Buf is the sole owner of the range.
+        // SAFETY: ptr is valid for capacity() >= len bytes, initialised (zeroed, written by
+        // the kernel, or the Vec's bytes), and this Buf is the sole owner of the range.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
@@ -164,7 +178,7 @@ impl Buf {
     pub(super) fn region(&self) -> Option<&Region> {
         match &self.origin {
             Origin::Pool { region, .. } => Some(region),
-            Origin::Heap { .. } => None,
+            Origin::Heap { .. } | Origin::Vec { .. } => None,
         }
     }
 }
@@ -175,6 +189,9 @@ impl Drop for Buf {
             // SAFETY: ptr and layout are the pair alloc_zeroed returned in `heap`.
             Origin::Heap { layout } => unsafe { dealloc(self.ptr.as_ptr(), *layout) },
             Origin::Pool { region, block, order } => region.buddy.borrow_mut().free(*block, *order),
+            // SAFETY: ptr and capacity are the allocation of the Vec `from_vec` took over,
+            // which nothing else frees; bytes need no drop, so its length may be 0.
+            Origin::Vec { capacity, .. } => drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), 0, *capacity) }),
         }
     }
 }

@@ -2,9 +2,10 @@
 //! export reached through the async client) parks its storage operation in the ring with
 //! `Ring::defer` and gets a `Completer`: `Send`, holding plain integers and a handle on this
 //! mailbox, never a buffer. The other thread posts the result through it and wakes the
-//! worker's eventfd; the ring's next `wait` takes the parked operation back, copies any
-//! returned bytes into its buffer on the worker thread, and hands it out as an ordinary
-//! `Completion`. Buffers never leave their worker, so no `unsafe` is needed here.
+//! worker's eventfd; the ring's next `wait` takes the parked operation back, puts any
+//! returned bytes in its buffer on the worker thread (bytes that fill it exactly replace it,
+//! uncopied; others are copied in), and hands it out as an ordinary `Completion`. Buffers
+//! never leave their worker, so no `unsafe` is needed here.
 //!
 //! Every parked operation is answered exactly once: `complete` consumes the completer, and a
 //! completer dropped unanswered (its task cancelled, its runtime shut down) posts ECANCELED.
@@ -16,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use sluice_proto::reply::Extent;
 
+use super::buffer::Buf;
 use super::op::{Completion, Held, StorageId, Token};
 
 /// A parked operation's place in the mailbox: its slot and the slot's generation when it
@@ -29,9 +31,11 @@ struct Ticket {
 /// What a completion brings back besides its result.
 pub enum Payload {
     Nothing,
-    /// Bytes read: copied into the parked buffer at the offset given to `defer`.
+    /// Bytes read: they become the parked buffer when they fill it exactly from its start,
+    /// and are copied into it at the offset given to `defer` otherwise.
     Bytes(Vec<u8>),
-    /// Bytes read in pieces, in order: copied one after another, as `Bytes` is.
+    /// Bytes read in pieces, in order: one piece as `Bytes`, several copied one after
+    /// another.
     Pieces(Vec<Vec<u8>>),
     /// Extents found: they replace what was parked (an empty `Held::Extents`, which an
     /// operation cancelled without an answer still returns).
@@ -185,7 +189,8 @@ impl Mailbox {
                 held = Held::Extents(extents);
                 result
             }
-            Payload::Bytes(data) => land(&mut held, at, &[data], result),
+            Payload::Bytes(data) => take_or_land(&mut held, at, data, result),
+            Payload::Pieces(mut pieces) if pieces.len() == 1 => take_or_land(&mut held, at, pieces.remove(0), result),
             Payload::Pieces(pieces) => land(&mut held, at, &pieces, result),
         };
         Some(Completion { token: Token::Storage { id, held }, result })
@@ -213,6 +218,18 @@ impl Drop for Mailbox {
                 std::mem::forget(parked.held);
             }
         }
+    }
+}
+
+/// Bytes that fill the parked buffer exactly become the buffer (the pool's goes back to
+/// it): a remote export's read then costs the worker no copy. Others are copied in (`land`).
+fn take_or_land(held: &mut Held, at: usize, data: Vec<u8>, result: i32) -> i32 {
+    match held {
+        Held::Buf(buf) if at == 0 && buf.len() == data.len() => {
+            *held = Held::Buf(Buf::from_vec(data));
+            result
+        }
+        _ => land(held, at, &[data], result),
     }
 }
 
@@ -261,6 +278,34 @@ mod tests {
         assert!(mailbox.take(next.ticket).is_some());
         // Its completer's post now names nothing parked; release builds drop it.
         std::mem::forget(next);
+    }
+
+    #[test]
+    fn bytes_that_fill_the_parked_buffer_become_it_and_others_are_copied_in() {
+        let mut mailbox = Mailbox::new();
+        let whole = mailbox.park(id(), Held::Buf(Buf::heap(8)), 0, false);
+        let part = mailbox.park(id(), Held::Buf(Buf::heap(8)), 2, false);
+        let short = mailbox.park(id(), Held::Buf(Buf::heap(8)), 0, false);
+        let data = vec![7u8; 8];
+        let read_into = data.as_ptr();
+        whole.complete(8, Payload::Pieces(vec![data]));
+        part.complete(4, Payload::Bytes(vec![5; 4]));
+        short.complete(4, Payload::Pieces(vec![vec![3; 2], vec![4; 2]]));
+        let mut out = Vec::new();
+        mailbox.collect(&mut out);
+        let bufs: Vec<Buf> = out
+            .into_iter()
+            .map(|c| match c.token {
+                Token::Storage { held: Held::Buf(buf), .. } => buf,
+                _ => panic!("a read's buffer comes back"),
+            })
+            .collect();
+        assert_eq!(bufs.len(), 3);
+        let whole = bufs.iter().find(|b| b.as_slice() == [7; 8]).expect("the whole read");
+        assert_eq!(whole.ptr().cast_const(), read_into, "the bytes were taken, not copied");
+        assert_eq!(whole.capacity(), 8, "nothing past the bytes read can be exposed");
+        assert!(bufs.iter().any(|b| b.as_slice() == [0, 0, 5, 5, 5, 5, 0, 0]), "bytes at an offset are copied in");
+        assert!(bufs.iter().any(|b| b.as_slice() == [3, 3, 4, 4, 0, 0, 0, 0]), "pieces are copied in order");
     }
 
     #[test]
