@@ -9,7 +9,7 @@ use sluice_proto::wire::*;
 use std::sync::{Arc, Mutex};
 use crate::spans::Spans;
 use sluice_proto::client as wire_c;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufRead, AsyncReadExt};
 
 /// Fails every request still in flight when the reader task goes without reaching its end
 /// (aborted, or dropped with its runtime): no reply can come for them any more.
@@ -49,11 +49,30 @@ fn protocol<T>(m: impl Into<String>) -> Result<T, Error> {
 }
 
 async fn read_exact(r: &mut Reader, buf: &mut [u8]) -> Result<(), Error> {
-    match r.read_exact(buf).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Closed),
-        Err(e) => Err(Error::io(e)),
+    r.read_exact(buf).await.map(drop).map_err(read_error)
+}
+
+fn read_error(e: std::io::Error) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => Error::Closed,
+        _ => Error::io(e),
     }
+}
+
+/// A read's data into its buffer. What the reader's buffer holds already is copied; a
+/// large rest comes straight from the socket. Through the buffer, the end of a large
+/// payload was received twice over (the socket into the buffer, the buffer into the
+/// request's): a gateway's 1 MiB reads spent 7% of its time on that second copy. A small
+/// rest still goes through the buffer, whose one receive brings several replies in.
+async fn read_data(r: &mut Reader, buf: &mut [u8]) -> Result<(), Error> {
+    let have = r.buffer().len().min(buf.len());
+    if buf.len() - have < DATA_DIRECT_MIN_BYTES {
+        return read_exact(r, buf).await;
+    }
+    buf[..have].copy_from_slice(&r.buffer()[..have]);
+    std::pin::Pin::new(&mut *r).consume(have);
+    // The buffer is empty now, so reading its socket directly skips nothing.
+    r.get_mut().read_exact(&mut buf[have..]).await.map(drop).map_err(read_error)
 }
 
 /// Takes the request a reply names out of the table while its payload is read, so the
@@ -116,7 +135,7 @@ async fn read_reply(r: &mut Reader, state: &Mutex<State>, session: Session) -> R
                 CMD_READ => {
                     // Simple replies carry the whole range; the buffers are exactly its size.
                     for i in 0..p.bufs.len() {
-                        if let Err(e) = read_exact(r, &mut p.bufs[i]).await {
+                        if let Err(e) = read_data(r, &mut p.bufs[i]).await {
                             finish(state, p, Err(e.clone()));
                             return Err(e);
                         }
@@ -203,7 +222,7 @@ async fn chunk(r: &mut Reader, p: &mut Pending, h: &wire_c::ChunkHeader, session
             // Straight from the socket into the caller's buffers.
             let mut spans = Spans::new(rel, n);
             while let Some((i, range)) = spans.next(&p.bufs) {
-                read_exact(r, &mut p.bufs[i][range]).await?;
+                read_data(r, &mut p.bufs[i][range]).await?;
             }
             debug_assert_eq!(spans.left, 0, "a chunk reaches past its request's buffers");
         }

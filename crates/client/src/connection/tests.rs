@@ -242,3 +242,36 @@ async fn requests_queued_as_the_write_side_closed_fail_at_once_in_either_framing
         drop(first);
     }
 }
+
+/// A large read's data arrives partly with its header (in the reader's buffer) and partly
+/// later (read straight from the socket): every byte lands in its place, and the reply
+/// after it is read as usual.
+#[tokio::test(flavor = "current_thread")]
+async fn a_large_reads_data_split_between_the_buffer_and_the_socket_lands_whole() {
+    let (conn, writes, mut server) = connection();
+    let len = 256 * 1024;
+    let big = conn.call(CMD_READ, 0, 0, len as u64, &[], vec![vec![0; len]]);
+    let small = read(&conn, 1 << 20);
+    let serve = async {
+        let sent = writes.wait_for(2).await;
+        let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut reply = Vec::new();
+        reply.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+        reply.extend_from_slice(&0u32.to_be_bytes());
+        reply.extend_from_slice(&sent[0].0.to_be_bytes());
+        reply.extend_from_slice(&pattern);
+        // The header and a little data first, so the buffer holds some; then the rest, in
+        // uneven pieces, then the small read's reply.
+        for piece in reply.chunks(70_001) {
+            server.write_all(piece).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        answer(&mut server, sent[1].0, sent[1].1).await;
+        pattern
+    };
+    let (got, small, pattern) = tokio::join!(big, small, serve);
+    let Ok(Outcome::Read(bufs)) = got else { panic!("the large read failed") };
+    assert!(bufs[0] == pattern, "the large read's bytes are out of place");
+    let Ok(Outcome::Read(bufs)) = small else { panic!("the read after it failed") };
+    assert!(bufs[0].iter().all(|&b| b == (1 << 20 >> 12) as u8));
+}
