@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use super::buddy::{order_for, Buddy};
 use crate::limits::{BUFFER_POOL_GROW_STEP_BYTES, BUFFER_POOL_SLABS_MAX, BUFFER_POOL_SLAB_MAX_BYTES, HUGE_PAGE_BYTES};
 
-/// Alignment and allocation unit of every buffer: a page, what O_DIRECT needs on any device.
+/// Alignment and allocation unit of every buffer from the pool or the heap: a page, what
+/// O_DIRECT needs on any device. (A buffer made `from_vec` has a Vec's alignment: its bytes
+/// are only sent, never read into again.)
 pub const BUFFER_ALIGN_BYTES: usize = crate::limits::PAGE_BYTES;
 
 /// One slab: a mapping that a buddy allocator splits into buffers.
@@ -110,8 +112,9 @@ enum Origin {
     Vec { capacity: usize, init: usize },
 }
 
-/// An owned, aligned buffer. Whoever holds it may touch its bytes; while an operation is in
-/// flight the ring holds it, so the kernel and Rust code never share it.
+/// An owned buffer, page-aligned unless made `from_vec`. Whoever holds it may touch its
+/// bytes; while an operation is in flight the ring holds it, so the kernel and Rust code
+/// never share it.
 pub struct Buf {
     ptr: NonNull<u8>,
     len: usize,
@@ -131,7 +134,7 @@ impl Buf {
     }
 
     /// Bytes read elsewhere (a remote export's reply, read on the runtime's thread) as a
-    /// buffer, without copying them.
+    /// buffer, without copying them. Not page-aligned: for sending, never for O_DIRECT.
     pub fn from_vec(bytes: Vec<u8>) -> Buf {
         let mut bytes = std::mem::ManuallyDrop::new(bytes);
         let (len, capacity) = (bytes.len(), bytes.capacity());
