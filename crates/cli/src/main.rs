@@ -65,7 +65,28 @@ enum Command {
     GenerateManual(manual::ManualArgs),
 }
 
+/// What a command ends with when its output's reader went away (`sluice info | head`):
+/// the status a shell reports for a program SIGPIPE killed.
+const STDOUT_CLOSED_EXIT: i32 = 128 + libc::SIGPIPE;
+
+/// A reader that stops reading our output early is not an error. The print macros panic
+/// on EPIPE (Rust ignores SIGPIPE, so that sockets report a vanished peer as an error the
+/// client can handle, and they still do); this ends the command quietly instead, as a
+/// SIGPIPE would, with any other panic reported as before.
+fn quiet_when_stdout_closes() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload().downcast_ref::<String>().map(String::as_str).unwrap_or_default();
+        let epipe = std::io::Error::from_raw_os_error(libc::EPIPE).to_string();
+        if message.starts_with("failed printing to stdout") && message.ends_with(&epipe) {
+            std::process::exit(STDOUT_CLOSED_EXIT);
+        }
+        report(info)
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_when_stdout_closes();
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(*args),

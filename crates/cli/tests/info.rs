@@ -316,3 +316,36 @@ fn unknown_export_unreachable_server_and_bad_uri_fail_with_their_status() {
     }
     assert_eq!(s.stop().code(), Some(0));
 }
+
+/// `sluice info ... | head` closes the pipe before info has printed everything: info ends
+/// quietly with the status a SIGPIPE would give, not with a panic and a backtrace.
+#[test]
+fn a_reader_that_closes_the_output_early_ends_info_quietly() {
+    let s = Sluice::start(&["--export", "m=memory:4M"]);
+    let (reader, writer) = std::io::pipe().unwrap();
+    // Closed before info starts: its first line already meets a closed pipe.
+    drop(reader);
+    let mut child = std::process::Command::new(SLUICE)
+        .args(["info", "--map", &s.uri_for("m")])
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: info needs one connection to a local server.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("info did not end within 60 s on a closed pipe");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!err.contains("panicked"), "info panicked on a closed pipe:\n{err}");
+    assert_eq!(status.code(), Some(128 + 13), "{err}");
+}
