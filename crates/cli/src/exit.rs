@@ -6,3 +6,6 @@
 pub const EXIT_FAILURE: u8 = 1;
 /// Exit status for a bad command line, configuration or URI (clap also uses 2).
 pub const EXIT_USAGE: u8 = 2;
+/// Exit status when the reader of our output went away (`sluice info | head`): what a
+/// shell reports for a program SIGPIPE killed.
+pub const EXIT_STDOUT_CLOSED: i32 = 128 + libc::SIGPIPE;

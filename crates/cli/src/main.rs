@@ -65,10 +65,6 @@ enum Command {
     GenerateManual(manual::ManualArgs),
 }
 
-/// What a command ends with when its output's reader went away (`sluice info | head`):
-/// the status a shell reports for a program SIGPIPE killed.
-const STDOUT_CLOSED_EXIT: i32 = 128 + libc::SIGPIPE;
-
 /// A reader that stops reading our output early is not an error. The print macros panic
 /// on EPIPE (Rust ignores SIGPIPE, so that sockets report a vanished peer as an error the
 /// client can handle, and they still do); this ends the command quietly instead, as a
@@ -79,7 +75,7 @@ fn quiet_when_stdout_closes() {
         let message = info.payload().downcast_ref::<String>().map(String::as_str).unwrap_or_default();
         let epipe = std::io::Error::from_raw_os_error(libc::EPIPE).to_string();
         if message.starts_with("failed printing to stdout") && message.ends_with(&epipe) {
-            std::process::exit(STDOUT_CLOSED_EXIT);
+            std::process::exit(exit::EXIT_STDOUT_CLOSED);
         }
         report(info)
     }));

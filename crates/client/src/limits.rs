@@ -69,6 +69,11 @@ pub const REQUEST_ATTEMPTS_MAX: u32 = 8;
 /// gateway's CPU per GiB, 4K QD32 and QD1 the same within their noise.
 pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 
+/// The largest buffer of queued request headers a connection keeps for its next burst
+/// (128 extended headers): one rare larger burst does not hold its memory for the
+/// connection's life.
+pub const QUEUE_KEPT_BYTES_MAX: usize = 4096;
+
 /// A read's data that has at least this much left to come once the buffered bytes are
 /// taken is received straight into the request's buffer (`replies::read_data`): large
 /// enough that the receive it costs is small beside the copy it saves, small enough that

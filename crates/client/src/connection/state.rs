@@ -2,6 +2,7 @@
 //! answers, the connection's state, the sending side and its queue, and the request framing.
 
 use crate::error::Error;
+use crate::limits::QUEUE_KEPT_BYTES_MAX;
 use crate::socket::Writer;
 use sluice_proto::wire::*;
 use sluice_proto::RawRequest;
@@ -121,10 +122,6 @@ pub(super) struct Outgoing {
     /// The reader task, stopped when the connection ends; set once it is started.
     pub(super) reader: OnceLock<AbortHandle>,
 }
-
-/// The largest queue buffer kept for the next burst (a burst of 128 extended headers):
-/// one rare larger burst does not hold its memory for the connection's life.
-const QUEUE_KEPT_BYTES_MAX: usize = 4096;
 
 const TORN: &str = "a request was cancelled while being sent; the connection was closed";
 
