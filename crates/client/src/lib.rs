@@ -37,6 +37,7 @@ pub mod limits;
 mod links;
 mod options;
 pub mod pool;
+pub mod read_buffers;
 mod readahead;
 mod reconnect;
 mod socket;

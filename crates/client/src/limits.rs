@@ -124,3 +124,16 @@ pub const POOL_CONTROL_PROGRESS_MS: u64 = 500;
 /// The longest reply line `sluice pool check` accepts from a coordinator (a report with
 /// every range it keeps fits many times over).
 pub const POOL_CONTROL_REPLY_MAX_BYTES: u64 = 1 << 20;
+
+/// Read buffers of the client's own choosing (a pool member's read, `read_pieces`) kept
+/// for reuse once their bytes are used (`read_buffers`): at most this many bytes of them
+/// in the process. Buffers wait there only between one read's end and the next one's
+/// start, so this is enough for 1 MiB reads at QD8 through a pool (2-core machine,
+/// 2026-11-27: 4 MiB as fast as 8), and what an idle process keeps stays small.
+pub const READ_BUFFERS_KEPT_BYTES_MAX: usize = 4 << 20;
+
+/// Smaller read buffers are not kept: the allocator hands those out from its own caches,
+/// and zeroing them is cheap next to a request's other costs.
+pub const READ_BUFFER_KEPT_MIN_BYTES: usize = 64 * 1024;
+
+const _: () = assert!(READ_BUFFER_KEPT_MIN_BYTES <= READ_BUFFERS_KEPT_BYTES_MAX);

@@ -32,7 +32,7 @@ impl Client {
                 _ => Err(Error::Protocol("read answered without data".into())),
             };
         }
-        self.read_vectored(offset, vec![vec![0; len]]).await
+        self.read_vectored(offset, vec![crate::read_buffers::take(len)]).await
     }
 
     /// Reads into several buffers in order (scatter): `offset` goes to the start of the

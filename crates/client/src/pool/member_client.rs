@@ -36,7 +36,7 @@ impl Member for Client {
     }
 
     fn read(&self, offset: u64, len: usize) -> impl Future<Output = Result<Vec<u8>, Error>> + Send {
-        self.read_owned(offset, vec![0; len])
+        self.read_owned(offset, crate::read_buffers::take(len))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> impl Future<Output = Result<(), Error>> + Send {

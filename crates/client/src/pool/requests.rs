@@ -116,6 +116,7 @@ pub(crate) fn land(bufs: &mut [Vec<u8>], at: u64, data: Vec<u8>) {
         skip = 0;
     }
     debug_assert!(src.is_empty(), "a read piece reaches past its request's buffers");
+    crate::read_buffers::give_back(data);
 }
 
 /// The reply `Client` expects for a finished request.

@@ -185,7 +185,10 @@ impl Backend for RemoteBackend {
                     // A pool's pieces come as its members sent them, and are copied into
                     // the parked buffer once, on the worker.
                     match remote.client.read_pieces(offset, len).await {
-                        Ok(pieces) => (pieces.iter().map(Vec::len).sum::<usize>() as i32, Payload::Pieces(pieces)),
+                        Ok(pieces) => {
+                            let n = pieces.iter().map(Vec::len).sum::<usize>() as i32;
+                            (n, Payload::Pieces { pieces, spent: sluice_client::read_buffers::give_back })
+                        }
                         Err(e) => (remote.result(Err(e)), Payload::Nothing),
                     }
                 });

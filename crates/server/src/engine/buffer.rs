@@ -104,12 +104,16 @@ impl Drop for Region {
     }
 }
 
+/// Where a buffer made `from_vec` goes when dropped: back to whoever allocated it.
+pub type Spent = fn(Vec<u8>);
+
 enum Origin {
     Pool { region: Rc<Region>, block: u32, order: u8 },
     Heap { layout: Layout },
     /// A `Vec`'s allocation, taken over whole (`from_vec`): `capacity` is the Vec's, to
-    /// free it; only the first `init` bytes were ever written.
-    Vec { capacity: usize, init: usize },
+    /// rebuild it; only the first `init` bytes were ever written. It goes to `spent` when
+    /// the buffer is dropped.
+    Vec { capacity: usize, init: usize, spent: Spent },
 }
 
 /// An owned buffer, page-aligned unless made `from_vec`. Whoever holds it may touch its
@@ -135,11 +139,12 @@ impl Buf {
 
     /// Bytes read elsewhere (a remote export's reply, read on the runtime's thread) as a
     /// buffer, without copying them. Not page-aligned: for sending, never for O_DIRECT.
-    pub fn from_vec(bytes: Vec<u8>) -> Buf {
+    /// When dropped, the Vec goes to `spent` (its owner's pool, or `drop`).
+    pub fn from_vec(bytes: Vec<u8>, spent: Spent) -> Buf {
         let mut bytes = std::mem::ManuallyDrop::new(bytes);
         let (len, capacity) = (bytes.len(), bytes.capacity());
         let ptr = NonNull::new(bytes.as_mut_ptr()).expect("a Vec's pointer is never null");
-        Buf { ptr, len, origin: Origin::Vec { capacity, init: len } }
+        Buf { ptr, len, origin: Origin::Vec { capacity, init: len, spent } }
     }
 
     pub fn len(&self) -> usize {
@@ -192,9 +197,12 @@ impl Drop for Buf {
             // SAFETY: ptr and layout are the pair alloc_zeroed returned in `heap`.
             Origin::Heap { layout } => unsafe { dealloc(self.ptr.as_ptr(), *layout) },
             Origin::Pool { region, block, order } => region.buddy.borrow_mut().free(*block, *order),
-            // SAFETY: ptr and capacity are the allocation of the Vec `from_vec` took over,
-            // which nothing else frees; bytes need no drop, so its length may be 0.
-            Origin::Vec { capacity, .. } => drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), 0, *capacity) }),
+            Origin::Vec { capacity, init, spent } => {
+                // SAFETY: ptr and capacity are the allocation of the Vec `from_vec` took
+                // over, which nothing else frees or holds; its first `init` bytes were the
+                // Vec's initialised ones, and writes through this Buf kept them so.
+                spent(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), *init, *capacity) })
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use sluice_proto::reply::Extent;
 
-use super::buffer::Buf;
+use super::buffer::{Buf, Spent};
 use super::op::{Completion, Held, StorageId, Token};
 
 /// A parked operation's place in the mailbox: its slot and the slot's generation when it
@@ -31,12 +31,11 @@ struct Ticket {
 /// What a completion brings back besides its result.
 pub enum Payload {
     Nothing,
-    /// Bytes read: they become the parked buffer when they fill it exactly from its start,
-    /// and are copied into it at the offset given to `defer` otherwise.
-    Bytes(Vec<u8>),
-    /// Bytes read in pieces, in order: one piece as `Bytes`, several copied one after
-    /// another.
-    Pieces(Vec<Vec<u8>>),
+    /// Bytes read, in pieces, in order. A single piece that fills the parked buffer
+    /// exactly from its start becomes the buffer; otherwise the pieces are copied into it
+    /// one after another, from the offset given to `defer`. Each piece goes to `spent`
+    /// once its bytes are used.
+    Pieces { pieces: Vec<Vec<u8>>, spent: Spent },
     /// Extents found: they replace what was parked (an empty `Held::Extents`, which an
     /// operation cancelled without an answer still returns).
     Extents(Vec<Extent>),
@@ -189,9 +188,7 @@ impl Mailbox {
                 held = Held::Extents(extents);
                 result
             }
-            Payload::Bytes(data) => take_or_land(&mut held, at, data, result),
-            Payload::Pieces(mut pieces) if pieces.len() == 1 => take_or_land(&mut held, at, pieces.remove(0), result),
-            Payload::Pieces(pieces) => land(&mut held, at, &pieces, result),
+            Payload::Pieces { pieces, spent } => take_or_land(&mut held, at, pieces, spent, result),
         };
         Some(Completion { token: Token::Storage { id, held }, result })
     }
@@ -221,15 +218,20 @@ impl Drop for Mailbox {
     }
 }
 
-/// Bytes that fill the parked buffer exactly become the buffer (the pool's goes back to
-/// it): a remote export's read then costs the worker no copy. Others are copied in (`land`).
-fn take_or_land(held: &mut Held, at: usize, data: Vec<u8>, result: i32) -> i32 {
-    match held {
-        Held::Buf(buf) if at == 0 && buf.len() == data.len() => {
-            *held = Held::Buf(Buf::from_vec(data));
+/// One piece that fills the parked buffer exactly becomes the buffer (the pool's goes back
+/// to it): a remote export's read then costs the worker no copy. Others are copied in
+/// (`land`) and handed to `spent`.
+fn take_or_land(held: &mut Held, at: usize, mut pieces: Vec<Vec<u8>>, spent: Spent, result: i32) -> i32 {
+    match (&*held, pieces.as_slice()) {
+        (Held::Buf(buf), [one]) if at == 0 && buf.len() == one.len() => {
+            *held = Held::Buf(Buf::from_vec(pieces.remove(0), spent));
             result
         }
-        _ => land(held, at, &[data], result),
+        _ => {
+            let result = land(held, at, &pieces, result);
+            pieces.into_iter().for_each(spent);
+            result
+        }
     }
 }
 
@@ -286,11 +288,17 @@ mod tests {
         let whole = mailbox.park(id(), Held::Buf(Buf::heap(8)), 0, false);
         let part = mailbox.park(id(), Held::Buf(Buf::heap(8)), 2, false);
         let short = mailbox.park(id(), Held::Buf(Buf::heap(8)), 0, false);
+        // Every piece goes back through `spent` once: at once when copied, with its
+        // buffer when taken.
+        static SPENT: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+        fn spent(v: Vec<u8>) {
+            SPENT.lock().unwrap().push((v.as_ptr() as usize, v.len()));
+        }
         let data = vec![7u8; 8];
         let read_into = data.as_ptr();
-        whole.complete(8, Payload::Pieces(vec![data]));
-        part.complete(4, Payload::Bytes(vec![5; 4]));
-        short.complete(4, Payload::Pieces(vec![vec![3; 2], vec![4; 2]]));
+        whole.complete(8, Payload::Pieces { pieces: vec![data], spent });
+        part.complete(4, Payload::Pieces { pieces: vec![vec![5; 4]], spent });
+        short.complete(4, Payload::Pieces { pieces: vec![vec![3; 2], vec![4; 2]], spent });
         let mut out = Vec::new();
         mailbox.collect(&mut out);
         let bufs: Vec<Buf> = out
@@ -306,6 +314,11 @@ mod tests {
         assert_eq!(whole.capacity(), 8, "nothing past the bytes read can be exposed");
         assert!(bufs.iter().any(|b| b.as_slice() == [0, 0, 5, 5, 5, 5, 0, 0]), "bytes at an offset are copied in");
         assert!(bufs.iter().any(|b| b.as_slice() == [3, 3, 4, 4, 0, 0, 0, 0]), "pieces are copied in order");
+        assert_eq!(SPENT.lock().unwrap().len(), 3, "the copied pieces went back");
+        drop(bufs);
+        let spent = SPENT.lock().unwrap();
+        assert_eq!(spent.len(), 4);
+        assert!(spent.contains(&(read_into as usize, 8)), "the taken buffer goes back whole when dropped");
     }
 
     #[test]
@@ -314,7 +327,7 @@ mod tests {
         let done = mailbox.park(id(), Held::Nothing, 0, false);
         let shared = Arc::clone(&mailbox.shared);
         drop(mailbox);
-        done.complete(0, Payload::Bytes(vec![1; 64]));
+        done.complete(0, Payload::Pieces { pieces: vec![vec![1; 64]], spent: drop });
         assert!(shared.posts().is_none());
     }
 }

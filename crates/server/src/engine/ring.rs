@@ -439,7 +439,7 @@ mod tests {
         let (mut ring, fd) = ring_with_waker();
         let done = ring.defer(id(3), Held::Buf(Buf::heap(8192)), 4096);
         assert_eq!(ring.deferred(), 1);
-        std::thread::spawn(move || done.complete(4, Payload::Bytes(vec![1, 2, 3, 4]))).join().unwrap();
+        std::thread::spawn(move || done.complete(4, Payload::Pieces { pieces: vec![vec![1, 2, 3, 4]], spent: drop })).join().unwrap();
         let mut got = storage_completions(&mut ring, &fd, 1);
         let (sid, held, result) = got.pop().unwrap();
         assert_eq!((sid, result, ring.deferred()), (id(3), 4, 0));
@@ -452,7 +452,7 @@ mod tests {
     fn pieces_land_one_after_another_and_too_many_bytes_fail() {
         let (mut ring, fd) = ring_with_waker();
         let done = ring.defer(id(3), Held::Buf(Buf::heap(8)), 1);
-        done.complete(5, Payload::Pieces(vec![vec![1, 2], vec![], vec![3, 4, 5]]));
+        done.complete(5, Payload::Pieces { pieces: vec![vec![1, 2], vec![], vec![3, 4, 5]], spent: drop });
         let (_, held, result) = storage_completions(&mut ring, &fd, 1).pop().unwrap();
         let Held::Buf(buf) = held else { panic!("the parked buffer comes back") };
         assert_eq!((result, buf.as_slice()), (5, &[0, 1, 2, 3, 4, 5, 0, 0][..]));
@@ -461,7 +461,7 @@ mod tests {
             return;
         }
         let done = ring.defer(id(4), Held::Buf(Buf::heap(4)), 1);
-        done.complete(4, Payload::Pieces(vec![vec![1, 2], vec![3, 4]]));
+        done.complete(4, Payload::Pieces { pieces: vec![vec![1, 2], vec![3, 4]], spent: drop });
         let (_, _, result) = storage_completions(&mut ring, &fd, 1).pop().unwrap();
         assert_eq!(result, -libc::EIO);
     }
@@ -514,7 +514,7 @@ mod tests {
         assert_eq!(pool.bytes_out(), 4096);
         drop(ring);
         assert_eq!(pool.bytes_out(), 0, "the parked buffer went back to the pool with the ring");
-        done.complete(4096, Payload::Bytes(vec![9; 4096]));
+        done.complete(4096, Payload::Pieces { pieces: vec![vec![9; 4096]], spent: drop });
     }
 
     /// Reads `len` bytes at `offset` of `file` into a fresh pool buffer through the ring.
