@@ -1,8 +1,8 @@
 //! A cached volume (`cache:FILE`) served by the real binary: a file export as the backing,
 //! two RAM exports as members, a third `sluice serve` serving the cache. Reads hit once
-//! filled, NBD_CMD_CACHE fills ahead of reads, a member killed and restarted empty costs
-//! no error and no stale read, a bad file is refused naming the file and the key, and the
-//! backing's errno reaches the client.
+//! filled, NBD_CMD_CACHE fills ahead of reads, a write has the members trim the slots it
+//! drops, a member killed and restarted empty costs no error and no stale read, a bad file
+//! is refused naming the file and the key, and the backing's errno reaches the client.
 mod common;
 use common::*;
 
@@ -188,6 +188,54 @@ async fn a_member_killed_and_restarted_empty_costs_no_error_and_no_stale_read() 
     let used = s.metric(&format!("sluice_cache_member_slots_used{{export=\"v\",member=\"0\",uri=\"{uri}\"}}"));
     assert!(used > 0.0, "member 0 holds none of the blocks filled after its return\n{}", s.logs());
     assert!(s.counter("member_failures") >= 1.0, "{}", s.logs());
+    s.disconnect(c).await;
+}
+
+/// A write over cached blocks drops them, and their members are asked to trim the slots, so
+/// a RAM member gives that memory back: once the trims land, every byte of both members
+/// reads as zero again. The new data reads back, from the backing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_over_cached_blocks_has_their_members_trim_the_slots() {
+    let s = setup();
+    s.wait_member(0, true, SETTLE);
+    s.wait_member(1, true, SETTLE);
+    let c = s.client().await;
+    let first = pattern(RANGE, 7);
+    s.write(&c, &first, false, "write through the cache").await;
+    s.read_back(&c, &first, "filling read").await;
+    s.wait_counter("fills", BLOCKS);
+    let members: Vec<Client> = {
+        let mut v = Vec::new();
+        for m in &s.members {
+            let uri = Uri::parse(&m.uri_for("ram")).unwrap();
+            v.push(s.bounded("connect to a member", Client::connect_with(&uri, &Options::default())).await);
+        }
+        v
+    };
+    let zeroed = || async {
+        let mut all = true;
+        for m in &members {
+            let size = m.size() as usize;
+            all &= s.bounded("read a member", m.read_owned(0, vec![1; size])).await.iter().all(|&b| b == 0);
+        }
+        all
+    };
+    assert!(!zeroed().await, "the fills wrote nothing to the members\n{}", s.logs());
+
+    let second = pattern(RANGE, 8);
+    s.write(&c, &second, false, "a write over the cached blocks").await;
+    s.wait_counter("member_trims", BLOCKS);
+    let deadline = std::time::Instant::now() + SETTLE;
+    while !zeroed().await {
+        assert!(std::time::Instant::now() < deadline, "the members still hold bytes {SETTLE:?} after the trims were sent\n{}", s.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.read_back(&c, &second, "a read after the write").await;
+    assert_eq!(s.counter("misses"), 2.0 * BLOCKS, "the dropped blocks were read again from the backing\n{}", s.logs());
+    assert_eq!(s.counter("member_trims"), BLOCKS, "one trim per dropped slot\n{}", s.logs());
+    for m in members {
+        m.disconnect().await;
+    }
     s.disconnect(c).await;
 }
 
