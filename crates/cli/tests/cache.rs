@@ -106,6 +106,19 @@ impl Setup {
         assert!(ok, "the client did not disconnect in {SETTLE:?}\n{}", self.logs());
     }
 
+    /// Waits for both members, writes `RANGE` of `pattern(seed)`, reads it once and waits
+    /// until every block is filled: a client, and the data.
+    async fn filled(&self, seed: u64) -> (Client, Vec<u8>) {
+        self.wait_member(0, true, SETTLE);
+        self.wait_member(1, true, SETTLE);
+        let c = self.client().await;
+        let data = pattern(RANGE, seed);
+        self.write(&c, &data, false, "write through the cache").await;
+        self.read_back(&c, &data, "filling read").await;
+        self.wait_counter("fills", BLOCKS);
+        (c, data)
+    }
+
     async fn bounded<T>(&self, what: &str, call: impl std::future::Future<Output = Result<T, sluice_client::Error>>) -> T {
         match tokio::time::timeout(SETTLE, call).await {
             Ok(Ok(v)) => v,
@@ -156,13 +169,7 @@ async fn reads_hit_once_filled_and_the_cache_hint_fills_ahead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_killed_and_restarted_empty_costs_no_error_and_no_stale_read() {
     let mut s = setup();
-    s.wait_member(0, true, SETTLE);
-    s.wait_member(1, true, SETTLE);
-    let c = s.client().await;
-    let first = pattern(RANGE, 2);
-    s.write(&c, &first, false, "write through the cache").await;
-    s.read_back(&c, &first, "filling read").await;
-    s.wait_counter("fills", BLOCKS);
+    let (c, first) = s.filled(2).await;
 
     s.members[0].kill();
     s.read_back(&c, &first, "a read with member 0 killed").await;
@@ -197,13 +204,7 @@ async fn a_member_killed_and_restarted_empty_costs_no_error_and_no_stale_read() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_over_cached_blocks_has_their_members_trim_the_slots() {
     let s = setup();
-    s.wait_member(0, true, SETTLE);
-    s.wait_member(1, true, SETTLE);
-    let c = s.client().await;
-    let first = pattern(RANGE, 7);
-    s.write(&c, &first, false, "write through the cache").await;
-    s.read_back(&c, &first, "filling read").await;
-    s.wait_counter("fills", BLOCKS);
+    let (c, _) = s.filled(7).await;
     let members: Vec<Client> = {
         let mut v = Vec::new();
         for m in &s.members {
@@ -318,13 +319,7 @@ fn fio_verifies_through_a_member_killed_and_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_member_is_timed_out_and_its_reads_go_to_the_backing() {
     let mut s = setup();
-    s.wait_member(0, true, SETTLE);
-    s.wait_member(1, true, SETTLE);
-    let c = s.client().await;
-    let first = pattern(RANGE, 5);
-    s.write(&c, &first, false, "write through the cache").await;
-    s.read_back(&c, &first, "filling read").await;
-    s.wait_counter("fills", BLOCKS);
+    let (c, first) = s.filled(5).await;
 
     s.members[0].pause();
     let started = std::time::Instant::now();
