@@ -233,6 +233,54 @@ pool_gateway_restart() {
     return $status
 }
 
+# metric PORT SERIES: the value of SERIES (its name up to the labels) on the /metrics of
+# the server whose metrics listen on PORT; empty if it is not there.
+metric() {
+    local text
+    text=$(timeout 10 bash -c 'exec 3<>/dev/tcp/127.0.0.1/$0 && printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && cat <&3' "$1" 2>/dev/null)
+    printf '%s\n' "$text" | awk -v s="$2" 'index($0, s "{") == 1 || index($0, s " ") == 1 { printf "%d", $NF; exit }'
+}
+
+# wait_metric PORT SERIES N: until SERIES reaches N, 30 s at most.
+wait_metric() {
+    local i=0
+    until [ "$(metric "$1" "$2")" -ge "$3" ] 2>/dev/null; do
+        i=$((i + 1)); [ $i -gt 300 ] && { echo "$2 stayed at $(metric "$1" "$2"), short of $3, for 30 s"; return 1; }
+        sleep 0.1
+    done
+}
+
+# A cached volume (a file export as its backing, two RAM exports as its members) whose
+# gateway is killed and restarted under the writer: every acknowledged write reads back
+# (the gateway starts with an empty directory, so from the backing), and once those reads
+# have filled the members, a second pass reads every block back from their RAM.
+cached_volume_gateway_restart() {
+    local status=0 blocks
+    truncate -s 64M /srv/cached.img
+    serve 10818 /host/server-cache-backing.log --export=back=/srv/cached.img || return 1
+    serve 10819 /host/server-cache-members.log --export=ram0=memory:32M --export=ram1=memory:32M || return 1
+    printf '%s\n' 'backing = "nbd://127.0.0.1:10818/back"' \
+        'members = ["nbd://127.0.0.1:10819/ram0", "nbd://127.0.0.1:10819/ram1"]' \
+        'block = "64K"' 'prefetch = "off"' >/srv/cache.toml
+    local args="--metrics=127.0.0.1:9118 --export=vol=cache:/srv/cache.toml"
+    serve 10820 /host/server-cache.log $args || return 1
+    attach_dev /host/attach-cache.log --timeout 5 nbd://127.0.0.1:10820/vol || return 1
+    start_writer block_writer "$dev"
+    write_across_restart 10820 /host/server-cache.log $args || status=1
+    blocks=$(acked)
+    verify_blocks "$dev" || status=1
+    wait_metric 9118 sluice_cache_fills_total "$blocks" || status=1
+    verify_blocks "$dev" || status=1
+    [ "$(metric 9118 sluice_cache_hits_total)" -ge "$blocks" ] 2>/dev/null ||
+        { echo "the second pass hit $(metric 9118 sluice_cache_hits_total) times for $blocks blocks"; status=1; }
+    note "cached volume: $(acked) block writes acknowledged across a gateway restart, none failed; the second read pass hit $(metric 9118 sluice_cache_hits_total) times"
+    detach_dev "$dev" || status=1
+    stop_server 10820
+    stop_server 10819
+    stop_server 10818
+    return $status
+}
+
 # The restarted server serves another file under the same name: no reconnection.
 another_disk_is_refused() {
     local status=0 i=0
@@ -303,6 +351,7 @@ check "nbd-client: the same writer and kill" nbd_client_beside
 check "attach: past the dead timeout, then detach" past_the_dead_timeout
 check "attach: 4 connections across a restart" multi_conn_across_restart
 check "attach: a pool gateway restart" pool_gateway_restart
+check "attach: a cached volume's gateway restart" cached_volume_gateway_restart
 check "attach: another disk under the same name is refused" another_disk_is_refused
 check "attach: read-only" read_only
 check "attach: nbds:// over kTLS across a restart" tls_across_restart

@@ -328,7 +328,8 @@ fn ktls_in_the_guest() {
 /// `sluice attach` in the guest: the kernel's nbd driver on sockets from sluice's guardian,
 /// which reconnects them when the server is killed and restarted. A writer that notes every
 /// acknowledged write sees no error and every such write reads back, on ext4 and through a
-/// pool whose gateway restarts, with 1 and 4 connections; nbd-client meets the same writer
+/// pool and a cached volume whose gateways restart (the cached volume's reads then hit its
+/// RAM members), with 1 and 4 connections; nbd-client meets the same writer
 /// and kill for comparison; a server away past --dead-timeout fails I/O cleanly and detach
 /// works; another disk under the same name is refused; read-only holds at the block layer.
 #[test]
@@ -344,7 +345,7 @@ fn attach_rides_through_server_restarts() {
     })
     .finish();
     let mut logs = String::new();
-    for name in ["attach-ext4", "attach-short", "attach-mc", "attach-pool", "attach-swap", "attach-ro", "attach-tls", "server"] {
+    for name in ["attach-ext4", "attach-short", "attach-mc", "attach-pool", "attach-cache", "server-cache", "attach-swap", "attach-ro", "attach-tls", "server"] {
         let text = std::fs::read_to_string(outcome.share.path().join(format!("{name}.log"))).unwrap_or_default();
         logs.push_str(&format!("--- {name}.log\n{text}"));
     }
@@ -356,6 +357,7 @@ fn attach_rides_through_server_restarts() {
             "attach: past the dead timeout, then detach",
             "attach: 4 connections across a restart",
             "attach: a pool gateway restart",
+            "attach: a cached volume's gateway restart",
             "attach: another disk under the same name is refused",
             "attach: read-only",
             "attach: nbds:// over kTLS across a restart",
