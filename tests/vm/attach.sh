@@ -233,19 +233,19 @@ pool_gateway_restart() {
     return $status
 }
 
-# metric PORT SERIES: the value of SERIES (its name up to the labels) on the /metrics of
-# the server whose metrics listen on PORT; empty if it is not there.
+# metric PORT NAME: the sum of NAME's series (whatever their labels) on the /metrics of
+# the server whose metrics listen on PORT; empty if it has none.
 metric() {
     local text
     text=$(timeout 10 bash -c 'exec 3<>/dev/tcp/127.0.0.1/$0 && printf "GET /metrics HTTP/1.0\r\n\r\n" >&3 && cat <&3' "$1" 2>/dev/null)
-    printf '%s\n' "$text" | awk -v s="$2" 'index($0, s "{") == 1 || index($0, s " ") == 1 { printf "%d", $NF; exit }'
+    printf '%s\n' "$text" | awk -v s="$2" 'index($0, s "{") == 1 || index($0, s " ") == 1 { n += $NF; seen = 1 } END { if (seen) printf "%d", n }'
 }
 
-# wait_metric PORT SERIES N: until SERIES reaches N, 30 s at most.
+# wait_metric PORT NAME N: until NAME's sum reaches N, 30 s at most.
 wait_metric() {
-    local i=0
+    local end=$((SECONDS + 30))
     until [ "$(metric "$1" "$2")" -ge "$3" ] 2>/dev/null; do
-        i=$((i + 1)); [ $i -gt 300 ] && { echo "$2 stayed at $(metric "$1" "$2"), short of $3, for 30 s"; return 1; }
+        [ $SECONDS -ge $end ] && { echo "$2 stayed at $(metric "$1" "$2"), short of $3, for 30 s"; return 1; }
         sleep 0.1
     done
 }
@@ -268,6 +268,9 @@ cached_volume_gateway_restart() {
     start_writer block_writer "$dev"
     write_across_restart 10820 /host/server-cache.log $args || status=1
     blocks=$(acked)
+    # The restarted gateway connects its members in the background: reads fill them once
+    # both are up.
+    wait_metric 9118 sluice_cache_member_up 2 || status=1
     verify_blocks "$dev" || status=1
     wait_metric 9118 sluice_cache_fills_total "$blocks" || status=1
     verify_blocks "$dev" || status=1

@@ -345,7 +345,7 @@ fn attach_rides_through_server_restarts() {
     })
     .finish();
     let mut logs = String::new();
-    for name in ["attach-ext4", "attach-short", "attach-mc", "attach-pool", "attach-cache", "server-cache", "attach-swap", "attach-ro", "attach-tls", "server"] {
+    for name in ["attach-ext4", "attach-short", "attach-mc", "attach-pool", "attach-cache", "server-cache", "server-cache-backing", "server-cache-members", "attach-swap", "attach-ro", "attach-tls", "server"] {
         let text = std::fs::read_to_string(outcome.share.path().join(format!("{name}.log"))).unwrap_or_default();
         logs.push_str(&format!("--- {name}.log\n{text}"));
     }

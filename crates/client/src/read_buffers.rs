@@ -47,10 +47,11 @@ impl Kept {
         Kept { bufs: VecDeque::new(), bytes: 0 }
     }
 
-    /// A kept buffer at least `len` long, and not more than twice: a small read does not
-    /// hold a large buffer's memory.
+    /// A kept buffer at least `len` long whose allocation is not more than twice that: a
+    /// small read does not hold a large buffer's memory (a buffer is kept at the length of
+    /// its last read, so its capacity is what counts).
     fn take(&mut self, len: usize) -> Option<Vec<u8>> {
-        let i = self.bufs.iter().position(|b| b.len() >= len && b.len() / 2 <= len)?;
+        let i = self.bufs.iter().position(|b| b.len() >= len && b.capacity() / 2 <= len)?;
         let mut buf = self.bufs.remove(i)?;
         self.bytes -= buf.capacity();
         buf.truncate(len);
@@ -89,7 +90,9 @@ mod tests {
         assert_eq!((again.as_ptr(), again.len()), (at, len / 2));
         assert_eq!((kept.bufs.len(), kept.bytes), (0, 0));
         kept.keep(again);
-        assert!(kept.take(len).is_none(), "what is kept is what was given back, not its capacity");
+        assert!(kept.take(len).is_none(), "only the bytes of its last read count as written");
+        assert!(kept.take(len / 2 - 1).is_none(), "its allocation is still more than twice that");
+        assert_eq!(kept.take(len / 2).map(|b| b.as_ptr()), Some(at));
     }
 
     #[test]

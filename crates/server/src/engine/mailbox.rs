@@ -4,8 +4,9 @@
 //! mailbox, never a buffer. The other thread posts the result through it and wakes the
 //! worker's eventfd; the ring's next `wait` takes the parked operation back, puts any
 //! returned bytes in its buffer on the worker thread (bytes that fill it exactly replace it,
-//! uncopied; others are copied in), and hands it out as an ordinary `Completion`. Buffers
-//! never leave their worker, so no `unsafe` is needed here.
+//! uncopied; others are copied in), and hands it out as an ordinary `Completion`. The
+//! worker's own buffers never leave it, so no `unsafe` is needed here; the returned bytes'
+//! `Vec`s go back to the poster's `spent` once used.
 //!
 //! Every parked operation is answered exactly once: `complete` consumes the completer, and a
 //! completer dropped unanswered (its task cancelled, its runtime shut down) posts ECANCELED.
