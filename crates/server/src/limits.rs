@@ -214,6 +214,16 @@ pub const ACCEPT_RETRY_DELAY_MS: u64 = 100;
 
 // ---- remote exports --------------------------------------------------------------------
 
+/// What one more chunk of a pipelined read costs a remote export (`Caps::chunk_cost_ns`):
+/// a whole request through the runtime to another server and back, where a local device's
+/// chunk costs `CHUNK_COST_NS`. Measured on the 2-core machine (2026-11-27, loopback): a 4K
+/// read at QD1 took 100-200 µs through a proxy gateway against 39-42 µs from its member
+/// directly. With it, the pool gateway's 1M reads go in 512 KiB chunks instead of 256 KiB;
+/// six interleaved rounds against the old rule (bench/results/2026-11-27-gateway-chunk-cost-vm)
+/// gave 1M QD1 1,746 against 1,255 MB/s (medians) at a third less of the member's CPU, and
+/// QD8 1,572 against 1,650, within its noise.
+pub const REMOTE_CHUNK_COST_NS: u64 = 120_000;
+
 /// Connections a remote export opens to its server when the server allows multi-conn: the
 /// client library's default, enough to spread one export's traffic without holding many
 /// of the remote server's connection slots.

@@ -30,6 +30,10 @@ pub struct Caps {
     /// two; the storage refuses others), advertised as the export's minimum block size.
     /// None: any byte offset works.
     pub block_min: Option<u32>,
+    /// What one more chunk of a pipelined read costs beyond its transfer, where that is
+    /// more than a local device's (`CHUNK_COST_NS`): a remote export's chunk is a whole
+    /// request to another server.
+    pub chunk_cost_ns: Option<u64>,
 }
 
 /// One operation on a backend's storage. Buffers and pipes are passed by ownership and

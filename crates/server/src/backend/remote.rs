@@ -19,7 +19,7 @@ use tokio::runtime::Runtime;
 use super::interface::{Backend, Caps, Outcome, StorageOp};
 use crate::engine::{Completer, Held, Payload, Ring, StorageId};
 use crate::errors::os_from_remote;
-use crate::limits::{EXTENTS_PER_REPLY_MAX, REMOTE_CONNECTIONS, REMOTE_DISCONNECT_TIMEOUT_MS, REMOTE_RUNTIME_THREADS, REMOTE_STATUS_TIMEOUT_MS};
+use crate::limits::{EXTENTS_PER_REPLY_MAX, REMOTE_CHUNK_COST_NS, REMOTE_CONNECTIONS, REMOTE_DISCONNECT_TIMEOUT_MS, REMOTE_RUNTIME_THREADS, REMOTE_STATUS_TIMEOUT_MS};
 
 pub struct RemoteBackend {
     kind: &'static str,
@@ -84,6 +84,7 @@ impl RemoteBackend {
             extents: true,
             rotational: ex.rotational(),
             block_min: Some(ex.block_min).filter(|&b| b > 1),
+            chunk_cost_ns: Some(REMOTE_CHUNK_COST_NS),
             ..Caps::default()
         };
         let kind = match uri.address {

@@ -23,8 +23,7 @@
 use std::time::{Duration, Instant};
 
 use crate::limits::{
-    CHUNK_AUTO_MIN_BYTES, CHUNK_COST_NS, CHUNK_WINDOW_COUNT, RATE_ASSUMED_BYTES_PER_SEC, RATE_HALF_LIFE_BYTES,
-    RATE_SAMPLE_MIN_BYTES,
+    CHUNK_AUTO_MIN_BYTES, CHUNK_WINDOW_COUNT, RATE_ASSUMED_BYTES_PER_SEC, RATE_HALF_LIFE_BYTES, RATE_SAMPLE_MIN_BYTES,
 };
 
 /// A running rate: bytes and busy time, each an exponentially decayed sum, so old samples
@@ -133,13 +132,13 @@ impl Pace {
         self.network.bytes_per_sec()
     }
 
-    /// The cut of a read of `span` bytes.
-    pub(super) fn cut(&self, span: usize) -> Cut {
+    /// The cut of a read of `span` bytes, each chunk costing `cost_ns` beyond its transfer.
+    pub(super) fn cut(&self, span: usize, cost_ns: u64) -> Cut {
         let fast = match (self.storage_rate(), self.network_rate()) {
             (None, None) => RATE_ASSUMED_BYTES_PER_SEC,
             (a, b) => a.unwrap_or(0.0).max(b.unwrap_or(0.0)),
         };
-        let best = (span as f64 * CHUNK_COST_NS as f64 * 1e-9 * fast).sqrt();
+        let best = (span as f64 * cost_ns as f64 * 1e-9 * fast).sqrt();
         if best >= span as f64 {
             return Cut { chunk: span, window: 1 };
         }
@@ -155,6 +154,7 @@ impl Pace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{CHUNK_COST_NS, REMOTE_CHUNK_COST_NS};
 
     const MIB: usize = 1 << 20;
 
@@ -244,33 +244,45 @@ mod tests {
     #[test]
     fn warm_data_is_split_little_or_not_at_all() {
         // The page cache at 20 GB/s: the fill is short, two chunks at most.
-        assert!(trained(20e9, 2e9).cut(4 * MIB).chunk >= 2 * MIB);
+        assert!(trained(20e9, 2e9).cut(4 * MIB, CHUNK_COST_NS).chunk >= 2 * MIB);
         // Reads that complete at once (1 µs a MiB): one chunk.
-        assert_eq!(trained(1e12, 2e9).cut(4 * MIB), Cut { chunk: 4 * MIB, window: 1 });
+        assert_eq!(trained(1e12, 2e9).cut(4 * MIB, CHUNK_COST_NS), Cut { chunk: 4 * MIB, window: 1 });
     }
 
     #[test]
     fn a_cold_disk_as_fast_as_the_network_gets_small_chunks_through_a_window() {
         let p = trained(1.8e9, 1.8e9);
-        let cut = p.cut(4 * MIB);
+        let cut = p.cut(4 * MIB, CHUNK_COST_NS);
         assert!(cut.chunk < 4 * MIB && cut.chunk >= CHUNK_AUTO_MIN_BYTES, "{cut:?}");
         assert!(cut.chunk.is_power_of_two());
         assert_eq!(cut.window, CHUNK_WINDOW_COUNT);
         // A slower pair of stages gets smaller chunks still: the fill costs more.
-        assert!(trained(300e6, 300e6).cut(4 * MIB).chunk <= cut.chunk);
+        assert!(trained(300e6, 300e6).cut(4 * MIB, CHUNK_COST_NS).chunk <= cut.chunk);
+    }
+
+    #[test]
+    fn a_costlier_chunk_makes_chunks_larger() {
+        // A remote export at the rate the 2-core machine's pool gateway sees: a local
+        // device's chunk cost cuts a 1 MiB read in four, a remote request's in two.
+        let p = trained(2e9, 2e9);
+        assert_eq!(p.cut(MIB, CHUNK_COST_NS).chunk, MIB / 4);
+        assert_eq!(p.cut(MIB, REMOTE_CHUNK_COST_NS).chunk, MIB / 2);
+        // Four times the cost, twice the chunk (the square root rule).
+        let cold = trained(300e6, 300e6);
+        assert_eq!(cold.cut(4 * MIB, 4 * CHUNK_COST_NS).chunk, 2 * cold.cut(4 * MIB, CHUNK_COST_NS).chunk);
     }
 
     #[test]
     fn small_reads_are_not_split_below_the_floor() {
         let p = trained(100e6, 100e6);
-        assert_eq!(p.cut(CHUNK_AUTO_MIN_BYTES), Cut { chunk: CHUNK_AUTO_MIN_BYTES, window: 1 });
-        assert_eq!(p.cut(4096), Cut { chunk: 4096, window: 1 });
-        assert_eq!(p.cut(CHUNK_AUTO_MIN_BYTES + 4096).chunk, CHUNK_AUTO_MIN_BYTES);
+        assert_eq!(p.cut(CHUNK_AUTO_MIN_BYTES, CHUNK_COST_NS), Cut { chunk: CHUNK_AUTO_MIN_BYTES, window: 1 });
+        assert_eq!(p.cut(4096, CHUNK_COST_NS), Cut { chunk: 4096, window: 1 });
+        assert_eq!(p.cut(CHUNK_AUTO_MIN_BYTES + 4096, CHUNK_COST_NS).chunk, CHUNK_AUTO_MIN_BYTES);
     }
 
     #[test]
     fn before_any_measurement_reads_are_split_as_for_an_assumed_rate() {
-        let cut = Pace::default().cut(4 * MIB);
+        let cut = Pace::default().cut(4 * MIB, CHUNK_COST_NS);
         assert!(cut.chunk < 4 * MIB, "{cut:?}");
     }
 }

@@ -15,7 +15,7 @@ use crate::backend::StorageOp;
 use crate::engine::{Held, Part, BUFFER_ALIGN_BYTES};
 use crate::errors::errno_from_os;
 use crate::export::{Chunking, DataPath};
-use crate::limits::{CHUNKS_PER_READ_MAX, PAGE_BYTES, SPLICE_MIN_BYTES};
+use crate::limits::{CHUNKS_PER_READ_MAX, CHUNK_COST_NS, PAGE_BYTES, SPLICE_MIN_BYTES};
 
 /// Says once per process that pipes ran out, the one case where splice falls back to copy.
 fn log_once_pipes_exhausted() {
@@ -162,7 +162,7 @@ impl Conn {
             Chunking::Off => (span, 1),
             Chunking::Fixed(c) => (c as usize, CHUNKS_PER_READ_MAX),
             Chunking::Auto => {
-                let cut = self.pace.cut(span);
+                let cut = self.pace.cut(span, caps.chunk_cost_ns.unwrap_or(CHUNK_COST_NS));
                 (cut.chunk, cut.window)
             }
         };

@@ -188,6 +188,10 @@ fn random_export(rng: &mut Rng) -> Export {
         instant: rng.below(8) == 0,
         // The simulated client writes at any offset.
         block_min: None,
+        // Copy-path exports stand for remote ones (which have no other path) and take
+        // their chunk cost, which cuts larger chunks. No draw: the seeds' runs stay as
+        // they were.
+        chunk_cost_ns: (data_path == DataPath::Copy).then_some(crate::limits::REMOTE_CHUNK_COST_NS),
     };
     Export {
         name: "sim".into(),
