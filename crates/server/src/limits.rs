@@ -143,7 +143,8 @@ pub const CHUNK_WINDOW_COUNT: usize = 2;
 
 /// Rate assumed for both stages before a connection has measured anything: about a local
 /// NVMe disk's or the loopback network's, so a connection's first large reads are split as
-/// for a cold disk (4 MiB reads get 512 KiB chunks), and warm data is found out at once.
+/// for a cold disk (4 MiB reads get 512 KiB chunks, 1 MiB from a remote export), and warm
+/// data is found out at once.
 pub const RATE_ASSUMED_BYTES_PER_SEC: f64 = 2e9;
 
 /// Smallest transfer that counts towards a rate: the time of a smaller one (a reply
@@ -216,12 +217,13 @@ pub const ACCEPT_RETRY_DELAY_MS: u64 = 100;
 
 /// What one more chunk of a pipelined read costs a remote export (`Caps::chunk_cost_ns`):
 /// a whole request through the runtime to another server and back, where a local device's
-/// chunk costs `CHUNK_COST_NS`. Measured on the 2-core machine (2026-11-27, loopback): a 4K
-/// read at QD1 took 100-200 µs through a proxy gateway against 39-42 µs from its member
-/// directly. With it, the pool gateway's 1M reads go in 512 KiB chunks instead of 256 KiB;
-/// six interleaved rounds against the old rule (bench/results/2026-11-27-gateway-chunk-cost-vm)
-/// gave 1M QD1 1,746 against 1,255 MB/s (medians) at a third less of the member's CPU, and
-/// QD8 1,572 against 1,650, within its noise.
+/// chunk costs `CHUNK_COST_NS`. Chosen within what the 2-core machine showed (2026-11-27,
+/// loopback): a 4K read at QD1 took 100-200 µs through a proxy gateway against 39-42 µs
+/// from its member directly, 60-160 µs more. With it a pool gateway cut its 1 MiB reads
+/// mostly into 512 KiB chunks, where the old cost cut them mostly into 128 KiB ones (its
+/// trace log); six interleaved rounds against the old rule
+/// (bench/results/2026-11-27-gateway-chunk-cost-vm) gave 1M QD1 1,746 against 1,255 MB/s
+/// (medians), and QD8 1,572 against 1,650, within its noise.
 pub const REMOTE_CHUNK_COST_NS: u64 = 120_000;
 
 /// Connections a remote export opens to its server when the server allows multi-conn: the
@@ -353,6 +355,8 @@ const _: () = assert!(REQUEST_MAX_BYTES / CHUNK_AUTO_MIN_BYTES <= CHUNKS_PER_REA
 // Every automatic chunk read is large enough to be a rate sample.
 const _: () = assert!(RATE_SAMPLE_MIN_BYTES <= CHUNK_AUTO_MIN_BYTES);
 const _: () = assert!(CHUNK_WINDOW_COUNT >= 1 && CHUNK_WINDOW_COUNT <= CHUNKS_PER_READ_MAX);
+// A remote chunk is a whole request: it costs more than a local device's.
+const _: () = assert!(REMOTE_CHUNK_COST_NS > CHUNK_COST_NS);
 const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES.is_multiple_of(BLOCK_PREFERRED_BYTES));
 const _: () = assert!(PIPE_BYTES.is_multiple_of(PAGE_BYTES) && PIPE_BYTES >= SPLICE_MIN_BYTES);
 // A spliced read of the largest size fits the chunk count with pipe-sized chunks.

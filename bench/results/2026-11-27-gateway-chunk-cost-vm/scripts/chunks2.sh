@@ -1,5 +1,5 @@
 #!/bin/bash
-# chunks.sh ROUNDS: pool gateways of HEAD with --chunk auto / 0 / 512K, interleaved, rotating order
+# chunks2.sh ROUNDS: pool gateways of /tmp/pg/sluice-final (09a13d3, --chunk auto and --chunk 512K) and /tmp/pg/sluice-cost (061e766, auto), interleaved, rotating order
 cd /tmp/pg
 pkill -f "127.0.0.1:1083[1-9]"; sleep 1
 cat /var/tmp/sluice-bench-2G-gateway.img > /dev/null

@@ -262,8 +262,8 @@ mod tests {
 
     #[test]
     fn a_costlier_chunk_makes_chunks_larger() {
-        // A remote export at the rate the 2-core machine's pool gateway sees: a local
-        // device's chunk cost cuts a 1 MiB read in four, a remote request's in two.
+        // Both stages at 2 GB/s: a local device's chunk cost cuts a 1 MiB read in four, a
+        // remote request's in two.
         let p = trained(2e9, 2e9);
         assert_eq!(p.cut(MIB, CHUNK_COST_NS).chunk, MIB / 4);
         assert_eq!(p.cut(MIB, REMOTE_CHUNK_COST_NS).chunk, MIB / 2);

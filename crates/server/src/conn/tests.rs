@@ -14,14 +14,16 @@ use crate::admission::Budget;
 use crate::backend::{Backend, Caps, Outcome, StorageOp};
 use crate::engine::{Buf, Held, Pipes, Pool, Ring, StorageId, Tag};
 use crate::export::{Chunking, DataPath, Export};
-use crate::limits::{Limits, CHUNK_AUTO_MIN_BYTES, CHUNK_WINDOW_COUNT};
+use crate::limits::{Limits, CHUNK_AUTO_MIN_BYTES, CHUNK_COST_NS, CHUNK_WINDOW_COUNT};
 use crate::metrics::Metrics;
 
 /// Storage whose operations the tests complete by hand; `splice` says it can fill pipes,
-/// `direct` that it has an O_DIRECT path (4 KiB aligned).
+/// `direct` that it has an O_DIRECT path (4 KiB aligned), `chunk_cost_ns` what it says a
+/// chunk costs.
 pub(super) struct Later {
     splice: bool,
     direct: bool,
+    chunk_cost_ns: Option<u64>,
 }
 
 const SIZE: u64 = 16 << 20;
@@ -35,7 +37,7 @@ impl Backend for Later {
     }
     fn caps(&self) -> Caps {
         let direct_align = self.direct.then_some(4096);
-        Caps { trim: true, zero: true, fua: true, splice: self.splice, direct_align, ..Caps::default() }
+        Caps { trim: true, zero: true, fua: true, splice: self.splice, direct_align, chunk_cost_ns: self.chunk_cost_ns, ..Caps::default() }
     }
     fn start(&self, _: StorageOp, _: StorageId, _: &mut Ring) -> Option<Outcome> {
         unreachable!("these tests complete operations by hand")
@@ -72,6 +74,10 @@ impl Rig {
 
     /// A rig whose session `adjust` changes from the compact default.
     pub(super) fn build_with(chunking: Chunking, data_path: DataPath, pipes: Pipes, adjust: impl FnOnce(&mut Session)) -> Rig {
+        Rig::build_costing(chunking, data_path, pipes, adjust, None)
+    }
+
+    fn build_costing(chunking: Chunking, data_path: DataPath, pipes: Pipes, adjust: impl FnOnce(&mut Session), chunk_cost_ns: Option<u64>) -> Rig {
         let export = Export {
             name: String::new(),
             description: None,
@@ -80,7 +86,11 @@ impl Rig {
             chunking,
             elastic: None,
             identity: String::new(),
-            backend: Box::new(Later { splice: data_path.uses_splice(), direct: matches!(data_path, DataPath::Direct | DataPath::SpliceDirect) }),
+            backend: Box::new(Later {
+                splice: data_path.uses_splice(),
+                direct: matches!(data_path, DataPath::Direct | DataPath::SpliceDirect),
+                chunk_cost_ns,
+            }),
         };
         let flags = export.flags() | FLAG_SEND_DF;
         let mut session = Session { size: SIZE, flags, structured: false, extended: false, base_allocation: None, payload_max_bytes: 32 << 20 };
@@ -393,6 +403,22 @@ fn auto_chunks_follow_the_measured_rates() {
     let cold = rig.read_through(2, 4 << 20, Some(200e6));
     assert!(cold.len() > first.len(), "{} chunks cold, {} at first", cold.len(), first.len());
     assert!(cold.iter().all(|&c| c == CHUNK_AUTO_MIN_BYTES), "{cold:?}");
+}
+
+#[test]
+fn a_backend_whose_chunks_cost_more_gets_larger_chunks() {
+    // Cold, as above: a disk and a network of 200 MB/s.
+    let chunks = |cost: Option<u64>| {
+        let mut rig = Rig::build_costing(Chunking::Auto, DataPath::Copy, Pipes::new(0, 0), |s| s.structured = true, cost);
+        rig.network = Some(200e6);
+        rig.read_through(1, 4 << 20, Some(200e6));
+        rig.read_through(2, 4 << 20, Some(200e6))
+    };
+    let local = chunks(None);
+    assert!(local.iter().all(|&c| c == CHUNK_AUTO_MIN_BYTES), "{local:?}");
+    // Four times the cost, twice the chunk.
+    let remote = chunks(Some(4 * CHUNK_COST_NS));
+    assert!(remote.iter().all(|&c| c == 2 * CHUNK_AUTO_MIN_BYTES), "{remote:?}");
 }
 
 #[test]

@@ -25,7 +25,7 @@ use crate::backend::{Backend, Caps, Outcome, StorageOp};
 use crate::conn::{Conn, Env, Io, Shutdown};
 use crate::engine::{Buf, Pipe, Pipes, Pool, Ring, SendBatch, StorageId, Tag};
 use crate::export::{Chunking, DataPath, Export};
-use crate::limits::{Limits, CHUNK_WINDOW_COUNT, PIPE_BYTES};
+use crate::limits::{Limits, CHUNK_WINDOW_COUNT, PIPE_BYTES, REMOTE_CHUNK_COST_NS};
 use crate::metrics::{Metrics, QosRecorder};
 use crate::qos::{Parts, Qos, QosConfig};
 use client::{Checker, Sent};
@@ -177,8 +177,9 @@ const CHUNKINGS: [Chunking; 6] = [
 
 fn random_export(rng: &mut Rng) -> Export {
     let data_path = [DataPath::Copy, DataPath::Splice, DataPath::Direct, DataPath::SpliceDirect][rng.below(4) as usize];
+    let trim = rng.below(2) == 0;
     let caps = Caps {
-        trim: rng.below(2) == 0,
+        trim,
         zero: rng.below(2) == 0,
         fua: rng.below(2) == 0,
         extents: true,
@@ -188,10 +189,10 @@ fn random_export(rng: &mut Rng) -> Export {
         instant: rng.below(8) == 0,
         // The simulated client writes at any offset.
         block_min: None,
-        // Copy-path exports stand for remote ones (which have no other path) and take
-        // their chunk cost, which cuts larger chunks. No draw: the seeds' runs stay as
-        // they were.
-        chunk_cost_ns: (data_path == DataPath::Copy).then_some(crate::limits::REMOTE_CHUNK_COST_NS),
+        // Half the copy-path exports stand for remote ones (which have no other path) and
+        // take their chunk cost, which cuts larger chunks. Decided from draws made anyway,
+        // so that each seed's export is drawn as before.
+        chunk_cost_ns: (data_path == DataPath::Copy && trim).then_some(REMOTE_CHUNK_COST_NS),
     };
     Export {
         name: "sim".into(),
