@@ -4,6 +4,7 @@ clients grow, and its memory inside its budget."""
 
 import os
 
+import cache
 import fio
 import proc
 import servers
@@ -41,6 +42,8 @@ def run(ctx: Context) -> None:
     for server in lineup:
         rows, results = [], []
         for n in counts:
+            # Every server starts with the scratch image cached, whatever ran before it.
+            cache.warm(ctx.scratch)
             running = ctx.start(server, ctx.scratch)
             if running is None:
                 break

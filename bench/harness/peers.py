@@ -83,7 +83,8 @@ def run(ctx: Context) -> None:
     r.say(repeat_note(ctx) + f" fio nbd engine, one connection unless the job says 'x N conns' "
           f"(then N fio jobs, each its own connection over its own 1/N of the image); "
           f"{ctx.runtime} s per run. "
-          "Warm: the image is read once before each job. Cold: page cache dropped before each "
+          "Warm: the image (for writes, its scratch copy) is read into the page cache before each "
+          "server's runs. Cold: page cache dropped before each "
           "run, and the run stops after one pass over the image (or at the runtime) so no block "
           "is read twice.")
     r.say("Reads use the image, writes its scratch copy. 'best sluice ÷' = MB/s of the fastest "
@@ -96,13 +97,16 @@ def run(ctx: Context) -> None:
         for label, rw, bs, qd, conns in jobs:
             write = "write" in rw
             img = ctx.scratch if write else ctx.image
-            if not cold:
-                cache.warm(img)
             job = fio.Job(rw=rw, bs=parse_size(bs), iodepth=qd, runtime=ctx.runtime,
                           time_based=not cold, numjobs=conns,
                           slice_bytes=fio.slice_for(ctx.image_size, conns, parse_size(bs)))
             measured = []
             for server in server_list(ctx, cold):
+                if not cold:
+                    # Before each server, not once per job: an O_DIRECT writer (sluice's
+                    # direct rows) drops every page it writes from the cache, and the server
+                    # after it would write into an uncached file, at a fraction of the rate.
+                    cache.warm(img)
                 running = ctx.start(server, img)
                 if running is None:
                     continue
