@@ -566,9 +566,10 @@ fn carry_out(entry: &mut Entry, id: ConnId, shared: &mut Shared) -> bool {
     let mut answered_now = false;
     while let Some(io) = entry.conn.poll_io() {
         match io {
-            Io::Recv { buf, at } => match &mut entry.tls {
+            Io::Recv { buf, at, whole } => match &mut entry.tls {
                 Some(link) => link.recv(&mut Wire { ring: shared.ring, fd, id }, buf, at),
-                None => shared.ring.recv(fd, buf, at, id),
+                // Not on kTLS: its receive is left as it was tested.
+                None => shared.ring.recv(fd, buf, at, id, whole && !entry.ktls),
             },
             Io::Send { batch } => match &mut entry.tls {
                 Some(link) => link.send(&mut Wire { ring: shared.ring, fd, id }, batch),

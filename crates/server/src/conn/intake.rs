@@ -33,7 +33,7 @@ impl Conn {
                 let filled = filled + n;
                 if filled < buf.len() {
                     self.receiving = Receiving::Payload { slot, filled };
-                    return self.recv(buf, filled);
+                    return self.recv(buf, filled, true);
                 }
                 self.slot_mut(slot).buf = Some(buf);
                 self.slot_mut(slot).times.received = Some(env.now);
@@ -46,9 +46,9 @@ impl Conn {
         }
     }
 
-    fn recv(&mut self, buf: Buf, at: usize) {
+    fn recv(&mut self, buf: Buf, at: usize, whole: bool) {
         self.recv_in_flight = true;
-        self.emit(Io::Recv { buf, at });
+        self.emit(Io::Recv { buf, at, whole });
     }
 
     fn put_back_recv_buf(&mut self, env: &mut Env, buf: Buf) {
@@ -119,7 +119,7 @@ impl Conn {
             self.rstart = 0;
         }
         let at = self.rend;
-        self.recv(rbuf, at);
+        self.recv(rbuf, at, false);
     }
 
     /// Takes one decoded header. Returns false when its payload must be received first.
@@ -180,7 +180,7 @@ impl Conn {
         self.rstart += avail;
         if avail < len {
             self.receiving = Receiving::Payload { slot, filled: avail };
-            self.recv(buf, avail);
+            self.recv(buf, avail, true);
             return false;
         }
         let s = self.slot_mut(slot);

@@ -44,8 +44,10 @@ use state::{Chunk, Receiving, Slot};
 /// An operation the core asks its driver to carry out. Each but `Shutdown` and
 /// `AwaitBudget` is answered by exactly one `handle_*` call.
 pub enum Io {
-    /// Receive from the socket into `buf[at..]`; answer with `handle_recv`.
-    Recv { buf: Buf, at: usize },
+    /// Receive from the socket into `buf[at..]`; answer with `handle_recv`. `whole`: the
+    /// bytes are a write's payload, every one of them wanted, so the driver may have the
+    /// kernel fill the buffer before it answers (a short answer is still taken).
+    Recv { buf: Buf, at: usize, whole: bool },
     /// Send the batch; answer with `handle_send`.
     Send { batch: Box<SendBatch> },
     /// Splice up to `len` bytes from the pipe to the socket; answer with `handle_splice_out`.

@@ -50,6 +50,8 @@ pub(super) struct Rig {
     pipes: Pipes,
     budget: Budget,
     recv: Option<(Buf, usize)>,
+    /// The pending receive wants its whole buffer filled (a write's payload).
+    pub(super) recv_whole: bool,
     pub(super) storage: Vec<(Tag, StorageOp)>,
     pub(super) wire: Vec<u8>,
     pub(super) shut_read: bool,
@@ -103,6 +105,7 @@ impl Rig {
             pipes,
             budget: Budget::new(64 << 20),
             recv: None,
+            recv_whole: false,
             storage: Vec::new(),
             wire: Vec::new(),
             shut_read: false,
@@ -119,7 +122,10 @@ impl Rig {
         event(&mut self.conn, &mut env);
         while let Some(io) = self.conn.poll_io() {
             match io {
-                Io::Recv { buf, at } => self.recv = Some((buf, at)),
+                Io::Recv { buf, at, whole } => {
+                    self.recv = Some((buf, at));
+                    self.recv_whole = whole;
+                }
                 Io::Send { batch } => {
                     let n = batch.pending_bytes();
                     batch.copy_out(n, &mut self.wire);
@@ -177,6 +183,24 @@ fn a_header_split_across_receives_is_one_request() {
     let t = rig.storage[0].0;
     rig.complete(t, 0);
     assert_eq!(rig.wire, sluice_proto::reply::simple(7, None));
+}
+
+#[test]
+fn a_writes_payload_is_asked_for_whole_and_headers_are_not() {
+    let mut rig = Rig::new(false);
+    assert!(!rig.recv_whole, "headers: whatever has arrived");
+    let len = 256 * 1024;
+    let mut bytes = request(CMD_WRITE, 0, 1, 0, len as u32).to_vec();
+    bytes.extend((0..len).map(|i| (i % 251) as u8));
+    rig.deliver(&bytes[..1000]);
+    assert!(rig.recv_whole, "the rest of the payload is wanted whole");
+    // A short answer (a kernel that does not wait for it all) is taken as before.
+    rig.deliver(&bytes[1000..5000]);
+    assert!(rig.recv_whole && rig.storage.is_empty());
+    rig.deliver(&bytes[5000..]);
+    assert!(!rig.recv_whole, "the next receive is for headers");
+    let [(_, StorageOp::Write { buf, at, len: n, .. })] = &rig.storage[..] else { panic!("one write") };
+    assert_eq!(&buf.as_slice()[*at..*at + *n], &bytes[REQUEST_BYTES..]);
 }
 
 #[test]

@@ -156,13 +156,17 @@ impl Ring {
         self.mailbox.park(id, held, at, true)
     }
 
-    /// Receives into `buf[at..]`.
-    pub fn recv(&mut self, fd: RawFd, buf: Buf, at: usize, conn: ConnId) {
+    /// Receives into `buf[at..]`. With `wait_all`, MSG_WAITALL has the kernel go on
+    /// receiving until the buffer is full before it completes (a kernel whose io_uring does
+    /// not retry completes short, which the caller takes too): a 1 MiB write's payload then
+    /// costs one completion, not one per burst of segments that arrived.
+    pub fn recv(&mut self, fd: RawFd, buf: Buf, at: usize, conn: ConnId, wait_all: bool) {
         assert!(at < buf.len());
         // SAFETY: at < len, so the pointer stays inside the buffer.
         let ptr = unsafe { buf.ptr().add(at) };
         let len = (buf.len() - at) as u32;
-        let sqe = opcode::Recv::new(types::Fd(fd), ptr, len).build();
+        let flags = if wait_all { libc::MSG_WAITALL } else { 0 };
+        let sqe = opcode::Recv::new(types::Fd(fd), ptr, len).flags(flags).build();
         self.push(sqe, Token::Recv { conn, buf });
     }
 

@@ -216,7 +216,7 @@ impl World {
         let mut answered_now = false;
         while let Some(io) = conn.poll_io() {
             match io {
-                Io::Recv { buf, at } if self.recv.is_none() => self.recv = Some((buf, at)),
+                Io::Recv { buf, at, .. } if self.recv.is_none() => self.recv = Some((buf, at)),
                 Io::Send { .. } | Io::SpliceOut { .. } if self.shut => return Err("a send after the socket was shut".into()),
                 Io::Send { batch } if self.send.is_none() && self.splice.is_none() => self.send = Some(batch),
                 Io::SpliceOut { pipe, len } if self.send.is_none() && self.splice.is_none() => {
