@@ -224,3 +224,20 @@ fn sigterm_with_a_client_that_stops_reading_still_exits_0() {
     assert_clean_exit(s);
     drop(conn);
 }
+
+/// A client that stops half-way through a write's payload cannot hold the server up
+/// either: the payload's receive (which asks the kernel for all of it) is ended by the
+/// stop, the unfinished write is never acknowledged, and sluice exits 0.
+#[test]
+fn sigterm_with_a_client_stalled_in_a_payload_still_exits_0() {
+    let s = Sluice::start(&["--export", "=memory:64M"]);
+    let mut conn = raw_connect(&s.socket);
+    let write = RawRequest { flags: 0, kind: CMD_WRITE, handle: 1, offset: 0, length: 1 << 20 }.encode();
+    conn.write_all(&write).unwrap();
+    conn.write_all(&[7u8; 70_000]).unwrap();
+    wait_for_transmission(&s, 1);
+    assert_clean_exit(s);
+    let mut rest = Vec::new();
+    let _ = conn.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "a write whose payload never came was answered: {rest:?}");
+}
