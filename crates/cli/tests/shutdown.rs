@@ -227,7 +227,10 @@ fn sigterm_with_a_client_that_stops_reading_still_exits_0() {
 
 /// A client that stops half-way through a write's payload cannot hold the server up
 /// either: the payload's receive (which asks the kernel for all of it) is ended by the
-/// stop, the unfinished write is never acknowledged, and sluice exits 0.
+/// stop's shutdown of the read side, not by the drain timeout; the unfinished write is
+/// never acknowledged, and sluice exits 0. (The header is parsed before the signal in all
+/// but a rare ordering, where the stop finds no payload receive at all; the checks hold
+/// either way.)
 #[test]
 fn sigterm_with_a_client_stalled_in_a_payload_still_exits_0() {
     let s = Sluice::start(&["--export", "=memory:64M"]);
@@ -236,7 +239,10 @@ fn sigterm_with_a_client_stalled_in_a_payload_still_exits_0() {
     conn.write_all(&write).unwrap();
     conn.write_all(&[7u8; 70_000]).unwrap();
     wait_for_transmission(&s, 1);
-    assert_clean_exit(s);
+    let (status, log) = s.stop_with_log();
+    assert_eq!(status.code(), Some(0), "sluice did not exit 0 after SIGTERM ({status:?}):\n{log}");
+    assert!(!log.contains("panicked"), "sluice panicked:\n{log}");
+    assert!(!log.contains("still busy after"), "the stalled payload's receive held the stop until the drain timeout:\n{log}");
     let mut rest = Vec::new();
     let _ = conn.read_to_end(&mut rest);
     assert!(rest.is_empty(), "a write whose payload never came was answered: {rest:?}");
