@@ -1,0 +1,7 @@
+#!/bin/bash
+# ab.sh ROUNDS JOB(rw) BS QD CONF... : interleaved sluice (nbd) and ceiling (rbd) runs per conf
+rounds=$1 rw=$2 bs=$3 qd=$4; shift 4
+BIN=${BIN:-/tmp/sluice-c83}; RT=${RT:-4}
+sl() { conf=$1; (setsid $BIN serve --unix /tmp/cr/s.sock --export bench=rbd:rbd/bench --rbd-conf $conf --log-level warn > /tmp/cr/s.log 2>&1 &); for i in $(seq 100); do [ -S /tmp/cr/s.sock ] && break; sleep 0.1; done; sleep 0.3; SP=$(pgrep -f "serve --unix /tmp/cr/s.sock"); t0=$(awk '{print $14+$15}' /proc/$SP/stat); out=$(fio --name=j --ioengine=nbd --uri="nbd+unix:///bench?socket=/tmp/cr/s.sock" --rw=$rw --bs=$bs --iodepth=$qd --direct=1 --time_based --runtime=$RT --output-format=terse --terse-version=3 | tail -1); t1=$(awk '{print $14+$15}' /proc/$SP/stat); kill $SP; for i in $(seq 100); do kill -0 $SP 2>/dev/null || break; sleep 0.1; done; rm -f /tmp/cr/s.sock; echo "$out" | awk -F';' -v c=$(basename $conf) -v t=$((t1-t0)) -v rt=$RT '{r=$7+$48; io=($8+$49)*rt; printf "sluice  %-10s MB/s=%6.0f IOPS=%6d srv_us/IO=%.1f\n", c, r*1.024/1000, $8+$49, t*1e4/io}'; }
+ce() { conf=$1; out=$(CEPH_CONF=$conf fio --name=j --ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --rw=$rw --bs=$bs --iodepth=$qd --direct=1 --time_based --runtime=$RT --output-format=terse --terse-version=3 2>/dev/null | tail -1); echo "$out" | awk -F';' -v c=$(basename $conf) '{r=$7+$48; printf "ceiling %-10s MB/s=%6.0f IOPS=%6d\n", c, r*1.024/1000, $8+$49}'; }
+for r in $(seq $rounds); do for c in "$@"; do if [ $((r%2)) = 1 ]; then ce $c; sl $c; else sl $c; ce $c; fi; done; done
