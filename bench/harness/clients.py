@@ -29,12 +29,19 @@ def run(ctx: Context) -> None:
     r = ctx.report
     r.heading("clients: many connections, 64K random writes, one request outstanding each")
     counts = QUICK_COUNTS if ctx.quick else COUNTS
-    lineup = [servers.sluice(ctx.binary)]
+    # Every connection comes from 127.0.0.1, and sluice by default lets one client address
+    # hold 128 (`[limits] connections-per-client`): the largest N must fit.
+    limits = os.path.join(ctx.workdir, "clients-limits.toml")
+    with open(limits, "w") as f:
+        f.write(f"[limits]\nconnections-per-client = {max(counts)}\n")
+    lineup = [servers.sluice(ctx.binary, config=limits)]
     if ctx.have("nbdkit"):
         lineup.append(servers.nbdkit_file(cold=False, has_cache_none=ctx.nbdkit_cache_none))
     r.say(f"fio numjobs=N --thread: N connections, {ctx.runtime} s per run, writes to the scratch "
           "image through the page cache (buffered). sluice runs its default data path "
-          f"({ctx.serve_defaults.get('--data-path', 'as the binary chooses')}). "
+          f"({ctx.serve_defaults.get('--data-path', 'as the binary chooses')}), with "
+          f"[limits] connections-per-client = {max(counts)} (its default, 128 per client "
+          "address, would refuse the rest: every connection comes from 127.0.0.1). "
           f"{repeat_note(ctx)} Each server starts fresh for each N and serves all its runs, so "
           "its peak RSS (VmHWM over its process tree) is the peak over that N's runs.")
 

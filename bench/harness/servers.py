@@ -248,11 +248,13 @@ def nbdkit_plugin(name: str) -> str:
 
 def sluice(binary: str, data_path: Optional[str] = None, chunk: Optional[str] = None,
            metrics: bool = False, tls: Optional[str] = None,
-           threads: Optional[int] = None, busy_poll: Optional[int] = None) -> Server:
+           threads: Optional[int] = None, busy_poll: Optional[int] = None,
+           config: Optional[str] = None) -> Server:
     """data_path None: the binary's default path (also when it has no --data-path yet).
     chunk None: the default (pipelined) chunking; '0' turns pipelining off. tls: a
     certificate directory; TLS is then required. threads None: one worker per CPU.
-    busy_poll None: the binary's default spin before a worker sleeps."""
+    busy_poll None: the binary's default spin before a worker sleeps. config: a
+    configuration file (--config) for what has no flag, such as [limits]."""
     name = ("sluice" + (f" {data_path}" if data_path else "") + (f" chunk={chunk}" if chunk else "")
             + (" TLS" if tls else "") + (f" threads={threads}" if threads else "")
             + (f" busy-poll={busy_poll}" if busy_poll is not None else ""))
@@ -274,6 +276,8 @@ def sluice(binary: str, data_path: Optional[str] = None, chunk: Optional[str] = 
             args += ["--threads", str(threads)]
         if busy_poll is not None:
             args += ["--busy-poll", str(busy_poll)]
+        if config:
+            args += ["--config", config]
         return args
 
     return Server(name=name, kind="sluice", cache=cache, argv=argv, metrics=metrics,
