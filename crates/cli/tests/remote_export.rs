@@ -1,9 +1,13 @@
 //! A sluice export re-exported by a second sluice (`--export NAME=nbd://…`) carries data,
-//! flush, trim, zero and block status through byte-exact, and a dead remote fails only its
-//! own export's requests.
+//! flush, trim, zero and block status through byte-exact, over each worker's own connection
+//! once it is up, and a dead or lying remote fails only its own export's requests.
 mod common;
 use common::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const SIZE: usize = 16 << 20;
@@ -278,5 +282,201 @@ fn a_pool_served_as_an_export_mirrors_writes_is_released_and_outlives_a_member()
     // One mirror copy is enough to go on.
     drop(members.pop());
     round_trip(dir.path(), &b.uri_for("vol"), &pattern(size, 22), "one member gone");
+    stop_clean(b);
+}
+
+/// Reads once through `uri` with nbdsh; true when the read succeeded.
+fn one_read(uri: &str) -> bool {
+    run("nbdsh", &["-u", uri, "-c", "h.pread(4096, 0)"]).0
+}
+
+/// The closing lines `log` has for connections to export `name`, and the most bytes one of
+/// them read, and wrote.
+fn closed_connections<'a>(log: &'a str, name: &str) -> (Vec<&'a str>, u64, u64) {
+    let after = |line: &str, word: &str| -> u64 {
+        line.split(word).nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&format!("closed export \"{name}\""))).collect();
+    let read = lines.iter().map(|l| after(l, "; read ")).max().unwrap_or(0);
+    let wrote = lines.iter().map(|l| after(l, ", wrote ")).max().unwrap_or(0);
+    (lines, read, wrote)
+}
+
+#[test]
+fn reads_and_writes_go_over_the_workers_own_connection_once_it_is_up() {
+    require!("nbdsh", "nbdcopy");
+    let a = Sluice::start(&["--export", "disk=memory:16M"]);
+    let tcp = format!("vol=nbd://127.0.0.1:{}/disk", a.port);
+    // One worker, so that every request below is that worker's.
+    let b = Sluice::start(&["--threads", "1", "--log-level", "debug", "--export", &tcp]);
+    let uri = b.uri_for("vol");
+    let up = "worker 0 sends reads and writes over a connection of its own";
+    wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&uri) && b.log_text().contains(up), || b.log_text());
+    // Writes and reads of every size the link handles differently (small ones copied out
+    // of its receive buffer, large ones received in place), many in flight, checked
+    // against a model.
+    nbdsh(&format!(
+        r#"
+import os, random
+random.seed(5)
+h = connect("{uri}")
+size = h.get_size()
+model = bytearray(size)
+written = 0
+for n in [1, 511, 4096, 4097, 65536, 65537, 1 << 20, 3 << 20]:
+    off = random.randrange(0, size - n)
+    data = os.urandom(n)
+    h.pwrite(data, off, nbd.CMD_FLAG_FUA if n == 4097 else 0)
+    model[off:off + n] = data
+    written += n
+assert h.pread(size, 0) == model, "one whole read"
+for n in [1, 4095, 16384, 16385, 262144, 2 << 20]:
+    off = random.randrange(0, size - n)
+    assert h.pread(n, off) == model[off:off + n], "read of %d at %d" % (n, off)
+# 64 reads of 4 KiB in flight at once, answered in whatever order.
+bufs = []
+for i in range(64):
+    off = random.randrange(0, size // 4096) * 4096
+    b = nbd.Buffer(4096)
+    h.aio_pread(b, off)
+    bufs.append((b, off))
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+for b, off in bufs:
+    assert b.to_bytearray() == model[off:off + 4096], "concurrent read at %d" % off
+h.flush()
+open("{model}", "wb").write(model)
+print("WRITTEN", written)
+"#,
+        model = b.dir.path().join("model.bin").display(),
+    ));
+    let model = std::fs::read(b.dir.path().join("model.bin")).unwrap();
+    let on_a = b.dir.path().join("a.img");
+    nbdcopy(&a.uri_for("disk"), on_a.to_str().unwrap());
+    assert_same(&model, &std::fs::read(&on_a).unwrap(), "A after writes through B");
+    stop_clean(b);
+    // B said goodbye on every connection, and one of them carried the writes and the
+    // whole-volume read above: the worker's own, not the client's four.
+    let (status, log) = a.stop_with_log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let (lines, read, wrote) = closed_connections(&log, "disk");
+    let written = (1 + 511 + 4096 + 4097 + 65536 + 65537 + (1 << 20) + (3 << 20)) as u64;
+    assert!(wrote >= written && read >= SIZE as u64, "no connection of B's carried the data (most read {read}, most written {wrote})\n{log}");
+    assert!(lines.len() >= 2 && lines.iter().all(|l| l.ends_with("client disconnected")), "B left each connection with NBD_CMD_DISC\n{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// A remote of 1 MiB of zeros that answers honestly with simple replies, except the first
+/// read on a connection negotiated without structured replies (a worker's own): that one
+/// gets a reply with a wrong magic, and the connection is closed. The flag says it happened.
+fn garbling_remote() -> (u16, Arc<AtomicBool>) {
+    use sluice_proto::wire::*;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let garbled = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&garbled);
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { return };
+            let flag = Arc::clone(&flag);
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                let Some(structured) = fake_handshake(&mut s) else { return };
+                while let Some((kind, handle, len)) = fake_request(&mut s) {
+                    let mut reply = SIMPLE_REPLY_MAGIC.to_be_bytes().to_vec();
+                    reply.extend_from_slice(&0u32.to_be_bytes());
+                    reply.extend_from_slice(&handle.to_be_bytes());
+                    match kind {
+                        CMD_DISC => return,
+                        CMD_READ if !structured && !flag.swap(true, Ordering::SeqCst) => {
+                            reply[0] ^= 0xff;
+                            let _ = s.write_all(&reply);
+                            return;
+                        }
+                        CMD_READ => reply.resize(reply.len() + len as usize, 0),
+                        _ => {}
+                    }
+                    if s.write_all(&reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, garbled)
+}
+
+/// The remote's side of the handshake: whether the client asked for structured replies.
+fn fake_handshake(s: &mut TcpStream) -> Option<bool> {
+    use sluice_proto::wire::*;
+    let reply = |s: &mut TcpStream, opt: u32, kind: u32, payload: &[u8]| {
+        let mut out = OPTION_REPLY_MAGIC.to_be_bytes().to_vec();
+        for v in [opt, kind, payload.len() as u32] {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out.extend_from_slice(payload);
+        s.write_all(&out).ok()
+    };
+    let mut greeting = NBDMAGIC.to_be_bytes().to_vec();
+    greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    greeting.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&greeting).ok()?;
+    let mut b = [0u8; 16];
+    s.read_exact(&mut b[..4]).ok()?;
+    let mut structured = false;
+    loop {
+        s.read_exact(&mut b).ok()?;
+        let opt = u32::from_be_bytes(b[8..12].try_into().unwrap());
+        let mut payload = vec![0u8; u32::from_be_bytes(b[12..16].try_into().unwrap()) as usize];
+        s.read_exact(&mut payload).ok()?;
+        match opt {
+            OPT_STRUCTURED_REPLY => {
+                structured = true;
+                reply(s, opt, REP_ACK, &[])?;
+            }
+            OPT_GO => {
+                let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+                info.extend_from_slice(&(1u64 << 20).to_be_bytes());
+                info.extend_from_slice(&(FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_CAN_MULTI_CONN).to_be_bytes());
+                reply(s, opt, REP_INFO, &info)?;
+                reply(s, opt, REP_ACK, &[])?;
+                return Some(structured);
+            }
+            _ => reply(s, opt, REP_ERR_UNSUP, &[])?,
+        }
+    }
+}
+
+/// The next request's kind, handle and length, its payload read and dropped.
+fn fake_request(s: &mut TcpStream) -> Option<(u16, u64, u32)> {
+    let mut b = [0u8; sluice_proto::wire::REQUEST_BYTES];
+    s.read_exact(&mut b).ok()?;
+    let raw = sluice_proto::RawRequest::decode(&b).ok()?;
+    let mut payload = vec![0u8; raw.payload_len(false) as usize];
+    s.read_exact(&mut payload).ok()?;
+    Some((raw.kind, raw.handle, raw.length as u32))
+}
+
+#[test]
+fn a_garbled_reply_on_a_workers_own_connection_fails_that_read_and_no_other() {
+    require!("nbdsh");
+    let (port, garbled) = garbling_remote();
+    let remote = format!("vol=nbd://127.0.0.1:{port}/");
+    let mut b = Sluice::start(&["--threads", "1", "--export", &remote]);
+    let uri = b.uri_for("vol");
+    // Reads go through the export's client until the worker's connection is up; the first
+    // read over that one is garbled.
+    let mut failed = 0;
+    wait_until("a read over the worker's own connection", Duration::from_secs(20), || {
+        failed += usize::from(!one_read(&uri));
+        garbled.load(Ordering::SeqCst)
+    }, || b.log_text());
+    assert_eq!(failed, 1, "only the garbled read failed\n{}", b.log_text());
+    for _ in 0..3 {
+        assert!(one_read(&uri), "a read after the garbled one\n{}", b.log_text());
+    }
+    assert!(b.alive(), "{}", b.log_text());
+    let log = b.log_text();
+    assert!(log.contains("the connection of worker 0 failed (the server sent a reply with the unknown magic"), "{log}");
     stop_clean(b);
 }

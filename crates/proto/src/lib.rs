@@ -7,6 +7,7 @@ pub mod errno;
 pub mod handshake;
 pub mod psk;
 pub mod limits;
+pub mod link;
 pub mod reply;
 pub mod request;
 pub mod rng;

@@ -240,6 +240,23 @@ pub const REMOTE_CONNECTIONS: usize = sluice_client::limits::CONNECTIONS_DEFAULT
 /// same 1M QD8 and 4K QD32 rates. Not measured on 16 cores.
 pub const REMOTE_RUNTIME_THREADS: usize = 1;
 
+/// Workers that get a link of their own to a remote export (backend/link.rs); a worker
+/// past them sends its requests through the export's client. One link is one of the
+/// remote's connection slots (sluice allows 128 per client address by default).
+pub const REMOTE_LINK_WORKERS_MAX: usize = 64;
+
+/// A link's receive buffer: replies and small reads' data land here and are copied out. At
+/// 128 KiB, 31 replies to 4 KiB reads fit in one receive.
+pub const LINK_RECV_BYTES: usize = 128 * 1024;
+
+/// Read data still to come of at least this many bytes, with none of it in hand, is
+/// received straight into the request's buffer instead of through the receive buffer.
+pub const LINK_DIRECT_RECV_MIN_BYTES: usize = 16 * 1024;
+
+/// Requests one send of a link carries; the rest wait for the next. Each is at most three
+/// iovecs, well inside IOV_MAX.
+pub const LINK_SEND_PARTS_MAX: usize = 64;
+
 /// Time a remote export gets at shutdown to say goodbye. A server takes NBD_CMD_DISC at
 /// once and a dead one fails it at once; a pool stops cleanly within its member timeout
 /// (5 s by default) plus 2 s, releasing its superblocks (cut short, the next coordinator
@@ -357,6 +374,7 @@ const _: () = assert!(RATE_SAMPLE_MIN_BYTES <= CHUNK_AUTO_MIN_BYTES);
 const _: () = assert!(CHUNK_WINDOW_COUNT >= 1 && CHUNK_WINDOW_COUNT <= CHUNKS_PER_READ_MAX);
 // A remote chunk is a whole request: it costs more than a local device's.
 const _: () = assert!(REMOTE_CHUNK_COST_NS > CHUNK_COST_NS);
+const _: () = assert!(LINK_DIRECT_RECV_MIN_BYTES <= LINK_RECV_BYTES && 3 * LINK_SEND_PARTS_MAX <= 1024);
 const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES.is_multiple_of(BLOCK_PREFERRED_BYTES));
 const _: () = assert!(PIPE_BYTES.is_multiple_of(PAGE_BYTES) && PIPE_BYTES >= SPLICE_MIN_BYTES);
 // A spliced read of the largest size fits the chunk count with pipe-sized chunks.

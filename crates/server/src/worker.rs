@@ -17,7 +17,7 @@ use crate::access::Client;
 use crate::admission::{Budget, Permit};
 use crate::busy_poll::BusyPoll;
 use crate::conn::{Conn, Env, Io, Shutdown};
-use crate::engine::{splice_out_now, unacked_bytes, Buf, Completion, ConnId, Pipe, Pipes, Pool, Ring, StorageId, Token};
+use crate::engine::{splice_out_now, unacked_bytes, Buf, Completion, ConnId, LinkIo, Pipe, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
 use crate::limits::{Limits, PIPES_PER_WORKER_MAX, PIPE_BYTES, RING_ENTRIES, SHUTDOWN_DRAIN_TIMEOUT_MS, SHUTDOWN_POLL_MS};
 use crate::metrics::{Board, Look, Metrics};
@@ -85,10 +85,11 @@ pub fn spawn(
         if let Some(cpu) = placement.cpu {
             pin_to(cpu);
         }
-        let ring = match Ring::new(RING_ENTRIES) {
+        let mut ring = match Ring::new(RING_ENTRIES) {
             Ok(r) => r,
             Err(e) => return drop(ready_tx.send(Err(e))),
         };
+        ring.set_owner(id);
         let quiet = Duration::from_millis(limits.buffer_pool_quiet_ms);
         let pool = Pool::new(limits.buffer_pool_bytes_per_worker, quiet, Arc::clone(&metrics.buffers));
         let held = Held { qos, worker: id, generations: Vec::new(), ready: Vec::new() };
@@ -176,6 +177,8 @@ struct Worker {
     next_look: Option<Instant>,
     looks: Vec<Look>,
     posted: bool,
+    /// What a link's completion asked for and finished, reused between completions.
+    link_work: (Vec<LinkIo>, Vec<Completion>),
     held: Held,
 }
 
@@ -229,6 +232,7 @@ impl Worker {
             looks,
             posted: false,
             held,
+            link_work: (Vec::new(), Vec::new()),
         }
     }
 
@@ -358,6 +362,18 @@ impl Worker {
             Token::SpliceOut { conn, pipe } => self.on_entry(conn, |e, s, _| spliced_out(e, s, result, pipe)),
             Token::Storage { id: StorageId { conn, tag }, held } => {
                 self.on(conn, |c, env| c.handle_storage(env, tag, result, held))
+            }
+            Token::Link { link, op } => {
+                let (mut next, mut done) = std::mem::take(&mut self.link_work);
+                link.completed(op, result, &mut next, &mut done);
+                for io in next.drain(..) {
+                    self.ring.link_io(&link, io);
+                }
+                for c in done.drain(..) {
+                    self.ring.link_finished();
+                    self.route(c);
+                }
+                self.link_work = (next, done);
             }
         }
     }

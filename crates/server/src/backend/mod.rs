@@ -8,6 +8,7 @@
 pub mod emulate;
 mod file;
 mod interface;
+mod link;
 mod memory;
 mod null;
 #[cfg(feature = "rbd")]

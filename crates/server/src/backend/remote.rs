@@ -1,9 +1,14 @@
 //! Exports whose bytes live elsewhere: another NBD server (`nbd://`, `nbd+unix://`), or a
-//! sluice pool (`pool:FILE`), or a cached volume (`cache:FILE`), all reached through sluice's async client. The backend owns
-//! the client and a small tokio runtime. Each operation is parked in the worker's ring,
-//! runs on the runtime, and comes back through the ring's mailbox, so registered buffers
-//! never leave the worker: a write's payload is copied out once before it goes, a read's
-//! data copied in once when it arrives. A remote that fails fails only the requests on it.
+//! sluice pool (`pool:FILE`), or a cached volume (`cache:FILE`), all reached through
+//! sluice's async client. The backend owns the client and a small tokio runtime. Each
+//! operation is parked in the worker's ring, runs on the runtime, and comes back through
+//! the ring's mailbox, so registered buffers never leave the worker: a write's payload is
+//! copied out once before it goes, a read's data copied in once when it arrives. A remote
+//! that fails fails only the requests on it.
+//!
+//! A plain remote server that allows multi-conn gets more: each worker opens a connection
+//! of its own to it and carries its reads and writes there itself, on its ring (`link`),
+//! with no thread hop and no copy of large data.
 
 use std::future::Future;
 use std::io;
@@ -17,6 +22,7 @@ use sluice_proto::wire::{STATE_HOLE, STATE_ZERO};
 use tokio::runtime::Runtime;
 
 use super::interface::{Backend, Caps, Outcome, StorageOp};
+use super::link::Links;
 use crate::engine::{Completer, Held, Payload, Ring, StorageId};
 use crate::errors::os_from_remote;
 use crate::limits::{EXTENTS_PER_REPLY_MAX, REMOTE_CHUNK_COST_NS, REMOTE_CONNECTIONS, REMOTE_DISCONNECT_TIMEOUT_MS, REMOTE_RUNTIME_THREADS, REMOTE_STATUS_TIMEOUT_MS};
@@ -26,6 +32,8 @@ pub struct RemoteBackend {
     remote: Arc<Remote>,
     caps: Caps,
     runtime: Runtime,
+    /// Each worker's own connection for reads and writes, where the remote allows them.
+    links: Option<Links>,
 }
 
 /// What the runtime's tasks share with the backend.
@@ -93,8 +101,9 @@ impl RemoteBackend {
             _ => "nbd",
         };
         log::debug!("{spec}: {} bytes over {} connection(s), flags {:#06x}", ex.size, client.connections(), ex.flags);
+        let links = Links::new(&uri, spec, ex);
         let remote = Arc::new(Remote { client, spec: spec.to_owned(), lost: AtomicBool::new(false), closed: AtomicBool::new(false) });
-        Ok(RemoteBackend { kind, remote, caps, runtime })
+        Ok(RemoteBackend { kind, remote, caps, runtime, links })
     }
 
     /// The remote export refuses writes.
@@ -181,6 +190,13 @@ impl Backend for RemoteBackend {
         let ex = self.remote.client.export();
         match op {
             StorageOp::Read { offset, len, into: Held::Buf(buf), at, .. } => {
+                let buf = match self.links.as_ref().and_then(|l| l.get(ring, len, &self.runtime)) {
+                    Some(link) => match link.read(offset, len, buf, at, id, ring) {
+                        Ok(()) => return None,
+                        Err(buf) => buf,
+                    },
+                    None => buf,
+                };
                 let done = ring.defer(id, Held::Buf(buf), at);
                 self.spawn(done, async move {
                     // A pool's pieces come as its members sent them, and are copied into
@@ -197,6 +213,13 @@ impl Backend for RemoteBackend {
             // No splice capability: reads never ask for a pipe.
             StorageOp::Read { into, .. } => return Some(Outcome { result: -libc::EINVAL, held: into }),
             StorageOp::Write { offset, buf, at, len, fua, .. } => {
+                let buf = match self.links.as_ref().and_then(|l| l.get(ring, len, &self.runtime)) {
+                    Some(link) => match link.write(offset, buf, at, len, fua, id, ring) {
+                        Ok(()) => return None,
+                        Err(buf) => buf,
+                    },
+                    None => buf,
+                };
                 // The one copy of a write: the buffer belongs to the worker thread.
                 let data = buf.as_slice()[at..at + len].to_vec();
                 let done = ring.defer(id, Held::Buf(buf), 0);

@@ -3,6 +3,8 @@
 //! worker needs to route a completion comes back in a `Token`, by type, so no completion is
 //! decoded from packed bits or unwrapped on the assumption of a shape.
 
+use std::rc::Rc;
+
 use sluice_proto::reply::Extent;
 
 use super::buffer::Buf;
@@ -51,6 +53,40 @@ pub enum Token {
     /// Reply data moving from a pipe to the socket.
     SpliceOut { conn: ConnId, pipe: Pipe },
     Storage { id: StorageId, held: Held },
+    /// A backend's own connection driven on this ring (a remote export's link).
+    Link { link: Rc<dyn LinkEnd>, op: LinkOp },
+}
+
+/// What a link's operation holds while the kernel has it.
+pub enum LinkOp {
+    /// Replies arriving, into the link's own buffer or straight into a read's.
+    Recv { buf: Buf },
+    /// Requests, and write payloads, leaving.
+    Send { batch: Box<SendBatch> },
+}
+
+/// What a link asks its ring to do next.
+pub enum LinkIo {
+    /// Receive into `buf[at..at + len]`; with `wait_all`, until all of it is there.
+    Recv { buf: Buf, at: usize, len: usize, wait_all: bool },
+    /// Send the batch whole.
+    Send { batch: Box<SendBatch> },
+}
+
+/// A connection a backend keeps on a worker's ring (and nowhere else: it lives and dies on
+/// that worker's thread), driven like a connection's core: it hears of its operations'
+/// completions and says what to do next, and sends what it gathered when the ring is
+/// about to submit, so that every request started in one pass of the worker leaves in
+/// one send.
+pub trait LinkEnd {
+    /// The socket the link's operations use.
+    fn fd(&self) -> std::os::fd::RawFd;
+    /// One of the link's operations finished: what to do next goes to `next`, and the
+    /// storage operations it thereby finished to `done`, each to be counted off with
+    /// `Ring::link_finished`.
+    fn completed(&self, op: LinkOp, result: i32, next: &mut Vec<LinkIo>, done: &mut Vec<Completion>);
+    /// What was gathered since the link asked for a flush (`Ring::flush_later`).
+    fn flush(&self, next: &mut Vec<LinkIo>);
 }
 
 /// A finished operation: its token back, and the kernel's result (bytes, or -errno).

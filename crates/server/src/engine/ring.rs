@@ -4,15 +4,18 @@
 //! Operations carried out by other threads park here too (`defer`) and come back from the
 //! same `wait`, through the ring's mailbox.
 
+use std::any::Any;
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use super::buffer::{Buf, Region};
 use super::mailbox::{Completer, Mailbox};
-use super::op::{Completion, ConnId, Held, StorageId, Token};
+use super::op::{Completion, ConnId, Held, LinkEnd, LinkIo, LinkOp, StorageId, Token};
 use super::pipe::Pipe;
 use super::send::SendBatch;
 use crate::limits::BUSY_POLL_CHECKS_PER_CLOCK_READ;
@@ -39,6 +42,14 @@ pub struct Ring {
     cqes: Vec<cqueue::Entry>,
     /// Operations other threads carry out; the kernel never sees them.
     mailbox: Mailbox,
+    /// Storage operations a link carries (sent to a remote on this ring, not yet answered).
+    linked: usize,
+    /// Links with requests gathered, to send before the next submit.
+    flushes: Vec<Rc<dyn LinkEnd>>,
+    /// What backends keep per worker (a remote export's link), each under its backend's key.
+    locals: HashMap<u64, Rc<dyn Any>>,
+    /// The worker this ring belongs to (0 for a ring of no worker's).
+    owner: usize,
 }
 
 impl Ring {
@@ -58,7 +69,19 @@ impl Ring {
             Ok(u) => u,
             Err(_) => IoUring::builder().setup_clamp().build(entries)?,
         };
-        Ok(Ring { uring, ops: Vec::new(), free_ops: Vec::new(), storage: 0, fixed: Vec::new(), cqes: Vec::new(), mailbox: Mailbox::new() })
+        Ok(Ring {
+            uring,
+            ops: Vec::new(),
+            free_ops: Vec::new(),
+            storage: 0,
+            fixed: Vec::new(),
+            cqes: Vec::new(),
+            mailbox: Mailbox::new(),
+            linked: 0,
+            flushes: Vec::new(),
+            locals: HashMap::new(),
+            owner: 0,
+        })
     }
 
     /// Sets aside `slots` empty fixed-buffer slots for a pool's slabs, which are registered
@@ -125,7 +148,77 @@ impl Ring {
     /// Storage operations in flight, on the ring or parked: what a worker waits for when
     /// there are any, rather than its clients.
     pub fn storage_in_flight(&self) -> usize {
-        self.storage + self.mailbox.parked()
+        self.storage + self.mailbox.parked() + self.linked
+    }
+
+    /// Names the worker this ring belongs to, for backends that keep something per worker.
+    pub fn set_owner(&mut self, worker: usize) {
+        self.owner = worker;
+    }
+
+    pub fn owner(&self) -> usize {
+        self.owner
+    }
+
+    /// What the backend with `key` keeps on this worker, if it is a `T`.
+    pub fn local<T: Any>(&self, key: u64) -> Option<Rc<T>> {
+        self.locals.get(&key).and_then(|v| Rc::clone(v).downcast::<T>().ok())
+    }
+
+    /// Keeps `value` for the backend with `key` on this worker, or forgets what it kept.
+    pub fn set_local(&mut self, key: u64, value: Option<Rc<dyn Any>>) {
+        match value {
+            Some(v) => self.locals.insert(key, v),
+            None => self.locals.remove(&key),
+        };
+    }
+
+    /// A link took a storage operation: it counts as in flight until `link_finished`.
+    pub fn link_started(&mut self) {
+        self.linked += 1;
+    }
+
+    /// A storage operation a link carried is finished (its completion is in the worker's
+    /// hands).
+    pub fn link_finished(&mut self) {
+        self.linked -= 1;
+    }
+
+    /// Has `link` send what it gathered before the ring next submits.
+    pub fn flush_later(&mut self, link: Rc<dyn LinkEnd>) {
+        self.flushes.push(link);
+    }
+
+    fn flush_links(&mut self) {
+        let mut next = Vec::new();
+        while !self.flushes.is_empty() {
+            for link in std::mem::take(&mut self.flushes) {
+                link.flush(&mut next);
+                for io in next.drain(..) {
+                    self.link_io(&link, io);
+                }
+            }
+        }
+    }
+
+    /// Submits what `link` asked for.
+    pub fn link_io(&mut self, link: &Rc<dyn LinkEnd>, io: LinkIo) {
+        let fd = types::Fd(link.fd());
+        let (sqe, op) = match io {
+            LinkIo::Recv { buf, at, len, wait_all } => {
+                assert!(len > 0 && at + len <= buf.len() && len <= u32::MAX as usize);
+                // SAFETY: at + len <= buf.len(), checked above.
+                let ptr = unsafe { buf.ptr().add(at) };
+                let flags = if wait_all { libc::MSG_WAITALL } else { 0 };
+                (opcode::Recv::new(fd, ptr, len as u32).flags(flags).build(), LinkOp::Recv { buf })
+            }
+            LinkIo::Send { mut batch } => {
+                let msg = batch.prepare();
+                let flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
+                (opcode::SendMsg::new(fd, msg).flags(flags as u32).build(), LinkOp::Send { batch })
+            }
+        };
+        self.push(sqe, Token::Link { link: Rc::clone(link), op });
     }
 
     /// Operations parked by `defer` and not yet completed.
@@ -263,6 +356,7 @@ impl Ring {
     /// Hands what is queued to the kernel, then spins for up to `budget` without sleeping
     /// until a completion is ready (for `wait` to collect at once). True when one is.
     pub fn spin(&mut self, budget: std::time::Duration) -> io::Result<bool> {
+        self.flush_links();
         match self.uring.submit() {
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => {}
@@ -288,6 +382,7 @@ impl Ring {
     /// Submits everything queued, waits for at least one completion (or `timeout`), and
     /// appends all available completions to `out`.
     pub fn wait(&mut self, out: &mut Vec<Completion>, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        self.flush_links();
         let submitted = match timeout {
             None => self.uring.submit_and_wait(1),
             Some(t) => {

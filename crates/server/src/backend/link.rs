@@ -1,0 +1,442 @@
+//! A remote export's connection on one worker's ring, a *link*: negotiated on the remote
+//! backend's runtime as the kernel's nbd driver negotiates one (simple replies only), then
+//! driven by the worker that owns it, with no other thread between a request and its
+//! reply. It carries reads and writes; everything else, and every request of a worker
+//! whose link is not up, goes through the backend's client.
+//!
+//! A write's payload is sent from the request's own buffer. A read's data is received
+//! straight into the request's buffer when much of it is still to come; replies and small
+//! reads land in the link's receive buffer and are copied out from there. Requests started
+//! in one pass of the worker leave in one send (`Ring::flush_later`).
+//!
+//! A link that fails (the remote closes it, an error, a reply that does not parse) fails
+//! the requests on it with EIO, as a connection of the client does, says so once, and
+//! takes no more: the worker goes back to the client.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell, RefMut};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sluice_client::attach::open_sockets;
+use sluice_client::{Address, Export, Uri};
+use sluice_proto::link::{Event, Link as Replies};
+use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FUA};
+use sluice_proto::{Errno, RawRequest};
+use tokio::runtime::Runtime;
+
+use crate::engine::{Buf, Completion, Held, LinkEnd, LinkIo, LinkOp, Part, Ring, SendBatch, StorageId, Token};
+use crate::limits::{LINK_DIRECT_RECV_MIN_BYTES, LINK_RECV_BYTES, LINK_SEND_PARTS_MAX, REMOTE_LINK_WORKERS_MAX};
+
+pub struct Link {
+    fd: OwnedFd,
+    /// The remote, for the log.
+    spec: Arc<str>,
+    worker: usize,
+    /// Set once the link failed, for the backend choosing a path.
+    dead: Cell<bool>,
+    inner: RefCell<Inner>,
+}
+
+struct Inner {
+    replies: Replies,
+    /// One entry per slot of `replies`.
+    waiting: Vec<Option<Waiting>>,
+    /// Where replies are received; None while the kernel has it.
+    staging: Option<Buf>,
+    /// The slot whose read's buffer a receive has, when one does.
+    direct: Option<u32>,
+    receiving: bool,
+    /// Requests gathered for the next send, and the batch, which a send in flight has.
+    queued: VecDeque<Part>,
+    batch: Option<Box<SendBatch>>,
+    flush_asked: bool,
+    dead: bool,
+}
+
+/// A storage operation sent over the link and not yet handed back.
+struct Waiting {
+    id: StorageId,
+    /// A read's buffer, or a write's once its payload is sent; None while the kernel has it.
+    buf: Option<Buf>,
+    /// Where the range starts in the buffer.
+    at: usize,
+    len: usize,
+    /// What the operation completes with, once the remote answered (or the link failed).
+    answer: Option<i32>,
+}
+
+impl Link {
+    /// A link over `fd`, a socket the handshake left ready for transmission with simple
+    /// replies; `begin` starts it on its worker's ring.
+    pub fn new(fd: OwnedFd, spec: Arc<str>, worker: usize) -> Rc<Link> {
+        let inner = Inner {
+            replies: Replies::new(),
+            waiting: Vec::new(),
+            staging: Some(Buf::heap(LINK_RECV_BYTES)),
+            direct: None,
+            receiving: false,
+            queued: VecDeque::new(),
+            batch: Some(SendBatch::new(LINK_SEND_PARTS_MAX)),
+            flush_asked: false,
+            dead: false,
+        };
+        Rc::new(Link { fd, spec, worker, dead: Cell::new(false), inner: RefCell::new(inner) })
+    }
+
+    /// Starts receiving, on the ring of the worker the link belongs to.
+    pub fn begin(self: &Rc<Self>, ring: &mut Ring) {
+        let mut next = Vec::new();
+        self.receive_next(&mut self.lock(), &mut next);
+        let link = Rc::clone(self) as Rc<dyn LinkEnd>;
+        for io in next {
+            ring.link_io(&link, io);
+        }
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.get()
+    }
+
+    /// Sends a read of `len` bytes at `offset` into `buf[at..]`; the buffer comes back
+    /// when the link has failed, for the caller to take another way.
+    pub fn read(self: &Rc<Self>, offset: u64, len: usize, buf: Buf, at: usize, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
+        self.start(CMD_READ, 0, offset, buf, at, len, id, ring)
+    }
+
+    /// Sends a write of `buf[at..at + len]` at `offset`, as `read` does.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write(self: &Rc<Self>, offset: u64, buf: Buf, at: usize, len: usize, fua: bool, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
+        let flags = if fua { CMD_FLAG_FUA } else { 0 };
+        self.start(CMD_WRITE, flags, offset, buf, at, len, id, ring)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start(self: &Rc<Self>, kind: u16, flags: u16, offset: u64, buf: Buf, at: usize, len: usize, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
+        let mut g = self.lock();
+        if g.dead {
+            return Err(buf);
+        }
+        let length = u32::try_from(len).expect("a request's length fits in 32 bits");
+        let (slot, head) = g.replies.request(kind, flags, offset, length);
+        let (part, kept) = if kind == CMD_WRITE {
+            (Part::window(slot, &head, Some(buf), at, len, Vec::new()), None)
+        } else {
+            (Part::new(slot, &head, None, Vec::new()), Some(buf))
+        };
+        let i = slot as usize;
+        if g.waiting.len() <= i {
+            g.waiting.resize_with(i + 1, || None);
+        }
+        g.waiting[i] = Some(Waiting { id, buf: kept, at, len, answer: None });
+        g.queued.push_back(part);
+        ring.link_started();
+        if !g.flush_asked {
+            g.flush_asked = true;
+            ring.flush_later(Rc::clone(self) as Rc<dyn LinkEnd>);
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> RefMut<'_, Inner> {
+        self.inner.borrow_mut()
+    }
+
+    /// Hands what is queued to one send, unless a send is in flight (its completion sends
+    /// the rest).
+    fn send_queued(&self, g: &mut Inner, next: &mut Vec<LinkIo>) {
+        if g.dead || g.queued.is_empty() {
+            return;
+        }
+        let Some(mut batch) = g.batch.take() else { return };
+        while !batch.is_full() {
+            match g.queued.pop_front() {
+                Some(p) => batch.push(p),
+                None => break,
+            }
+        }
+        next.push(LinkIo::Send { batch });
+    }
+
+    /// Keeps one receive in flight: straight into a read's buffer when much of its data is
+    /// still to come and none is in hand, else into the receive buffer.
+    fn receive_next(&self, g: &mut Inner, next: &mut Vec<LinkIo>) {
+        if g.dead || g.receiving {
+            return;
+        }
+        g.receiving = true;
+        if let Some((slot, at, left)) = g.replies.data_wanted().filter(|w| w.2 as usize >= LINK_DIRECT_RECV_MIN_BYTES) {
+            let w = g.waiting[slot as usize].as_mut().expect("a read in flight waits");
+            let buf = w.buf.take().expect("a read's buffer is with the link while its data comes");
+            g.direct = Some(slot);
+            return next.push(LinkIo::Recv { buf, at: w.at + at as usize, len: left as usize, wait_all: true });
+        }
+        let staging = g.staging.take().expect("one receive at a time");
+        next.push(LinkIo::Recv { buf: staging, at: 0, len: LINK_RECV_BYTES, wait_all: false });
+    }
+
+    /// Takes the `n` bytes just received into `staging`: data copied to its reads, answers
+    /// to their operations. A reply that does not parse fails the link.
+    fn take_staged(&self, g: &mut Inner, staging: &Buf, n: usize, done: &mut Vec<Completion>) -> Result<(), String> {
+        let input = &staging.as_slice()[..n];
+        let mut pos = 0;
+        loop {
+            let (used, event) = g.replies.take(&input[pos..]).map_err(|e| e.to_string())?;
+            match event {
+                Some(Event::Data { slot, at, len }) => {
+                    let w = g.waiting[slot as usize].as_mut().expect("a read in flight waits");
+                    let to = w.at + at as usize;
+                    let buf = w.buf.as_mut().expect("a read's buffer is with the link while its data comes");
+                    buf.as_mut_slice()[to..to + len as usize].copy_from_slice(&input[pos..pos + used]);
+                }
+                Some(Event::Done { slot, error }) => answer(g, slot, error, done),
+                None if used == 0 => return Ok(()),
+                None => {}
+            }
+            pos += used;
+        }
+    }
+
+    /// Ends the link: every operation on it fails with EIO as soon as the kernel has given
+    /// back its buffer. Said once.
+    fn fail(&self, g: &mut Inner, why: &str, done: &mut Vec<Completion>) {
+        if !g.dead {
+            g.dead = true;
+            self.dead.set(true);
+            log::warn!("{}: the connection of worker {} failed ({why}); its requests fail with EIO, and the worker's next ones go through the export's other connections", self.spec, self.worker);
+            // Whatever the kernel still has on the socket ends now.
+            let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
+        }
+        for part in std::mem::take(&mut g.queued) {
+            sent(g, part, done);
+        }
+        for slot in g.replies.fail_all() {
+            let w = g.waiting[slot as usize].as_mut().expect("a request in flight waits");
+            w.answer = Some(-libc::EIO);
+            finish_if_ready(g, slot, done);
+        }
+    }
+}
+
+/// The remote answered `slot`.
+fn answer(g: &mut Inner, slot: u32, error: u32, done: &mut Vec<Completion>) {
+    let w = g.waiting[slot as usize].as_mut().expect("an answered request waits");
+    w.answer = Some(if error == 0 { w.len as i32 } else { -Errno::from_code(error).map_or(libc::EIO, |e| e.code() as i32) });
+    finish_if_ready(g, slot, done);
+}
+
+/// A part left the link (sent, or never to be): a write's buffer is back.
+fn sent(g: &mut Inner, part: Part, done: &mut Vec<Completion>) {
+    if let Some(buf) = part.data {
+        let w = g.waiting[part.tag as usize].as_mut().expect("a write being sent waits");
+        w.buf = Some(buf);
+        finish_if_ready(g, part.tag, done);
+    }
+}
+
+/// Completes `slot`'s operation once it is answered and its buffer is back.
+fn finish_if_ready(g: &mut Inner, slot: u32, done: &mut Vec<Completion>) {
+    let i = slot as usize;
+    if !g.waiting[i].as_ref().is_some_and(|w| w.answer.is_some() && w.buf.is_some()) {
+        return;
+    }
+    let w = g.waiting[i].take().expect("checked above");
+    g.replies.release(slot);
+    let held = Held::Buf(w.buf.expect("checked above"));
+    done.push(Completion { token: Token::Storage { id: w.id, held }, result: w.answer.expect("checked above") });
+}
+
+impl LinkEnd for Link {
+    fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn completed(&self, op: LinkOp, result: i32, next: &mut Vec<LinkIo>, done: &mut Vec<Completion>) {
+        let mut g = self.lock();
+        match op {
+            LinkOp::Send { mut batch } => {
+                if result < 0 {
+                    batch.drain(|p| sent(&mut g, p, done));
+                    g.batch = Some(batch);
+                    let why = format!("send: {}", std::io::Error::from_raw_os_error(-result));
+                    return self.fail(&mut g, &why, done);
+                }
+                batch.consume(result as usize, |p| sent(&mut g, p, done));
+                if !batch.is_empty() && !g.dead {
+                    // A short send: the rest goes first.
+                    return next.push(LinkIo::Send { batch });
+                }
+                batch.drain(|p| sent(&mut g, p, done));
+                g.batch = Some(batch);
+                self.send_queued(&mut g, next);
+            }
+            LinkOp::Recv { buf } => {
+                g.receiving = false;
+                let outcome = match g.direct.take() {
+                    Some(slot) => {
+                        let w = g.waiting[slot as usize].as_mut().expect("a read in flight waits");
+                        w.buf = Some(buf);
+                        if g.dead || result <= 0 {
+                            // Failed already, waiting only for this buffer; or failing below.
+                            finish_if_ready(&mut g, slot, done);
+                        } else if let Some(Event::Done { slot, error }) = g.replies.landed(result as u32) {
+                            answer(&mut g, slot, error, done);
+                        }
+                        Ok(())
+                    }
+                    None => {
+                        let r = if result > 0 && !g.dead { self.take_staged(&mut g, &buf, result as usize, done) } else { Ok(()) };
+                        g.staging = Some(buf);
+                        r
+                    }
+                };
+                let why = match (outcome, result) {
+                    (_, _) if g.dead => return,
+                    (Err(e), _) => e,
+                    (Ok(()), 0) => "the remote closed it".to_string(),
+                    (Ok(()), r) if r < 0 => format!("receive: {}", std::io::Error::from_raw_os_error(-r)),
+                    (Ok(()), _) => return self.receive_next(&mut g, next),
+                };
+                self.fail(&mut g, &why, done);
+            }
+        }
+    }
+
+    fn flush(&self, next: &mut Vec<LinkIo>) {
+        let mut g = self.lock();
+        g.flush_asked = false;
+        self.send_queued(&mut g, next);
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // The polite goodbye, if the socket takes it at once; closing is what matters.
+        if !self.is_dead() {
+            let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: 0, offset: 0, length: 0 }.encode();
+            let _ = rustix::net::send(&self.fd, &disc, rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+        }
+    }
+}
+
+/// A remote export's links, one per worker that uses the export, and how far each got.
+pub struct Links {
+    /// The backend's key for what it keeps on each worker's ring.
+    key: u64,
+    uri: Uri,
+    spec: Arc<str>,
+    /// What the backend's client found; a link must find the same.
+    size: u64,
+    flags: u16,
+    /// The largest read or write the remote takes.
+    request_max_bytes: usize,
+    workers: Arc<Vec<Mutex<Stage>>>,
+}
+
+/// Where one worker's link stands.
+enum Stage {
+    /// No request of this worker asked for it yet.
+    Idle,
+    Connecting,
+    /// Negotiated, for the worker to start on its ring.
+    Ready(OwnedFd),
+    /// Started on the worker's ring (kept there), or never to be: the worker uses the
+    /// client.
+    Done,
+}
+
+/// Flags a link's export must share with the client's: what requests over it rely on.
+const FLAGS_ALIKE: u16 = FLAG_READ_ONLY | FLAG_SEND_FUA | FLAG_CAN_MULTI_CONN;
+
+impl Links {
+    /// Links to `uri`, or None where they cannot carry its requests: TLS (the session lives
+    /// in user space), or a server that does not allow multi-conn (a link is one more
+    /// connection, and a flush on the client's must cover writes sent on a link).
+    pub fn new(uri: &Uri, spec: &str, export: &Export) -> Option<Links> {
+        static KEYS: AtomicU64 = AtomicU64::new(1);
+        let plain = matches!(uri.address, Address::Tcp { .. } | Address::Unix(_)) && uri.tls.is_none();
+        if !plain || !export.can_multi_conn() {
+            return None;
+        }
+        let workers = (0..REMOTE_LINK_WORKERS_MAX).map(|_| Mutex::new(Stage::Idle)).collect();
+        Some(Links {
+            key: KEYS.fetch_add(1, Ordering::Relaxed),
+            uri: uri.clone(),
+            spec: spec.into(),
+            size: export.size,
+            flags: export.flags & FLAGS_ALIKE,
+            request_max_bytes: export.request_max_bytes() as usize,
+            workers: Arc::new(workers),
+        })
+    }
+
+    /// The link of the worker whose ring this is, for a request of `len` bytes, if the
+    /// link is up and takes it. The first time a worker asks, its link is opened on
+    /// `runtime`; the worker's requests go through the client until it is up.
+    pub fn get(&self, ring: &mut Ring, len: usize, runtime: &Runtime) -> Option<Rc<Link>> {
+        if len > self.request_max_bytes {
+            return None;
+        }
+        if let Some(link) = ring.local::<Link>(self.key) {
+            if !link.is_dead() {
+                return Some(link);
+            }
+            ring.set_local(self.key, None);
+            return None;
+        }
+        let worker = ring.owner();
+        let mut stage = self.workers.get(worker)?.lock().expect("a stage is only ever replaced");
+        match std::mem::replace(&mut *stage, Stage::Done) {
+            Stage::Idle => {
+                *stage = Stage::Connecting;
+                self.connect(worker, runtime);
+                None
+            }
+            Stage::Ready(fd) => {
+                let link = Link::new(fd, Arc::clone(&self.spec), worker);
+                link.begin(ring);
+                ring.set_local(self.key, Some(Rc::clone(&link) as Rc<dyn Any>));
+                log::debug!("{}: worker {worker} sends reads and writes over a connection of its own", self.spec);
+                Some(link)
+            }
+            other => {
+                *stage = other;
+                None
+            }
+        }
+    }
+
+    /// Opens and negotiates `worker`'s link in the background.
+    fn connect(&self, worker: usize, runtime: &Runtime) {
+        let (uri, spec, workers) = (self.uri.clone(), Arc::clone(&self.spec), Arc::clone(&self.workers));
+        let (size, flags) = (self.size, self.flags);
+        runtime.spawn(async move {
+            let next = match open_sockets(&uri, 1).await {
+                Ok(mut s) if s.export.size == size && s.export.flags & FLAGS_ALIKE == flags => {
+                    let fd = s.fds.pop().expect("one socket was asked for");
+                    // The ring waits in the kernel; a blocking socket keeps MSG_WAITALL whole.
+                    match rustix::io::ioctl_fionbio(&fd, false) {
+                        Ok(()) => Stage::Ready(fd),
+                        Err(e) => {
+                            log::warn!("{spec}: a connection for worker {worker} could not be set up ({e}); it uses the export's client");
+                            Stage::Done
+                        }
+                    }
+                }
+                Ok(s) => {
+                    let (got, flags) = (s.export.size, s.export.flags);
+                    log::warn!("{spec}: a connection for worker {worker} found another export ({got} bytes, flags {flags:#06x}); it uses the export's client");
+                    Stage::Done
+                }
+                Err(e) => {
+                    log::warn!("{spec}: could not open a connection for worker {worker} ({e}); it uses the export's client");
+                    Stage::Done
+                }
+            };
+            *workers[worker].lock().expect("a stage is only ever replaced") = next;
+        });
+    }
+}
