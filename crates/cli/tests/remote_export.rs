@@ -480,3 +480,51 @@ fn a_garbled_reply_on_a_workers_own_connection_fails_that_read_and_no_other() {
     assert!(log.contains("the connection of worker 0 failed (the server sent a reply with the unknown magic"), "{log}");
     stop_clean(b);
 }
+
+#[test]
+fn a_remote_killed_under_reads_on_the_workers_own_connection_fails_them_with_eio() {
+    require!("nbdsh");
+    let mut a = Sluice::start(&["--export", "disk=memory:16M"]);
+    let tcp = format!("vol=nbd://127.0.0.1:{}/disk", a.port);
+    let mut b = Sluice::start(&["--threads", "1", "--log-level", "debug", "--export", &tcp, "--export", "local=memory:1M"]);
+    let uri = b.uri_for("vol");
+    let up = "worker 0 sends reads and writes over a connection of its own";
+    wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&uri) && b.log_text().contains(up), || b.log_text());
+    // A answers nothing from here on; whatever B sends it waits, until A is killed.
+    a.pause();
+    let sent = b.dir.path().join("sent");
+    let script = format!(
+        r#"
+import nbd, errno
+h = nbd.NBD()
+h.connect_uri("{uri}")
+pending = set(h.aio_pread(nbd.Buffer(65536), i * 65536) for i in range(8))
+open("{sent}", "w").close()
+failed = 0
+while pending:
+    h.poll(-1)
+    for c in list(pending):
+        try:
+            done = h.aio_command_completed(c)
+        except nbd.Error as e:
+            assert e.errnum == errno.EIO, e
+            failed += 1
+            done = True
+        if done:
+            pending.discard(c)
+assert failed == 8, failed
+print("ALL-FAILED-EIO")
+"#,
+        sent = sent.display()
+    );
+    let reads = run_in_background("nbdsh", &["-c", &script]);
+    // Killed once the reads are on their way (or failed: the join below reports that).
+    wait_until("the reads to be sent", Duration::from_secs(20), || sent.exists() || reads.is_finished(), || b.log_text());
+    a.kill();
+    let (ok, out, err) = reads.join().unwrap();
+    assert!(ok && out.contains("ALL-FAILED-EIO"), "{out}\n{err}\n{}", b.log_text());
+    assert!(b.alive(), "{}", b.log_text());
+    assert!(b.log_text().contains("the connection of worker 0 failed"), "{}", b.log_text());
+    nbdsh(&format!("h = connect(\"{}\")\nh.pwrite(b'x' * 512, 0)\nassert h.pread(512, 0) == b'x' * 512", b.uri_for("local")));
+    stop_clean(b);
+}
