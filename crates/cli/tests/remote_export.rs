@@ -209,17 +209,21 @@ fn an_unreachable_remote_is_a_usage_error_at_start() {
 fn another_servers_block_size_and_errors_come_through() {
     require!("nbdkit", "nbdsh");
     let dir = tempfile::tempdir().unwrap();
-    // A RAM disk that asks for 512-byte blocks and fails every write with ENOSPC.
+    // A RAM disk that asks for 512-byte blocks, refuses requests off them, and fails every
+    // write with ENOSPC.
     let filters = ["--filter=blocksize-policy", "--filter=error"];
-    let params = ["blocksize-minimum=512", "error=ENOSPC", "error-pwrite-rate=100%"];
+    let params = ["blocksize-minimum=512", "blocksize-error-policy=error", "error=ENOSPC", "error-pwrite-rate=100%"];
     let kit = Nbdkit::start(dir.path(), "kit", &[&filters[..], &["memory", "4M"], &params[..]].concat());
-    let b = Sluice::start(&["--export", &format!("kit={}", kit.uri())]);
-    nbdsh(&format!(
+    let b = Sluice::start(&["--threads", "1", "--log-level", "debug", "--export", &format!("kit={}", kit.uri())]);
+    let checks = format!(
         r#"
 b = connect("{b}")
 assert b.get_block_size(nbd.SIZE_MINIMUM) == 512, b.get_block_size(nbd.SIZE_MINIMUM)
 assert b.get_block_size(nbd.SIZE_PREFERRED) >= 512
 assert b.pread(4096, 512) == bytes(4096)
+# Off the remote's blocks: widened to them, not sent as it is.
+b.set_strict_mode(0)
+assert b.pread(100, 700) == bytes(100)
 try:
     b.pwrite(b"x" * 4096, 0)
     raise AssertionError("nbdkit's failure was lost")
@@ -227,7 +231,13 @@ except nbd.Error as e:
     assert e.errnum == errno.ENOSPC, e
 "#,
         b = b.uri_for("kit"),
-    ));
+    );
+    // Through the export's client, then over the worker's own connection.
+    nbdsh(&checks);
+    let up = "worker 0 sends reads and writes over a connection of its own";
+    wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&b.uri_for("kit")) && b.log_text().contains(up), || b.log_text());
+    nbdsh(&checks);
+    assert!(!b.log_text().contains("failed ("), "{}", b.log_text());
     assert_eq!(b.stop().code(), Some(0));
 }
 
@@ -478,6 +488,7 @@ fn a_garbled_reply_on_a_workers_own_connection_fails_that_read_and_no_other() {
     assert!(b.alive(), "{}", b.log_text());
     let log = b.log_text();
     assert!(log.contains("the connection of worker 0 failed (the server sent a reply with the unknown magic"), "{log}");
+    assert!(log.contains("requests on it failed with EIO: 1;"), "{log}");
     stop_clean(b);
 }
 
@@ -486,20 +497,21 @@ fn a_remote_killed_under_reads_on_the_workers_own_connection_fails_them_with_eio
     require!("nbdsh");
     let mut a = Sluice::start(&["--export", "disk=memory:16M"]);
     let tcp = format!("vol=nbd://127.0.0.1:{}/disk", a.port);
-    let mut b = Sluice::start(&["--threads", "1", "--log-level", "debug", "--export", &tcp, "--export", "local=memory:1M"]);
+    let metrics = free_port().to_string();
+    let metrics_at = format!("127.0.0.1:{metrics}");
+    let args = ["--threads", "1", "--log-level", "debug", "--metrics", &metrics_at, "--export", &tcp, "--export", "local=memory:1M"];
+    let mut b = Sluice::start(&args);
     let uri = b.uri_for("vol");
     let up = "worker 0 sends reads and writes over a connection of its own";
     wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&uri) && b.log_text().contains(up), || b.log_text());
     // A answers nothing from here on; whatever B sends it waits, until A is killed.
     a.pause();
-    let sent = b.dir.path().join("sent");
     let script = format!(
         r#"
 import nbd, errno
 h = nbd.NBD()
 h.connect_uri("{uri}")
 pending = set(h.aio_pread(nbd.Buffer(65536), i * 65536) for i in range(8))
-open("{sent}", "w").close()
 failed = 0
 while pending:
     h.poll(-1)
@@ -514,17 +526,51 @@ while pending:
             pending.discard(c)
 assert failed == 8, failed
 print("ALL-FAILED-EIO")
-"#,
-        sent = sent.display()
+"#
     );
     let reads = run_in_background("nbdsh", &["-c", &script]);
-    // Killed once the reads are on their way (or failed: the join below reports that).
-    wait_until("the reads to be sent", Duration::from_secs(20), || sent.exists() || reads.is_finished(), || b.log_text());
+    // Killed once B has all eight: a request is started on the worker's connection in the
+    // pass that receives it, so they are all on it.
+    let port: u16 = metrics.parse().unwrap();
+    let inflight = || sample(&http_get(port, "/metrics").1, r#"sluice_requests_inflight{export="vol"}"#);
+    wait_until("B to hold the eight reads", Duration::from_secs(20), || inflight() >= 8.0 || reads.is_finished(), || b.log_text());
     a.kill();
     let (ok, out, err) = reads.join().unwrap();
     assert!(ok && out.contains("ALL-FAILED-EIO"), "{out}\n{err}\n{}", b.log_text());
     assert!(b.alive(), "{}", b.log_text());
-    assert!(b.log_text().contains("the connection of worker 0 failed"), "{}", b.log_text());
+    // Each read is at least one request on the worker's connection (a read may be cut in
+    // chunks); the log counts them.
+    let log = b.log_text();
+    let line = log.lines().find(|l| l.contains("the connection of worker 0 failed")).unwrap_or_else(|| panic!("{log}"));
+    let n: usize = line.split("failed with EIO: ").nth(1).and_then(|r| r.split(';').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(n >= 8, "the reads were not on the worker's connection: {line}\n{log}");
     nbdsh(&format!("h = connect(\"{}\")\nh.pwrite(b'x' * 512, 0)\nassert h.pread(512, 0) == b'x' * 512", b.uri_for("local")));
     stop_clean(b);
+}
+
+#[test]
+fn a_reload_that_removes_the_export_closes_the_workers_own_connection_too() {
+    require!("nbdsh");
+    let a = Sluice::start(&["--export", "disk=memory:16M"]);
+    let dir = tempfile::tempdir().unwrap();
+    let export = |name: &str, spec: &str| format!("[[export]]\nname = \"{name}\"\nspec = \"{spec}\"\n");
+    let remote = format!("nbd://127.0.0.1:{}/disk", a.port);
+    let config = write_config(dir.path(), &format!("{}{}", export("vol", &remote), export("local", "memory:1M")));
+    let b = Sluice::start(&["--config", config.to_str().unwrap(), "--threads", "1", "--log-level", "debug"]);
+    let uri = b.uri_for("vol");
+    let up = "worker 0 sends reads and writes over a connection of its own";
+    wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&uri) && b.log_text().contains(up), || b.log_text());
+    write_config(dir.path(), &export("local", "memory:1M"));
+    signal(b.pid(), libc::SIGHUP);
+    // The export's four shared connections and the worker's own all say goodbye; the
+    // worker lets its own go once the export is gone, on its next pass, which the reads
+    // below make.
+    let closed = || closed_connections(&a.log_text(), "disk").0.iter().filter(|l| l.ends_with("client disconnected")).count();
+    wait_until("A to see all of B's connections go", Duration::from_secs(20), || {
+        one_read(&b.uri_for("local"));
+        closed() >= 5
+    }, || format!("{}\n---\n{}", a.log_text(), b.log_text()));
+    assert!(!b.log_text().contains("the connection of worker 0 failed"), "{}", b.log_text());
+    stop_clean(b);
+    stop_clean(a);
 }

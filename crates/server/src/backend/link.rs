@@ -21,7 +21,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sluice_client::attach::open_sockets;
+use sluice_client::attach::{open_sockets, Sockets};
 use sluice_client::{Address, Export, Uri};
 use sluice_proto::link::{Event, Link as Replies};
 use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FUA};
@@ -203,17 +203,19 @@ impl Link {
     /// Ends the link: every operation on it fails with EIO as soon as the kernel has given
     /// back its buffer. Said once.
     fn fail(&self, g: &mut Inner, why: &str, done: &mut Vec<Completion>) {
+        let failed = g.replies.fail_all();
         if !g.dead {
             g.dead = true;
             self.dead.set(true);
-            log::warn!("{}: the connection of worker {} failed ({why}); its requests fail with EIO, and the worker's next ones go through the export's other connections", self.spec, self.worker);
+            let (spec, worker, n) = (&self.spec, self.worker, failed.len());
+            log::warn!("{spec}: the connection of worker {worker} failed ({why}); requests on it failed with EIO: {n}; the worker's next ones go through the export's other connections");
             // Whatever the kernel still has on the socket ends now.
             let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
         }
         for part in std::mem::take(&mut g.queued) {
             sent(g, part, done);
         }
-        for slot in g.replies.fail_all() {
+        for slot in failed {
             let w = g.waiting[slot as usize].as_mut().expect("a request in flight waits");
             w.answer = Some(-libc::EIO);
             finish_if_ready(g, slot, done);
@@ -312,12 +314,27 @@ impl LinkEnd for Link {
     }
 }
 
-impl Drop for Link {
+/// What a worker keeps of its link (`Ring::set_local`), or that it has none and will have
+/// none. Dropped when the link failed, when its backend is gone, or with the ring, it ends
+/// the link (quietly, with NBD_CMD_DISC if the socket takes it at once) so that its
+/// receive, always in flight, comes back and the link goes. No request is in flight on it
+/// then but at the ring's drop, when nothing is waiting for them any more: a connection's
+/// requests hold its export, and so the backend.
+pub struct Kept(Option<Rc<Link>>);
+
+impl Drop for Kept {
     fn drop(&mut self) {
-        // The polite goodbye, if the socket takes it at once; closing is what matters.
-        if !self.is_dead() {
-            let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: 0, offset: 0, length: 0 }.encode();
-            let _ = rustix::net::send(&self.fd, &disc, rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+        let Some(link) = &self.0 else { return };
+        if !link.dead.replace(true) {
+            let mut g = link.lock();
+            g.dead = true;
+            // Not in the middle of a request's bytes: a send the ring cancelled may have
+            // stopped inside a write's payload, where DISC would pass for data.
+            if g.batch.is_some() {
+                let disc = RawRequest { flags: 0, kind: CMD_DISC, handle: 0, offset: 0, length: 0 }.encode();
+                let _ = rustix::net::send(&link.fd, &disc, rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+            }
+            let _ = rustix::net::shutdown(&link.fd, rustix::net::Shutdown::Both);
         }
     }
 }
@@ -328,12 +345,50 @@ pub struct Links {
     key: u64,
     uri: Uri,
     spec: Arc<str>,
-    /// What the backend's client found; a link must find the same.
+    /// What a link must find, and what requests over it must respect.
+    expect: Arc<Expect>,
+    workers: Arc<Vec<Mutex<Stage>>>,
+    /// Lives as long as the backend: the workers drop their links once it is gone.
+    alive: Arc<()>,
+}
+
+/// What the backend's client found, which every link must find too.
+struct Expect {
     size: u64,
     flags: u16,
+    block_min: u32,
+    block_max: u32,
     /// The largest read or write the remote takes.
     request_max_bytes: usize,
-    workers: Arc<Vec<Mutex<Stage>>>,
+    /// What the remote says the export is (sluice servers say), as the first link found it.
+    identity: Mutex<Option<Option<String>>>,
+}
+
+impl Expect {
+    /// Why the export a link reached is not the one the client did, if it is not.
+    fn differs(&self, sockets: &Sockets) -> Option<String> {
+        let (e, id) = (&sockets.export, &sockets.identity.id);
+        if (e.size, e.flags & FLAGS_ALIKE, e.block_min, e.block_max) != (self.size, self.flags, self.block_min, self.block_max) {
+            return Some(format!("{} bytes, flags {:#06x}, blocks {}..{}", e.size, e.flags, e.block_min, e.block_max));
+        }
+        let mut first = self.identity.lock().expect("an identity is only ever set");
+        match &*first {
+            Some(known) if known != id => Some(format!("identity {id:?}, where an earlier connection found {known:?}")),
+            Some(_) => None,
+            None => {
+                *first = Some(id.clone());
+                None
+            }
+        }
+    }
+
+    /// Whether a request the server checked may go to the remote as it is: within the
+    /// remote's largest request, and on its minimum block (which the remote's own client,
+    /// the other path, would have widened a read to, or refused).
+    fn takes(&self, offset: u64, len: usize) -> bool {
+        let b = u64::from(self.block_min);
+        len <= self.request_max_bytes && offset.is_multiple_of(b) && ((len as u64).is_multiple_of(b) || offset + len as u64 == self.size)
+    }
 }
 
 /// Where one worker's link stands.
@@ -361,34 +416,48 @@ impl Links {
         if !plain || !export.can_multi_conn() {
             return None;
         }
+        let expect = Expect {
+            size: export.size,
+            flags: export.flags & FLAGS_ALIKE,
+            block_min: export.block_min.max(1),
+            block_max: export.block_max,
+            request_max_bytes: export.request_max_bytes() as usize,
+            identity: Mutex::new(None),
+        };
         let workers = (0..REMOTE_LINK_WORKERS_MAX).map(|_| Mutex::new(Stage::Idle)).collect();
         Some(Links {
             key: KEYS.fetch_add(1, Ordering::Relaxed),
             uri: uri.clone(),
             spec: spec.into(),
-            size: export.size,
-            flags: export.flags & FLAGS_ALIKE,
-            request_max_bytes: export.request_max_bytes() as usize,
+            expect: Arc::new(expect),
             workers: Arc::new(workers),
+            alive: Arc::new(()),
         })
     }
 
-    /// The link of the worker whose ring this is, for a request of `len` bytes, if the
-    /// link is up and takes it. The first time a worker asks, its link is opened on
+    /// The link of the worker whose ring this is, for a request of `len` bytes at `offset`,
+    /// if the link is up and takes it. The first time a worker asks, its link is opened on
     /// `runtime`; the worker's requests go through the client until it is up.
-    pub fn get(&self, ring: &mut Ring, len: usize, runtime: &Runtime) -> Option<Rc<Link>> {
-        if len > self.request_max_bytes {
+    pub fn get(&self, ring: &mut Ring, offset: u64, len: usize, runtime: &Runtime) -> Option<Rc<Link>> {
+        if !self.expect.takes(offset, len) {
             return None;
         }
-        if let Some(link) = ring.local::<Link>(self.key) {
-            if !link.is_dead() {
-                return Some(link);
-            }
-            ring.set_local(self.key, None);
-            return None;
+        if let Some(kept) = ring.local::<Kept>(self.key) {
+            return match &kept.0 {
+                Some(link) if !link.is_dead() => Some(Rc::clone(link)),
+                Some(_) => {
+                    self.keep(ring, None);
+                    None
+                }
+                None => None,
+            };
         }
         let worker = ring.owner();
-        let mut stage = self.workers.get(worker)?.lock().expect("a stage is only ever replaced");
+        let Some(stage) = self.workers.get(worker) else {
+            self.keep(ring, None);
+            return None;
+        };
+        let mut stage = stage.lock().expect("a stage is only ever replaced");
         match std::mem::replace(&mut *stage, Stage::Done) {
             Stage::Idle => {
                 *stage = Stage::Connecting;
@@ -398,39 +467,50 @@ impl Links {
             Stage::Ready(fd) => {
                 let link = Link::new(fd, Arc::clone(&self.spec), worker);
                 link.begin(ring);
-                ring.set_local(self.key, Some(Rc::clone(&link) as Rc<dyn Any>));
+                self.keep(ring, Some(Rc::clone(&link)));
                 log::debug!("{}: worker {worker} sends reads and writes over a connection of its own", self.spec);
                 Some(link)
             }
-            other => {
-                *stage = other;
+            Stage::Connecting => {
+                *stage = Stage::Connecting;
+                None
+            }
+            Stage::Done => {
+                drop(stage);
+                self.keep(ring, None);
                 None
             }
         }
     }
 
+    /// Keeps the worker's link on its ring, or that it has none for good.
+    fn keep(&self, ring: &mut Ring, link: Option<Rc<Link>>) {
+        let kept = Rc::new(Kept(link)) as Rc<dyn Any>;
+        ring.set_local(self.key, Some((kept, Arc::downgrade(&self.alive))));
+    }
+
     /// Opens and negotiates `worker`'s link in the background.
     fn connect(&self, worker: usize, runtime: &Runtime) {
-        let (uri, spec, workers) = (self.uri.clone(), Arc::clone(&self.spec), Arc::clone(&self.workers));
-        let (size, flags) = (self.size, self.flags);
+        let (uri, spec, workers, expect) = (self.uri.clone(), Arc::clone(&self.spec), Arc::clone(&self.workers), Arc::clone(&self.expect));
         runtime.spawn(async move {
             let next = match open_sockets(&uri, 1).await {
-                Ok(mut s) if s.export.size == size && s.export.flags & FLAGS_ALIKE == flags => {
-                    let fd = s.fds.pop().expect("one socket was asked for");
-                    // The ring waits in the kernel; a blocking socket keeps MSG_WAITALL whole.
-                    match rustix::io::ioctl_fionbio(&fd, false) {
-                        Ok(()) => Stage::Ready(fd),
-                        Err(e) => {
-                            log::warn!("{spec}: a connection for worker {worker} could not be set up ({e}); it uses the export's client");
-                            Stage::Done
+                Ok(mut s) => match expect.differs(&s) {
+                    None => {
+                        let fd = s.fds.pop().expect("one socket was asked for");
+                        // The ring waits in the kernel; a blocking socket keeps MSG_WAITALL whole.
+                        match rustix::io::ioctl_fionbio(&fd, false) {
+                            Ok(()) => Stage::Ready(fd),
+                            Err(e) => {
+                                log::warn!("{spec}: a connection for worker {worker} could not be set up ({e}); it uses the export's client");
+                                Stage::Done
+                            }
                         }
                     }
-                }
-                Ok(s) => {
-                    let (got, flags) = (s.export.size, s.export.flags);
-                    log::warn!("{spec}: a connection for worker {worker} found another export ({got} bytes, flags {flags:#06x}); it uses the export's client");
-                    Stage::Done
-                }
+                    Some(why) => {
+                        log::warn!("{spec}: a connection for worker {worker} found another export ({why}); it uses the export's client");
+                        Stage::Done
+                    }
+                },
                 Err(e) => {
                     log::warn!("{spec}: could not open a connection for worker {worker} ({e}); it uses the export's client");
                     Stage::Done

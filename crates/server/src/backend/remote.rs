@@ -190,7 +190,7 @@ impl Backend for RemoteBackend {
         let ex = self.remote.client.export();
         match op {
             StorageOp::Read { offset, len, into: Held::Buf(buf), at, .. } => {
-                let buf = match self.links.as_ref().and_then(|l| l.get(ring, len, &self.runtime)) {
+                let buf = match self.links.as_ref().and_then(|l| l.get(ring, offset, len, &self.runtime)) {
                     Some(link) => match link.read(offset, len, buf, at, id, ring) {
                         Ok(()) => return None,
                         Err(buf) => buf,
@@ -213,7 +213,7 @@ impl Backend for RemoteBackend {
             // No splice capability: reads never ask for a pipe.
             StorageOp::Read { into, .. } => return Some(Outcome { result: -libc::EINVAL, held: into }),
             StorageOp::Write { offset, buf, at, len, fua, .. } => {
-                let buf = match self.links.as_ref().and_then(|l| l.get(ring, len, &self.runtime)) {
+                let buf = match self.links.as_ref().and_then(|l| l.get(ring, offset, len, &self.runtime)) {
                     Some(link) => match link.write(offset, buf, at, len, fua, id, ring) {
                         Ok(()) => return None,
                         Err(buf) => buf,

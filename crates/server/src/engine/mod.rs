@@ -13,6 +13,7 @@ mod pipe;
 #[cfg(feature = "rbd")]
 mod rbd;
 mod ring;
+mod ring_links;
 mod send;
 mod socket;
 

@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use super::buffer::{Buf, Region};
 use super::mailbox::{Completer, Mailbox};
-use super::op::{Completion, ConnId, Held, LinkEnd, LinkIo, LinkOp, StorageId, Token};
+use super::op::{Completion, ConnId, Held, LinkEnd, StorageId, Token};
 use super::pipe::Pipe;
 use super::send::SendBatch;
 use crate::limits::BUSY_POLL_CHECKS_PER_CLOCK_READ;
@@ -43,11 +43,12 @@ pub struct Ring {
     /// Operations other threads carry out; the kernel never sees them.
     mailbox: Mailbox,
     /// Storage operations a link carries (sent to a remote on this ring, not yet answered).
-    linked: usize,
+    pub(super) linked: usize,
     /// Links with requests gathered, to send before the next submit.
-    flushes: Vec<Rc<dyn LinkEnd>>,
-    /// What backends keep per worker (a remote export's link), each under its backend's key.
-    locals: HashMap<u64, Rc<dyn Any>>,
+    pub(super) flushes: Vec<Rc<dyn LinkEnd>>,
+    /// What backends keep per worker (a remote export's link), each under its backend's key,
+    /// with a handle that dies with the backend (and the entry with it).
+    pub(super) locals: HashMap<u64, (Rc<dyn Any>, Weak<()>)>,
     /// The worker this ring belongs to (0 for a ring of no worker's).
     owner: usize,
 }
@@ -160,66 +161,6 @@ impl Ring {
         self.owner
     }
 
-    /// What the backend with `key` keeps on this worker, if it is a `T`.
-    pub fn local<T: Any>(&self, key: u64) -> Option<Rc<T>> {
-        self.locals.get(&key).and_then(|v| Rc::clone(v).downcast::<T>().ok())
-    }
-
-    /// Keeps `value` for the backend with `key` on this worker, or forgets what it kept.
-    pub fn set_local(&mut self, key: u64, value: Option<Rc<dyn Any>>) {
-        match value {
-            Some(v) => self.locals.insert(key, v),
-            None => self.locals.remove(&key),
-        };
-    }
-
-    /// A link took a storage operation: it counts as in flight until `link_finished`.
-    pub fn link_started(&mut self) {
-        self.linked += 1;
-    }
-
-    /// A storage operation a link carried is finished (its completion is in the worker's
-    /// hands).
-    pub fn link_finished(&mut self) {
-        self.linked -= 1;
-    }
-
-    /// Has `link` send what it gathered before the ring next submits.
-    pub fn flush_later(&mut self, link: Rc<dyn LinkEnd>) {
-        self.flushes.push(link);
-    }
-
-    fn flush_links(&mut self) {
-        let mut next = Vec::new();
-        while !self.flushes.is_empty() {
-            for link in std::mem::take(&mut self.flushes) {
-                link.flush(&mut next);
-                for io in next.drain(..) {
-                    self.link_io(&link, io);
-                }
-            }
-        }
-    }
-
-    /// Submits what `link` asked for.
-    pub fn link_io(&mut self, link: &Rc<dyn LinkEnd>, io: LinkIo) {
-        let fd = types::Fd(link.fd());
-        let (sqe, op) = match io {
-            LinkIo::Recv { buf, at, len, wait_all } => {
-                assert!(len > 0 && at + len <= buf.len() && len <= u32::MAX as usize);
-                // SAFETY: at + len <= buf.len(), checked above.
-                let ptr = unsafe { buf.ptr().add(at) };
-                let flags = if wait_all { libc::MSG_WAITALL } else { 0 };
-                (opcode::Recv::new(fd, ptr, len as u32).flags(flags).build(), LinkOp::Recv { buf })
-            }
-            LinkIo::Send { mut batch } => {
-                let msg = batch.prepare();
-                let flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
-                (opcode::SendMsg::new(fd, msg).flags(flags as u32).build(), LinkOp::Send { batch })
-            }
-        };
-        self.push(sqe, Token::Link { link: Rc::clone(link), op });
-    }
 
     /// Operations parked by `defer` and not yet completed.
     pub fn deferred(&self) -> usize {
@@ -418,7 +359,7 @@ impl Ring {
         Completion { token, result: cqe.result() }
     }
 
-    fn push(&mut self, sqe: squeue::Entry, op: Token) {
+    pub(super) fn push(&mut self, sqe: squeue::Entry, op: Token) {
         if matches!(op, Token::Storage { .. }) {
             self.storage += 1;
         }
