@@ -6,7 +6,7 @@ use common::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -376,34 +376,51 @@ print("WRITTEN", written)
     assert!(!log.contains("panicked"), "{log}");
 }
 
+/// What a fake remote saw on connections negotiated without structured replies (a
+/// worker's own), and whether it garbled a reply.
+#[derive(Default)]
+struct Seen {
+    link_reads: AtomicUsize,
+    link_flushes: AtomicUsize,
+    garbled: AtomicBool,
+}
+
 /// A remote of 1 MiB of zeros that answers honestly with simple replies, except the first
-/// read on a connection negotiated without structured replies (a worker's own): that one
-/// gets a reply with a wrong magic, and the connection is closed. The flag says it happened.
-fn garbling_remote() -> (u16, Arc<AtomicBool>) {
+/// read at 4096 on a worker's own connection: that one gets a reply with a wrong magic, and
+/// the connection is closed.
+fn garbling_remote() -> (u16, Arc<Seen>) {
     use sluice_proto::wire::*;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let garbled = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&garbled);
+    let seen = Arc::new(Seen::default());
+    let shared = Arc::clone(&seen);
     std::thread::spawn(move || {
         for s in listener.incoming() {
             let Ok(mut s) = s else { return };
-            let flag = Arc::clone(&flag);
+            let seen = Arc::clone(&shared);
             std::thread::spawn(move || {
                 s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
                 let Some(structured) = fake_handshake(&mut s) else { return };
-                while let Some((kind, handle, len)) = fake_request(&mut s) {
+                while let Some((kind, handle, offset, len)) = fake_request(&mut s) {
                     let mut reply = SIMPLE_REPLY_MAGIC.to_be_bytes().to_vec();
                     reply.extend_from_slice(&0u32.to_be_bytes());
                     reply.extend_from_slice(&handle.to_be_bytes());
                     match kind {
                         CMD_DISC => return,
-                        CMD_READ if !structured && !flag.swap(true, Ordering::SeqCst) => {
+                        CMD_READ if !structured && offset == 4096 && !seen.garbled.swap(true, Ordering::SeqCst) => {
                             reply[0] ^= 0xff;
                             let _ = s.write_all(&reply);
                             return;
                         }
-                        CMD_READ => reply.resize(reply.len() + len as usize, 0),
+                        CMD_READ => {
+                            if !structured {
+                                seen.link_reads.fetch_add(1, Ordering::SeqCst);
+                            }
+                            reply.resize(reply.len() + len as usize, 0);
+                        }
+                        CMD_FLUSH if !structured => {
+                            seen.link_flushes.fetch_add(1, Ordering::SeqCst);
+                        }
                         _ => {}
                     }
                     if s.write_all(&reply).is_err() {
@@ -413,7 +430,7 @@ fn garbling_remote() -> (u16, Arc<AtomicBool>) {
             });
         }
     });
-    (port, garbled)
+    (port, seen)
 }
 
 /// The remote's side of the handshake: whether the client asked for structured replies.
@@ -457,33 +474,37 @@ fn fake_handshake(s: &mut TcpStream) -> Option<bool> {
     }
 }
 
-/// The next request's kind, handle and length, its payload read and dropped.
-fn fake_request(s: &mut TcpStream) -> Option<(u16, u64, u32)> {
+/// The next request's kind, handle, offset and length, its payload read and dropped.
+fn fake_request(s: &mut TcpStream) -> Option<(u16, u64, u64, u32)> {
     let mut b = [0u8; sluice_proto::wire::REQUEST_BYTES];
     s.read_exact(&mut b).ok()?;
     let raw = sluice_proto::RawRequest::decode(&b).ok()?;
     let mut payload = vec![0u8; raw.payload_len(false) as usize];
     s.read_exact(&mut payload).ok()?;
-    Some((raw.kind, raw.handle, raw.length as u32))
+    Some((raw.kind, raw.handle, raw.offset, raw.length as u32))
 }
 
 #[test]
 fn a_garbled_reply_on_a_workers_own_connection_fails_that_read_and_no_other() {
     require!("nbdsh");
-    let (port, garbled) = garbling_remote();
+    let (port, seen) = garbling_remote();
     let remote = format!("vol=nbd://127.0.0.1:{port}/");
     let mut b = Sluice::start(&["--threads", "1", "--export", &remote]);
     let uri = b.uri_for("vol");
-    // Reads go through the export's client until the worker's connection is up; the first
-    // read over that one is garbled.
-    let mut failed = 0;
+    let read_at = |offset: u64| run("nbdsh", &["-u", &uri, "-c", &format!("h.pread(4096, {offset})")]).0;
+    // Reads go through the export's client until the worker's connection is up.
     wait_until("a read over the worker's own connection", Duration::from_secs(20), || {
-        failed += usize::from(!one_read(&uri));
-        garbled.load(Ordering::SeqCst)
+        assert!(read_at(0), "a read failed\n{}", b.log_text());
+        seen.link_reads.load(Ordering::SeqCst) > 0
     }, || b.log_text());
-    assert_eq!(failed, 1, "only the garbled read failed\n{}", b.log_text());
+    // A flush goes that way too.
+    nbdsh(&format!("h = connect(\"{uri}\")\nh.flush()"));
+    assert_eq!(seen.link_flushes.load(Ordering::SeqCst), 1, "{}", b.log_text());
+    // The garbled read fails, and no other.
+    assert!(!read_at(4096), "the garbled read succeeded\n{}", b.log_text());
+    assert!(seen.garbled.load(Ordering::SeqCst));
     for _ in 0..3 {
-        assert!(one_read(&uri), "a read after the garbled one\n{}", b.log_text());
+        assert!(read_at(4096), "a read after the garbled one\n{}", b.log_text());
     }
     assert!(b.alive(), "{}", b.log_text());
     let log = b.log_text();

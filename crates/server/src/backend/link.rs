@@ -1,8 +1,8 @@
 //! A remote export's connection on one worker's ring, a *link*: negotiated on the remote
 //! backend's runtime as the kernel's nbd driver negotiates one (simple replies only), then
 //! driven by the worker that owns it, with no other thread between a request and its
-//! reply. It carries reads and writes; everything else, and every request of a worker
-//! whose link is not up, goes through the backend's client.
+//! reply. It carries reads, writes and flushes; everything else, and every request of a
+//! worker whose link is not up, goes through the backend's client.
 //!
 //! A write's payload is sent from the request's own buffer. A read's data is received
 //! straight into the request's buffer when much of it is still to come; replies and small
@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use sluice_client::attach::{open_sockets, Sockets};
 use sluice_client::{Address, Export, Uri};
 use sluice_proto::link::{Event, Link as Replies};
-use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FUA};
+use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FUA};
 use sluice_proto::{Errno, RawRequest};
 use tokio::runtime::Runtime;
 
@@ -62,6 +62,8 @@ struct Waiting {
     id: StorageId,
     /// A read's buffer, or a write's once its payload is sent; None while the kernel has it.
     buf: Option<Buf>,
+    /// The operation has a buffer (a read or write; a flush has none).
+    holds: bool,
     /// Where the range starts in the buffer.
     at: usize,
     len: usize,
@@ -104,34 +106,41 @@ impl Link {
     /// Sends a read of `len` bytes at `offset` into `buf[at..]`; the buffer comes back
     /// when the link has failed, for the caller to take another way.
     pub fn read(self: &Rc<Self>, offset: u64, len: usize, buf: Buf, at: usize, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
-        self.start(CMD_READ, 0, offset, buf, at, len, id, ring)
+        self.start(CMD_READ, 0, offset, Some(buf), at, len, id, ring).map_err(|b| b.expect("the read's buffer"))
     }
 
     /// Sends a write of `buf[at..at + len]` at `offset`, as `read` does.
     #[allow(clippy::too_many_arguments)]
     pub fn write(self: &Rc<Self>, offset: u64, buf: Buf, at: usize, len: usize, fua: bool, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
         let flags = if fua { CMD_FLAG_FUA } else { 0 };
-        self.start(CMD_WRITE, flags, offset, buf, at, len, id, ring)
+        self.start(CMD_WRITE, flags, offset, Some(buf), at, len, id, ring).map_err(|b| b.expect("the write's buffer"))
+    }
+
+    /// Sends a flush; false when the link has failed. Under multi-conn it covers the
+    /// writes answered on every connection to the remote, not just this one.
+    pub fn flush(self: &Rc<Self>, id: StorageId, ring: &mut Ring) -> bool {
+        self.start(CMD_FLUSH, 0, 0, None, 0, 0, id, ring).is_ok()
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn start(self: &Rc<Self>, kind: u16, flags: u16, offset: u64, buf: Buf, at: usize, len: usize, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
+    fn start(self: &Rc<Self>, kind: u16, flags: u16, offset: u64, buf: Option<Buf>, at: usize, len: usize, id: StorageId, ring: &mut Ring) -> Result<(), Option<Buf>> {
         let mut g = self.lock();
         if g.dead {
             return Err(buf);
         }
         let length = u32::try_from(len).expect("a request's length fits in 32 bits");
         let (slot, head) = g.replies.request(kind, flags, offset, length);
+        let holds = buf.is_some();
         let (part, kept) = if kind == CMD_WRITE {
-            (Part::window(slot, &head, Some(buf), at, len, Vec::new()), None)
+            (Part::window(slot, &head, buf, at, len, Vec::new()), None)
         } else {
-            (Part::new(slot, &head, None, Vec::new()), Some(buf))
+            (Part::new(slot, &head, None, Vec::new()), buf)
         };
         let i = slot as usize;
         if g.waiting.len() <= i {
             g.waiting.resize_with(i + 1, || None);
         }
-        g.waiting[i] = Some(Waiting { id, buf: kept, at, len, answer: None });
+        g.waiting[i] = Some(Waiting { id, buf: kept, holds, at, len, answer: None });
         g.queued.push_back(part);
         ring.link_started();
         if !g.flush_asked {
@@ -242,12 +251,12 @@ fn sent(g: &mut Inner, part: Part, done: &mut Vec<Completion>) {
 /// Completes `slot`'s operation once it is answered and its buffer is back.
 fn finish_if_ready(g: &mut Inner, slot: u32, done: &mut Vec<Completion>) {
     let i = slot as usize;
-    if !g.waiting[i].as_ref().is_some_and(|w| w.answer.is_some() && w.buf.is_some()) {
+    if !g.waiting[i].as_ref().is_some_and(|w| w.answer.is_some() && (w.buf.is_some() || !w.holds)) {
         return;
     }
     let w = g.waiting[i].take().expect("checked above");
     g.replies.release(slot);
-    let held = Held::Buf(w.buf.expect("checked above"));
+    let held = w.buf.map_or(Held::Nothing, Held::Buf);
     done.push(Completion { token: Token::Storage { id: w.id, held }, result: w.answer.expect("checked above") });
 }
 

@@ -229,6 +229,13 @@ impl Backend for RemoteBackend {
                 });
             }
             StorageOp::Flush => {
+                // A remote without flush says its writes are durable when answered; the
+                // client then sends nothing, and so must the link.
+                if let Some(link) = self.links.as_ref().filter(|_| ex.can_flush()).and_then(|l| l.get(ring, 0, 0, &self.runtime)) {
+                    if link.flush(id, ring) {
+                        return None;
+                    }
+                }
                 self.spawn(ring.defer(id, Held::Nothing, 0), async move { remote.done(remote.client.flush().await) })
             }
             StorageOp::Trim { offset, len } => self.spawn(ring.defer(id, Held::Nothing, 0), async move {
