@@ -234,7 +234,7 @@ except nbd.Error as e:
     );
     // Through the export's client, then over the worker's own connection.
     nbdsh(&checks);
-    let up = "worker 0 sends reads and writes over a connection of its own";
+    let up = "worker 0 sends reads, writes and flushes over a connection of its own";
     wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&b.uri_for("kit")) && b.log_text().contains(up), || b.log_text());
     nbdsh(&checks);
     assert!(!b.log_text().contains("failed ("), "{}", b.log_text());
@@ -320,7 +320,7 @@ fn reads_and_writes_go_over_the_workers_own_connection_once_it_is_up() {
     // One worker, so that every request below is that worker's.
     let b = Sluice::start(&["--threads", "1", "--log-level", "debug", "--export", &tcp]);
     let uri = b.uri_for("vol");
-    let up = "worker 0 sends reads and writes over a connection of its own";
+    let up = "worker 0 sends reads, writes and flushes over a connection of its own";
     wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&uri) && b.log_text().contains(up), || b.log_text());
     // Writes and reads of every size the link handles differently (small ones copied out
     // of its receive buffer, large ones received in place), many in flight, checked
@@ -523,7 +523,7 @@ fn a_remote_killed_under_reads_on_the_workers_own_connection_fails_them_with_eio
     let args = ["--threads", "1", "--log-level", "debug", "--metrics", &metrics_at, "--export", &tcp, "--export", "local=memory:1M"];
     let mut b = Sluice::start(&args);
     let uri = b.uri_for("vol");
-    let up = "worker 0 sends reads and writes over a connection of its own";
+    let up = "worker 0 sends reads, writes and flushes over a connection of its own";
     wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&uri) && b.log_text().contains(up), || b.log_text());
     // A answers nothing from here on; whatever B sends it waits, until A is killed.
     a.pause();
@@ -579,7 +579,7 @@ fn a_reload_that_removes_the_export_closes_the_workers_own_connection_too() {
     let config = write_config(dir.path(), &format!("{}{}", export("vol", &remote), export("local", "memory:1M")));
     let b = Sluice::start(&["--config", config.to_str().unwrap(), "--threads", "1", "--log-level", "debug"]);
     let uri = b.uri_for("vol");
-    let up = "worker 0 sends reads and writes over a connection of its own";
+    let up = "worker 0 sends reads, writes and flushes over a connection of its own";
     wait_until("the worker's own connection", Duration::from_secs(20), || one_read(&uri) && b.log_text().contains(up), || b.log_text());
     write_config(dir.path(), &export("local", "memory:1M"));
     signal(b.pid(), libc::SIGHUP);

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use sluice_client::attach::{open_sockets, Sockets};
 use sluice_client::{Address, Export, Uri};
 use sluice_proto::link::{Event, Link as Replies};
-use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FUA};
+use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_FUA};
 use sluice_proto::{Errno, RawRequest};
 use tokio::runtime::Runtime;
 
@@ -396,7 +396,7 @@ impl Expect {
     /// the other path, would have widened a read to, or refused).
     fn takes(&self, offset: u64, len: usize) -> bool {
         let b = u64::from(self.block_min);
-        len <= self.request_max_bytes && offset.is_multiple_of(b) && ((len as u64).is_multiple_of(b) || offset + len as u64 == self.size)
+        len <= self.request_max_bytes && offset.is_multiple_of(b) && ((len as u64).is_multiple_of(b) || offset.saturating_add(len as u64) == self.size)
     }
 }
 
@@ -413,7 +413,7 @@ enum Stage {
 }
 
 /// Flags a link's export must share with the client's: what requests over it rely on.
-const FLAGS_ALIKE: u16 = FLAG_READ_ONLY | FLAG_SEND_FUA | FLAG_CAN_MULTI_CONN;
+const FLAGS_ALIKE: u16 = FLAG_READ_ONLY | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_CAN_MULTI_CONN;
 
 impl Links {
     /// Links to `uri`, or None where they cannot carry its requests: TLS (the session lives
@@ -477,7 +477,7 @@ impl Links {
                 let link = Link::new(fd, Arc::clone(&self.spec), worker);
                 link.begin(ring);
                 self.keep(ring, Some(Rc::clone(&link)));
-                log::debug!("{}: worker {worker} sends reads and writes over a connection of its own", self.spec);
+                log::debug!("{}: worker {worker} sends reads, writes and flushes over a connection of its own", self.spec);
                 Some(link)
             }
             Stage::Connecting => {
