@@ -111,6 +111,12 @@ impl RemoteBackend {
         self.remote.client.export().read_only()
     }
 
+    /// The worker's own connection to the remote, for a request of `len` bytes at `offset`,
+    /// if it has one up that takes it (`Links::get`).
+    fn link(&self, ring: &mut Ring, offset: u64, len: usize) -> Option<std::rc::Rc<super::link::Link>> {
+        self.links.as_ref()?.get(ring, offset, len, &self.runtime)
+    }
+
     /// Runs `work` on the runtime and completes the parked operation with what it returns.
     fn spawn(&self, done: Completer, work: impl Future<Output = (i32, Payload)> + Send + 'static) {
         self.runtime.spawn(async move {
@@ -190,7 +196,7 @@ impl Backend for RemoteBackend {
         let ex = self.remote.client.export();
         match op {
             StorageOp::Read { offset, len, into: Held::Buf(buf), at, .. } => {
-                let buf = match self.links.as_ref().and_then(|l| l.get(ring, offset, len, &self.runtime)) {
+                let buf = match self.link(ring, offset, len) {
                     Some(link) => match link.read(offset, len, buf, at, id, ring) {
                         Ok(()) => return None,
                         Err(buf) => buf,
@@ -213,7 +219,7 @@ impl Backend for RemoteBackend {
             // No splice capability: reads never ask for a pipe.
             StorageOp::Read { into, .. } => return Some(Outcome { result: -libc::EINVAL, held: into }),
             StorageOp::Write { offset, buf, at, len, fua, .. } => {
-                let buf = match self.links.as_ref().and_then(|l| l.get(ring, offset, len, &self.runtime)) {
+                let buf = match self.link(ring, offset, len) {
                     Some(link) => match link.write(offset, buf, at, len, fua, id, ring) {
                         Ok(()) => return None,
                         Err(buf) => buf,
@@ -231,7 +237,7 @@ impl Backend for RemoteBackend {
             StorageOp::Flush => {
                 // A remote without flush says its writes are durable when answered; the
                 // client then sends nothing, and so must the link.
-                if let Some(link) = self.links.as_ref().filter(|_| ex.can_flush()).and_then(|l| l.get(ring, 0, 0, &self.runtime)) {
+                if let Some(link) = ex.can_flush().then(|| self.link(ring, 0, 0)).flatten() {
                     if link.flush(id, ring) {
                         return None;
                     }

@@ -15,7 +15,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use super::buffer::{Buf, Region};
 use super::mailbox::{Completer, Mailbox};
-use super::op::{Completion, ConnId, Held, LinkEnd, StorageId, Token};
+use super::op::{Completion, ConnId, Held, LinkEnd, LinkIo, StorageId, Token};
 use super::pipe::Pipe;
 use super::send::SendBatch;
 use crate::limits::BUSY_POLL_CHECKS_PER_CLOCK_READ;
@@ -46,6 +46,10 @@ pub struct Ring {
     pub(super) linked: usize,
     /// Links with requests gathered, to send before the next submit.
     pub(super) flushes: Vec<Rc<dyn LinkEnd>>,
+    /// `flushes`' other half while it is worked through, and what a flushing link asks
+    /// for: kept so that a pass allocates nothing.
+    pub(super) flushes_spare: Vec<Rc<dyn LinkEnd>>,
+    pub(super) link_next: Vec<LinkIo>,
     /// What backends keep per worker (a remote export's link), each under its backend's key,
     /// with a handle that dies with the backend (and the entry with it).
     pub(super) locals: HashMap<u64, (Rc<dyn Any>, Weak<()>)>,
@@ -80,6 +84,8 @@ impl Ring {
             mailbox: Mailbox::new(),
             linked: 0,
             flushes: Vec::new(),
+            flushes_spare: Vec::new(),
+            link_next: Vec::new(),
             locals: HashMap::new(),
             owner: 0,
         })

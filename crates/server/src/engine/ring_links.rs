@@ -52,15 +52,23 @@ impl Ring {
 
     pub(super) fn flush_links(&mut self) {
         self.sweep_locals();
-        let mut next = Vec::new();
+        if self.flushes.is_empty() {
+            return;
+        }
+        // Both lists are kept between passes: no allocation per pass.
+        let mut next = std::mem::take(&mut self.link_next);
+        let mut links = std::mem::take(&mut self.flushes_spare);
         while !self.flushes.is_empty() {
-            for link in std::mem::take(&mut self.flushes) {
+            std::mem::swap(&mut self.flushes, &mut links);
+            for link in links.drain(..) {
                 link.flush(&mut next);
                 for io in next.drain(..) {
                     self.link_io(&link, io);
                 }
             }
         }
+        self.flushes_spare = links;
+        self.link_next = next;
     }
 
     /// Submits what `link` asked for.
