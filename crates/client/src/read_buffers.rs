@@ -27,7 +27,7 @@ fn kept() -> MutexGuard<'static, Kept> {
 }
 
 /// A buffer of `len` bytes for a read to fill: zeros, or the bytes of an earlier read.
-pub(crate) fn take(len: usize) -> Vec<u8> {
+pub fn take(len: usize) -> Vec<u8> {
     let found = if len >= READ_BUFFER_KEPT_MIN_BYTES { kept().take(len) } else { None };
     found.unwrap_or_else(|| vec![0; len])
 }

@@ -375,6 +375,7 @@ impl Worker {
                 }
                 self.link_work = (next, done);
             }
+            Token::Carried { end, held } => end.done(result, held, &mut self.ring as &mut dyn std::any::Any),
         }
     }
 

@@ -448,3 +448,18 @@ impl Drop for Nbdkit {
         let _ = self.child.wait();
     }
 }
+
+/// Python for nbdsh: 64 reads of 4 KiB in flight at once through handle `h`, answered in
+/// whatever order, each checked against `model` (a bytearray of the export's `size`).
+pub const NBDSH_READS_IN_FLIGHT: &str = r#"
+bufs = []
+for i in range(64):
+    off = random.randrange(0, size // 4096) * 4096
+    b = nbd.Buffer(4096)
+    h.aio_pread(b, off)
+    bufs.append((b, off))
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+for b, off in bufs:
+    assert b.to_bytearray() == model[off:off + 4096], "concurrent read at %d" % off
+"#;

@@ -142,6 +142,10 @@ impl Member {
         sample(&body, r#"sluice_request_bytes_total{export="",op="write"}"#) as u64
     }
 
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// What the file holds after the metadata area.
     pub fn data(&self) -> Vec<u8> {
         let mut bytes = std::fs::read(&self.file).unwrap();
@@ -229,11 +233,17 @@ impl Coordinator {
     /// Starts it and waits until it listens, which it does once it has assembled the pool
     /// (after waiting out the lease of an owner that did not release it).
     pub fn start(dir: &Path, spec: &str) -> Coordinator {
+        Coordinator::start_with(dir, spec, &[])
+    }
+
+    /// `start`, with more options for `sluice serve`.
+    pub fn start_with(dir: &Path, spec: &str, args: &[&str]) -> Coordinator {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, Ordering::Relaxed);
         let (socket, log) = (dir.join(format!("vol{n}.sock")), dir.join(format!("vol{n}.log")));
         let mut child = Command::new(SLUICE)
             .args(["serve", "--unix", socket.to_str().unwrap(), "--export", &format!("vol={spec}")])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

@@ -86,6 +86,15 @@ impl Client {
         }
     }
 
+    /// The pool this client uses, for a caller that carries its member operations itself;
+    /// `None` for anything but a pool.
+    pub fn pool_direct(&self) -> Option<crate::pool::Direct> {
+        match &self.inner.transport {
+            Transport::Conns(_) | Transport::Cache(_) => None,
+            Transport::Pool(pool) => Some(pool.direct()),
+        }
+    }
+
     /// The live state of the pool this client uses (members, resync progress, dirty
     /// regions); `None` for a plain export.
     pub fn pool_status(&self) -> Option<sluice_pool::Status> {

@@ -1,6 +1,7 @@
 //! A pool as `Client` uses it: requests in, replies out, a clean stop, and the live status.
 
 use super::background::supervise;
+use super::carry::{Carrier, Direct, PoolSide, Sink};
 use super::member::Member;
 use super::pump::Shared;
 use super::requests::{self, ReadInto, Request};
@@ -49,28 +50,18 @@ impl<M: Member> PoolDriver<M> {
     }
 
     async fn submit(&self, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
-        let command = requests::command(cmd, flags, offset, len)?;
-        let write = write.map(Arc::new);
         let (done, answer) = oneshot::channel();
-        // A read without buffers (`Client::read_pieces`) keeps the members' own.
-        let read = match cmd == CMD_READ && bufs.is_empty() {
-            true => ReadInto::Pieces { len: len as u64, got: Vec::new() },
-            false => ReadInto::Bufs(bufs),
-        };
-        let request = Request { write, read, done };
-        self.shared.run(|core, now| {
-            if core.closed {
-                return Err(Error::Closed);
-            }
-            let req = core.coord.submit(command, now);
-            core.requests.insert(req, request);
-            Ok(())
-        })?;
+        enqueue(&self.shared, None, cmd, flags, offset, len, write, bufs, requests::Answer::Channel(done))?;
         match answer.await {
             Ok(result) => requests::reply(cmd, result),
             // The pool went away with the request unanswered.
             Err(_) => Err(Error::Closed),
         }
+    }
+
+    /// The pool for a caller that carries member operations itself.
+    pub(crate) fn direct(&self) -> Direct {
+        Direct::new(Arc::clone(&self.shared) as Arc<dyn PoolSide>)
     }
 
     /// Stops the coordinator cleanly (requests in flight finish, the superblocks are
@@ -177,5 +168,40 @@ impl<M: Member> PoolDriver<M> {
     /// Connections open to the members, all together.
     pub(crate) fn connections(&self) -> usize {
         self.shared.connections()
+    }
+}
+
+/// Hands the coordinator one request, answered through `done`; member operations it starts
+/// at once are offered to `carrier`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn enqueue<M: Member>(shared: &Arc<Shared<M>>, carrier: Option<&mut dyn Carrier>, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, bufs: Vec<Vec<u8>>, done: requests::Answer) -> Result<(), Error> {
+    let command = requests::command(cmd, flags, offset, len)?;
+    // A read without buffers (`Client::read_pieces`) keeps the members' own.
+    let read = match cmd == CMD_READ && bufs.is_empty() {
+        true => ReadInto::Pieces { len: len as u64, got: Vec::new() },
+        false => ReadInto::Bufs(bufs),
+    };
+    let request = Request { write: write.map(Arc::new), read, done };
+    shared.run_with(carrier, |core, now| {
+        if core.closed {
+            return Err(Error::Closed);
+        }
+        let req = core.coord.submit(command, now);
+        core.requests.insert(req, request);
+        Ok(())
+    })
+}
+
+impl<M: Member> PoolSide for Shared<M> {
+    fn submit(self: Arc<Self>, carrier: &mut dyn Carrier, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, done: requests::Answer) -> Result<(), Error> {
+        enqueue(&self, Some(carrier), cmd, flags, offset, len, write, Vec::new(), done)
+    }
+
+    fn finish_carried(self: Arc<Self>, carrier: Option<&mut dyn Carrier>, member: usize, op: sluice_pool::OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>) {
+        self.finish_with(carrier, member, op, sink, result);
+    }
+
+    fn set_on_cut(&self, cut: Box<dyn Fn(usize) + Send + Sync>) {
+        let _ = self.on_cut.set(cut);
     }
 }

@@ -119,3 +119,129 @@ async fn member_uris_name_only_the_members_during_a_live_replacement() {
     assert_eq!(pool.member_uris().len(), 2, "{:?}", pool.member_uris());
     pool.disconnect().await;
 }
+
+/// A carrier that holds what it is offered (but what it refuses, by member), as a worker's
+/// links would until their answers come.
+#[derive(Default)]
+struct Holding {
+    held: Vec<super::carry::Carried>,
+    refuse: Option<usize>,
+}
+
+impl super::carry::Carrier for Holding {
+    fn carry(&mut self, op: super::carry::Carried) -> Result<(), super::carry::Carried> {
+        if self.refuse == Some(op.member) {
+            return Err(op);
+        }
+        self.held.push(op);
+        Ok(())
+    }
+}
+
+/// Carries out everything `carrier` holds on the members in memory, and what that starts,
+/// until nothing is left; member `fail` answers each of its operations with an error.
+fn carry_all(fakes: &[Fake], carrier: &mut Holding, fail: Option<usize>) -> usize {
+    use super::carry::Cmd;
+    let mut carried = 0;
+    while let Some(op) = carrier.held.pop() {
+        carried += 1;
+        let f = &fakes[op.member];
+        let result = match &op.cmd {
+            _ if fail == Some(op.member) => Err(Error::Protocol("member says no".into())),
+            Cmd::Read { offset, len } => Ok(Some(f.bytes(*offset, *len))),
+            Cmd::Write { offset, data, range, .. } => {
+                f.put(*offset, &data[range.clone()]);
+                Ok(None)
+            }
+            Cmd::Flush => Ok(None),
+        };
+        op.finish(carrier, result);
+    }
+    carried
+}
+
+type Answer = tokio::sync::oneshot::Receiver<Result<Vec<Vec<u8>>, sluice_pool::Failure>>;
+
+fn submit(direct: &super::carry::Direct, carrier: &mut Holding, cmd: u16, offset: u64, len: u32, write: Option<Vec<u8>>) -> Answer {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    direct.submit(carrier, cmd, 0, offset, len, write, Box::new(move |r| drop(tx.send(r)))).unwrap();
+    rx
+}
+
+async fn answered(rx: Answer) -> Vec<Vec<u8>> {
+    match tokio::time::timeout(std::time::Duration::from_secs(20), rx).await {
+        Ok(Ok(Ok(bytes))) => bytes,
+        other => panic!("the request was not answered well: {other:?}"),
+    }
+}
+
+/// Member operations a carrier takes finish requests as a task's would, what they start is
+/// offered to the carrier again, and what it refuses goes to a task. A carried operation
+/// that fails drops its member, and the carrier is told to cut its connections to it.
+#[tokio::test]
+async fn a_carrier_takes_member_operations_and_hears_when_a_member_is_cut() {
+    let fakes = fakes();
+    let pool = mirror(&fakes).await;
+    let direct = pool.direct();
+    let cuts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let told = cuts.clone();
+    direct.on_cut(Box::new(move |m| told.lock().unwrap().push(m)));
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 13) as u8).collect();
+    // What assembling started (superblocks written) is done first, by tasks.
+    assert!(matches!(write(&pool, 0, &[1; 4096], false).await, Ok(Outcome::Done)));
+
+    // A write: both copies, and whatever dirty tracking writes first, carried.
+    let mut carrier = Holding::default();
+    let rx = submit(&direct, &mut carrier, CMD_WRITE, 4096, 8192, Some(data.clone()));
+    let n = carry_all(&fakes, &mut carrier, None);
+    assert!(n >= 2, "carried {n}; calls {:?} {:?}", fakes[0].calls(), fakes[1].calls());
+    answered(rx).await;
+    for f in &fakes {
+        assert_eq!(f.bytes(META_BYTES + 4096, 8192), data, "a copy lacks the carried write");
+    }
+    assert!(fakes.iter().all(|f| !f.calls().iter().any(|c| matches!(c, super::fake::Call::Write { len: 8192, .. }))), "a task wrote the data");
+
+    // A read comes back with the bytes the carrier read.
+    let rx = submit(&direct, &mut carrier, CMD_READ, 4096, 8192, None);
+    assert_eq!(carry_all(&fakes, &mut carrier, None), 1);
+    assert_eq!(answered(rx).await.concat(), data);
+
+    // Refused for member 1: its copy goes by task, member 0's is carried.
+    let mut refusing = Holding { refuse: Some(1), ..Holding::default() };
+    let rx = submit(&direct, &mut refusing, CMD_WRITE, 0, 4096, Some(vec![0x77; 4096]));
+    carry_all(&fakes, &mut refusing, None);
+    answered(rx).await;
+    assert!(fakes[1].calls().iter().any(|c| matches!(c, super::fake::Call::Write { offset, len: 4096, .. } if *offset == META_BYTES)));
+    assert_eq!(fakes[0].bytes(META_BYTES, 4096), vec![0x77; 4096]);
+    assert!(cuts.lock().unwrap().is_empty(), "no member was cut yet: {:?}", cuts.lock().unwrap());
+
+    // Member 1 fails a carried write: it is dropped and cut, the write lands on member 0.
+    let rx = submit(&direct, &mut carrier, CMD_WRITE, 8192, 4096, Some(vec![0x99; 4096]));
+    carry_all(&fakes, &mut carrier, Some(1));
+    answered(rx).await;
+    assert_eq!(fakes[0].bytes(META_BYTES + 8192, 4096), vec![0x99; 4096]);
+    assert_eq!(*cuts.lock().unwrap(), vec![1]);
+    let states: Vec<MemberState> = pool.status().members.iter().map(|m| m.state).collect();
+    assert_eq!(states, [MemberState::InSync, MemberState::Missing]);
+    pool.disconnect().await;
+}
+
+/// A carried operation dropped unfinished (its worker stopped) fails, rather than leave the
+/// coordinator waiting for it until the member times out.
+#[tokio::test]
+async fn a_carried_operation_dropped_unfinished_fails_its_member_at_once() {
+    let fakes = fakes();
+    let pool = mirror(&fakes).await;
+    let direct = pool.direct();
+    assert!(matches!(write(&pool, 0, &[1; 4096], false).await, Ok(Outcome::Done)));
+    let mut carrier = Holding::default();
+    let rx = submit(&direct, &mut carrier, CMD_WRITE, 0, 4096, Some(vec![0x42; 4096]));
+    let at = carrier.held.iter().position(|op| op.member == 1).expect("member 1's copy was offered");
+    drop(carrier.held.remove(at));
+    carry_all(&fakes, &mut carrier, None);
+    answered(rx).await;
+    assert_eq!(fakes[0].bytes(META_BYTES, 4096), vec![0x42; 4096]);
+    let states: Vec<MemberState> = pool.status().members.iter().map(|m| m.state).collect();
+    assert_eq!(states, [MemberState::InSync, MemberState::Missing]);
+    pool.disconnect().await;
+}

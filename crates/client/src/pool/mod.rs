@@ -10,6 +10,7 @@
 
 mod admin;
 mod background;
+mod carry;
 mod control;
 mod control_ask;
 mod driver;
@@ -33,6 +34,7 @@ mod scrub_json;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
+pub use carry::{Carried, Carrier, Cmd as CarriedCmd, Direct, Target};
 pub use grow::{grow, GrowWhere, Grown};
 pub use replace::{add_spare, replace, Copying, Replaced};
 pub use control_ask::with_live_scrub;
@@ -41,4 +43,4 @@ pub use scrub_json::{report_from_json, report_to_json};
 pub(crate) use driver::PoolDriver;
 pub(crate) use open::open;
 pub use sluice_pool::coordinator::{ScrubRange, ScrubReport};
-pub use sluice_pool::{Layout, MemberState, MemberStatus, Placement, PoolSpec, Replacing, ReshapeStatus, Status};
+pub use sluice_pool::{Failure, Layout, MemberState, MemberStatus, Placement, PoolSpec, Replacing, ReshapeStatus, Status};

@@ -4,6 +4,7 @@
 //! member I/O goes to a task of its own, which comes back through `finish`. The lock is a
 //! std mutex and is never held across an await.
 
+use super::carry::{Carried, Carrier, PoolSide, Sink, Target};
 use super::member::Member;
 use super::member_io::{self, Payload};
 use super::requests::Request;
@@ -38,6 +39,9 @@ pub(crate) struct Shared<M: Member> {
     runtime: tokio::runtime::Handle,
     /// The pool file, edited when a spare takes a member's place.
     file: Option<PathBuf>,
+    /// Told when a member's connection is dropped or replaced: whoever carries member
+    /// operations on connections of its own closes its connections to that member.
+    pub(crate) on_cut: std::sync::OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
 }
 
 pub(crate) struct Core<M> {
@@ -57,19 +61,21 @@ pub(crate) struct Core<M> {
 struct Slot<M> {
     /// `None` while the member is dropped.
     client: Option<M>,
-    /// Its operations in flight, aborted when it is dropped (a stalled member never
-    /// answers them).
-    ops: HashMap<OpId, AbortHandle>,
+    /// Its operations in flight: a task's, aborted when it is dropped (a stalled member
+    /// never answers them), or None for one a carrier has (its connection is cut).
+    ops: HashMap<OpId, Option<AbortHandle>>,
     reconnecting: bool,
+    /// What a carrier's connections must reach while `client` is this one: made the first
+    /// time an operation is offered, forgotten when the client goes.
+    target: Option<Arc<Target>>,
 }
 
-/// Where a member read's bytes go.
-enum Sink {
-    Nothing,
-    Request { req: ReqId, at: u64 },
-    Copy(CopyId),
-    Meta,
+impl<M> Slot<M> {
+    fn new(client: Option<M>, reconnecting: bool) -> Slot<M> {
+        Slot { client, ops: HashMap::new(), reconnecting, target: None }
+    }
 }
+
 
 impl<M: Member> Shared<M> {
     /// `members[i]` is None for a member the pool was assembled without (degraded): it
@@ -82,11 +88,12 @@ impl<M: Member> Shared<M> {
             if reconnecting {
                 let _ = wake.send(Wake::Reconnect(i));
             }
-            slots.push(Slot { client, ops: HashMap::new(), reconnecting });
+            slots.push(Slot::new(client, reconnecting));
         }
         let core = Core { coord, requests: HashMap::new(), copies: HashMap::new(), members: slots, uris, armed: None, closed: false };
         let runtime = tokio::runtime::Handle::current();
-        let shared = Shared { core: Mutex::new(core), start, options, wake, stopped: watch::Sender::new(false), runtime, file };
+        let on_cut = std::sync::OnceLock::new();
+        let shared = Shared { core: Mutex::new(core), start, options, wake, stopped: watch::Sender::new(false), runtime, file, on_cut };
         (Arc::new(shared), woken)
     }
 
@@ -97,12 +104,17 @@ impl<M: Member> Shared<M> {
 
     /// Tells the coordinator something (`f`), then carries out what it asks for.
     pub(crate) fn run<T>(self: &Arc<Self>, f: impl FnOnce(&mut Core<M>, u64) -> T) -> T {
+        self.run_with(None, f)
+    }
+
+    /// `run`, offering the member reads, writes and flushes it starts to `carrier` first.
+    pub(crate) fn run_with<T>(self: &Arc<Self>, mut carrier: Option<&mut dyn Carrier>, f: impl FnOnce(&mut Core<M>, u64) -> T) -> T {
         let now = self.now();
         let mut core = self.core.lock().unwrap();
         let out = f(&mut core, now);
         while let Some(action) = core.coord.poll() {
             match action {
-                Action::Member { op, member, cmd, data } => self.start_op(&mut core, op, member, cmd, data, now),
+                Action::Member { op, member, cmd, data } => self.start_op(&mut core, op, member, cmd, data, now, carrier.as_mut().map(|c| &mut **c as &mut dyn Carrier)),
                 Action::Complete { req, result } => core.complete(req, result),
                 Action::Drop { member } => self.drop_member(&mut core, member),
                 Action::Release { copy } => {
@@ -117,7 +129,11 @@ impl<M: Member> Shared<M> {
                 Action::Log { text } => log::info!("pool: {text}"),
             }
         }
-        if core.coord.next_wakeup() != core.armed {
+        // Only a wake-up sooner than the one armed needs the timer task now: a later one is
+        // found when the armed one fires (`tick` may come early). Under load every request
+        // moves the earliest deadline, and waking the task for each cost a thread hop.
+        let next = core.coord.next_wakeup();
+        if next.is_some_and(|n| core.armed.is_none_or(|armed| n < armed)) {
             let _ = self.wake.send(Wake::Timer);
         }
         if core.coord.is_stopped() {
@@ -143,7 +159,8 @@ impl<M: Member> Shared<M> {
         self.stopped.subscribe()
     }
 
-    fn start_op(self: &Arc<Self>, core: &mut Core<M>, op: OpId, member: usize, cmd: MemberCmd, data: Data, now: u64) {
+    #[allow(clippy::too_many_arguments)]
+    fn start_op(self: &Arc<Self>, core: &mut Core<M>, op: OpId, member: usize, cmd: MemberCmd, data: Data, now: u64, carrier: Option<&mut dyn Carrier>) {
         let Some(client) = core.members[member].client.clone() else {
             core.coord.handle(op, OpOutcome::Failed("the member is not connected".into()), now);
             return;
@@ -154,17 +171,40 @@ impl<M: Member> Shared<M> {
             core.coord.handle(op, OpOutcome::Failed("pool driver: the operation's buffer is gone".into()), now);
             return;
         };
+        let (cmd, payload, sink) = match carrier {
+            Some(carrier) if Carried::fits(&cmd, client.export()) => {
+                let slot = &mut core.members[member];
+                let target = slot.target.get_or_insert_with(|| Target::new(&core.uris[member], client.export()));
+                let pool = Arc::clone(self) as Arc<dyn PoolSide>;
+                match Carried::new(pool, member, op, Arc::clone(target), cmd, payload, sink) {
+                    Ok(carried) => match carrier.carry(carried) {
+                        Ok(()) => {
+                            core.members[member].ops.insert(op, None);
+                            return;
+                        }
+                        Err(back) => back.into_parts(),
+                    },
+                    Err(parts) => parts,
+                }
+            }
+            _ => (cmd, payload, sink),
+        };
         let shared = self.clone();
         let task = self.runtime.spawn(async move {
             let result = member_io::run(&client, cmd, payload).await;
             shared.finish(member, op, sink, result);
         });
-        core.members[member].ops.insert(op, task.abort_handle());
+        core.members[member].ops.insert(op, Some(task.abort_handle()));
     }
 
     /// A member operation's task is done.
     fn finish(self: &Arc<Self>, member: usize, op: OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>) {
-        self.run(|core, now| {
+        self.finish_with(None, member, op, sink, result)
+    }
+
+    /// A member operation is done, its task's or a carrier's (who may carry what follows).
+    pub(crate) fn finish_with(self: &Arc<Self>, carrier: Option<&mut dyn Carrier>, member: usize, op: OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>) {
+        self.run_with(carrier, |core, now| {
             // (A replacement's shadow slot may be gone since.)
             if core.members.get_mut(member).and_then(|s| s.ops.remove(&op)).is_none() {
                 // Settled already: the member was dropped (its operations failed with it) and
@@ -181,8 +221,11 @@ impl<M: Member> Shared<M> {
 
     fn drop_member(&self, core: &mut Core<M>, member: usize) {
         let slot = &mut core.members[member];
-        for (_, op) in slot.ops.drain() {
+        for op in slot.ops.drain().filter_map(|(_, op)| op) {
             op.abort();
+        }
+        if slot.target.take().is_some() {
+            self.cut(member);
         }
         if let Some(client) = slot.client.take() {
             self.close(client);
@@ -235,7 +278,7 @@ impl<M: Member> Shared<M> {
                     // Connected beside the member it replaces, for the copy, until the swap.
                     debug_assert_eq!(shadow, core.members.len());
                     log::info!("pool member {} is being replaced by {uri}: copying while it serves", core.uris[member]);
-                    core.members.push(Slot { client: None, ops: HashMap::new(), reconnecting: true });
+                    core.members.push(Slot::new(None, true));
                     core.uris.push(uri);
                     let _ = self.wake.send(Wake::Reconnect(shadow));
                 }
@@ -269,9 +312,13 @@ impl<M: Member> Shared<M> {
         let new = core.members.pop().expect("checked above");
         let uri = core.uris.pop().expect("one address per slot");
         let old = std::mem::replace(&mut core.members[member], new);
-        for (_, op) in old.ops {
+        for op in old.ops.into_values().flatten() {
             op.abort();
         }
+        // Both places changed hands: a carrier's connections for either go.
+        core.members[member].target = None;
+        self.cut(member);
+        self.cut(shadow);
         if let Some(client) = old.client {
             self.close(client);
         }
@@ -298,7 +345,7 @@ impl<M: Member> Shared<M> {
             }
             for (uri, m, _) in added {
                 log::info!("pool member {uri} added");
-                core.members.push(Slot { client: Some(m), ops: HashMap::new(), reconnecting: false });
+                core.members.push(Slot::new(Some(m), false));
                 core.uris.push(uri);
             }
             Ok(())
@@ -308,13 +355,15 @@ impl<M: Member> Shared<M> {
     /// Takes every member out for disconnecting, stopping what is in flight on them.
     pub(crate) fn take_members(&self) -> Vec<M> {
         let mut core = self.core.lock().unwrap();
-        let slots = core.members.iter_mut();
-        slots
-            .filter_map(|s| {
-                s.ops.drain().for_each(|(_, op)| op.abort());
-                s.client.take()
-            })
-            .collect()
+        let mut taken = Vec::new();
+        for (i, s) in core.members.iter_mut().enumerate() {
+            s.ops.drain().filter_map(|(_, op)| op).for_each(|op| op.abort());
+            if s.target.take().is_some() {
+                self.cut(i);
+            }
+            taken.extend(s.client.take());
+        }
+        taken
     }
 
     pub(crate) fn connections(&self) -> usize {
@@ -323,6 +372,13 @@ impl<M: Member> Shared<M> {
 }
 
 impl<M: Member> Shared<M> {
+    /// Tells a carrier that `member`'s connection is gone (`on_cut`).
+    fn cut(&self, member: usize) {
+        if let Some(cut) = self.on_cut.get() {
+            cut(member);
+        }
+    }
+
     /// Disconnects a member in the background; one that stalls is given up on after a while.
     fn close(&self, client: M) {
         self.runtime.spawn(async move {
@@ -386,8 +442,7 @@ impl<M> Core<M> {
 
     fn complete(&mut self, req: ReqId, result: Result<(), Failure>) {
         if let Some(r) = self.requests.remove(&req) {
-            // The caller may have given up waiting; nothing to tell then.
-            let _ = r.done.send(result.map(|()| r.read.finish()));
+            r.done.send(result.map(|()| r.read.finish()));
         }
     }
 }

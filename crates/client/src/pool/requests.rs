@@ -16,7 +16,32 @@ pub(crate) struct Request {
     pub(crate) write: Option<Arc<Vec<u8>>>,
     /// A read's destination.
     pub(crate) read: ReadInto,
-    pub(crate) done: oneshot::Sender<Result<Vec<Vec<u8>>, Failure>>,
+    pub(crate) done: Answer,
+}
+
+/// What a request's answer is given to, when it is not awaited: a read's bytes in order,
+/// or why it failed.
+pub type Answered = Box<dyn FnOnce(Result<Vec<Vec<u8>>, Failure>) + Send>;
+
+/// What a request's read bytes, or its failure, go to.
+pub(crate) enum Answer {
+    /// A caller awaiting it.
+    Channel(oneshot::Sender<Result<Vec<Vec<u8>>, Failure>>),
+    /// A caller that is not a task (a server's worker), called on whatever thread finishes
+    /// the request.
+    Call(Answered),
+}
+
+impl Answer {
+    pub(crate) fn send(self, result: Result<Vec<Vec<u8>>, Failure>) {
+        match self {
+            // The caller may have given up waiting; nothing to tell then.
+            Answer::Channel(tx) => {
+                let _ = tx.send(result);
+            }
+            Answer::Call(call) => call(result),
+        }
+    }
 }
 
 /// The pool command for an NBD request that `Client` already checked (range, alignment,

@@ -26,13 +26,14 @@ use sluice_client::{Address, Export, Uri};
 use sluice_proto::link::{Event, Link as Replies};
 use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_FUA};
 use sluice_proto::{Errno, RawRequest};
-use tokio::runtime::Runtime;
+use tokio::runtime::Handle;
 
-use crate::engine::{Buf, Completion, Held, LinkEnd, LinkIo, LinkOp, Part, Ring, SendBatch, StorageId, Token};
+use crate::engine::{Buf, CarriedEnd, Completion, Held, LinkEnd, LinkIo, LinkOp, Part, Ring, SendBatch, StorageId, Token};
 use crate::limits::{LINK_DIRECT_RECV_MIN_BYTES, LINK_RECV_BYTES, LINK_SEND_PARTS_MAX, REMOTE_LINK_WORKERS_MAX};
 
 pub struct Link {
-    fd: OwnedFd,
+    /// Shared with the `Links` that opened it, which can cut it from any thread.
+    fd: Arc<OwnedFd>,
     /// The remote, for the log.
     spec: Arc<str>,
     worker: usize,
@@ -57,9 +58,17 @@ struct Inner {
     dead: bool,
 }
 
-/// A storage operation sent over the link and not yet handed back.
+/// Who waits for an operation sent over a link.
+pub enum To {
+    /// A connection's request.
+    Storage(StorageId),
+    /// Someone else on the worker (a pool's member operation).
+    Carried(Box<dyn CarriedEnd>),
+}
+
+/// An operation sent over the link and not yet handed back.
 struct Waiting {
-    id: StorageId,
+    to: To,
     /// A read's buffer, or a write's once its payload is sent; None while the kernel has it.
     buf: Option<Buf>,
     /// The operation has a buffer (a read or write; a flush has none).
@@ -74,7 +83,7 @@ struct Waiting {
 impl Link {
     /// A link over `fd`, a socket the handshake left ready for transmission with simple
     /// replies; `begin` starts it on its worker's ring.
-    pub fn new(fd: OwnedFd, spec: Arc<str>, worker: usize) -> Rc<Link> {
+    pub fn new(fd: Arc<OwnedFd>, spec: Arc<str>, worker: usize) -> Rc<Link> {
         let inner = Inner {
             replies: Replies::new(),
             waiting: Vec::new(),
@@ -106,27 +115,30 @@ impl Link {
     /// Sends a read of `len` bytes at `offset` into `buf[at..]`; the buffer comes back
     /// when the link has failed, for the caller to take another way.
     pub fn read(self: &Rc<Self>, offset: u64, len: usize, buf: Buf, at: usize, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
-        self.start(CMD_READ, 0, offset, Some(buf), at, len, id, ring).map_err(|b| b.expect("the read's buffer"))
+        self.start(CMD_READ, 0, offset, Some(buf), at, len, To::Storage(id), ring).map_err(|(b, _)| b.expect("the read's buffer"))
     }
 
     /// Sends a write of `buf[at..at + len]` at `offset`, as `read` does.
     #[allow(clippy::too_many_arguments)]
     pub fn write(self: &Rc<Self>, offset: u64, buf: Buf, at: usize, len: usize, fua: bool, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
         let flags = if fua { CMD_FLAG_FUA } else { 0 };
-        self.start(CMD_WRITE, flags, offset, Some(buf), at, len, id, ring).map_err(|b| b.expect("the write's buffer"))
+        self.start(CMD_WRITE, flags, offset, Some(buf), at, len, To::Storage(id), ring).map_err(|(b, _)| b.expect("the write's buffer"))
     }
 
     /// Sends a flush; false when the link has failed. Under multi-conn it covers the
     /// writes answered on every connection to the remote, not just this one.
     pub fn flush(self: &Rc<Self>, id: StorageId, ring: &mut Ring) -> bool {
-        self.start(CMD_FLUSH, 0, 0, None, 0, 0, id, ring).is_ok()
+        self.start(CMD_FLUSH, 0, 0, None, 0, 0, To::Storage(id), ring).is_ok()
     }
 
+    /// Sends an operation of `kind` (read, write or flush) for `to`: a read's data goes to
+    /// `buf[at..at + len]`, a write's comes from there. When the link has failed, all
+    /// comes back.
     #[allow(clippy::too_many_arguments)]
-    fn start(self: &Rc<Self>, kind: u16, flags: u16, offset: u64, buf: Option<Buf>, at: usize, len: usize, id: StorageId, ring: &mut Ring) -> Result<(), Option<Buf>> {
+    pub fn start(self: &Rc<Self>, kind: u16, flags: u16, offset: u64, buf: Option<Buf>, at: usize, len: usize, to: To, ring: &mut Ring) -> Result<(), (Option<Buf>, To)> {
         let mut g = self.lock();
         if g.dead {
-            return Err(buf);
+            return Err((buf, to));
         }
         let length = u32::try_from(len).expect("a request's length fits in 32 bits");
         let (slot, head) = g.replies.request(kind, flags, offset, length);
@@ -140,7 +152,7 @@ impl Link {
         if g.waiting.len() <= i {
             g.waiting.resize_with(i + 1, || None);
         }
-        g.waiting[i] = Some(Waiting { id, buf: kept, holds, at, len, answer: None });
+        g.waiting[i] = Some(Waiting { to, buf: kept, holds, at, len, answer: None });
         g.queued.push_back(part);
         ring.link_started();
         if !g.flush_asked {
@@ -257,7 +269,11 @@ fn finish_if_ready(g: &mut Inner, slot: u32, done: &mut Vec<Completion>) {
     let w = g.waiting[i].take().expect("checked above");
     g.replies.release(slot);
     let held = w.buf.map_or(Held::Nothing, Held::Buf);
-    done.push(Completion { token: Token::Storage { id: w.id, held }, result: w.answer.expect("checked above") });
+    let token = match w.to {
+        To::Storage(id) => Token::Storage { id, held },
+        To::Carried(end) => Token::Carried { end, held },
+    };
+    done.push(Completion { token, result: w.answer.expect("checked above") });
 }
 
 impl LinkEnd for Link {
@@ -359,6 +375,8 @@ pub struct Links {
     workers: Arc<Vec<Mutex<Stage>>>,
     /// Lives as long as the backend: the workers drop their links once it is gone.
     alive: Arc<()>,
+    /// The sockets of the links started, for `cut`.
+    opened: Mutex<Vec<std::sync::Weak<OwnedFd>>>,
 }
 
 /// What the backend's client found, which every link must find too.
@@ -441,13 +459,22 @@ impl Links {
             expect: Arc::new(expect),
             workers: Arc::new(workers),
             alive: Arc::new(()),
+            opened: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Ends every link started, from any thread: what is in flight on them fails, and each
+    /// worker's next request finds its link dead. For a pool member the pool has dropped.
+    pub fn cut(&self) {
+        for fd in self.opened.lock().expect("the list is only ever pushed to").iter().filter_map(std::sync::Weak::upgrade) {
+            let _ = rustix::net::shutdown(&*fd, rustix::net::Shutdown::Both);
+        }
     }
 
     /// The link of the worker whose ring this is, for a request of `len` bytes at `offset`,
     /// if the link is up and takes it. The first time a worker asks, its link is opened on
     /// `runtime`; the worker's requests go through the client until it is up.
-    pub fn get(&self, ring: &mut Ring, offset: u64, len: usize, runtime: &Runtime) -> Option<Rc<Link>> {
+    pub fn get(&self, ring: &mut Ring, offset: u64, len: usize, runtime: &Handle) -> Option<Rc<Link>> {
         if !self.expect.takes(offset, len) {
             return None;
         }
@@ -474,6 +501,11 @@ impl Links {
                 None
             }
             Stage::Ready(fd) => {
+                let fd = Arc::new(fd);
+                let mut opened = self.opened.lock().expect("the list is only ever pushed to");
+                opened.retain(|w| w.strong_count() > 0);
+                opened.push(Arc::downgrade(&fd));
+                drop(opened);
                 let link = Link::new(fd, Arc::clone(&self.spec), worker);
                 link.begin(ring);
                 self.keep(ring, Some(Rc::clone(&link)));
@@ -499,7 +531,7 @@ impl Links {
     }
 
     /// Opens and negotiates `worker`'s link in the background.
-    fn connect(&self, worker: usize, runtime: &Runtime) {
+    fn connect(&self, worker: usize, runtime: &Handle) {
         let (uri, spec, workers, expect) = (self.uri.clone(), Arc::clone(&self.spec), Arc::clone(&self.workers), Arc::clone(&self.expect));
         runtime.spawn(async move {
             let next = match open_sockets(&uri, 1).await {

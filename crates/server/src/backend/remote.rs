@@ -18,11 +18,12 @@ use std::time::Duration;
 
 use sluice_client::{Address, Client, Error, Options, Uri};
 use sluice_proto::reply::Extent;
-use sluice_proto::wire::{STATE_HOLE, STATE_ZERO};
+use sluice_proto::wire::{CMD_FLUSH, CMD_READ, CMD_WRITE, STATE_HOLE, STATE_ZERO};
 use tokio::runtime::Runtime;
 
 use super::interface::{Backend, Caps, Outcome, StorageOp};
 use super::link::Links;
+use super::pool_links::PoolLinks;
 use crate::engine::{Completer, Held, Payload, Ring, StorageId};
 use crate::errors::os_from_remote;
 use crate::limits::{EXTENTS_PER_REPLY_MAX, REMOTE_CHUNK_COST_NS, REMOTE_CONNECTIONS, REMOTE_DISCONNECT_TIMEOUT_MS, REMOTE_RUNTIME_THREADS, REMOTE_STATUS_TIMEOUT_MS};
@@ -34,6 +35,9 @@ pub struct RemoteBackend {
     runtime: Runtime,
     /// Each worker's own connection for reads and writes, where the remote allows them.
     links: Option<Links>,
+    /// A pool's coordinator, driven by the workers themselves, and their own connections
+    /// to its members.
+    pool: Option<Arc<PoolLinks>>,
 }
 
 /// What the runtime's tasks share with the backend.
@@ -102,8 +106,9 @@ impl RemoteBackend {
         };
         log::debug!("{spec}: {} bytes over {} connection(s), flags {:#06x}", ex.size, client.connections(), ex.flags);
         let links = Links::new(&uri, spec, ex);
+        let pool = client.pool_direct().map(|direct| PoolLinks::new(direct, spec, runtime.handle().clone()));
         let remote = Arc::new(Remote { client, spec: spec.to_owned(), lost: AtomicBool::new(false), closed: AtomicBool::new(false) });
-        Ok(RemoteBackend { kind, remote, caps, runtime, links })
+        Ok(RemoteBackend { kind, remote, caps, runtime, links, pool })
     }
 
     /// The remote export refuses writes.
@@ -114,7 +119,14 @@ impl RemoteBackend {
     /// The worker's own connection to the remote, for a request of `len` bytes at `offset`,
     /// if it has one up that takes it (`Links::get`).
     fn link(&self, ring: &mut Ring, offset: u64, len: usize) -> Option<std::rc::Rc<super::link::Link>> {
-        self.links.as_ref()?.get(ring, offset, len, &self.runtime)
+        self.links.as_ref()?.get(ring, offset, len, self.runtime.handle())
+    }
+
+    /// The pool, for a request of `len` bytes at `offset` that it takes as one (as
+    /// `Client::read_pieces` sends one).
+    fn pool(&self, offset: u64, len: usize) -> Option<&Arc<PoolLinks>> {
+        let ex = self.remote.client.export();
+        self.pool.as_ref().filter(|_| len > 0 && len <= ex.request_max_bytes() as usize && ex.aligned(offset, len as u64))
     }
 
     /// Runs `work` on the runtime and completes the parked operation with what it returns.
@@ -196,6 +208,11 @@ impl Backend for RemoteBackend {
         let ex = self.remote.client.export();
         match op {
             StorageOp::Read { offset, len, into: Held::Buf(buf), at, .. } => {
+                if let Some(pool) = self.pool(offset, len) {
+                    let done = ring.defer(id, Held::Buf(buf), at);
+                    pool.submit(ring, CMD_READ, false, offset, len, None, done, move |r| remote.result(r.map(|()| 0)));
+                    return None;
+                }
                 let buf = match self.link(ring, offset, len) {
                     Some(link) => match link.read(offset, len, buf, at, id, ring) {
                         Ok(()) => return None,
@@ -229,6 +246,10 @@ impl Backend for RemoteBackend {
                 // The one copy of a write: the buffer belongs to the worker thread.
                 let data = buf.as_slice()[at..at + len].to_vec();
                 let done = ring.defer(id, Held::Buf(buf), 0);
+                if let Some(pool) = self.pool(offset, len) {
+                    pool.submit(ring, CMD_WRITE, fua, offset, len, Some(data), done, move |r| remote.result(r.map(|()| len)));
+                    return None;
+                }
                 self.spawn(done, async move {
                     let written = remote.client.write_owned(offset, data, fua).await;
                     (remote.result(written.map(|()| len)), Payload::Nothing)
@@ -241,6 +262,11 @@ impl Backend for RemoteBackend {
                     if link.flush(id, ring) {
                         return None;
                     }
+                }
+                if let Some(pool) = self.pool.as_ref().filter(|_| ex.can_flush()) {
+                    let done = ring.defer(id, Held::Nothing, 0);
+                    pool.submit(ring, CMD_FLUSH, false, 0, 0, None, done, move |r| remote.result(r.map(|()| 0)));
+                    return None;
                 }
                 self.spawn(ring.defer(id, Held::Nothing, 0), async move { remote.done(remote.client.flush().await) })
             }

@@ -114,6 +114,9 @@ enum Origin {
     /// rebuild it; only the first `init` bytes were ever written. It goes to `spent` when
     /// the buffer is dropped.
     Vec { capacity: usize, init: usize, spent: Spent },
+    /// Bytes shared with other threads (`shared`), only ever sent: never written through
+    /// this buffer, which keeps them alive.
+    Shared { _bytes: std::sync::Arc<Vec<u8>> },
 }
 
 /// An owned buffer, page-aligned unless made `from_vec`. Whoever holds it may touch its
@@ -147,6 +150,28 @@ impl Buf {
         Buf { ptr, len, origin: Origin::Vec { capacity, init: len, spent } }
     }
 
+    /// `bytes[range]` as a buffer to send from, without copying them; writing into it is
+    /// a bug (`as_mut_slice` panics).
+    pub fn shared(bytes: std::sync::Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Buf {
+        assert!(range.start <= range.end && range.end <= bytes.len());
+        // The pointer is only ever read through (sends, `as_slice`): see `as_mut_slice`.
+        let ptr = NonNull::new(bytes[range.start..].as_ptr().cast_mut()).expect("a slice's pointer is never null");
+        Buf { ptr, len: range.len(), origin: Origin::Shared { _bytes: bytes } }
+    }
+
+    /// The Vec a buffer made `from_vec` took over, with the bytes it holds now; any other
+    /// buffer comes back as it is.
+    pub fn into_vec(self) -> Result<Vec<u8>, Buf> {
+        let Origin::Vec { capacity, init, .. } = &self.origin else { return Err(self) };
+        let (capacity, init) = (*capacity, *init);
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in `drop`: the allocation of the Vec `from_vec` took over, whose first
+        // `init` bytes are initialised; `this` is never dropped, so nothing frees it twice.
+        let mut v = unsafe { Vec::from_raw_parts(this.ptr.as_ptr(), init, capacity) };
+        v.truncate(this.len);
+        Ok(v)
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -158,6 +183,7 @@ impl Buf {
             Origin::Heap { layout } => layout.size(),
             // Past `init` the bytes were never written: no use may see them.
             Origin::Vec { init, .. } => *init,
+            Origin::Shared { .. } => self.len,
         }
     }
 
@@ -174,6 +200,7 @@ impl Buf {
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        assert!(!matches!(self.origin, Origin::Shared { .. }), "bytes other threads share are never written");
         // SAFETY: as in as_slice, and &mut self makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
@@ -186,7 +213,7 @@ impl Buf {
     pub(super) fn region(&self) -> Option<&Region> {
         match &self.origin {
             Origin::Pool { region, .. } => Some(region),
-            Origin::Heap { .. } | Origin::Vec { .. } => None,
+            Origin::Heap { .. } | Origin::Vec { .. } | Origin::Shared { .. } => None,
         }
     }
 }
@@ -203,6 +230,7 @@ impl Drop for Buf {
                 // Vec's initialised ones, and writes through this Buf kept them so.
                 spent(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), *init, *capacity) })
             }
+            Origin::Shared { .. } => {}
         }
     }
 }

@@ -53,6 +53,8 @@ struct Post {
 struct Shared {
     posts: Mutex<Option<Vec<Post>>>,
     waker: OnceLock<Arc<OwnedFd>>,
+    /// The thread whose ring this is, once it waited.
+    owner: OnceLock<std::thread::ThreadId>,
 }
 
 impl Shared {
@@ -90,7 +92,9 @@ impl Completer {
         };
         // Whoever made the list non-empty wakes the worker; the ring takes the whole list
         // after the wake-up read completes, so later posts to a non-empty list ride along.
-        if was_empty {
+        // The worker itself (a request finished by another on its ring) need not: its ring
+        // looks at the list before it sleeps.
+        if was_empty && self.shared.owner.get() != Some(&std::thread::current().id()) {
             if let Some(fd) = self.shared.waker.get() {
                 let _ = rustix::io::write(fd.as_fd(), &1u64.to_ne_bytes());
             }
@@ -134,7 +138,7 @@ pub(super) struct Mailbox {
 
 impl Mailbox {
     pub(super) fn new() -> Mailbox {
-        let shared = Arc::new(Shared { posts: Mutex::new(Some(Vec::new())), waker: OnceLock::new() });
+        let shared = Arc::new(Shared { posts: Mutex::new(Some(Vec::new())), waker: OnceLock::new(), owner: OnceLock::new() });
         Mailbox { shared, slots: Vec::new(), free: Vec::new(), spare: Vec::new() }
     }
 
@@ -142,6 +146,13 @@ impl Mailbox {
     /// that a post ends the ring's wait. Set once; later calls are ignored.
     pub(super) fn set_waker(&self, fd: Arc<OwnedFd>) {
         let _ = self.shared.waker.set(fd);
+    }
+
+    /// Whether posts wait to be taken, which a ring must take before it sleeps: its own
+    /// thread's posts woke nobody. Notes this thread as the ring's.
+    pub(super) fn has_posts(&self) -> bool {
+        self.shared.owner.get_or_init(|| std::thread::current().id());
+        self.shared.posts().as_ref().is_some_and(|p| !p.is_empty())
     }
 
     pub(super) fn parked(&self) -> usize {

@@ -19,7 +19,7 @@ mod socket;
 
 pub use buffer::{Buf, BufferStats, Pool, BUFFER_ALIGN_BYTES};
 pub use mailbox::{Completer, Payload};
-pub use op::{Completion, ConnId, Held, LinkEnd, LinkIo, LinkOp, StorageId, Tag, Token};
+pub use op::{CarriedEnd, Completion, ConnId, Held, LinkEnd, LinkIo, LinkOp, StorageId, Tag, Token};
 pub use pipe::{fully_cached, splice_now, splice_out_now, Pipe, Pipes};
 #[cfg(feature = "rbd")]
 pub use rbd::{Image as RbdImage, IoCtx as RbdIoCtx, Rados};

@@ -55,6 +55,19 @@ pub enum Token {
     Storage { id: StorageId, held: Held },
     /// A backend's own connection driven on this ring (a remote export's link).
     Link { link: Rc<dyn LinkEnd>, op: LinkOp },
+    /// A link's operation done for someone other than a connection's request (a pool's
+    /// member operation): never in the kernel, only handed from the link to the worker.
+    Carried { end: Box<dyn CarriedEnd>, held: Held },
+}
+
+/// Whoever waits for a link's operation that is not a connection's request.
+pub trait CarriedEnd {
+    /// The operation finished with `result` (bytes, or -errno) and gave back `held`.
+    /// `ring` is the worker's `Ring`, which may start more: passed as `Any` because the
+    /// operations a ring holds cannot name the ring.
+    fn done(self: Box<Self>, result: i32, held: Held, ring: &mut dyn std::any::Any);
+    /// Itself, for an owner taking it back from a link that did not take it.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
 }
 
 /// What a link's operation holds while the kernel has it.

@@ -309,6 +309,9 @@ impl Ring {
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => {}
             Err(e) => return Err(e),
         }
+        if self.mailbox.has_posts() {
+            return Ok(true);
+        }
         let start = std::time::Instant::now();
         loop {
             for _ in 0..BUSY_POLL_CHECKS_PER_CLOCK_READ {
@@ -331,6 +334,8 @@ impl Ring {
     pub fn wait(&mut self, out: &mut Vec<Completion>, timeout: Option<std::time::Duration>) -> io::Result<()> {
         self.flush_links();
         let submitted = match timeout {
+            // This thread's own posts are waiting: no sleep.
+            _ if self.mailbox.has_posts() => self.uring.submit(),
             None => self.uring.submit_and_wait(1),
             Some(t) => {
                 let ts = types::Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
