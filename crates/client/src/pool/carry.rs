@@ -57,7 +57,7 @@ pub enum Cmd {
 }
 
 /// A member operation handed to a carrier. Dropped unfinished (its worker stopped), it
-/// finishes as failed, so that the coordinator never waits for it.
+/// runs again on a task, so that the coordinator never waits for it, nor blames the member.
 pub struct Carried {
     pub member: usize,
     pub target: Arc<Target>,
@@ -88,6 +88,8 @@ pub(crate) trait PoolSide: Send + Sync {
     fn submit(self: Arc<Self>, carrier: &mut dyn Carrier, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, done: Answer) -> Result<(), Error>;
     fn finish_carried(self: Arc<Self>, carrier: Option<&mut dyn Carrier>, member: usize, op: OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>);
     fn set_on_cut(&self, cut: Box<dyn Fn(usize) + Send + Sync>);
+    /// A carried operation its carrier could not finish, to run on a task instead.
+    fn rerun(self: Arc<Self>, member: usize, op: OpId, cmd: MemberCmd, payload: Payload, sink: Sink);
 }
 
 impl Carried {
@@ -120,11 +122,15 @@ impl Carried {
     /// The operation as the task that carries it instead takes it.
     pub(crate) fn into_parts(mut self) -> (MemberCmd, Payload, Sink) {
         let back = self.back.take().expect("a carried operation goes back once");
-        let payload = match std::mem::replace(&mut self.cmd, Cmd::Flush) {
+        (back.member_cmd, self.take_payload(), back.sink)
+    }
+
+    /// What a task sends for it.
+    fn take_payload(&mut self) -> Payload {
+        match std::mem::replace(&mut self.cmd, Cmd::Flush) {
             Cmd::Write { data, range, .. } => Payload::Shared(data, range),
             Cmd::Read { .. } | Cmd::Flush => Payload::None,
-        };
-        (back.member_cmd, payload, back.sink)
+        }
     }
 
     /// The operation is done: a read with its bytes (exactly as many as it asked for), or
@@ -137,8 +143,11 @@ impl Carried {
 
 impl Drop for Carried {
     fn drop(&mut self) {
+        // Not the member's fault: the operation runs again on a task. (Sending a write or
+        // a read twice is harmless; the coordinator holds its range until it is done.)
         if let Some(back) = self.back.take() {
-            back.pool.finish_carried(None, self.member, back.op, back.sink, Err(Error::Closed));
+            let payload = self.take_payload();
+            back.pool.rerun(self.member, back.op, back.member_cmd, payload, back.sink);
         }
     }
 }

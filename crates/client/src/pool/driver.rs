@@ -204,4 +204,8 @@ impl<M: Member> PoolSide for Shared<M> {
     fn set_on_cut(&self, cut: Box<dyn Fn(usize) + Send + Sync>) {
         let _ = self.on_cut.set(cut);
     }
+
+    fn rerun(self: Arc<Self>, member: usize, op: sluice_pool::OpId, cmd: sluice_pool::MemberCmd, payload: super::member_io::Payload, sink: Sink) {
+        self.run(|core, _| self.rerun_op(core, member, op, cmd, payload, sink));
+    }
 }

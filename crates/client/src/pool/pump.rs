@@ -189,12 +189,28 @@ impl<M: Member> Shared<M> {
             }
             _ => (cmd, payload, sink),
         };
+        self.spawn_op(core, member, op, client, cmd, payload, sink);
+    }
+
+    /// Runs a member operation on a task of its own.
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_op(self: &Arc<Self>, core: &mut Core<M>, member: usize, op: OpId, client: M, cmd: MemberCmd, payload: Payload, sink: Sink) {
         let shared = self.clone();
         let task = self.runtime.spawn(async move {
             let result = member_io::run(&client, cmd, payload).await;
             shared.finish(member, op, sink, result);
         });
         core.members[member].ops.insert(op, Some(task.abort_handle()));
+    }
+
+    /// A carried operation its carrier gave up on runs on a task, unless it is settled
+    /// already (its member dropped meanwhile).
+    pub(crate) fn rerun_op(self: &Arc<Self>, core: &mut Core<M>, member: usize, op: OpId, cmd: MemberCmd, payload: Payload, sink: Sink) {
+        let Some(slot) = core.members.get_mut(member).filter(|s| matches!(s.ops.get(&op), Some(None))) else { return };
+        match slot.client.clone() {
+            Some(client) => self.spawn_op(core, member, op, client, cmd, payload, sink),
+            None => debug_assert!(false, "a member without a connection has no operation in flight"),
+        }
     }
 
     /// A member operation's task is done.

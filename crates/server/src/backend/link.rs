@@ -321,7 +321,9 @@ impl LinkEnd for Link {
                     }
                 };
                 let why = match (outcome, result) {
-                    (_, _) if g.dead => return,
+                    // Ended already: by its failure, or from outside (`Kept` dropped, the
+                    // socket cut). Whatever still waits fails now, its buffers being back.
+                    (_, _) if g.dead => "ended".to_string(),
                     (Err(e), _) => e,
                     (Ok(()), 0) => "the remote closed it".to_string(),
                     (Ok(()), r) if r < 0 => format!("receive: {}", std::io::Error::from_raw_os_error(-r)),

@@ -333,9 +333,10 @@ impl Ring {
     /// appends all available completions to `out`.
     pub fn wait(&mut self, out: &mut Vec<Completion>, timeout: Option<std::time::Duration>) -> io::Result<()> {
         self.flush_links();
+        // This thread's own posts are waiting: no sleep, but the kernel's completions
+        // still collected.
+        let timeout = if self.mailbox.has_posts() { Some(std::time::Duration::ZERO) } else { timeout };
         let submitted = match timeout {
-            // This thread's own posts are waiting: no sleep.
-            _ if self.mailbox.has_posts() => self.uring.submit(),
             None => self.uring.submit_and_wait(1),
             Some(t) => {
                 let ts = types::Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
