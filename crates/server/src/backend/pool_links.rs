@@ -5,6 +5,9 @@
 //! same thread, which may start more there. Only the request's own answer crosses the
 //! ring's mailbox, from the same thread. No task, no runtime thread in between.
 //!
+//! Large member reads (`POOL_LINK_READ_MAX_BYTES`) stay on the pool's own connections,
+//! where the member answers several at once.
+//!
 //! Each member gets links as a plain remote does (multi-conn, not TLS), for as long as the
 //! pool's connection to it lasts (`Target`): when the pool drops or replaces a member, its
 //! links are cut at once, and the next operation for it opens new ones. Whatever a link
@@ -21,6 +24,7 @@ use tokio::runtime::Handle;
 
 use super::link::{Links, To};
 use crate::engine::{Buf, CarriedEnd, Completer, Held, Payload, Ring};
+use crate::limits::POOL_LINK_READ_MAX_BYTES;
 
 pub struct PoolLinks {
     direct: Direct,
@@ -108,6 +112,9 @@ struct OnWorker<'a> {
 
 impl Carrier for OnWorker<'_> {
     fn carry(&mut self, op: Carried) -> Result<(), Carried> {
+        if matches!(op.cmd, CarriedCmd::Read { len, .. } if len > POOL_LINK_READ_MAX_BYTES) {
+            return Err(op);
+        }
         let Some(links) = self.pool.links(op.member, &op.target) else { return Err(op) };
         let (kind, flags, offset, len) = match &op.cmd {
             CarriedCmd::Read { offset, len } => (CMD_READ, 0, *offset, *len),
