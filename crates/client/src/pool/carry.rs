@@ -56,8 +56,9 @@ pub enum Cmd {
     Flush,
 }
 
-/// A member operation handed to a carrier. Dropped unfinished (its worker stopped), it
-/// runs again on a task, so that the coordinator never waits for it, nor blames the member.
+/// A member operation handed to a carrier. Dropped unfinished (its worker stopped), a read
+/// or flush runs again on a task and a write fails, so that the coordinator never waits
+/// for it.
 pub struct Carried {
     pub member: usize,
     pub target: Arc<Target>,
@@ -143,12 +144,19 @@ impl Carried {
 
 impl Drop for Carried {
     fn drop(&mut self) {
-        // Not the member's fault: the operation runs again on a task. (Sending a write or
-        // a read twice is harmless; the coordinator holds its range until it is done.)
-        if let Some(back) = self.back.take() {
-            let payload = self.take_payload();
-            back.pool.rerun(self.member, back.op, back.member_cmd, payload, back.sink);
+        let Some(back) = self.back.take() else { return };
+        if matches!(self.cmd, Cmd::Write { .. }) {
+            // It may have left whole and still land, after a later write to the same range
+            // that a copy sent again would let through: the member must count as having
+            // missed it (dropped, and resynced from the dirty regions), as for any write
+            // that failed on it.
+            back.pool.finish_carried(None, self.member, back.op, back.sink, Err(Error::Closed));
+            return;
         }
+        // A read or a flush is not the member's fault and harmless twice: it runs again on a
+        // task.
+        let payload = self.take_payload();
+        back.pool.rerun(self.member, back.op, back.member_cmd, payload, back.sink);
     }
 }
 
