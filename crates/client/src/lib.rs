@@ -28,6 +28,7 @@
 
 pub mod attach;
 pub mod cache;
+pub mod carry;
 mod client;
 mod connection;
 mod error;

@@ -1,16 +1,16 @@
 //! A cached volume as `Client` uses it: requests in, replies out, the live status, and a
-//! clean stop. Everything goes to the shell's task through one inbox.
+//! clean stop; and as a server's worker uses it (`Direct`), carrying member operations.
 //!
-//! Memory stays bounded by the callers: each `call` puts one request in the inbox and
-//! holds it until answered, so the requests the task holds are the callers' requests in
-//! flight (a server's per-connection in-flight limit times its connections; a `Client`
-//! user's own futures). What the task holds besides is bounded by the core: its
-//! operations per request (a request's blocks, at most one more at each end), prefetch
-//! and hints (`PREFETCH_INFLIGHT_MAX` fills, `STREAMS_MAX` windows), and one pending
-//! connection per member; each completion is one inbox entry for one such operation.
+//! Memory stays bounded by the callers: each request is held until answered, so the
+//! requests the shell holds are the callers' requests in flight (a server's per-connection
+//! in-flight limit times its connections; a `Client` user's own futures). What it holds
+//! besides is bounded by the core: its operations per request (a request's blocks, at most
+//! one more at each end), prefetch and hints (`PREFETCH_INFLIGHT_MAX` fills, `STREAMS_MAX`
+//! windows), and one pending connection per member.
 
-use super::shell::{self, Event};
+use super::shell::{self, Answer, Shared};
 use super::status::Status;
+use crate::carry::{Answered, Carrier, Direct, Side};
 use crate::connection::Outcome;
 use crate::error::Error;
 use crate::pool::member::Member;
@@ -22,10 +22,10 @@ use std::io::IoSlice;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 pub(crate) struct CacheDriver<M: Member> {
-    inbox: mpsc::UnboundedSender<Event<M>>,
+    shared: Arc<Shared<M>>,
     /// Connections open now: the backing's and the members' (kept by the shell).
     connections: Arc<AtomicUsize>,
 }
@@ -34,8 +34,8 @@ impl<M: Member> CacheDriver<M> {
     /// Starts the task that owns the core; the members connect in the background.
     pub(crate) fn start(path: &Path, config: Config, backing: M, members: Vec<Uri>, member_options: M::Options) -> CacheDriver<M> {
         let connections = Arc::new(AtomicUsize::new(backing.connections()));
-        let inbox = shell::spawn(path, config, backing, members, member_options, Arc::clone(&connections));
-        CacheDriver { inbox, connections }
+        let shared = shell::spawn(path, config, backing, members, member_options, Arc::clone(&connections));
+        CacheDriver { shared, connections }
     }
 
     /// One request that `Client` checked and split, as it would send it to a server.
@@ -56,7 +56,7 @@ impl<M: Member> CacheDriver<M> {
     async fn submit(&self, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, mut bufs: Vec<Vec<u8>>) -> Result<Outcome, Error> {
         let request = request(cmd, flags, offset, len as u64, write)?;
         let (done, answer) = oneshot::channel();
-        self.inbox.send(Event::Request { request, done }).map_err(|_| Error::Closed)?;
+        self.shared.request(None, request, Answer::Channel(done))?;
         match answer.await {
             Ok(Ok(data)) if cmd == CMD_READ => {
                 if data.len() as u64 != len as u64 {
@@ -75,20 +75,23 @@ impl<M: Member> CacheDriver<M> {
         }
     }
 
-    /// The counters and the members' state now; None once the task stopped.
+    /// The counters and the members' state now; None once the volume stopped.
     pub(crate) async fn status(&self) -> Option<Status> {
-        let (tx, rx) = oneshot::channel();
-        self.inbox.send(Event::Status(tx)).ok()?;
-        rx.await.ok()
+        self.shared.status()
     }
 
     /// Stops taking requests, lets those in flight finish, then disconnects the backing
     /// and the members.
     pub(crate) async fn disconnect(&self) {
         let (tx, rx) = oneshot::channel();
-        if self.inbox.send(Event::Stop(Some(tx))).is_ok() {
+        if self.shared.stop(Some(tx)) {
             let _ = rx.await;
         }
+    }
+
+    /// The volume for a caller that carries member operations itself.
+    pub(crate) fn direct(&self) -> Direct {
+        Direct::new(Arc::clone(&self.shared) as Arc<dyn Side>)
     }
 
     pub(crate) fn connections(&self) -> usize {
@@ -99,7 +102,18 @@ impl<M: Member> CacheDriver<M> {
 impl<M: Member> Drop for CacheDriver<M> {
     /// The task holds the connections; without a client left, it stops.
     fn drop(&mut self) {
-        let _ = self.inbox.send(Event::Stop(None));
+        self.shared.stop(None);
+    }
+}
+
+impl<M: Member> Side for Shared<M> {
+    fn submit(self: Arc<Self>, carrier: &mut dyn Carrier, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, done: Answered) -> Result<(), Error> {
+        let request = request(cmd, flags, offset, len as u64, write)?;
+        self.request(Some(carrier), request, Answer::Call(done))
+    }
+
+    fn set_on_cut(&self, cut: Box<dyn Fn(usize) + Send + Sync>) {
+        Shared::set_on_cut(self, cut);
     }
 }
 

@@ -38,7 +38,7 @@ pub(super) async fn member<M: Member>(c: &M, cmd: MemberCmd) -> Outcome {
 /// server's own errno (ENOSPC stays ENOSPC; one the spec does not name is EINVAL, as it
 /// says), or what the request's fault was; anything else (a lost connection, a broken
 /// reply) is EIO.
-fn failure(e: Error) -> Failure {
+pub(super) fn failure(e: Error) -> Failure {
     let errno = match &e {
         Error::Server { errno, .. } => Errno::from_code(*errno).unwrap_or(Errno::Io),
         Error::ReadOnly => Errno::Perm,

@@ -1,61 +1,100 @@
-//! The task that owns the cache core: it takes events from one inbox (requests, the
-//! completions of backing and member operations, members connecting, status asked for,
-//! a stop), tells the core, and carries out every action the core then asks for. Backing
-//! and member operations, and connecting a member after its backoff, run as tasks of
-//! their own that report back through the inbox; the core's timer (`next_timeout`) wakes
-//! the loop for `handle_tick`.
+//! The cache core behind one lock, and the driver's side of every action it asks for.
+//! Every entry point (a request, a backing or member operation's answer, the timer, a
+//! member connecting, a stop) locks, tells the core, then carries out what it asks for:
+//! backing operations and member operations run as tasks of their own that lock again
+//! when they finish, or, when the request came from a server's worker (`crate::carry`), a
+//! member read or write goes on that worker's own connection to the member and its answer
+//! comes back on the same thread. One task (`run`) sleeps towards the core's next timeout,
+//! connects members after their backoff, and closes everything at the stop. The lock is a
+//! std mutex and is never held across an await.
 
 use super::io;
 use super::status::{MemberStatus, Status};
+use crate::carry::{Answered, Back, Carried, Carrier, Cmd, Target};
+use crate::error::Error;
 use crate::pool::member::Member as Conn;
 use crate::uri::Uri;
 use sluice_cache::limits::reconnect_backoff_ms;
 use sluice_cache::{Action, BackingCmd, Cache, Config, Failure, MemberCmd, MemberState, OpId, Outcome, Params, ReqId, Request};
+use std::any::Any;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 /// What the task is told.
 pub(super) enum Event<M> {
-    Request { request: Request, done: oneshot::Sender<Result<Vec<u8>, Failure>> },
-    Backing { op: OpId, outcome: Outcome },
-    Member { op: OpId, member: usize, outcome: Outcome },
+    /// The core's next timeout may be sooner than the one the task sleeps towards, or a
+    /// stop may be done.
+    Timer,
     /// A member's connection attempt ended.
     Connected { member: usize, result: Result<M, String> },
-    Status(oneshot::Sender<Status>),
     /// Stop once the requests in flight are answered (and say so, if asked).
     Stop(Option<oneshot::Sender<()>>),
 }
 
-struct Shell<M: Conn> {
-    core: Cache,
+/// Where a request's answer goes.
+pub(super) enum Answer {
+    /// A caller awaiting it.
+    Channel(oneshot::Sender<Result<Vec<u8>, Failure>>),
+    /// A server's worker, called on whatever thread finishes the request.
+    Call(Answered),
+}
+
+impl Answer {
+    fn send(self, result: Result<Vec<u8>, Failure>) {
+        match self {
+            // The caller may have given up waiting; nothing to tell then.
+            Answer::Channel(tx) => drop(tx.send(result)),
+            Answer::Call(call) => call(result.map(|d| vec![d]).map_err(|f| Error::Server { errno: f.errno.code(), message: Some(f.message) })),
+        }
+    }
+}
+
+/// Everything the cache's tasks and callers share.
+pub(super) struct Shared<M: Conn> {
+    state: Mutex<Shell<M>>,
     /// Time zero of the core's clock.
     start: Instant,
     /// The file, for logs.
     name: String,
     backing: M,
-    members: Vec<Member<M>>,
     options: M::Options,
-    /// Requests the core has not answered yet.
-    waiting: HashMap<ReqId, oneshot::Sender<Result<Vec<u8>, Failure>>>,
-    next_req: u64,
-    /// For the tasks this one starts, to report back.
     inbox: mpsc::UnboundedSender<Event<M>>,
+    /// Where tasks run, whichever thread starts them (a server's worker is not the
+    /// runtime's).
+    runtime: Handle,
     connections: Arc<AtomicUsize>,
+    /// Told when a member's connection is dropped: whoever carries member operations on
+    /// connections of its own closes its connections to that member.
+    on_cut: OnceLock<Box<dyn Fn(usize) + Send + Sync>>,
+}
+
+pub(super) struct Shell<M> {
+    core: Cache,
+    members: Vec<Member<M>>,
+    /// Requests the core has not answered yet.
+    waiting: HashMap<ReqId, Answer>,
+    next_req: u64,
+    /// The timeout the task sleeps towards.
+    armed: Option<u64>,
     /// A stop was asked for: no new requests; these are told when it is done.
     stopping: Option<Vec<oneshot::Sender<()>>>,
+    /// The stop is done.
+    closed: bool,
 }
 
 struct Member<M> {
     uri: Uri,
     /// None while down.
     client: Option<M>,
-    /// Its operations in flight, aborted when it is dropped (a stalled member never
-    /// answers them, and they hold its connection).
+    /// Its operations on tasks, aborted when it is dropped (a stalled member never answers
+    /// them, and they hold its connection). A carrier's are not here: its connections to
+    /// the member are cut instead.
     ops: HashMap<OpId, AbortHandle>,
     /// Its connection attempt (after its backoff) while down, aborted at the stop: a
     /// sleeping one would otherwise wake after it and connect for nothing.
@@ -63,41 +102,46 @@ struct Member<M> {
     /// Failures in a row: the core's count when it dropped the member, plus connection
     /// attempts that failed since.
     failures: u32,
+    /// What a carrier's connections must reach while `client` is this one: made the first
+    /// time an operation is offered, forgotten when the client goes.
+    target: Option<Arc<Target>>,
 }
 
-/// A backing operation's completion, sent once: by its task, or, if the task ends without
-/// sending it (a panic under the client), when dropped. A member's operation needs none:
+/// A backing operation's completion, told once: by its task, or, if the task ends without
+/// an answer (a panic under the client), when dropped. A member's operation needs none:
 /// the member timeout answers for it.
-struct BackingReport<M> {
-    inbox: Option<mpsc::UnboundedSender<Event<M>>>,
+struct BackingReport<M: Conn> {
+    shared: Option<Arc<Shared<M>>>,
     op: OpId,
 }
 
-impl<M> BackingReport<M> {
+impl<M: Conn> BackingReport<M> {
     fn send(mut self, outcome: Outcome) {
-        if let Some(inbox) = self.inbox.take() {
-            let _ = inbox.send(Event::Backing { op: self.op, outcome });
+        if let Some(shared) = self.shared.take() {
+            shared.with(None, |s, now| s.core.handle_backing_done(now, self.op, outcome));
         }
     }
 }
 
-impl<M> Drop for BackingReport<M> {
+impl<M: Conn> Drop for BackingReport<M> {
     fn drop(&mut self) {
-        if let Some(inbox) = self.inbox.take() {
-            let _ = inbox.send(Event::Backing { op: self.op, outcome: Err("its task ended without an answer".into()) });
+        if let Some(shared) = self.shared.take() {
+            shared.with(None, |s, now| s.core.handle_backing_done(now, self.op, Err("its task ended without an answer".into())));
         }
     }
 }
 
-/// Starts the task; returns its inbox.
-pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, uris: Vec<Uri>, options: M::Options, connections: Arc<AtomicUsize>) -> mpsc::UnboundedSender<Event<M>> {
+/// Starts the cache and its task.
+pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, uris: Vec<Uri>, options: M::Options, connections: Arc<AtomicUsize>) -> Arc<Shared<M>> {
     let (inbox, events) = mpsc::unbounded_channel();
     let core = Cache::new(Params::new(&config, backing.export().size, identity()));
-    let members = uris.into_iter().map(|uri| Member { uri, client: None, ops: HashMap::new(), connecting: None, failures: 0 }).collect();
+    let members = uris.into_iter().map(|uri| Member { uri, client: None, ops: HashMap::new(), connecting: None, failures: 0, target: None }).collect();
+    let state = Shell { core, members, waiting: HashMap::new(), next_req: 0, armed: None, stopping: None, closed: false };
     let name = path.display().to_string();
-    let shell = Shell { core, start: Instant::now(), name, backing, members, options, waiting: HashMap::new(), next_req: 0, inbox: inbox.clone(), connections, stopping: None };
-    tokio::spawn(shell.run(events));
-    inbox
+    let runtime = Handle::current();
+    let shared = Arc::new(Shared { state: Mutex::new(state), start: Instant::now(), name, backing, options, inbox, runtime, connections, on_cut: OnceLock::new() });
+    tokio::spawn(Arc::clone(&shared).run(events));
+    shared
 }
 
 /// A fresh random identity, not zero: slots written by an earlier run never validate.
@@ -115,220 +159,350 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-impl<M: Conn> Shell<M> {
-    async fn run(mut self, mut events: mpsc::UnboundedReceiver<Event<M>>) {
-        for m in 0..self.members.len() {
-            self.connect_later(m, 0);
+impl<M: Conn> Shared<M> {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shell<M>> {
+        self.state.lock().expect("nothing panics holding the cache's lock")
+    }
+
+    /// Tells the core something (`f`), then carries out what it asks for, offering member
+    /// reads and writes to `carrier` first.
+    pub(super) fn with<T>(self: &Arc<Self>, mut carrier: Option<&mut dyn Carrier>, f: impl FnOnce(&mut Shell<M>, u64) -> T) -> T {
+        let now = self.now();
+        let mut s = self.lock();
+        let out = f(&mut s, now);
+        while let Some(action) = s.core.poll_action() {
+            match action {
+                Action::Backing { op, cmd } => self.backing_op(op, cmd),
+                Action::Member { op, member, cmd } => self.member_op(&mut s, now, op, member, cmd, carrier.as_mut().map(|c| &mut **c as &mut dyn Carrier)),
+                Action::Reply { req, result } => {
+                    if let Some(done) = s.waiting.remove(&req) {
+                        done.send(result);
+                    }
+                }
+                Action::Reconnect { member, failures } => self.drop_member(&mut s, member, failures),
+            }
         }
+        // Only a timeout sooner than the one armed needs the task now: a later one is found
+        // when the armed one fires (`handle_tick` may come early). Under load every request
+        // moves the earliest timeout, and waking the task for each would cost a thread hop.
+        let next = s.core.next_timeout();
+        let sooner = next.is_some_and(|n| s.armed.is_none_or(|armed| n < armed));
+        if sooner || (s.stopping.is_some() && s.waiting.is_empty()) {
+            let _ = self.inbox.send(Event::Timer);
+        }
+        out
+    }
+
+    /// Looks at the state without telling the core anything.
+    pub(super) fn look<T>(&self, f: impl FnOnce(&Shell<M>) -> T) -> T {
+        f(&self.lock())
+    }
+
+    /// A request; `done` gets its answer. Refused once a stop began.
+    pub(super) fn request(self: &Arc<Self>, carrier: Option<&mut dyn Carrier>, request: Request, done: Answer) -> Result<(), Error> {
+        self.with(carrier, |s, now| {
+            if s.stopping.is_some() || s.closed {
+                return Err(Error::Closed);
+            }
+            let req = ReqId(s.next_req);
+            s.next_req += 1;
+            s.waiting.insert(req, done);
+            s.core.handle_request(now, req, request);
+            Ok(())
+        })
+    }
+
+    /// Asks the task to stop once the requests in flight are answered; false if it is gone.
+    pub(super) fn stop(&self, told: Option<oneshot::Sender<()>>) -> bool {
+        self.inbox.send(Event::Stop(told)).is_ok()
+    }
+
+    /// Sets `on_cut` (once).
+    pub(super) fn set_on_cut(&self, cut: Box<dyn Fn(usize) + Send + Sync>) {
+        let _ = self.on_cut.set(cut);
+    }
+
+    async fn run(self: Arc<Self>, mut events: mpsc::UnboundedReceiver<Event<M>>) {
+        self.with(None, |s, _| (0..s.members.len()).for_each(|m| self.connect_later(s, m, 0)));
         loop {
-            let timer = self.core.next_timeout().map(|n| self.start + Duration::from_nanos(n));
+            let (timer, done) = {
+                let mut s = self.lock();
+                s.armed = s.core.next_timeout();
+                (s.armed.map(|n| self.start + Duration::from_nanos(n)), s.stopping.is_some() && s.waiting.is_empty())
+            };
+            if done {
+                break;
+            }
             tokio::select! {
                 event = events.recv() => match event {
-                    Some(event) => self.handle(event),
+                    Some(Event::Timer) => {}
+                    Some(Event::Connected { member, result }) => self.connected(member, result),
+                    Some(Event::Stop(tx)) => self.with(None, |s, _| s.stopping.get_or_insert_with(Vec::new).extend(tx)),
+                    // The inbox's sender lives in `self`.
                     None => break,
                 },
-                () = sleep_until(timer) => {
-                    let now = self.now();
-                    self.core.handle_tick(now);
-                }
-            }
-            self.carry_out();
-            if self.stopping.is_some() && self.waiting.is_empty() {
-                break;
+                () = sleep_until(timer) => self.with(None, |s, now| s.core.handle_tick(now)),
             }
         }
         self.close(events).await;
     }
 
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-
-    fn handle(&mut self, event: Event<M>) {
-        let now = self.now();
-        match event {
-            // After a stop, the dropped sender answers `Closed`.
-            Event::Request { .. } if self.stopping.is_some() => {}
-            Event::Request { request, done } => {
-                let req = ReqId(self.next_req);
-                self.next_req += 1;
-                self.waiting.insert(req, done);
-                self.core.handle_request(now, req, request);
-            }
-            Event::Backing { op, outcome } => self.core.handle_backing_done(now, op, outcome),
-            Event::Member { op, member, outcome } => {
-                self.members[member].ops.remove(&op);
-                self.core.handle_member_done(now, op, outcome);
-            }
-            Event::Connected { member, result } => self.connected(member, result),
-            Event::Status(tx) => {
-                let _ = tx.send(self.status());
-            }
-            Event::Stop(tx) => self.stopping.get_or_insert_with(Vec::new).extend(tx),
-        }
-    }
-
-    /// Carries out what the core asks for, until it asks for nothing.
-    fn carry_out(&mut self) {
-        while let Some(action) = self.core.poll_action() {
-            match action {
-                Action::Backing { op, cmd } => self.backing_op(op, cmd),
-                Action::Member { op, member, cmd } => self.member_op(op, member, cmd),
-                Action::Reply { req, result } => {
-                    if let Some(done) = self.waiting.remove(&req) {
-                        let _ = done.send(result);
-                    }
-                }
-                Action::Reconnect { member, failures } => self.drop_member(member, failures),
-            }
-        }
-    }
-
-    fn backing_op(&mut self, op: OpId, cmd: BackingCmd) {
-        let (client, report) = (self.backing.clone(), BackingReport { inbox: Some(self.inbox.clone()), op });
-        tokio::spawn(async move {
+    fn backing_op(self: &Arc<Self>, op: OpId, cmd: BackingCmd) {
+        let (client, report) = (self.backing.clone(), BackingReport { shared: Some(Arc::clone(self)), op });
+        self.runtime.spawn(async move {
             let outcome = io::backing(&client, cmd).await;
             report.send(outcome);
         });
     }
 
-    fn member_op(&mut self, op: OpId, member: usize, cmd: MemberCmd) {
-        let inbox = self.inbox.clone();
-        let Some(client) = self.members[member].client.clone() else {
+    fn member_op(self: &Arc<Self>, s: &mut Shell<M>, now: u64, op: OpId, member: usize, cmd: MemberCmd, carrier: Option<&mut dyn Carrier>) {
+        let m = &mut s.members[member];
+        let Some(client) = m.client.clone() else {
             // The core only uses members that are up; answered anyway, as a failure.
-            let _ = inbox.send(Event::Member { op, member, outcome: Err("not connected".into()) });
+            s.core.handle_member_done(now, op, Err("not connected".into()));
             return;
         };
-        let task = tokio::spawn(async move {
+        let cmd = match (carrier, carried_cmd(cmd)) {
+            (Some(carrier), Ok(c)) => {
+                let target = Arc::clone(m.target.get_or_insert_with(|| Target::new(&m.uri, client.export())));
+                let back = Box::new(CacheBack { op, epoch: target.epoch, shared: Arc::clone(self) });
+                match carrier.carry(Carried::new(member, target, c, back)) {
+                    Ok(()) => return,
+                    Err(refused) => member_cmd(refused.into_parts().0),
+                }
+            }
+            (_, Ok(c)) => member_cmd(c),
+            (_, Err(cmd)) => cmd,
+        };
+        self.spawn_member_op(m, op, member, client, cmd);
+    }
+
+    fn spawn_member_op(self: &Arc<Self>, m: &mut Member<M>, op: OpId, member: usize, client: M, cmd: MemberCmd) {
+        let shared = Arc::clone(self);
+        let task = self.runtime.spawn(async move {
             let outcome = io::member(&client, cmd).await;
-            let _ = inbox.send(Event::Member { op, member, outcome });
+            shared.with(None, |s, now| {
+                s.members[member].ops.remove(&op);
+                s.core.handle_member_done(now, op, outcome);
+            });
         });
-        self.members[member].ops.insert(op, task.abort_handle());
+        m.ops.insert(op, task.abort_handle());
     }
 
     /// The core dropped a member (a failed operation, a timeout): close its connection,
     /// abandon its operations (the core forgot them), and connect again after the backoff.
-    fn drop_member(&mut self, member: usize, failures: u32) {
-        let m = &mut self.members[member];
+    fn drop_member(self: &Arc<Self>, s: &mut Shell<M>, member: usize, failures: u32) {
+        let m = &mut s.members[member];
         for (_, task) in m.ops.drain() {
             task.abort();
         }
         m.failures = failures;
+        if m.target.take().is_some() {
+            self.cut(member);
+        }
         if let Some(old) = m.client.take() {
-            goodbye(old, self.core.member_timeout_ms());
+            goodbye(&self.runtime, old, s.core.member_timeout_ms());
         }
         let wait = reconnect_backoff_ms(failures);
         log::warn!("cache {}: member {} is down (failure {failures}); connecting again in {wait} ms", self.name, m.uri);
-        self.count_connections();
-        self.connect_later(member, wait);
+        self.count_connections(s);
+        self.connect_later(s, member, wait);
     }
 
-    fn connect_later(&mut self, member: usize, wait_ms: u64) {
-        let (uri, options, inbox) = (self.members[member].uri.clone(), self.options.clone(), self.inbox.clone());
-        let task = tokio::spawn(async move {
+    /// Tells a carrier that `member`'s connection is gone (`on_cut`).
+    fn cut(&self, member: usize) {
+        if let Some(cut) = self.on_cut.get() {
+            cut(member);
+        }
+    }
+
+    fn connect_later(self: &Arc<Self>, s: &mut Shell<M>, member: usize, wait_ms: u64) {
+        let (uri, options, inbox) = (s.members[member].uri.clone(), self.options.clone(), self.inbox.clone());
+        let task = self.runtime.spawn(async move {
             tokio::time::sleep(Duration::from_millis(wait_ms)).await;
             let result = M::connect(&uri, &options).await.map_err(|e| e.to_string());
             let _ = inbox.send(Event::Connected { member, result });
         });
-        self.members[member].connecting = Some(task.abort_handle());
+        s.members[member].connecting = Some(task.abort_handle());
     }
 
     /// A connection attempt ended: the member comes up (empty), or is tried again later.
-    fn connected(&mut self, member: usize, result: Result<M, String>) {
-        self.members[member].connecting = None;
-        if self.stopping.is_some() {
-            if let Ok(c) = result {
-                goodbye(c, self.core.member_timeout_ms());
-            }
-            return;
-        }
-        let (slot_bytes, limit_ms) = (self.core.slot_bytes(), self.core.member_timeout_ms());
-        let usable = result.and_then(|c| match usable_slots(&c, slot_bytes) {
-            Ok(slots) => Ok((c, slots)),
-            Err(e) => {
-                goodbye(c, limit_ms);
-                Err(e)
-            }
-        });
-        let m = &mut self.members[member];
-        match usable {
-            Ok((client, slots)) => {
-                (m.client, m.failures) = (Some(client), 0);
-                let now = self.now();
-                self.core.handle_member_up(now, member, slots);
-                // What the core uses, which its bound on a member's slots may make fewer.
-                let used = self.core.members().get(member).map_or(0, |(_, (slots, _))| *slots);
-                log::info!("cache {}: member {} is up with {used} slots of {slot_bytes} bytes (of {slots} it could hold)", self.name, self.members[member].uri);
-                self.count_connections();
-            }
-            Err(e) => {
-                m.failures += 1;
-                let wait = reconnect_backoff_ms(m.failures);
-                // Said once; a node gone for long would fill the log.
-                match m.failures {
-                    1 => log::warn!("cache {}: member {}: {e}; trying again in {wait} ms, and later with backoff", self.name, m.uri),
-                    _ => log::debug!("cache {}: member {}: {e}; trying again in {wait} ms", self.name, m.uri),
+    fn connected(self: &Arc<Self>, member: usize, result: Result<M, String>) {
+        self.with(None, |s, now| {
+            s.members[member].connecting = None;
+            let (slot_bytes, limit_ms) = (s.core.slot_bytes(), s.core.member_timeout_ms());
+            if s.stopping.is_some() || s.closed {
+                if let Ok(c) = result {
+                    goodbye(&self.runtime, c, limit_ms);
                 }
-                self.connect_later(member, wait);
+                return;
             }
-        }
+            let usable = result.and_then(|c| match usable_slots(&c, slot_bytes) {
+                Ok(slots) => Ok((c, slots)),
+                Err(e) => {
+                    goodbye(&self.runtime, c, limit_ms);
+                    Err(e)
+                }
+            });
+            let m = &mut s.members[member];
+            match usable {
+                Ok((client, slots)) => {
+                    (m.client, m.failures, m.target) = (Some(client), 0, None);
+                    s.core.handle_member_up(now, member, slots);
+                    // What the core uses, which its bound on a member's slots may make fewer.
+                    let used = s.core.members().get(member).map_or(0, |(_, (slots, _))| *slots);
+                    log::info!("cache {}: member {} is up with {used} slots of {slot_bytes} bytes (of {slots} it could hold)", self.name, s.members[member].uri);
+                    self.count_connections(s);
+                }
+                Err(e) => {
+                    m.failures += 1;
+                    let wait = reconnect_backoff_ms(m.failures);
+                    // Said once; a node gone for long would fill the log.
+                    match m.failures {
+                        1 => log::warn!("cache {}: member {}: {e}; trying again in {wait} ms, and later with backoff", self.name, m.uri),
+                        _ => log::debug!("cache {}: member {}: {e}; trying again in {wait} ms", self.name, m.uri),
+                    }
+                    self.connect_later(s, member, wait);
+                }
+            }
+        })
     }
 
-    fn count_connections(&self) {
-        let members: usize = self.members.iter().filter_map(|m| m.client.as_ref()).map(M::connections).sum();
+    fn count_connections(&self, s: &Shell<M>) {
+        let members: usize = s.members.iter().filter_map(|m| m.client.as_ref()).map(M::connections).sum();
         self.connections.store(self.backing.connections() + members, Ordering::Relaxed);
     }
 
-    fn status(&self) -> Status {
-        let members = self.core.members().into_iter().zip(&self.members).map(|((state, (slots, used)), m)| MemberStatus {
-            uri: m.uri.to_string(),
-            up: state == MemberState::Up,
-            failures: match state {
-                MemberState::Up => 0,
-                MemberState::Down { failures } => failures.max(m.failures),
-            },
-            slots,
-            used,
-        });
-        Status { block_bytes: self.core.block_bytes(), counters: self.core.counters(), members: members.collect() }
+    /// The counters and the members' state now; None once the stop is done.
+    pub(super) fn status(&self) -> Option<Status> {
+        self.look(|s| {
+            if s.closed {
+                return None;
+            }
+            let members = s.core.members().into_iter().zip(&s.members).map(|((state, (slots, used)), m)| MemberStatus {
+                uri: m.uri.to_string(),
+                up: state == MemberState::Up,
+                failures: match state {
+                    MemberState::Up => 0,
+                    MemberState::Down { failures } => failures.max(m.failures),
+                },
+                slots,
+                used,
+            });
+            Some(Status { block_bytes: s.core.block_bytes(), counters: s.core.counters(), members: members.collect() })
+        })
     }
 
     /// Says goodbye to the backing and the members (connected, or connecting when the stop
     /// came), then to whoever asked for the stop.
-    async fn close(mut self, mut events: mpsc::UnboundedReceiver<Event<M>>) {
-        for m in &mut self.members {
-            for (_, task) in m.ops.drain() {
-                task.abort();
-            }
-            if let Some(task) = m.connecting.take() {
-                task.abort();
+    async fn close(self: Arc<Self>, mut events: mpsc::UnboundedReceiver<Event<M>>) {
+        let limit_ms = self.look(|s| s.core.member_timeout_ms());
+        let mut clients = Vec::new();
+        {
+            let mut s = self.lock();
+            for (i, m) in s.members.iter_mut().enumerate() {
+                for (_, task) in m.ops.drain() {
+                    task.abort();
+                }
+                if let Some(task) = m.connecting.take() {
+                    task.abort();
+                }
+                if m.target.take().is_some() {
+                    self.cut(i);
+                }
+                clients.extend(m.client.take());
             }
         }
         // Connections made before their task was aborted wait in the inbox.
         events.close();
-        let (mut goodbyes, limit_ms) = (Vec::new(), self.core.member_timeout_ms());
         while let Ok(event) = events.try_recv() {
             if let Event::Connected { result: Ok(c), .. } = event {
-                goodbyes.push(goodbye(c, limit_ms));
+                clients.push(c);
             }
         }
-        goodbyes.extend(self.members.iter_mut().filter_map(|m| m.client.take()).map(|c| goodbye(c, limit_ms)));
+        let goodbyes: Vec<_> = clients.into_iter().map(|c| goodbye(&self.runtime, c, limit_ms)).collect();
         for g in goodbyes {
             let _ = g.await;
         }
         self.backing.disconnect().await;
-        for tx in self.stopping.take().into_iter().flatten() {
+        let told = {
+            let mut s = self.lock();
+            s.closed = true;
+            s.stopping.take()
+        };
+        for tx in told.into_iter().flatten() {
             let _ = tx.send(());
         }
+    }
+}
+
+/// A member operation on a carrier's connection, on its way back to the cache.
+struct CacheBack<M: Conn> {
+    op: OpId,
+    /// The `Target` it went to.
+    epoch: u64,
+    shared: Arc<Shared<M>>,
+}
+
+impl<M: Conn> Back for CacheBack<M> {
+    fn finish(self: Box<Self>, carrier: Option<&mut dyn Carrier>, _member: usize, result: Result<Option<Vec<u8>>, Error>) {
+        let outcome = result.map(Option::unwrap_or_default).map_err(io::failure);
+        self.shared.with(carrier, |s, now| s.core.handle_member_done(now, self.op, outcome));
+    }
+
+    /// Run again on a task while the member's connection is the one it was for: a read is
+    /// harmless twice, and a slot write that lands late only makes that slot fail its check.
+    fn abandoned(self: Box<Self>, member: usize, cmd: Cmd) {
+        let CacheBack { op, epoch, shared } = *self;
+        shared.with(None, |s, now| {
+            let m = &mut s.members[member];
+            match m.client.clone().filter(|_| m.target.as_ref().is_some_and(|t| t.epoch == epoch)) {
+                Some(client) => shared.spawn_member_op(m, op, member, client, member_cmd(cmd)),
+                None => s.core.handle_member_done(now, op, Err("its connection is gone".into())),
+            }
+        });
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// A member operation a carrier may take (a slot's read or fill), or the command back.
+fn carried_cmd(cmd: MemberCmd) -> Result<Cmd, MemberCmd> {
+    match cmd {
+        MemberCmd::Read { offset, len } if len > 0 => Ok(Cmd::Read { offset, len: len as usize }),
+        MemberCmd::Write { offset, data } if !data.is_empty() => {
+            let range = 0..data.len();
+            // No FUA: a member's memory is never the only copy of anything.
+            Ok(Cmd::Write { offset, data: Arc::new(data), range, fua: false })
+        }
+        cmd => Err(cmd),
+    }
+}
+
+/// A carried command as a task runs it.
+fn member_cmd(cmd: Cmd) -> MemberCmd {
+    match cmd {
+        Cmd::Read { offset, len } => MemberCmd::Read { offset, len: len as u64 },
+        Cmd::Write { offset, data, range, .. } => {
+            let data = Arc::try_unwrap(data).unwrap_or_else(|shared| shared[range.clone()].to_vec());
+            MemberCmd::Write { offset, data }
+        }
+        Cmd::Flush => unreachable!("the cache never flushes a member"),
     }
 }
 
 /// Says goodbye to a member on a task of its own (at the stop, all at once), for the
 /// member timeout at most: a stalled member (its socket full) never takes it, and would
 /// hold up the stop, or its old connection, for as long as it stalls.
-fn goodbye<M: Conn>(c: M, limit_ms: u64) -> tokio::task::JoinHandle<()> {
+fn goodbye<M: Conn>(runtime: &Handle, c: M, limit_ms: u64) -> tokio::task::JoinHandle<()> {
     let limit = Duration::from_millis(limit_ms);
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         let _ = tokio::time::timeout(limit, c.disconnect()).await;
     })
 }

@@ -86,11 +86,12 @@ impl Client {
         }
     }
 
-    /// The pool this client uses, for a caller that carries its member operations itself;
-    /// `None` for anything but a pool.
-    pub fn pool_direct(&self) -> Option<crate::pool::Direct> {
+    /// The pool or cached volume this client uses, for a caller that carries its member
+    /// operations itself; `None` for a plain export.
+    pub fn direct(&self) -> Option<crate::carry::Direct> {
         match &self.inner.transport {
-            Transport::Conns(_) | Transport::Cache(_) => None,
+            Transport::Conns(_) => None,
+            Transport::Cache(cache) => Some(cache.direct()),
             Transport::Pool(pool) => Some(pool.direct()),
         }
     }

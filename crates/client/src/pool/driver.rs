@@ -1,7 +1,8 @@
 //! A pool as `Client` uses it: requests in, replies out, a clean stop, and the live status.
 
 use super::background::supervise;
-use super::carry::{Carrier, Direct, PoolSide, Sink};
+use super::carry::{PoolSide, Sink};
+use crate::carry::{Answered, Carrier, Direct, Side};
 use super::member::Member;
 use super::pump::Shared;
 use super::requests::{self, ReadInto, Request};
@@ -61,7 +62,7 @@ impl<M: Member> PoolDriver<M> {
 
     /// The pool for a caller that carries member operations itself.
     pub(crate) fn direct(&self) -> Direct {
-        Direct::new(Arc::clone(&self.shared) as Arc<dyn PoolSide>)
+        Direct::new(Arc::clone(&self.shared) as Arc<dyn Side>)
     }
 
     /// Stops the coordinator cleanly (requests in flight finish, the superblocks are
@@ -192,17 +193,19 @@ pub(crate) fn enqueue<M: Member>(shared: &Arc<Shared<M>>, carrier: Option<&mut d
     })
 }
 
-impl<M: Member> PoolSide for Shared<M> {
-    fn submit(self: Arc<Self>, carrier: &mut dyn Carrier, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, done: requests::Answer) -> Result<(), Error> {
-        enqueue(&self, Some(carrier), cmd, flags, offset, len, write, Vec::new(), done)
-    }
-
-    fn finish_carried(self: Arc<Self>, carrier: Option<&mut dyn Carrier>, member: usize, op: sluice_pool::OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>) {
-        self.finish_with(carrier, member, op, sink, result);
+impl<M: Member> Side for Shared<M> {
+    fn submit(self: Arc<Self>, carrier: &mut dyn Carrier, cmd: u16, flags: u16, offset: u64, len: u32, write: Option<Vec<u8>>, done: Answered) -> Result<(), Error> {
+        enqueue(&self, Some(carrier), cmd, flags, offset, len, write, Vec::new(), requests::Answer::Call(done))
     }
 
     fn set_on_cut(&self, cut: Box<dyn Fn(usize) + Send + Sync>) {
         let _ = self.on_cut.set(cut);
+    }
+}
+
+impl<M: Member> PoolSide for Shared<M> {
+    fn finish_carried(self: Arc<Self>, carrier: Option<&mut dyn Carrier>, member: usize, op: sluice_pool::OpId, sink: Sink, result: Result<Option<Vec<u8>>, Error>) {
+        self.finish_with(carrier, member, op, sink, result);
     }
 
     fn rerun(self: Arc<Self>, member: usize, op: sluice_pool::OpId, cmd: sluice_pool::MemberCmd, payload: super::member_io::Payload, sink: Sink) {

@@ -124,12 +124,12 @@ async fn member_uris_name_only_the_members_during_a_live_replacement() {
 /// links would until their answers come.
 #[derive(Default)]
 struct Holding {
-    held: Vec<super::carry::Carried>,
+    held: Vec<crate::carry::Carried>,
     refuse: Option<usize>,
 }
 
-impl super::carry::Carrier for Holding {
-    fn carry(&mut self, op: super::carry::Carried) -> Result<(), super::carry::Carried> {
+impl crate::carry::Carrier for Holding {
+    fn carry(&mut self, op: crate::carry::Carried) -> Result<(), crate::carry::Carried> {
         if self.refuse == Some(op.member) {
             return Err(op);
         }
@@ -141,7 +141,7 @@ impl super::carry::Carrier for Holding {
 /// Carries out everything `carrier` holds on the members in memory, and what that starts,
 /// until nothing is left; member `fail` answers each of its operations with an error.
 fn carry_all(fakes: &[Fake], carrier: &mut Holding, fail: Option<usize>) -> usize {
-    use super::carry::Cmd;
+    use crate::carry::Cmd;
     let mut carried = 0;
     while let Some(op) = carrier.held.pop() {
         carried += 1;
@@ -160,9 +160,9 @@ fn carry_all(fakes: &[Fake], carrier: &mut Holding, fail: Option<usize>) -> usiz
     carried
 }
 
-type Answer = tokio::sync::oneshot::Receiver<Result<Vec<Vec<u8>>, sluice_pool::Failure>>;
+type Answer = tokio::sync::oneshot::Receiver<Result<Vec<Vec<u8>>, Error>>;
 
-fn submit(direct: &super::carry::Direct, carrier: &mut Holding, cmd: u16, offset: u64, len: u32, write: Option<Vec<u8>>) -> Answer {
+fn submit(direct: &crate::carry::Direct, carrier: &mut Holding, cmd: u16, offset: u64, len: u32, write: Option<Vec<u8>>) -> Answer {
     let (tx, rx) = tokio::sync::oneshot::channel();
     direct.submit(carrier, cmd, 0, offset, len, write, Box::new(move |r| drop(tx.send(r)))).unwrap();
     rx

@@ -34,7 +34,6 @@ mod scrub_json;
 mod session;
 
 pub use admin::{init, load, status, status_and_assembly};
-pub use carry::{Carried, Carrier, Cmd as CarriedCmd, Direct, Target};
 pub use grow::{grow, GrowWhere, Grown};
 pub use replace::{add_spare, replace, Copying, Replaced};
 pub use control_ask::with_live_scrub;

@@ -4,7 +4,8 @@
 //! member I/O goes to a task of its own, which comes back through `finish`. The lock is a
 //! std mutex and is never held across an await.
 
-use super::carry::{Carried, Carrier, PoolSide, Sink, Target};
+use super::carry::{self, PoolSide, Sink};
+use crate::carry::{Carrier, Target};
 use super::member::Member;
 use super::member_io::{self, Payload};
 use super::requests::Request;
@@ -172,17 +173,17 @@ impl<M: Member> Shared<M> {
             return;
         };
         let (cmd, payload, sink) = match carrier {
-            Some(carrier) if Carried::fits(&cmd, client.export()) => {
+            Some(carrier) if carry::fits(&cmd, client.export()) => {
                 let slot = &mut core.members[member];
                 let target = slot.target.get_or_insert_with(|| Target::new(&core.uris[member], client.export()));
                 let pool = Arc::clone(self) as Arc<dyn PoolSide>;
-                match Carried::new(pool, member, op, Arc::clone(target), cmd, payload, sink) {
+                match carry::carried(pool, member, op, Arc::clone(target), cmd, payload, sink) {
                     Ok(carried) => match carrier.carry(carried) {
                         Ok(()) => {
                             core.members[member].ops.insert(op, None);
                             return;
                         }
-                        Err(back) => back.into_parts(),
+                        Err(back) => carry::parts(back),
                     },
                     Err(parts) => parts,
                 }

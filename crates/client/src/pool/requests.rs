@@ -4,6 +4,7 @@
 
 use crate::connection::Outcome;
 use crate::error::Error;
+use crate::carry::Answered;
 use sluice_pool::{Command, Failure};
 use sluice_proto::wire::*;
 use std::io::IoSlice;
@@ -18,10 +19,6 @@ pub(crate) struct Request {
     pub(crate) read: ReadInto,
     pub(crate) done: Answer,
 }
-
-/// What a request's answer is given to, when it is not awaited: a read's bytes in order,
-/// or why it failed.
-pub type Answered = Box<dyn FnOnce(Result<Vec<Vec<u8>>, Failure>) + Send>;
 
 /// What a request's read bytes, or its failure, go to.
 pub(crate) enum Answer {
@@ -39,7 +36,7 @@ impl Answer {
             Answer::Channel(tx) => {
                 let _ = tx.send(result);
             }
-            Answer::Call(call) => call(result),
+            Answer::Call(call) => call(result.map_err(|f| Error::Server { errno: f.errno.code(), message: Some(f.message) })),
         }
     }
 }

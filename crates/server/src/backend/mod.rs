@@ -11,7 +11,7 @@ mod interface;
 mod link;
 mod memory;
 mod null;
-mod pool_links;
+mod member_links;
 #[cfg(feature = "rbd")]
 mod rbd;
 mod rbd_spec;

@@ -23,7 +23,7 @@ use tokio::runtime::Runtime;
 
 use super::interface::{Backend, Caps, Outcome, StorageOp};
 use super::link::Links;
-use super::pool_links::PoolLinks;
+use super::member_links::MemberLinks;
 use crate::engine::{Completer, Held, Payload, Ring, StorageId};
 use crate::errors::os_from_remote;
 use crate::limits::{EXTENTS_PER_REPLY_MAX, REMOTE_CHUNK_COST_NS, REMOTE_CONNECTIONS, REMOTE_DISCONNECT_TIMEOUT_MS, REMOTE_RUNTIME_THREADS, REMOTE_STATUS_TIMEOUT_MS};
@@ -35,9 +35,9 @@ pub struct RemoteBackend {
     runtime: Runtime,
     /// Each worker's own connection for reads and writes, where the remote allows them.
     links: Option<Links>,
-    /// A pool's coordinator, driven by the workers themselves, and their own connections
-    /// to its members.
-    pool: Option<Arc<PoolLinks>>,
+    /// A pool's coordinator or a cached volume's core, driven by the workers themselves,
+    /// and their own connections to its members.
+    volume: Option<Arc<MemberLinks>>,
 }
 
 /// What the runtime's tasks share with the backend.
@@ -106,9 +106,9 @@ impl RemoteBackend {
         };
         log::debug!("{spec}: {} bytes over {} connection(s), flags {:#06x}", ex.size, client.connections(), ex.flags);
         let links = Links::new(&uri, spec, ex);
-        let pool = client.pool_direct().map(|direct| PoolLinks::new(direct, spec, runtime.handle().clone()));
+        let volume = client.direct().map(|direct| MemberLinks::new(direct, spec, runtime.handle().clone()));
         let remote = Arc::new(Remote { client, spec: spec.to_owned(), lost: AtomicBool::new(false), closed: AtomicBool::new(false) });
-        Ok(RemoteBackend { kind, remote, caps, runtime, links, pool })
+        Ok(RemoteBackend { kind, remote, caps, runtime, links, volume })
     }
 
     /// The remote export refuses writes.
@@ -122,11 +122,11 @@ impl RemoteBackend {
         self.links.as_ref()?.get(ring, offset, len, self.runtime.handle())
     }
 
-    /// The pool, for a request of `len` bytes at `offset` that it takes as one (as
-    /// `Client::read_pieces` sends one).
-    fn pool(&self, offset: u64, len: usize) -> Option<&Arc<PoolLinks>> {
+    /// The pool or cached volume, for a request of `len` bytes at `offset` that it takes as
+    /// one (as `Client::read_pieces` sends one).
+    fn volume(&self, offset: u64, len: usize) -> Option<&Arc<MemberLinks>> {
         let ex = self.remote.client.export();
-        self.pool.as_ref().filter(|_| len > 0 && len <= ex.request_max_bytes() as usize && ex.aligned(offset, len as u64))
+        self.volume.as_ref().filter(|_| len > 0 && len <= ex.request_max_bytes() as usize && ex.aligned(offset, len as u64))
     }
 
     /// Runs `work` on the runtime and completes the parked operation with what it returns.
@@ -208,9 +208,9 @@ impl Backend for RemoteBackend {
         let ex = self.remote.client.export();
         match op {
             StorageOp::Read { offset, len, into: Held::Buf(buf), at, .. } => {
-                if let Some(pool) = self.pool(offset, len) {
+                if let Some(volume) = self.volume(offset, len) {
                     let done = ring.defer(id, Held::Buf(buf), at);
-                    pool.submit(ring, CMD_READ, false, offset, len, None, done, move |r| remote.result(r.map(|()| 0)));
+                    volume.submit(ring, CMD_READ, false, offset, len, None, done, move |r| remote.result(r.map(|()| 0)));
                     return None;
                 }
                 let buf = match self.link(ring, offset, len) {
@@ -246,8 +246,8 @@ impl Backend for RemoteBackend {
                 // The one copy of a write: the buffer belongs to the worker thread.
                 let data = buf.as_slice()[at..at + len].to_vec();
                 let done = ring.defer(id, Held::Buf(buf), 0);
-                if let Some(pool) = self.pool(offset, len) {
-                    pool.submit(ring, CMD_WRITE, fua, offset, len, Some(data), done, move |r| remote.result(r.map(|()| len)));
+                if let Some(volume) = self.volume(offset, len) {
+                    volume.submit(ring, CMD_WRITE, fua, offset, len, Some(data), done, move |r| remote.result(r.map(|()| len)));
                     return None;
                 }
                 self.spawn(done, async move {
@@ -263,9 +263,9 @@ impl Backend for RemoteBackend {
                         return None;
                     }
                 }
-                if let Some(pool) = self.pool.as_ref().filter(|_| ex.can_flush()) {
+                if let Some(volume) = self.volume.as_ref().filter(|_| ex.can_flush()) {
                     let done = ring.defer(id, Held::Nothing, 0);
-                    pool.submit(ring, CMD_FLUSH, false, 0, 0, None, done, move |r| remote.result(r.map(|()| 0)));
+                    volume.submit(ring, CMD_FLUSH, false, 0, 0, None, done, move |r| remote.result(r.map(|()| 0)));
                     return None;
                 }
                 self.spawn(ring.defer(id, Held::Nothing, 0), async move { remote.done(remote.client.flush().await) })
