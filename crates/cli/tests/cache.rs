@@ -40,6 +40,11 @@ struct Setup {
 /// Starts the backing, the members, and the server of the cached volume (prefetch off, so
 /// that hits and misses are exact).
 fn setup() -> Setup {
+    setup_with(&[])
+}
+
+/// `setup`, with more arguments for the cache's server.
+fn setup_with(cache_args: &[&str]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     std::fs::File::create(&disk).unwrap().set_len(VOLUME).unwrap();
@@ -50,7 +55,9 @@ fn setup() -> Setup {
     let text = format!("backing = {:?}\nmembers = [{}]\nblock = \"64K\"\nprefetch = \"off\"\n", backing.uri_for("vol"), names.join(", "));
     std::fs::write(&file, text).unwrap();
     let metrics = free_port();
-    let cache = Sluice::start(&["--export", &format!("v=cache:{}", file.display()), "--metrics", &format!("127.0.0.1:{metrics}")]);
+    let export = format!("v=cache:{}", file.display());
+    let metrics_at = format!("127.0.0.1:{metrics}");
+    let cache = Sluice::start(&[&["--export", &export, "--metrics", &metrics_at], cache_args].concat());
     Setup { _dir: dir, backing, members, cache, metrics, file }
 }
 
@@ -164,6 +171,79 @@ async fn reads_hit_once_filled_and_the_cache_hint_fills_ahead() {
     assert_eq!(v["size"], VOLUME);
     let members = v["cache"]["members"].as_array().expect("the members");
     assert!(members.len() == 2 && members.iter().all(|m| m["up"] == true && m["slots"] == 256), "{out}");
+}
+
+/// How many times the cache's server said its worker 0 took up a connection of its own to
+/// `member`.
+fn links_up(log: &str, member: &Sluice) -> usize {
+    let line = format!("member {}: worker 0 sends reads, writes and flushes over a connection of its own", member.uri_for("ram"));
+    log.lines().filter(|l| l.contains(&line)).count()
+}
+
+/// The most bytes one connection read from a member, from its closing lines.
+fn most_read_by_one_connection(log: &str) -> u64 {
+    let lines = log.lines().filter(|l| l.contains("closed export"));
+    lines.filter_map(|l| l.split("; read ").nth(1)?.split(' ').next()?.parse().ok()).max().unwrap_or(0)
+}
+
+/// A served cache's worker reads its hits from the members itself, over a connection of
+/// its own to each member: the server says so, and one connection of a member took every
+/// byte the hits read from it once that connection was up (the cache's own client spreads
+/// its reads over four). (Fills start when the backing's read is back, on the cache's
+/// tasks, and take the cache's own connections.) When a member is killed that
+/// connection fails, reads go to the backing, and once the member is back the worker
+/// opens a new one to it. Every read returns the last data written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_caches_worker_reads_its_hits_on_its_own_connections_across_a_member_restart() {
+    // One worker, so that every request is that worker's.
+    let mut s = setup_with(&["--threads", "1", "--log-level", "debug"]);
+    let (c, first) = s.filled(21).await;
+    // The first operations for a member open the worker's connection and go the cache's
+    // own way until it is up.
+    let deadline = std::time::Instant::now() + SETTLE;
+    while s.members.iter().any(|m| links_up(&s.cache.log_text(), m) != 1) {
+        assert!(std::time::Instant::now() < deadline, "the worker has no connection of its own to each member\n{}", s.logs());
+        s.read_back(&c, &first, "a read while the worker's connections come up").await;
+    }
+    let uri = s.members[0].uri_for("ram");
+    let used = s.metric(&format!("sluice_cache_member_slots_used{{export=\"v\",member=\"0\",uri=\"{uri}\"}}"));
+    let hits = s.counter("hits");
+    const PASSES: u64 = 4;
+    for _ in 0..PASSES {
+        s.read_back(&c, &first, "a read from the members").await;
+    }
+    assert_eq!(s.counter("hits"), hits + PASSES as f64 * BLOCKS, "every block of every pass hit\n{}", s.logs());
+
+    // Member 1 dies: the worker's connection to it fails, and nothing stale or lost shows.
+    s.members[1].kill();
+    s.read_back(&c, &first, "a read with member 1 killed").await;
+    s.wait_member(1, false, SETTLE);
+    let second = pattern(RANGE, 22);
+    s.write(&c, &second, true, "a write with member 1 down").await;
+    s.read_back(&c, &second, "a read after a write with member 1 down").await;
+    s.members[1].restart();
+    s.wait_member(1, true, BACK_UP);
+    let third = pattern(RANGE, 23);
+    s.write(&c, &third, false, "a write with member 1 back").await;
+    let deadline = std::time::Instant::now() + SETTLE;
+    while links_up(&s.cache.log_text(), &s.members[1]) != 2 {
+        assert!(std::time::Instant::now() < deadline, "the worker opened no new connection to member 1\n{}", s.logs());
+        s.read_back(&c, &third, "a read with member 1 back").await;
+    }
+    let log = s.cache.log_text();
+    assert!(log.contains("the connection of worker 0 failed"), "the killed member's connection never failed:\n{}", s.logs());
+    s.disconnect(c).await;
+
+    // Member 0 never went away: once the worker's connection to it was up, that one
+    // connection took every byte the passes read from it (a whole block per hit).
+    let Setup { cache, members, .. } = s;
+    let (status, log) = cache.stop_with_log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(used > 0.0, "member 0 holds no block\n{log}");
+    // The member logs each connection's end once it sees it.
+    let carried = PASSES * used as u64 * (64 << 10);
+    let what = format!("a connection of member 0's that read {carried} bytes to close");
+    wait_until(&what, SETTLE, || most_read_by_one_connection(&members[0].log_text()) >= carried, || members[0].log_text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

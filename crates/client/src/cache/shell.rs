@@ -31,6 +31,8 @@ pub(super) enum Event<M> {
     /// The core's next timeout may be sooner than the one the task sleeps towards, or a
     /// stop may be done.
     Timer,
+    /// A backing operation's task ended without an answer.
+    BackingLost(OpId),
     /// A member's connection attempt ended.
     Connected { member: usize, result: Result<M, String> },
     /// Stop once the requests in flight are answered (and say so, if asked).
@@ -108,8 +110,9 @@ struct Member<M> {
 }
 
 /// A backing operation's completion, told once: by its task, or, if the task ends without
-/// an answer (a panic under the client), when dropped. A member's operation needs none:
-/// the member timeout answers for it.
+/// an answer (a panic under the client), when dropped: then through the inbox, since a
+/// task that never ran is dropped where it was spawned, under the lock. A member's
+/// operation needs none: the member timeout answers for it.
 struct BackingReport<M: Conn> {
     shared: Option<Arc<Shared<M>>>,
     op: OpId,
@@ -126,7 +129,7 @@ impl<M: Conn> BackingReport<M> {
 impl<M: Conn> Drop for BackingReport<M> {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.with(None, |s, now| s.core.handle_backing_done(now, self.op, Err("its task ended without an answer".into())));
+            let _ = shared.inbox.send(Event::BackingLost(self.op));
         }
     }
 }
@@ -240,6 +243,7 @@ impl<M: Conn> Shared<M> {
             tokio::select! {
                 event = events.recv() => match event {
                     Some(Event::Timer) => {}
+                    Some(Event::BackingLost(op)) => self.with(None, |s, now| s.core.handle_backing_done(now, op, Err("its task ended without an answer".into()))),
                     Some(Event::Connected { member, result }) => self.connected(member, result),
                     Some(Event::Stop(tx)) => self.with(None, |s, _| s.stopping.get_or_insert_with(Vec::new).extend(tx)),
                     // The inbox's sender lives in `self`.

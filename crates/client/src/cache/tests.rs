@@ -47,9 +47,10 @@ async fn wait(d: &CacheDriver<Fake>, what: &str, done: impl Fn(&Status) -> bool)
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hits_count_and_a_failed_member_comes_back_empty() {
-    let uris: Vec<Uri> = ["nbd://cache-test-a/ram", "nbd://cache-test-b/ram"].iter().map(|u| Uri::parse(u).unwrap()).collect();
+/// A volume of 4 KiB blocks (prefetch off) over two members in memory listening at
+/// `nbd://{name}-a/ram` and `-b`, with a backing of 1 MiB in memory; both members up.
+async fn two_members(name: &str) -> (Vec<Uri>, Vec<Fake>, Fake, CacheDriver<Fake>) {
+    let uris: Vec<Uri> = ["a", "b"].iter().map(|m| Uri::parse(&format!("nbd://{name}-{m}/ram")).unwrap()).collect();
     let members: Vec<Fake> = uris.iter().map(|_| Fake::new(32 * BLOCK, true, true, true)).collect();
     for (m, u) in members.iter().zip(&uris) {
         m.listen(&u.to_string());
@@ -60,6 +61,12 @@ async fn hits_count_and_a_failed_member_comes_back_empty() {
     let backing = Fake::new(1 << 20, true, true, true);
     let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), uris.clone(), ());
     wait(&d, "both members up", |s| s.members.iter().all(|m| m.up && m.slots == 32)).await;
+    (uris, members, backing, d)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_count_and_a_failed_member_comes_back_empty() {
+    let (uris, members, backing, d) = two_members("cache-test").await;
 
     let first = pattern(1);
     write(&d, 0, &first).await;
@@ -172,4 +179,83 @@ async fn a_dropped_member_is_let_go_though_it_never_takes_the_goodbye() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Fake::unlisten(&uri.to_string());
+}
+
+/// A carrier that holds what it is offered, as a worker's connections would until their
+/// answers come.
+#[derive(Default)]
+struct Holding {
+    held: Vec<crate::carry::Carried>,
+}
+
+impl crate::carry::Carrier for Holding {
+    fn carry(&mut self, op: crate::carry::Carried) -> Result<(), crate::carry::Carried> {
+        self.held.push(op);
+        Ok(())
+    }
+}
+
+type Answer = tokio::sync::oneshot::Receiver<Result<Vec<Vec<u8>>, crate::error::Error>>;
+
+fn submit_read(direct: &crate::carry::Direct, carrier: &mut Holding, offset: u64, len: u32) -> Answer {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    direct.submit(carrier, CMD_READ, 0, offset, len, None, Box::new(move |r| drop(tx.send(r)))).expect("the request is taken");
+    rx
+}
+
+async fn answered(rx: Answer) -> Vec<u8> {
+    match tokio::time::timeout(SETTLE, rx).await {
+        Ok(Ok(Ok(pieces))) => pieces.concat(),
+        other => panic!("the read was not answered well: {other:?}"),
+    }
+}
+
+/// A served cache's worker carries its hits: each hit's member read is offered to the
+/// carrier, and what the carrier finishes answers the request. A hit the carrier drops
+/// unfinished (its worker stopped) is read again by a task; one that fails drops its
+/// member, and the carrier is told to cut its connections to that member, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carrier_reads_the_hits_and_hears_when_a_member_is_cut() {
+    let (uris, members, _, d) = two_members("cache-carry").await;
+    let direct = d.direct();
+    let cuts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let told = cuts.clone();
+    direct.on_cut(Box::new(move |m| told.lock().unwrap().push(m)));
+
+    let data = pattern(5);
+    write(&d, 0, &data).await;
+    assert_eq!(read(&d, 0, RANGE).await, data);
+    wait(&d, "the misses filled", |s| s.counters.fills == 16).await;
+
+    // Every block hits: 16 member reads offered. Half are carried out here, half dropped.
+    let mut carrier = Holding::default();
+    let rx = submit_read(&direct, &mut carrier, 0, RANGE as u32);
+    assert_eq!(carrier.held.len(), 16, "one member read per block");
+    let held = std::mem::take(&mut carrier.held);
+    for (i, op) in held.into_iter().enumerate() {
+        match (i % 2, &op.cmd) {
+            (0, crate::carry::Cmd::Read { offset, len }) => {
+                let bytes = members[op.member].bytes(*offset, *len);
+                op.finish(&mut carrier, Ok(Some(bytes)));
+            }
+            (0, _) => panic!("a hit offered something but a read"),
+            _ => drop(op),
+        }
+    }
+    assert!(carrier.held.is_empty(), "a finished hit started more member reads");
+    assert_eq!(answered(rx).await, data, "the carried and re-read hits");
+    assert_eq!(d.status().await.unwrap().counters.hits, 16);
+    assert!(cuts.lock().unwrap().is_empty(), "a member was cut: {:?}", cuts.lock().unwrap());
+
+    // A carried hit that fails: its member is dropped and cut; the read still answers.
+    let rx = submit_read(&direct, &mut carrier, 0, BLOCK as u32);
+    let op = carrier.held.pop().expect("the hit's member read");
+    let member = op.member;
+    op.finish(&mut carrier, Err(crate::error::Error::Protocol("member says no".into())));
+    assert_eq!(answered(rx).await, data[..BLOCK as usize], "a failed hit is read from the backing");
+    assert_eq!(*cuts.lock().unwrap(), vec![member], "the failed member is cut once");
+    d.disconnect().await;
+    for u in &uris {
+        Fake::unlisten(&u.to_string());
+    }
 }
