@@ -18,7 +18,7 @@ use std::cell::{Cell, RefCell, RefMut};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sluice_client::attach::{open_sockets, Sockets};
@@ -39,6 +39,9 @@ pub struct Link {
     worker: usize,
     /// Set once the link failed, for the backend choosing a path.
     dead: Cell<bool>,
+    /// Set when its `Links` were cut (the volume dropped the member): its end is expected,
+    /// and logged as a debug line.
+    cut: Arc<AtomicBool>,
     inner: RefCell<Inner>,
 }
 
@@ -83,7 +86,7 @@ struct Waiting {
 impl Link {
     /// A link over `fd`, a socket the handshake left ready for transmission with simple
     /// replies; `begin` starts it on its worker's ring.
-    pub fn new(fd: Arc<OwnedFd>, spec: Arc<str>, worker: usize) -> Rc<Link> {
+    pub fn new(fd: Arc<OwnedFd>, spec: Arc<str>, worker: usize, cut: Arc<AtomicBool>) -> Rc<Link> {
         let inner = Inner {
             replies: Replies::new(),
             waiting: Vec::new(),
@@ -95,7 +98,7 @@ impl Link {
             flush_asked: false,
             dead: false,
         };
-        Rc::new(Link { fd, spec, worker, dead: Cell::new(false), inner: RefCell::new(inner) })
+        Rc::new(Link { fd, spec, worker, dead: Cell::new(false), cut, inner: RefCell::new(inner) })
     }
 
     /// Starts receiving, on the ring of the worker the link belongs to.
@@ -229,7 +232,8 @@ impl Link {
             g.dead = true;
             self.dead.set(true);
             let (spec, worker, n) = (&self.spec, self.worker, failed.len());
-            log::warn!("{spec}: the connection of worker {worker} failed ({why}); requests on it failed with EIO: {n}; the worker's next ones go through the export's other connections");
+            let level = if self.cut.load(Ordering::Relaxed) { log::Level::Debug } else { log::Level::Warn };
+            log::log!(level, "{spec}: the connection of worker {worker} failed ({why}); requests on it failed with EIO: {n}; the worker's next ones go through the export's other connections");
             // Whatever the kernel still has on the socket ends now.
             let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
         }
@@ -379,6 +383,8 @@ pub struct Links {
     alive: Arc<()>,
     /// The sockets of the links started, for `cut`.
     opened: Mutex<Vec<std::sync::Weak<OwnedFd>>>,
+    /// Set by `cut`; every link shares it.
+    cut: Arc<AtomicBool>,
 }
 
 /// What the backend's client found, which every link must find too.
@@ -462,12 +468,14 @@ impl Links {
             workers: Arc::new(workers),
             alive: Arc::new(()),
             opened: Mutex::new(Vec::new()),
+            cut: Arc::new(AtomicBool::new(false)),
         })
     }
 
     /// Ends every link started, from any thread: what is in flight on them fails, and each
     /// worker's next request finds its link dead. For a pool member the pool has dropped.
     pub fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
         for fd in self.opened.lock().expect("the list is only ever pushed to").iter().filter_map(std::sync::Weak::upgrade) {
             let _ = rustix::net::shutdown(&*fd, rustix::net::Shutdown::Both);
         }
@@ -508,7 +516,7 @@ impl Links {
                 opened.retain(|w| w.strong_count() > 0);
                 opened.push(Arc::downgrade(&fd));
                 drop(opened);
-                let link = Link::new(fd, Arc::clone(&self.spec), worker);
+                let link = Link::new(fd, Arc::clone(&self.spec), worker, Arc::clone(&self.cut));
                 link.begin(ring);
                 self.keep(ring, Some(Rc::clone(&link)));
                 log::debug!("{}: worker {worker} sends reads, writes and flushes over a connection of its own", self.spec);
