@@ -40,11 +40,11 @@ struct Setup {
 /// Starts the backing, the members, and the server of the cached volume (prefetch off, so
 /// that hits and misses are exact).
 fn setup() -> Setup {
-    setup_with(&[])
+    setup_with("", &[])
 }
 
-/// `setup`, with more arguments for the cache's server.
-fn setup_with(cache_args: &[&str]) -> Setup {
+/// `setup`, with more keys for the cache file and more arguments for its server.
+fn setup_with(keys: &str, cache_args: &[&str]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     std::fs::File::create(&disk).unwrap().set_len(VOLUME).unwrap();
@@ -52,7 +52,7 @@ fn setup_with(cache_args: &[&str]) -> Setup {
     let members: Vec<Sluice> = (0..2).map(|_| Sluice::start(&["--export", &format!("ram={MEMBER}")])).collect();
     let names: Vec<String> = members.iter().map(|m| format!("{:?}", m.uri_for("ram"))).collect();
     let file = dir.path().join("cache.toml");
-    let text = format!("backing = {:?}\nmembers = [{}]\nblock = \"64K\"\nprefetch = \"off\"\n", backing.uri_for("vol"), names.join(", "));
+    let text = format!("backing = {:?}\nmembers = [{}]\nblock = \"64K\"\nprefetch = \"off\"\n{keys}", backing.uri_for("vol"), names.join(", "));
     std::fs::write(&file, text).unwrap();
     let metrics = free_port();
     let export = format!("v=cache:{}", file.display());
@@ -195,8 +195,9 @@ fn most_read_by_one_connection(log: &str) -> u64 {
 /// opens a new one to it. Every read returns the last data written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_served_caches_worker_reads_its_hits_on_its_own_connections_across_a_member_restart() {
-    // One worker, so that every request is that worker's.
-    let mut s = setup_with(&["--threads", "1", "--log-level", "debug"]);
+    // One worker, so that every request is that worker's; a member timeout no loaded
+    // machine reaches, so that only the kill drops a member.
+    let mut s = setup_with("member-timeout = \"1h\"\n", &["--threads", "1", "--log-level", "debug"]);
     let (c, first) = s.filled(21).await;
     // The first operations for a member open the worker's connection and go the cache's
     // own way until it is up.

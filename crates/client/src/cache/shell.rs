@@ -86,6 +86,9 @@ pub(super) struct Shell<M> {
     armed: Option<u64>,
     /// A stop was asked for: no new requests; these are told when it is done.
     stopping: Option<Vec<oneshot::Sender<()>>>,
+    /// The stop is under way: the members and the backing are being let go, and what the
+    /// core still asks for (a late prefetch's fill, a member it now finds gone) is not done.
+    closing: bool,
     /// The stop is done.
     closed: bool,
 }
@@ -139,7 +142,7 @@ pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, uris: Vec<
     let (inbox, events) = mpsc::unbounded_channel();
     let core = Cache::new(Params::new(&config, backing.export().size, identity()));
     let members = uris.into_iter().map(|uri| Member { uri, client: None, ops: HashMap::new(), connecting: None, failures: 0, target: None }).collect();
-    let state = Shell { core, members, waiting: HashMap::new(), next_req: 0, armed: None, stopping: None, closed: false };
+    let state = Shell { core, members, waiting: HashMap::new(), next_req: 0, armed: None, stopping: None, closing: false, closed: false };
     let name = path.display().to_string();
     let runtime = Handle::current();
     let shared = Arc::new(Shared { state: Mutex::new(state), start: Instant::now(), name, backing, options, inbox, runtime, connections, on_cut: OnceLock::new() });
@@ -174,11 +177,15 @@ impl<M: Conn> Shared<M> {
     /// Tells the core something (`f`), then carries out what it asks for, offering member
     /// reads and writes to `carrier` first.
     pub(super) fn with<T>(self: &Arc<Self>, mut carrier: Option<&mut dyn Carrier>, f: impl FnOnce(&mut Shell<M>, u64) -> T) -> T {
-        let now = self.now();
         let mut s = self.lock();
+        // Read under the lock, so that the core's clock never goes back.
+        let now = self.now();
         let out = f(&mut s, now);
         while let Some(action) = s.core.poll_action() {
             match action {
+                // Only replies still matter (there are none left to give, since the stop
+                // waits for them, but they are given if there are).
+                Action::Backing { .. } | Action::Member { .. } | Action::Reconnect { .. } if s.closing => {}
                 Action::Backing { op, cmd } => self.backing_op(op, cmd),
                 Action::Member { op, member, cmd } => self.member_op(&mut s, now, op, member, cmd, carrier.as_mut().map(|c| &mut **c as &mut dyn Carrier)),
                 Action::Reply { req, result } => {
@@ -408,6 +415,7 @@ impl<M: Conn> Shared<M> {
         let mut clients = Vec::new();
         {
             let mut s = self.lock();
+            s.closing = true;
             for (i, m) in s.members.iter_mut().enumerate() {
                 for (_, task) in m.ops.drain() {
                     task.abort();
