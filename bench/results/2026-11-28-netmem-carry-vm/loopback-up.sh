@@ -12,7 +12,7 @@ prefetch = "off"
 T
 cp $BIN /tmp/cr/sluice-cr-bin
 ./sluice-cr-bin serve --listen 127.0.0.1:11801 --export vol=/tmp/cr/disk.img --log-level warn > b.log 2>&1 &
-./sluice-cr-bin serve --listen 127.0.0.1:11802 --export ram=memory:512M --log-level warn > m1.log 2>&1 &
+./sluice-cr-bin serve --listen 127.0.0.1:11802 --export ram=memory:512M --export raw=memory:256M --log-level warn > m1.log 2>&1 &
 ./sluice-cr-bin serve --listen 127.0.0.1:11803 --export ram=memory:512M --log-level warn > m2.log 2>&1 &
 sleep 0.5
 ./sluice-cr-bin serve --listen 127.0.0.1:11804 --export v=cache:/tmp/cr/cache.toml --metrics 127.0.0.1:11805 --log-level info $GWARGS > c.log 2>&1 &
