@@ -176,7 +176,12 @@ async fn reads_hit_once_filled_and_the_cache_hint_fills_ahead() {
 /// How many times the cache's server said its worker 0 took up a connection of its own to
 /// `member`.
 fn links_up(log: &str, member: &Sluice) -> usize {
-    let line = format!("member {}: worker 0 sends reads, writes and flushes over a connection of its own", member.uri_for("ram"));
+    links_up_to(log, &member.uri_for("ram"))
+}
+
+/// The same for the export at `uri` (a member, or the backing).
+fn links_up_to(log: &str, uri: &str) -> usize {
+    let line = format!("member {uri}: worker 0 sends reads, writes and flushes over a connection of its own");
     log.lines().filter(|l| l.contains(&line)).count()
 }
 
@@ -187,10 +192,9 @@ fn most_read_by_one_connection(log: &str) -> u64 {
 }
 
 /// A served cache's worker reads its hits from the members itself, over a connection of
-/// its own to each member: the server says so, and one connection of a member took every
-/// byte the hits read from it once that connection was up (the cache's own client spreads
-/// its reads over four). (Fills start when the backing's read is back, on the cache's
-/// tasks, and take the cache's own connections.) When a member is killed that
+/// its own to each member (and writes through to the backing over one of its own to it):
+/// the server says so, and one connection of a member took every byte the hits read from
+/// it once that connection was up (the cache's own client spreads its reads over four). When a member is killed that
 /// connection fails, reads go to the backing, and once the member is back the worker
 /// opens a new one to it. Every read returns the last data written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,12 +203,18 @@ async fn a_served_caches_worker_reads_its_hits_on_its_own_connections_across_a_m
     // machine reaches, so that only the kill drops a member.
     let mut s = setup_with("member-timeout = \"1h\"\n", &["--threads", "1", "--log-level", "debug"]);
     let (c, first) = s.filled(21).await;
-    // The first operations for a member open the worker's connection and go the cache's
-    // own way until it is up.
+    // The first operations for a member or the backing open the worker's connection to it
+    // and go the cache's own way until it is up; the worker takes it up at its next one.
+    // The rewrite drops the blocks, and the read fills them again.
     let deadline = std::time::Instant::now() + SETTLE;
-    while s.members.iter().any(|m| links_up(&s.cache.log_text(), m) != 1) {
-        assert!(std::time::Instant::now() < deadline, "the worker has no connection of its own to each member\n{}", s.logs());
+    let backing = s.backing.uri_for("vol");
+    while s.members.iter().any(|m| links_up(&s.cache.log_text(), m) != 1) || links_up_to(&s.cache.log_text(), &backing) != 1 {
+        assert!(std::time::Instant::now() < deadline, "the worker has no connection of its own to each member and the backing\n{}", s.logs());
+        let fills = s.counter("fills");
+        s.write(&c, &first, false, "a rewrite while the worker's connections come up").await;
         s.read_back(&c, &first, "a read while the worker's connections come up").await;
+        s.wait_counter("fills", fills + BLOCKS);
+        s.read_back(&c, &first, "a read of the blocks filled again").await;
     }
     let uri = s.members[0].uri_for("ram");
     let used = s.metric(&format!("sluice_cache_member_slots_used{{export=\"v\",member=\"0\",uri=\"{uri}\"}}"));

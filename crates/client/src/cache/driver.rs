@@ -32,9 +32,9 @@ pub(crate) struct CacheDriver<M: Member> {
 
 impl<M: Member> CacheDriver<M> {
     /// Starts the task that owns the core; the members connect in the background.
-    pub(crate) fn start(path: &Path, config: Config, backing: M, members: Vec<Uri>, member_options: M::Options) -> CacheDriver<M> {
+    pub(crate) fn start(path: &Path, config: Config, backing: M, backing_uri: &Uri, members: Vec<Uri>, member_options: M::Options) -> CacheDriver<M> {
         let connections = Arc::new(AtomicUsize::new(backing.connections()));
-        let shared = shell::spawn(path, config, backing, members, member_options, Arc::clone(&connections));
+        let shared = shell::spawn(path, config, backing, backing_uri, members, member_options, Arc::clone(&connections));
         CacheDriver { shared, connections }
     }
 

@@ -35,7 +35,7 @@ pub(crate) async fn open<M: Member>(path: &Path, options: &M::Options) -> Result
     let export = export(path, &config, client.export());
     // `Member::connect` makes members connect without reconnecting by themselves: their
     // failures are the core's to see.
-    let driver = CacheDriver::start(path, config, client, members, options.clone());
+    let driver = CacheDriver::start(path, config, client, &backing, members, options.clone());
     Ok((export, driver))
 }
 

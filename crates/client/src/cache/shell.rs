@@ -65,6 +65,9 @@ pub(super) struct Shared<M: Conn> {
     /// The file, for logs.
     name: String,
     backing: M,
+    /// Where the backing is, for a carrier's own connections to it (as the member after
+    /// the last: `members.len()`); it never changes.
+    backing_target: Arc<Target>,
     options: M::Options,
     inbox: mpsc::UnboundedSender<Event<M>>,
     /// Where tasks run, whichever thread starts them (a server's worker is not the
@@ -138,14 +141,15 @@ impl<M: Conn> Drop for BackingReport<M> {
 }
 
 /// Starts the cache and its task.
-pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, uris: Vec<Uri>, options: M::Options, connections: Arc<AtomicUsize>) -> Arc<Shared<M>> {
+pub(super) fn spawn<M: Conn>(path: &Path, config: Config, backing: M, backing_uri: &Uri, uris: Vec<Uri>, options: M::Options, connections: Arc<AtomicUsize>) -> Arc<Shared<M>> {
     let (inbox, events) = mpsc::unbounded_channel();
     let core = Cache::new(Params::new(&config, backing.export().size, identity()));
     let members = uris.into_iter().map(|uri| Member { uri, client: None, ops: HashMap::new(), connecting: None, failures: 0, target: None }).collect();
     let state = Shell { core, members, waiting: HashMap::new(), next_req: 0, armed: None, stopping: None, closing: false, closed: false };
     let name = path.display().to_string();
     let runtime = Handle::current();
-    let shared = Arc::new(Shared { state: Mutex::new(state), start: Instant::now(), name, backing, options, inbox, runtime, connections, on_cut: OnceLock::new() });
+    let backing_target = Target::new(backing_uri, backing.export());
+    let shared = Arc::new(Shared { state: Mutex::new(state), start: Instant::now(), name, backing, backing_target, options, inbox, runtime, connections, on_cut: OnceLock::new() });
     tokio::spawn(Arc::clone(&shared).run(events));
     shared
 }
@@ -186,7 +190,7 @@ impl<M: Conn> Shared<M> {
                 // Only replies still matter (there are none left to give, since the stop
                 // waits for them, but they are given if there are).
                 Action::Backing { .. } | Action::Member { .. } | Action::Reconnect { .. } if s.closing => {}
-                Action::Backing { op, cmd } => self.backing_op(op, cmd),
+                Action::Backing { op, cmd } => self.backing_op(&s, op, cmd, carrier.as_mut().map(|c| &mut **c as &mut dyn Carrier)),
                 Action::Member { op, member, cmd } => self.member_op(&mut s, now, op, member, cmd, carrier.as_mut().map(|c| &mut **c as &mut dyn Carrier)),
                 Action::Reply { req, result } => {
                     if let Some(done) = s.waiting.remove(&req) {
@@ -262,7 +266,25 @@ impl<M: Conn> Shared<M> {
         self.close(events).await;
     }
 
-    fn backing_op(self: &Arc<Self>, op: OpId, cmd: BackingCmd) {
+    /// A backing operation: a read, write or flush on a carrier's own connection to the
+    /// backing when it takes it, else on a task.
+    fn backing_op(self: &Arc<Self>, s: &Shell<M>, op: OpId, cmd: BackingCmd, carrier: Option<&mut dyn Carrier>) {
+        let cmd = match (carrier, carried_backing_cmd(cmd, self.backing.export())) {
+            (Some(carrier), Ok(c)) => {
+                let target = Arc::clone(&self.backing_target);
+                let back = Box::new(CacheBack { op, epoch: target.epoch, shared: Arc::clone(self), on: On::Backing });
+                match carrier.carry(Carried::new(s.members.len(), target, c, back)) {
+                    Ok(()) => return,
+                    Err(refused) => backing_cmd(refused.into_parts().0),
+                }
+            }
+            (_, Ok(c)) => backing_cmd(c),
+            (_, Err(cmd)) => cmd,
+        };
+        self.spawn_backing_op(op, cmd);
+    }
+
+    fn spawn_backing_op(self: &Arc<Self>, op: OpId, cmd: BackingCmd) {
         let (client, report) = (self.backing.clone(), BackingReport { shared: Some(Arc::clone(self)), op });
         self.runtime.spawn(async move {
             let outcome = io::backing(&client, cmd).await;
@@ -280,7 +302,7 @@ impl<M: Conn> Shared<M> {
         let cmd = match (carrier, carried_cmd(cmd)) {
             (Some(carrier), Ok(c)) => {
                 let target = Arc::clone(m.target.get_or_insert_with(|| Target::new(&m.uri, client.export())));
-                let back = Box::new(CacheBack { op, epoch: target.epoch, shared: Arc::clone(self) });
+                let back = Box::new(CacheBack { op, epoch: target.epoch, shared: Arc::clone(self), on: On::Member });
                 match carrier.carry(Carried::new(member, target, c, back)) {
                     Ok(()) => return,
                     Err(refused) => member_cmd(refused.into_parts().0),
@@ -452,24 +474,45 @@ impl<M: Conn> Shared<M> {
     }
 }
 
-/// A member operation on a carrier's connection, on its way back to the cache.
+/// An operation on a carrier's connection, on its way back to the cache.
 struct CacheBack<M: Conn> {
     op: OpId,
     /// The `Target` it went to.
     epoch: u64,
     shared: Arc<Shared<M>>,
+    on: On,
+}
+
+/// Where a carried operation went.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum On {
+    Member,
+    Backing,
 }
 
 impl<M: Conn> Back for CacheBack<M> {
     fn finish(self: Box<Self>, carrier: Option<&mut dyn Carrier>, _member: usize, result: Result<Option<Vec<u8>>, Error>) {
         let outcome = result.map(Option::unwrap_or_default).map_err(io::failure);
-        self.shared.with(carrier, |s, now| s.core.handle_member_done(now, self.op, outcome));
+        self.shared.with(carrier, |s, now| match self.on {
+            On::Member => s.core.handle_member_done(now, self.op, outcome),
+            On::Backing => s.core.handle_backing_done(now, self.op, outcome),
+        });
     }
 
-    /// Run again on a task while the member's connection is the one it was for: a read is
-    /// harmless twice, and a slot write that lands late only makes that slot fail its check.
+    /// A member's read or fill runs again on a task while the member's connection is the
+    /// one it was for: a read is harmless twice, and a slot write that lands late only makes
+    /// that slot fail its check. A backing read or flush runs again too; a backing write
+    /// fails (it may have left whole and still land, after a later write to the same place
+    /// that a copy sent again would let through).
     fn abandoned(self: Box<Self>, member: usize, cmd: Cmd) {
-        let CacheBack { op, epoch, shared } = *self;
+        let CacheBack { op, epoch, shared, on } = *self;
+        if on == On::Backing {
+            match cmd {
+                Cmd::Write { .. } => shared.with(None, |s, now| s.core.handle_backing_done(now, op, Err("its connection to the backing went away with the write on it".into()))),
+                cmd => shared.spawn_backing_op(op, backing_cmd(cmd)),
+            }
+            return;
+        }
         shared.with(None, |s, now| {
             let m = &mut s.members[member];
             match m.client.clone().filter(|_| m.target.as_ref().is_some_and(|t| t.epoch == epoch)) {
@@ -481,6 +524,38 @@ impl<M: Conn> Back for CacheBack<M> {
 
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
+    }
+}
+
+/// A backing operation a carrier may take (a read, a write, a flush the backing has), or
+/// the command back.
+fn carried_backing_cmd(cmd: BackingCmd, export: &crate::export::Export) -> Result<Cmd, BackingCmd> {
+    match cmd {
+        BackingCmd::Read { offset, len } if len > 0 => Ok(Cmd::Read { offset, len: len as usize }),
+        BackingCmd::Write { offset, data, fua } if !data.is_empty() && (!fua || export.can_fua()) => {
+            let range = 0..data.len();
+            Ok(Cmd::Write { offset, data: Arc::new(data), range, fua })
+        }
+        BackingCmd::Flush if export.can_flush() => Ok(Cmd::Flush),
+        cmd => Err(cmd),
+    }
+}
+
+/// A carried command as a backing task runs it.
+fn backing_cmd(cmd: Cmd) -> BackingCmd {
+    match cmd {
+        Cmd::Read { offset, len } => BackingCmd::Read { offset, len: len as u64 },
+        Cmd::Write { offset, data, range, fua } => BackingCmd::Write { offset, data: owned(data, range), fua },
+        Cmd::Flush => BackingCmd::Flush,
+    }
+}
+
+/// A carried write's bytes, as a task sends them.
+fn owned(data: Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Vec<u8> {
+    match Arc::try_unwrap(data) {
+        Ok(v) if range == (0..v.len()) => v,
+        Ok(v) => v[range].to_vec(),
+        Err(shared) => shared[range].to_vec(),
     }
 }
 
@@ -501,10 +576,7 @@ fn carried_cmd(cmd: MemberCmd) -> Result<Cmd, MemberCmd> {
 fn member_cmd(cmd: Cmd) -> MemberCmd {
     match cmd {
         Cmd::Read { offset, len } => MemberCmd::Read { offset, len: len as u64 },
-        Cmd::Write { offset, data, range, .. } => {
-            let data = Arc::try_unwrap(data).unwrap_or_else(|shared| shared[range.clone()].to_vec());
-            MemberCmd::Write { offset, data }
-        }
+        Cmd::Write { offset, data, range, .. } => MemberCmd::Write { offset, data: owned(data, range) },
         Cmd::Flush => unreachable!("the cache never flushes a member"),
     }
 }

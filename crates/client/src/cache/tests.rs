@@ -19,6 +19,10 @@ const RANGE: usize = 64 << 10;
 /// first 250 ms backoff); it takes milliseconds.
 const SETTLE: Duration = Duration::from_secs(10);
 
+fn backing_uri() -> Uri {
+    Uri::parse("nbd://disk/vol").unwrap()
+}
+
 fn pattern(seed: u8) -> Vec<u8> {
     (0..RANGE).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
@@ -59,7 +63,7 @@ async fn two_members(name: &str) -> (Vec<Uri>, Vec<Fake>, Fake, CacheDriver<Fake
     let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{}]\nblock = \"4K\"\nprefetch = \"off\"\n", names.join(", "));
     let config = sluice_cache::config::parse(&text).unwrap();
     let backing = Fake::new(1 << 20, true, true, true);
-    let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), uris.clone(), ());
+    let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), &backing_uri(), uris.clone(), ());
     wait(&d, "both members up", |s| s.members.iter().all(|m| m.up && m.slots == 32)).await;
     (uris, members, backing, d)
 }
@@ -109,7 +113,7 @@ fn one_member(uri: &str, member: Option<&Fake>, backing: &Fake) -> (Uri, CacheDr
     }
     let text = format!("backing = \"nbd://disk/vol\"\nmembers = [{:?}]\nblock = \"4K\"\nprefetch = \"off\"\n", uri.to_string());
     let config = sluice_cache::config::parse(&text).unwrap();
-    let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), vec![uri.clone()], ());
+    let d = CacheDriver::start(Path::new("test.toml"), config, backing.clone(), &backing_uri(), vec![uri.clone()], ());
     (uri, d)
 }
 
@@ -181,15 +185,22 @@ async fn a_dropped_member_is_let_go_though_it_never_takes_the_goodbye() {
     Fake::unlisten(&uri.to_string());
 }
 
-/// A carrier that holds what it is offered, as a worker's connections would until their
-/// answers come.
+/// A carrier that holds the member operations it is offered, as a worker's connections
+/// would until their answers come, and hands back (and counts) the backing's, which come
+/// as the member after the last.
 #[derive(Default)]
 struct Holding {
     held: Vec<crate::carry::Carried>,
+    members: usize,
+    backing_offered: usize,
 }
 
 impl crate::carry::Carrier for Holding {
     fn carry(&mut self, op: crate::carry::Carried) -> Result<(), crate::carry::Carried> {
+        if op.member >= self.members {
+            self.backing_offered += 1;
+            return Err(op);
+        }
         self.held.push(op);
         Ok(())
     }
@@ -211,7 +222,8 @@ async fn answered(rx: Answer) -> Vec<u8> {
 }
 
 /// A served cache's worker carries its hits: each hit's member read is offered to the
-/// carrier, and what the carrier finishes answers the request. A hit the carrier drops
+/// carrier, and what the carrier finishes answers the request; a read of the backing is
+/// offered too. A hit the carrier drops
 /// unfinished (its worker stopped) is read again by a task; one that fails drops its
 /// member, and the carrier is told to cut its connections to that member, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,7 +240,7 @@ async fn a_carrier_reads_the_hits_and_hears_when_a_member_is_cut() {
     wait(&d, "the misses filled", |s| s.counters.fills == 16).await;
 
     // Every block hits: 16 member reads offered. Half are carried out here, half dropped.
-    let mut carrier = Holding::default();
+    let mut carrier = Holding { members: 2, ..Holding::default() };
     let rx = submit_read(&direct, &mut carrier, 0, RANGE as u32);
     assert_eq!(carrier.held.len(), 16, "one member read per block");
     let held = std::mem::take(&mut carrier.held);
@@ -252,6 +264,7 @@ async fn a_carrier_reads_the_hits_and_hears_when_a_member_is_cut() {
     let op = carrier.held.pop().expect("the hit's member read");
     let member = op.member;
     op.finish(&mut carrier, Err(crate::error::Error::Protocol("member says no".into())));
+    assert_eq!(carrier.backing_offered, 1, "the backing's read is offered to the carrier (and handed back, it goes by task)");
     assert_eq!(answered(rx).await, data[..BLOCK as usize], "a failed hit is read from the backing");
     assert_eq!(*cuts.lock().unwrap(), vec![member], "the failed member is cut once");
     d.disconnect().await;
