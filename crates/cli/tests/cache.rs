@@ -432,7 +432,8 @@ async fn a_stalled_member_is_timed_out_and_its_reads_go_to_the_backing() {
 }
 
 /// The backing's errno reaches the cached volume's client: nbdkit failing every write
-/// with ENOSPC gives ENOSPC in the gateway's reply, not EIO; reads still work.
+/// with ENOSPC gives ENOSPC in the gateway's reply, not EIO, through the cache's own
+/// connections to the backing and through the worker's; reads still work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backings_errno_comes_through() {
     require!("nbdkit");
@@ -441,16 +442,28 @@ async fn the_backings_errno_comes_through() {
     let member = Sluice::start(&["--export", &format!("ram={MEMBER}")]);
     let file = dir.path().join("cache.toml");
     std::fs::write(&file, format!("backing = {:?}\nmembers = [{:?}]\n", kit.uri(), member.uri_for("ram"))).unwrap();
-    let cache = Sluice::start(&["--export", &format!("v=cache:{}", file.display())]);
+    // One worker, so that its connection to the backing is the one every write can take.
+    let cache = Sluice::start(&["--export", &format!("v=cache:{}", file.display()), "--threads", "1", "--log-level", "debug"]);
     let logs = || format!("--- cache:\n{}\n--- member:\n{}", cache.log_text(), member.log_text());
     let uri = Uri::parse(&cache.uri_for("v")).unwrap();
     let c = tokio::time::timeout(SETTLE, Client::connect_with(&uri, &Options::default())).await.expect("connect, bounded").expect("connect");
     let read = tokio::time::timeout(SETTLE, c.read_owned(0, vec![1; 65536])).await.expect("a read, bounded");
     assert_eq!(read.unwrap_or_else(|e| panic!("read: {e}\n{}", logs())), vec![0; 65536]);
-    match tokio::time::timeout(SETTLE, c.write(0, &[7; 4096], false)).await.expect("a write, bounded") {
-        Err(sluice_client::Error::Server { errno, .. }) => assert_eq!(errno, libc::ENOSPC as u32, "{}", logs()),
-        other => panic!("the backing's ENOSPC was lost: {other:?}\n{}", logs()),
+    let write = || async {
+        match tokio::time::timeout(SETTLE, c.write(0, &[7; 4096], false)).await.expect("a write, bounded") {
+            Err(sluice_client::Error::Server { errno, .. }) => assert_eq!(errno, libc::ENOSPC as u32, "{}", logs()),
+            other => panic!("the backing's ENOSPC was lost: {other:?}\n{}", logs()),
+        }
+    };
+    // The first write offered to the worker's connection to the backing opens it; the
+    // writes go the cache's own way until it is up, and over it from then on.
+    let up = format!("member {}: worker 0 sends reads, writes and flushes over a connection of its own", kit.uri());
+    let deadline = std::time::Instant::now() + SETTLE;
+    while !cache.log_text().contains(&up) {
+        assert!(std::time::Instant::now() < deadline, "the worker opened no connection of its own to the backing\n{}", logs());
+        write().await;
     }
+    write().await;
     c.disconnect().await;
     let (status, log) = cache.stop_with_log();
     assert_eq!(status.code(), Some(0), "{log}");

@@ -41,9 +41,6 @@ pub(super) async fn member<M: Member>(c: &M, cmd: MemberCmd) -> Outcome {
 pub(super) fn failure(e: Error) -> Failure {
     let errno = match &e {
         Error::Server { errno, .. } => Errno::from_code(*errno).unwrap_or(Errno::Io),
-        // A server worker's own connection to the backing reports the backing's errno so
-        // (the protocol's errnos are Linux's); any other error of the system's is EIO.
-        Error::Io(e) => e.raw_os_error().and_then(|code| Errno::from_code(code as u32).filter(|e| e.code() as i32 == code)).unwrap_or(Errno::Io),
         Error::ReadOnly => Errno::Perm,
         Error::Unsupported(_) => Errno::NotSup,
         Error::OutOfRange { .. } | Error::Unaligned { .. } => Errno::Inval,
@@ -65,9 +62,8 @@ mod tests {
         assert_eq!(failure(Error::Server { errno: 9999, message: None }).errno, Errno::Inval);
         assert_eq!(failure(Error::ReadOnly).errno, Errno::Perm);
         assert_eq!(failure(Error::Closed).errno, Errno::Io);
-        // From a worker's own connection: the protocol's errno is kept, the system's is EIO.
+        // An error of the system's is EIO, whatever its errno.
         let io = |code| Error::Io(std::sync::Arc::new(std::io::Error::from_raw_os_error(code)));
-        assert_eq!(failure(io(libc::ENOSPC)).errno, Errno::NoSpc);
-        assert_eq!(failure(io(libc::ECONNRESET)).errno, Errno::Io);
+        assert_eq!(failure(io(libc::ENOMEM)).errno, Errno::Io);
     }
 }

@@ -450,6 +450,8 @@ impl<M: Conn> Shared<M> {
                 }
                 clients.extend(m.client.take());
             }
+            // The workers' connections to the backing, the member after the last.
+            self.cut(s.members.len());
         }
         // Connections made before their task was aborted wait in the inbox.
         events.close();

@@ -148,6 +148,10 @@ impl CarriedEnd for MemberDone {
         let MemberDone { op, volume } = *self;
         let read = matches!(op.cmd, CarriedCmd::Read { .. });
         let outcome = match held {
+            // The link gives the remote's own errno (one of the protocol's), or EIO when it
+            // failed: the first as the remote's answer, so that a cache's client gets the
+            // backing's ENOSPC.
+            _ if result < 0 && result != -libc::EIO => Err(Error::Server { errno: result.unsigned_abs(), message: None }),
             _ if result < 0 => Err(Error::Io(Arc::new(io::Error::from_raw_os_error(-result)))),
             Held::Buf(buf) if read => match buf.into_vec() {
                 Ok(bytes) => Ok(Some(bytes)),
