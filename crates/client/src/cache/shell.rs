@@ -529,11 +529,13 @@ impl<M: Conn> Back for CacheBack<M> {
     }
 }
 
-/// A backing operation a carrier may take (a read, a write, a flush the backing has), or
-/// the command back.
+/// A backing operation a carrier may take (a write, a flush the backing has), or the
+/// command back. Reads stay on the cache's own connections: on a worker's one connection
+/// a cold sequential pass (prefetch's runs beside the demand reads) read a throttled disk
+/// at 0.77-0.82x its rate, against 0.99x on the cache's (bench/results/
+/// 2026-11-28-netmem-carry-vm).
 fn carried_backing_cmd(cmd: BackingCmd, export: &crate::export::Export) -> Result<Cmd, BackingCmd> {
     match cmd {
-        BackingCmd::Read { offset, len } if len > 0 => Ok(Cmd::Read { offset, len: len as usize }),
         BackingCmd::Write { offset, data, fua } if !data.is_empty() && (!fua || export.can_fua()) => {
             let range = 0..data.len();
             Ok(Cmd::Write { offset, data: Arc::new(data), range, fua })
