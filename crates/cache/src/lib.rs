@@ -13,7 +13,7 @@
 //!   rendezvous placement;
 //! - `core`: the cache itself (below);
 //! - `prefetch`: sequential stream detection; `counters`: what `/metrics` shows;
-//!   `limits`: every constant, with why.
+//!   `ranges`: sets of blocks as ranges; `limits`: every constant, with why.
 //!
 //! The guarantee: a read never returns data older than the last write acknowledged before
 //! it started, whatever the members do (drop pages, restart empty, answer late or never).
@@ -44,6 +44,7 @@ pub mod counters;
 pub mod directory;
 pub mod limits;
 pub mod prefetch;
+pub mod ranges;
 pub mod slot;
 #[cfg(test)]
 mod sim;

@@ -15,10 +15,11 @@ use crate::slot;
 
 impl Cache {
     /// A fill for `block` if it may start one: not cached, no fill already, no write in
-    /// flight to it (its data could be older than that write), and a member to put it on.
+    /// flight to it (its data could be older than that write) nor one that failed (see
+    /// `write`), and a member to put it on.
     pub(super) fn try_fill(&mut self, block: u64, source: Source) -> Option<u64> {
         let writing = self.writes.values().any(|&(a, b)| (a..b).contains(&block));
-        if writing || self.fill_of.contains_key(&block) || self.dir.get(block).is_some() || self.dir.place(block).is_none() {
+        if writing || self.doubtful.contains(block) || self.fill_of.contains_key(&block) || self.dir.get(block).is_some() || self.dir.place(block).is_none() {
             return None;
         }
         let f = self.next_fill;

@@ -29,6 +29,7 @@ use crate::counters::Counters;
 use crate::directory::{Directory, MemberState};
 use crate::limits::PAGE_BYTES;
 use crate::prefetch::Streams;
+use crate::ranges::Ranges;
 use crate::slot::Origin;
 use state::{Fill, Hint, Op, OpKind, Pending};
 
@@ -44,6 +45,8 @@ pub struct Cache {
     fill_of: HashMap<u64, u64>,
     /// Writes in flight: blocks `first..end` by operation.
     writes: BTreeMap<OpId, (u64, u64)>,
+    /// Blocks a failed write touched: never filled again (see `write`).
+    doubtful: Ranges,
     streams: Streams,
     /// Blocks a stream asked to read ahead, not yet started.
     prefetch_queue: VecDeque<u64>,
@@ -60,6 +63,9 @@ pub struct Cache {
     /// simulation can show it catches the stale reads that follow.
     #[cfg(test)]
     pub(crate) break_stale_rule: bool,
+    /// Test hook: a failed write's blocks are filled again at once.
+    #[cfg(test)]
+    pub(crate) break_failed_write_rule: bool,
     /// Test hook: the pages a hit reads are taken as they are, unchecked.
     #[cfg(test)]
     pub(crate) break_verify: bool,
@@ -99,6 +105,7 @@ impl Cache {
             fills: BTreeMap::new(),
             fill_of: HashMap::new(),
             writes: BTreeMap::new(),
+            doubtful: Ranges::default(),
             streams: Streams::default(),
             prefetch_queue: VecDeque::new(),
             hints: VecDeque::new(),
@@ -110,6 +117,8 @@ impl Cache {
             now: 0,
             #[cfg(test)]
             break_stale_rule: false,
+            #[cfg(test)]
+            break_failed_write_rule: false,
             #[cfg(test)]
             break_verify: false,
             #[cfg(test)]
@@ -165,7 +174,7 @@ impl Cache {
                 self.backing_read_done(req, first, start, fills, outcome)
             }
             OpKind::BackingWrite { req, .. } => {
-                self.writes.remove(&op);
+                self.write_done(op, outcome.is_err());
                 self.part_done(req, outcome.err().map(|e| e.context("backing")));
             }
             OpKind::BackingFlush { req } => self.part_done(req, outcome.err().map(|e| e.context("backing flush"))),

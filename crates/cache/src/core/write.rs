@@ -3,6 +3,13 @@
 //! When it starts, the blocks it touches, wholly or in part, leave the directory and their
 //! fills go stale, so no read that starts later finds the old data in the cache; reads
 //! already under way may return the old data, which the write had not yet replaced.
+//!
+//! A write that fails may still land: its connection died with the write sent, and the
+//! backing takes it whenever it gets to it. A block filled meanwhile would keep the old
+//! bytes after the backing moved on, and reads would go back to them with no write in
+//! between. Nothing in NBD says when such a write is settled, so the blocks a failed
+//! write touched are never filled again: their reads go to the backing, as misses, for
+//! as long as the core lives.
 
 use super::state::{OpKind, Pending, Stage};
 use super::Cache;
@@ -18,6 +25,16 @@ impl Cache {
         self.writes.insert(op, (first, end));
         self.invalidate(first, end);
         self.stale_fills(first, end);
+    }
+
+    /// A backing write, zero or trim is done; `failed`: see the module's comment.
+    pub(super) fn write_done(&mut self, op: crate::api::OpId, failed: bool) {
+        let (first, end) = self.writes.remove(&op).expect("a write's blocks are kept while it is out");
+        #[cfg(test)]
+        let failed = failed && !self.break_failed_write_rule;
+        if failed {
+            self.doubtful.insert(first, end);
+        }
     }
 
     /// Blocks `first..end` leave the directory (looking at whichever is fewer: the blocks

@@ -2,7 +2,8 @@
 //! operations complete after random delays (so out of order), clients that read at random
 //! and in sequential streams, write (overlapping writes in flight at once too), zero,
 //! trim, flush and send cache hints, a backing whose operations take effect at any time
-//! between their start and their completion and sometimes fail, and members
+//! between their start and their completion and sometimes fail (a write at times failing
+//! first and landing later, its connection gone), and members
 //! that die (reported or not), hang, restart empty behind the gateway's back, drop pages of
 //! their slots, and have old writes land after they restarted. Every read reply is checked
 //! against the model of acknowledged writes; after every step, the core's invariants and
@@ -45,6 +46,7 @@ pub struct Knobs {
     /// Prefetch on whatever the seed says.
     pub force_prefetch: bool,
     pub break_stale_rule: bool,
+    pub break_failed_write_rule: bool,
     /// A hit's pages taken unchecked.
     pub break_verify: bool,
     /// A hit's check seeded with another generation, or another volume identity: it fails
@@ -87,6 +89,9 @@ pub struct World {
     /// When a member that is down comes back.
     restart_at: Vec<Option<Nanos>>,
     inflight: Vec<InFlight>,
+    /// Backing writes reported failed before they landed (their connection died with them
+    /// on the way), and when each lands.
+    late: Vec<(Nanos, Cmd, usize)>,
     model: Model,
     reqs: BTreeMap<ReqId, Req>,
     next_req: u64,
@@ -108,6 +113,7 @@ impl World {
         p.prefetch |= knobs.force_prefetch;
         let mut cache = Cache::new(p.clone());
         cache.break_stale_rule = knobs.break_stale_rule;
+        cache.break_failed_write_rule = knobs.break_failed_write_rule;
         cache.break_verify = knobs.break_verify;
         cache.break_generation = knobs.break_generation;
         cache.break_identity = knobs.break_identity;
@@ -126,6 +132,7 @@ impl World {
             members,
             restart_at,
             inflight: Vec::new(),
+            late: Vec::new(),
             model: Model::default(),
             reqs: BTreeMap::new(),
             next_req: 0,
@@ -143,7 +150,7 @@ impl World {
             self.step(true)?;
         }
         for _ in 0..1_000_000 {
-            if self.reqs.is_empty() && self.inflight.is_empty() {
+            if self.reqs.is_empty() && self.inflight.is_empty() && self.late.is_empty() {
                 return self.finish();
             }
             self.step(false)?;
@@ -191,6 +198,7 @@ impl World {
     /// Lands backing operations whose time came and delivers those that are due, in
     /// random order (an operation lands before it is delivered).
     fn complete_due(&mut self) -> Result<(), String> {
+        self.land_late();
         loop {
             let due: Vec<usize> = (0..self.inflight.len()).filter(|&i| self.landable(&self.inflight[i]) || self.deliverable(&self.inflight[i])).collect();
             if due.is_empty() {
@@ -211,16 +219,36 @@ impl World {
         op.target == Target::Backing && op.landed.is_none() && op.lands <= self.now
     }
 
-    /// A backing operation takes effect; a write that lands is a version from now on.
+    /// A backing operation takes effect; a write that lands is a version from now on. Or,
+    /// sometimes, a write fails first and lands later (`late`).
     fn land(&mut self, i: usize) {
         let cmd = self.inflight[i].cmd.clone();
+        if let Some(w) = self.inflight[i].write.filter(|_| self.knobs.faults && self.rng.below(60) == 0) {
+            let at = self.now + self.rng.below(3_000 * US);
+            self.log.push(format!("{} write {w} fails, its connection gone; it lands at {at}", self.now));
+            self.late.push((at, cmd, w));
+            self.inflight[i].landed = Some(Err(format!("{INJECTED}: the connection died").into()));
+            return;
+        }
         let (out, applied) = self.backing_op(&cmd);
         self.event += 1;
         if let (true, Some(w)) = (applied, self.inflight[i].write) {
-            self.model.write_landed(w);
+            self.model.write_landed(w, self.event);
             self.log.push(format!("{} event {} write {w} lands", self.now, self.event));
         }
         self.inflight[i].landed = Some(out);
+    }
+
+    /// Failed writes whose time came land on the backing after all.
+    fn land_late(&mut self) {
+        while let Some(i) = self.late.iter().position(|&(at, _, _)| at <= self.now) {
+            let (_, cmd, w) = self.late.swap_remove(i);
+            if store::apply(&mut self.backing, &cmd).is_ok() {
+                self.event += 1;
+                self.model.write_landed(w, self.event);
+                self.log.push(format!("{} event {} write {w} lands late", self.now, self.event));
+            }
+        }
     }
 
     fn deliverable(&self, op: &InFlight) -> bool {

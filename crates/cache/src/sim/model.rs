@@ -24,6 +24,8 @@ struct Write {
 struct Landed {
     version: u64,
     write: Option<usize>,
+    /// The event it landed at.
+    at: u64,
 }
 
 #[derive(Default)]
@@ -60,14 +62,15 @@ impl Model {
         self.next_version
     }
 
-    /// Write `w` landed on the backing (whole: the simulated backing applies an operation
-    /// at once), after every write that landed before.
-    pub fn write_landed(&mut self, w: usize) {
+    /// Write `w` landed on the backing at event `at` (whole: the simulated backing applies
+    /// an operation at once), after every write that landed before. A failed write may land
+    /// after its reply (its connection died with it on the way).
+    pub fn write_landed(&mut self, w: usize, at: u64) {
         self.writes[w].landed = true;
         let (first, versions) = &self.versions[w];
         for (i, &version) in versions.iter().enumerate() {
-            let history = self.sectors.entry(first + i as u64).or_insert_with(|| vec![Landed { version: 0, write: None }]);
-            history.push(Landed { version, write: Some(w) });
+            let history = self.sectors.entry(first + i as u64).or_insert_with(|| vec![Landed { version: 0, write: None, at: 0 }]);
+            history.push(Landed { version, write: Some(w), at });
         }
     }
 
@@ -94,12 +97,13 @@ impl Model {
         Ok(())
     }
 
-    /// Versions that landed (so before the reply) and that no write landing after them and
-    /// replied before `started` replaced.
+    /// Versions that landed (so before the reply) and that no write landing after them,
+    /// before `started`, and replied before `started` replaced.
     fn allowed(&self, s: u64, started: u64) -> Vec<u64> {
         let Some(h) = self.sectors.get(&s) else { return vec![0] };
-        let replaced_before_start =
-            |l: &Landed| l.write.is_some_and(|w| self.writes[w].replied.is_some_and(|at| at < started));
+        let replaced_before_start = |l: &Landed| {
+            l.at < started && l.write.is_some_and(|w| self.writes[w].replied.is_some_and(|at| at < started))
+        };
         let last = h.iter().rposition(replaced_before_start).unwrap_or(0);
         h[last..].iter().map(|l| l.version).collect()
     }
@@ -115,7 +119,7 @@ mod tests {
         let (w, v) = m.write_started(0, 512, false);
         assert!(m.check_read(0, &sector_bytes(0), 2).is_ok(), "in flight: old allowed");
         assert!(m.check_read(0, &sector_bytes(v[0]), 2).is_err(), "not landed: new refused");
-        m.write_landed(w);
+        m.write_landed(w, 1);
         assert!(m.check_read(0, &sector_bytes(v[0]), 2).is_ok(), "landed: new allowed");
         m.write_replied(w, 4, true).unwrap();
         assert!(m.check_read(0, &sector_bytes(0), 3).is_ok(), "started before the ack: old allowed");
@@ -131,10 +135,22 @@ mod tests {
         assert!(m.check_read(0, &sector_bytes(0), 3).is_ok());
         assert!(m.check_read(0, &sector_bytes(v[0]), 3).is_err(), "never landed");
         let (w, v) = m.write_started(512, 512, false);
-        m.write_landed(w);
+        m.write_landed(w, 1);
         m.write_replied(w, 2, false).unwrap();
         assert!(m.check_read(512, &sector_bytes(v[0]), 3).is_ok());
         assert!(m.check_read(512, &sector_bytes(0), 3).is_err(), "the backing moved on");
+    }
+
+    #[test]
+    fn a_failed_write_landing_after_its_reply_is_the_version_from_then_on() {
+        let mut m = Model::default();
+        let (w, v) = m.write_started(0, 512, false);
+        m.write_replied(w, 2, false).unwrap();
+        m.write_landed(w, 4);
+        assert!(m.check_read(0, &sector_bytes(0), 3).is_ok(), "started before it landed: old allowed");
+        assert!(m.check_read(0, &sector_bytes(v[0]), 3).is_ok(), "landed before the read's reply");
+        assert!(m.check_read(0, &sector_bytes(0), 5).is_err(), "started after it landed: old refused");
+        assert!(m.check_read(0, &sector_bytes(v[0]), 5).is_ok());
     }
 
     #[test]
@@ -142,8 +158,8 @@ mod tests {
         let mut m = Model::default();
         let (a, va) = m.write_started(0, 512, false);
         let (b, vb) = m.write_started(0, 512, false);
-        m.write_landed(b);
-        m.write_landed(a);
+        m.write_landed(b, 1);
+        m.write_landed(a, 2);
         m.write_replied(a, 3, true).unwrap();
         assert!(m.check_read(0, &sector_bytes(vb[0]), 4).is_err(), "a landed last and was acknowledged");
         assert!(m.check_read(0, &sector_bytes(va[0]), 4).is_ok());

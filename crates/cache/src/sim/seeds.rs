@@ -22,6 +22,7 @@ fn knobs(seed: u64) -> Knobs {
         ample: false,
         force_prefetch: false,
         break_stale_rule: false,
+        break_failed_write_rule: false,
         break_verify: false,
         break_generation: false,
         break_identity: false,
@@ -76,6 +77,11 @@ fn caught(what: &str, broken: impl Fn(Knobs) -> Knobs) {
 #[test]
 fn breaking_the_stale_fill_rule_is_caught() {
     caught("fills ignore writes under them", |k| Knobs { break_stale_rule: true, ..k });
+}
+
+#[test]
+fn filling_the_blocks_of_a_failed_write_is_caught() {
+    caught("a failed write's blocks filled again", |k| Knobs { break_failed_write_rule: true, ..k });
 }
 
 #[test]
