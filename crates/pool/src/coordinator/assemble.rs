@@ -85,8 +85,9 @@ impl Coordinator {
             // Everything is written once to every member: the new owner, and one bitmap.
             gen: vec![1; blocks],
             uses: BTreeMap::new(),
-            requests: BTreeMap::new(),
+            requests: super::state::Requests::default(),
             blocked: VecDeque::new(),
+            drained: Vec::new(),
             ops: BTreeMap::new(),
             jobs: Vec::new(),
             locks: Vec::new(),

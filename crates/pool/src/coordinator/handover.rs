@@ -9,8 +9,9 @@
 //! fewer.
 //!
 //! The shadow's metadata area stays blank until it takes the place: a coordinator that
-//! stops or crashes during the copy leaves a new member that the next start rebuilds in
-//! full, never one that passes for in sync.
+//! stops or crashes during the copy, or after the swap before the new member's own
+//! superblock landed, leaves a new member that the next start rebuilds in full, never one
+//! that passes for in sync.
 
 use super::api::{Action, Data, Found, MemberCmd, OpOutcome};
 use super::state::{Handover, Job, JobKind, Member, Purpose};

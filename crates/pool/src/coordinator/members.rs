@@ -54,12 +54,8 @@ impl Coordinator {
                     h.flushed = true;
                 }
             }
-            Purpose::ShadowPiece { req } => {
-                // The request does not count the shadow's answer: a failure drops the shadow.
-                if let Some(r) = self.requests.get_mut(&req) {
-                    r.out -= 1;
-                }
-            }
+            // The request does not count the shadow's answer: a failure drops the shadow.
+            Purpose::ShadowPiece { req } => self.one_back(req),
             Purpose::ScrubRead { chunk } => self.settle_scrub_read(chunk, op.member, ok),
             Purpose::ScrubWrite { chunk } => self.settle_scrub_write(chunk, ok),
             Purpose::ScrubFlush => self.settle_scrub_flush(),

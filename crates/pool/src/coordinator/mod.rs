@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::layout::Map;
 use crate::meta::Role;
 use crate::spec::PoolSpec;
-use state::{Cleaning, Job, Lock, Member, Op, RegionUse, Request, Stopping};
+use state::{Cleaning, Job, Lock, Member, Op, RegionUse, Stopping};
 
 /// One pool's coordinator.
 pub struct Coordinator {
@@ -61,8 +61,11 @@ pub struct Coordinator {
     gen: Vec<u64>,
     /// Writes in flight per dirty region, and when one last touched it.
     uses: BTreeMap<u64, RegionUse>,
-    requests: BTreeMap<ReqId, Request>,
+    requests: state::Requests,
     blocked: VecDeque<ReqId>,
+    /// Running requests with no operation out: answered as soon as their verdict may be
+    /// given (`finish_requests`), so that no step looks through every request.
+    drained: Vec<ReqId>,
     ops: BTreeMap<OpId, Op>,
     jobs: Vec<Option<Job>>,
     locks: Vec<Lock>,
@@ -210,7 +213,7 @@ impl Coordinator {
     /// at `next_wakeup()` (or any time).
     pub fn tick(&mut self, now: u64) {
         self.now = self.now.max(now);
-        let late: Vec<usize> = self.ops.values().filter(|o| o.deadline <= self.now).map(|o| o.member).collect();
+        let late: Vec<usize> = self.ops.values().take_while(|o| o.deadline <= self.now).map(|o| o.member).collect();
         for m in late {
             let ms = self.spec.member_timeout_ms;
             self.fail_member(m, &format!("no answer within {ms} ms"));
@@ -224,7 +227,7 @@ impl Coordinator {
 
     /// When `tick` next has something to do.
     pub fn next_wakeup(&self) -> Option<u64> {
-        let deadline = self.ops.values().map(|o| o.deadline).min();
+        let deadline = self.ops.values().next().map(|o| o.deadline);
         let timers = [deadline, self.heartbeat_wakeup(), self.clean_wakeup(), self.pace_wakeup(), self.spare_wakeup(), self.scrub_wakeup(), self.reshape_wakeup()];
         timers.into_iter().flatten().min()
     }
@@ -309,10 +312,13 @@ impl Coordinator {
         self.spec.layout.redundant()
     }
 
-    /// Sends an operation to a member.
+    /// Sends an operation to a member. Ids grow, the clock never goes back and the timeout
+    /// is the pool's, so `ops` in id order is in deadline order: the first one is the
+    /// earliest to time out (`tick`, `next_wakeup`).
     fn issue(&mut self, member: usize, cmd: MemberCmd, data: Data, purpose: state::Purpose) -> OpId {
         let op = OpId(self.fresh_id());
         let deadline = self.now + self.spec.member_timeout_ms;
+        debug_assert!(self.ops.last_key_value().is_none_or(|(_, o)| o.deadline <= deadline));
         self.ops.insert(op, Op { member, purpose, deadline });
         self.actions.push_back(Action::Member { op, member, cmd, data });
         op

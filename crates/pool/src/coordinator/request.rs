@@ -20,12 +20,12 @@ impl Coordinator {
         }
         let (offset, len) = cmd.range();
         // Routed again when it starts (a reshape may move its units meanwhile); a write
-        // marks its regions in both layouts.
-        let pieces = self
-            .route_both(offset, len)
-            .into_iter()
-            .map(|p| PieceState { set: p.set, member_offset: p.member_offset, len: p.len, at: p.at, done: 0, tried: 0, out: 0 })
-            .collect();
+        // marks its regions in both layouts and waits for what holds them. Nothing looks
+        // at a read's pieces before it starts.
+        let pieces = match cmd.is_write() {
+            true => self.route_both(offset, len).into_iter().map(PieceState::new).collect(),
+            false => Vec::new(),
+        };
         let mut req = Request {
             cmd,
             phase: Phase::Blocked,
@@ -192,18 +192,27 @@ impl Coordinator {
                 }
             }
         }
+        if req.out == 0 {
+            self.drained.push(id);
+        }
         self.requests.insert(id, req);
+    }
+
+    /// One of request `req`'s operations is back.
+    pub(super) fn one_back(&mut self, req: ReqId) {
+        if let Some(r) = self.requests.get_mut(&req) {
+            r.out -= 1;
+            if r.out == 0 {
+                self.drained.push(req);
+            }
+        }
     }
 
     /// Pieces where the units are now; during a reshape, a write below the in-memory
     /// checkpoint waits for a durable one before its answer.
     fn route_at_start(&mut self, req: &mut Request) {
         let (offset, len) = req.cmd.range();
-        req.pieces = self
-            .route(offset, len)
-            .into_iter()
-            .map(|p| PieceState { set: p.set, member_offset: p.member_offset, len: p.len, at: p.at, done: 0, tried: 0, out: 0 })
-            .collect();
+        req.pieces = self.route(offset, len).into_iter().map(PieceState::new).collect();
         if req.cmd.is_write() {
             if let Some(gen) = self.reshape_need_sb(offset, len) {
                 req.need_sb = req.need_sb.max(gen);
@@ -247,7 +256,12 @@ impl Coordinator {
         let synced = self.map.members_at(set, start).filter(|&m| self.members[m].in_sync() && tried >> m & 1 == 0);
         let behind = |m: usize| Some(m) != source && self.jobs.iter().flatten().any(|j| j.target == m && j.todo.range(first..=last).next().is_some());
         let busy = |m: usize| self.ops.values().filter(|o| o.member == m).count();
-        let clean = synced.clone().filter(|&m| !behind(m)).min_by_key(|&m| (busy(m), m));
+        let clean = synced.clone().filter(|&m| !behind(m));
+        // With one copy to choose, how busy it is does not matter (a stripe's every read).
+        let clean = match clean.clone().nth(1) {
+            None => clean.min(),
+            Some(_) => clean.min_by_key(|&m| (busy(m), m)),
+        };
         clean.or_else(|| synced.min())
     }
 
@@ -256,26 +270,25 @@ impl Coordinator {
         let ok = !matches!(outcome, OpOutcome::Failed(_));
         match op.purpose {
             Purpose::Flush { req } => {
-                if let Some(r) = self.requests.get_mut(&req) {
-                    r.out -= 1;
-                    if ok {
-                        r.flushed |= 1 << op.member;
-                    }
+                if let Some(r) = self.requests.get_mut(&req).filter(|_| ok) {
+                    r.flushed |= 1 << op.member;
                 }
             }
             Purpose::Piece { req, piece } => {
-                let Some(mut r) = self.requests.remove(&req) else { return };
-                r.out -= 1;
+                let Some(r) = self.requests.get_mut(&req) else { return };
                 r.pieces[piece].out -= 1;
                 if ok {
                     r.pieces[piece].done |= 1 << op.member;
                 } else if matches!(r.cmd, Command::Read { .. }) && r.pieces[piece].done == 0 {
+                    // Another copy, before this answer counts: the request stays out.
+                    let mut r = self.requests.remove(&req).expect("found above");
                     self.send_read(req, &mut r, piece);
+                    self.requests.insert(req, r);
                 }
-                self.requests.insert(req, r);
             }
             _ => unreachable!("only request operations come here"),
         }
+        self.one_back(req_of(op.purpose));
     }
 
     /// A member failed: requests that used it must not be answered before the survivors
@@ -298,16 +311,25 @@ impl Coordinator {
         }
     }
 
-    /// Answers running requests whose operations are all back.
+    /// Answers running requests whose operations are all back, once their verdict may be
+    /// given (a write's failure seen by the survivors' superblocks first).
     pub(super) fn finish_requests(&mut self) -> bool {
-        let ready: Vec<ReqId> = self
-            .requests
-            .iter()
-            .filter(|(_, r)| r.phase == Phase::Running && r.out == 0 && (r.failure.is_some() || self.durable(0, self.needed_sb(r))))
-            .map(|(&id, _)| id)
-            .collect();
-        for &id in &ready {
-            let r = self.requests.remove(&id).expect("listed above");
+        let mut moved = false;
+        let mut i = 0;
+        while i < self.drained.len() {
+            let id = self.drained[i];
+            let Some(r) = self.requests.get(&id) else {
+                self.drained.swap_remove(i);
+                continue;
+            };
+            debug_assert!(r.phase == Phase::Running && r.out == 0, "a drained request is running with nothing out");
+            if r.failure.is_none() && !self.durable(0, self.needed_sb(r)) {
+                i += 1;
+                continue;
+            }
+            self.drained.swap_remove(i);
+            moved = true;
+            let r = self.requests.remove(&id).expect("found above");
             let result = self.verdict(&r);
             for &reg in &r.regions {
                 if let Some(u) = self.uses.get_mut(&reg) {
@@ -317,7 +339,7 @@ impl Coordinator {
             }
             self.actions.push_back(Action::Complete { req: id, result });
         }
-        !ready.is_empty()
+        moved
     }
 
     /// A request succeeded when every piece reached a copy that is still in sync (for a
@@ -373,6 +395,7 @@ impl Coordinator {
             if r.phase == Phase::Blocked {
                 r.phase = Phase::Running;
                 self.blocked.retain(|&b| b != id);
+                self.drained.push(id);
             }
         }
     }
@@ -381,5 +404,13 @@ impl Coordinator {
     #[allow(dead_code)]
     pub(super) fn roles_of(&self, set: usize) -> Vec<Role> {
         self.map.members_at(set, 0).map(|m| self.members[m].role).collect()
+    }
+}
+
+/// The request an operation of a request's is for.
+fn req_of(purpose: Purpose) -> ReqId {
+    match purpose {
+        Purpose::Flush { req } | Purpose::Piece { req, .. } | Purpose::ShadowPiece { req } => req,
+        _ => unreachable!("only request operations come here"),
     }
 }

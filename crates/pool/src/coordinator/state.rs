@@ -1,6 +1,7 @@
 //! The coordinator's bookkeeping: members, requests, member operations, resync jobs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, DefaultHasher};
 
 use super::api::{Command, CopyId, Failure, ReqId};
 use crate::meta::Role;
@@ -30,6 +31,10 @@ impl Member {
     }
 }
 
+/// Requests by id. Hashed, as a request's state is large to move around a B-tree's nodes
+/// at every step; with a fixed hasher, so that a seed replays the same run.
+pub(super) type Requests = HashMap<ReqId, Request, BuildHasherDefault<DefaultHasher>>;
+
 /// Where a request stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Phase {
@@ -50,6 +55,12 @@ pub(super) struct PieceState {
     pub tried: u64,
     /// Operations for it still out.
     pub out: usize,
+}
+
+impl PieceState {
+    pub fn new(p: crate::layout::Piece) -> PieceState {
+        PieceState { set: p.set, member_offset: p.member_offset, len: p.len, at: p.at, done: 0, tried: 0, out: 0 }
+    }
 }
 
 pub(super) struct Request {

@@ -14,7 +14,7 @@ impl World {
         let mirror = self.spec.layout == Layout::Mirror;
         let add = if mirror { 1 } else { self.spec.copies * (1 + self.rng.below(2) as usize) };
         // Decided before the members exist: the coordinator does not know them yet.
-        let crash = self.rng.below(4) == 0 && !self.power_loss_unrecorded();
+        let crash = self.rng.below(4) == 0 && !self.power_loss_unrecorded() && !self.handover_at_risk();
         let mut added = Vec::new();
         for _ in 0..add {
             let uri = format!("sim://member{}", self.members.len());
@@ -57,7 +57,7 @@ impl World {
         if !after_ack && self.rng.below(300) != 0 {
             return Ok(());
         }
-        if self.coord.status().reshape.is_none() || self.power_loss_unrecorded() {
+        if self.coord.status().reshape.is_none() || self.power_loss_unrecorded() || self.handover_at_risk() {
             return Ok(());
         }
         self.report.reshape_crashes += 1;

@@ -51,6 +51,9 @@ struct World {
     log: Vec<String>,
     /// A live replacement: (the member replaced, the shadow's slot in `members`).
     shadow: Option<(usize, usize)>,
+    /// The member whose place a live replacement's successor took last, under this
+    /// coordinator: until its own superblock lands, it is blank to the next one.
+    successor: Option<usize>,
     /// Volume sectors whose copies a scrub test made differ: the workload leaves them alone.
     diverged: std::collections::BTreeSet<u64>,
     /// Data bytes of every member (new ones too).
@@ -164,6 +167,7 @@ impl World {
             log: Vec::new(),
             diverged: std::collections::BTreeSet::new(),
             shadow: None,
+            successor: None,
             member_bytes,
             grow_at,
             crash_after_ack: false,

@@ -49,6 +49,7 @@ impl World {
         self.report.handovers += 1;
         self.members[m] = self.members.pop().expect("checked above");
         self.shadow = None;
+        self.successor = Some(m);
         Ok(())
     }
 
@@ -64,12 +65,17 @@ impl World {
 
     /// Whether the coordinator going now would leave a set without an in-sync copy: a live
     /// replacement's old member is out then, and the others of its set must hold everything.
+    /// That lasts past the swap: the successor counts as in sync from then on, but its
+    /// metadata stays blank until its superblock, written once it took the place, lands,
+    /// and the next coordinator rebuilds a blank member in full.
     pub(super) fn handover_at_risk(&self) -> bool {
-        let Some((m, _)) = self.shadow else { return false };
+        let unrecorded = self.successor.filter(|&m| !matches!(Superblock::decode(&self.members[m].meta), Ok(Some(_))));
         let status = self.coord.status();
-        self.mates(m).into_iter().filter(|&x| x != m).any(|x| {
-            let s = &self.members[x];
-            status.members[x].state != MemberState::InSync || s.power_lost || s.fail_next || s.health != Health::Up
+        self.shadow.map(|(m, _)| m).into_iter().chain(unrecorded).any(|m| {
+            self.mates(m).into_iter().filter(|&x| x != m).any(|x| {
+                let s = &self.members[x];
+                status.members[x].state != MemberState::InSync || s.power_lost || s.fail_next || s.health != Health::Up
+            })
         })
     }
 
@@ -114,6 +120,7 @@ impl World {
     /// the new coordinator's operations.
     fn end_connections(&mut self) {
         self.shadow_in_place();
+        self.successor = None;
         for m in &mut self.members {
             for p in std::mem::take(&mut m.queue) {
                 if self.rng.below(2) == 0 {
