@@ -223,9 +223,10 @@ impl Cache {
         self.pump();
     }
 
-    /// When to call `handle_tick` next: when the oldest member operation would time out.
+    /// When to call `handle_tick` next: when the oldest member operation would time out
+    /// (the first in `ops`: see `new_op`).
     pub fn next_timeout(&self) -> Option<Nanos> {
-        self.ops.values().filter(|o| o.member.is_some()).map(|o| o.started + self.p.member_timeout_ms * 1_000_000 + 1).min()
+        self.ops.values().find(|o| o.member.is_some()).map(|o| o.started + self.p.member_timeout_ms * 1_000_000 + 1)
     }
 
     /// How long a member operation may take before its member is marked down.
@@ -295,7 +296,10 @@ impl Cache {
         self.dir.check_idle()
     }
 
+    /// Ids grow and the clock never goes back, so `ops` in id order is in the order they
+    /// started: the oldest first (`next_timeout`, `check_timeouts`).
     fn new_op(&mut self, kind: OpKind, member: Option<usize>) -> OpId {
+        debug_assert!(self.ops.last_key_value().is_none_or(|(_, o)| o.started <= self.now));
         let op = OpId(self.next_op);
         self.next_op += 1;
         self.ops.insert(op, Op { kind, member, started: self.now });

@@ -96,7 +96,7 @@ impl Cache {
     pub(super) fn check_timeouts(&mut self) {
         let limit = self.p.member_timeout_ms * 1_000_000;
         let late: Vec<usize> =
-            self.ops.values().filter(|o| self.now.saturating_sub(o.started) > limit).filter_map(|o| o.member).collect();
+            self.ops.values().take_while(|o| self.now.saturating_sub(o.started) > limit).filter_map(|o| o.member).collect();
         for m in late {
             self.member_failed(m, true);
         }
