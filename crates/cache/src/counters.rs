@@ -34,6 +34,9 @@ pub struct Counters {
     pub member_trims: u64,
     /// Times a member was marked down (failed operation, timeout, or the shell said so).
     pub member_failures: u64,
+    /// Writes, zeroes and trims the backing failed: the blocks they touched are not cached
+    /// again (see `core::write`).
+    pub failed_writes: u64,
 }
 
 impl Counters {

@@ -22,6 +22,7 @@ pub fn print(s: &Status) {
     println!("verify failures:    {}", c.verify_failures);
     println!("member failures:    {}", c.member_failures);
     println!("member trims:       {}", c.member_trims);
+    println!("failed writes:      {} (their blocks are not cached again)", c.failed_writes);
     for (i, m) in s.members.iter().enumerate() {
         let state = match (m.up, m.failures) {
             (true, _) => format!("up, {} of {} slots used", m.used, m.slots),
@@ -50,6 +51,7 @@ pub fn json(s: &Status) -> Value {
         "verify_failures": c.verify_failures,
         "member_failures": c.member_failures,
         "member_trims": c.member_trims,
+        "failed_writes": c.failed_writes,
         "members": members,
     })
 }

@@ -443,13 +443,17 @@ async fn the_backings_errno_comes_through() {
     let file = dir.path().join("cache.toml");
     std::fs::write(&file, format!("backing = {:?}\nmembers = [{:?}]\n", kit.uri(), member.uri_for("ram"))).unwrap();
     // One worker, so that its connection to the backing is the one every write can take.
-    let cache = Sluice::start(&["--export", &format!("v=cache:{}", file.display()), "--threads", "1", "--log-level", "debug"]);
+    let metrics = free_port();
+    let metrics_at = format!("127.0.0.1:{metrics}");
+    let cache = Sluice::start(&["--export", &format!("v=cache:{}", file.display()), "--threads", "1", "--log-level", "debug", "--metrics", &metrics_at]);
     let logs = || format!("--- cache:\n{}\n--- member:\n{}", cache.log_text(), member.log_text());
     let uri = Uri::parse(&cache.uri_for("v")).unwrap();
     let c = tokio::time::timeout(SETTLE, Client::connect_with(&uri, &Options::default())).await.expect("connect, bounded").expect("connect");
     let read = tokio::time::timeout(SETTLE, c.read_owned(0, vec![1; 65536])).await.expect("a read, bounded");
     assert_eq!(read.unwrap_or_else(|e| panic!("read: {e}\n{}", logs())), vec![0; 65536]);
+    let written = std::cell::Cell::new(0.0);
     let write = || async {
+        written.set(written.get() + 1.0);
         match tokio::time::timeout(SETTLE, c.write(0, &[7; 4096], false)).await.expect("a write, bounded") {
             Err(sluice_client::Error::Server { errno, .. }) => assert_eq!(errno, libc::ENOSPC as u32, "{}", logs()),
             other => panic!("the backing's ENOSPC was lost: {other:?}\n{}", logs()),
@@ -464,6 +468,9 @@ async fn the_backings_errno_comes_through() {
         write().await;
     }
     write().await;
+    // Each failed write is counted.
+    let failed = sample(&http_get(metrics, "/metrics").1, "sluice_cache_failed_writes_total{export=\"v\"}");
+    assert_eq!(failed, written.get(), "{}", logs());
     c.disconnect().await;
     let (status, log) = cache.stop_with_log();
     assert_eq!(status.code(), Some(0), "{log}");

@@ -33,6 +33,7 @@ impl Cache {
         #[cfg(test)]
         let failed = failed && !self.break_failed_write_rule;
         if failed {
+            self.counters.failed_writes += 1;
             self.doubtful.insert(first, end);
         }
     }

@@ -46,6 +46,7 @@ fn add(total: &mut Counters, c: Counters) {
     total.verify_failures += c.verify_failures;
     total.member_trims += c.member_trims;
     total.member_failures += c.member_failures;
+    total.failed_writes += c.failed_writes;
 }
 
 #[test]
@@ -62,6 +63,7 @@ fn random_runs_never_read_stale_data() {
     for (name, c) in [("with faults", faulty), ("without faults", calm)] {
         eprintln!("cache sim {name}: hit rate {:.1}% ({} hits, {} misses), {c:?}", c.hit_percent(), c.hits, c.misses);
     }
+    assert!(faulty.failed_writes > 0 && calm.failed_writes == 0, "failed writes: {} with faults, {} without", faulty.failed_writes, calm.failed_writes);
 }
 
 /// Runs seeds with a rule broken (by `broken`) until one fails: the model must catch it.

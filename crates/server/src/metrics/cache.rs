@@ -21,7 +21,7 @@ pub struct CacheSource {
 /// The volume-wide counters: name, help, and which counter.
 type Counted = (&'static str, &'static str, fn(&sluice_client::cache::Counters) -> u64);
 
-const COUNTERS: [Counted; 13] = [
+const COUNTERS: [Counted; 14] = [
     ("sluice_cache_hits_total", "Blocks a read found in a member's RAM and verified.", |c| c.hits),
     ("sluice_cache_misses_total", "Blocks a read went to the backing for (not cached, or failed the check).", |c| c.misses),
     ("sluice_cache_hit_bytes_total", "Bytes of client reads served from the members.", |c| c.hit_bytes),
@@ -35,6 +35,7 @@ const COUNTERS: [Counted; 13] = [
     ("sluice_cache_verify_failures_total", "Slots read back that failed their check (dropped pages, a restarted member), read from the backing instead.", |c| c.verify_failures),
     ("sluice_cache_member_trims_total", "Slots dropped without reuse (invalidated, or written by an overtaken fill) that their member was asked to trim.", |c| c.member_trims),
     ("sluice_cache_member_failures_total", "Times a member was marked down (a failed operation or a timeout).", |c| c.member_failures),
+    ("sluice_cache_failed_writes_total", "Writes the backing failed; the blocks they touched are read from the backing from then on.", |c| c.failed_writes),
 ];
 
 /// The families for every cached volume that answers; none when none is served.
