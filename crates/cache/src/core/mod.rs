@@ -143,7 +143,7 @@ impl Cache {
 
     /// A client request arrived (checked by the caller against the volume's size).
     pub fn handle_request(&mut self, now: Nanos, req: ReqId, r: Request) {
-        self.now = now;
+        self.now = self.now.max(now);
         assert!(!self.reqs.contains_key(&req), "request {req:?} is already in flight");
         match r {
             Request::Read { offset, len } => self.start_read(req, offset, len),
@@ -163,7 +163,7 @@ impl Cache {
 
     /// A backing operation finished: a read's bytes, or why it failed.
     pub fn handle_backing_done(&mut self, now: Nanos, op: OpId, outcome: Outcome) {
-        self.now = now;
+        self.now = self.now.max(now);
         let Some(o) = self.ops.remove(&op) else { return };
         match o.kind {
             OpKind::BackingRead { req, first, start, len, fills } => {
@@ -188,7 +188,7 @@ impl Cache {
     /// A member operation finished. Completions of operations on a member that was marked
     /// down since are ignored (they are forgotten when it goes down).
     pub fn handle_member_done(&mut self, now: Nanos, op: OpId, outcome: Outcome) {
-        self.now = now;
+        self.now = self.now.max(now);
         let Some(o) = self.ops.remove(&op) else { return };
         match o.kind {
             OpKind::SlotRead(hit) => self.slot_read_done(hit, outcome),
@@ -201,14 +201,14 @@ impl Cache {
 
     /// The shell lost member `member` (its connection closed): what it held is forgotten.
     pub fn handle_member_down(&mut self, now: Nanos, member: usize) {
-        self.now = now;
+        self.now = self.now.max(now);
         self.member_failed(member, false);
         self.pump();
     }
 
     /// Member `member` answers (again), empty, with room for `slots` slots.
     pub fn handle_member_up(&mut self, now: Nanos, member: usize, slots: u64) {
-        self.now = now;
+        self.now = self.now.max(now);
         if self.dir.state(member) == MemberState::Up {
             self.member_failed(member, false);
         }
@@ -218,7 +218,7 @@ impl Cache {
 
     /// Time passed: member operations older than the member timeout mark their member down.
     pub fn handle_tick(&mut self, now: Nanos) {
-        self.now = now;
+        self.now = self.now.max(now);
         self.check_timeouts();
         self.pump();
     }

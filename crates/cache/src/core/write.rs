@@ -4,12 +4,13 @@
 //! fills go stale, so no read that starts later finds the old data in the cache; reads
 //! already under way may return the old data, which the write had not yet replaced.
 //!
-//! A write that fails may still land: its connection died with the write sent, and the
+//! A write that fails may still land: if its connection died with the write sent, the
 //! backing takes it whenever it gets to it. A block filled meanwhile would keep the old
 //! bytes after the backing moved on, and reads would go back to them with no write in
 //! between. Nothing in NBD says when such a write is settled, so the blocks a failed
 //! write touched are never filled again: their reads go to the backing, as misses, for
-//! as long as the core lives.
+//! as long as the core lives. A write the backing refused (ENOSPC, say) is treated alike:
+//! what it left there is undefined.
 
 use super::state::{OpKind, Pending, Stage};
 use super::Cache;

@@ -3,7 +3,8 @@
 //! and in sequential streams, write (overlapping writes in flight at once too), zero,
 //! trim, flush and send cache hints, a backing whose operations take effect at any time
 //! between their start and their completion and sometimes fail (a write at times failing
-//! first and landing later, its connection gone), and members
+//! and landing up to 3 ms later, perhaps after its failure was reported: its connection
+//! gone), and members
 //! that die (reported or not), hang, restart empty behind the gateway's back, drop pages of
 //! their slots, and have old writes land after they restarted. Every read reply is checked
 //! against the model of acknowledged writes; after every step, the core's invariants and

@@ -2,9 +2,10 @@
 //! the writes landed there (the simulated backing tells the model when each lands, so
 //! overlapping writes in flight at once are ordered as the backing ordered them, and a
 //! failed write that did not land is never a version). A read that started at event `s`
-//! may return a version that landed before its reply, unless a write that landed after it
-//! was replied (acknowledged, or failed having landed) before `s`: never older than the
-//! last acknowledged write, and never what the backing never held.
+//! may return a version that landed before its reply, unless a write that landed after it,
+//! itself landed before `s`, was replied (acknowledged, or failed) before `s`: never older
+//! than the last acknowledged write, nor than a failed one that had landed when the read
+//! started, and never what the backing never held.
 
 use std::collections::BTreeMap;
 
