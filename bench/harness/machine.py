@@ -5,6 +5,7 @@ import os
 import platform
 import shutil
 import socket
+import subprocess
 
 import build
 import fio
@@ -38,6 +39,7 @@ def describe(repo: str, binary: str, features: set, image: str, scratch: str, ar
         f"image: {image} ({size_label(image_mod.size_of(image))}) on {fstype} {device}",
         f"scratch image (write jobs): {scratch}",
         f"io scheduler of {device}: {_scheduler(device)}",
+        f"tcp: {_tcp()}",
         f"command: {' '.join(argv)}",
     ]
     return "\n".join(lines) + "\n"
@@ -88,6 +90,42 @@ def _mem_total() -> str:
     except OSError:
         pass
     return "unknown"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def _tcp() -> str:
+    """The congestion control new connections get and the loopback's queueing: with bbr and
+    no fq qdisc, TCP paces each socket with its own timer, which changed the 1M read rows
+    on loopback by more than any server change (bench/results/2026-11-28-tcp-pacing-vm)."""
+    qdisc = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True)
+    lo = qdisc.stdout.split("\n")[0].strip() if qdisc.returncode == 0 else "unknown (no tc)"
+    return (f"congestion control {_read('/proc/sys/net/ipv4/tcp_congestion_control')}, "
+            f"default qdisc {_read('/proc/sys/net/core/default_qdisc')}, lo: {lo}, "
+            f"lo rps_cpus {_read('/sys/class/net/lo/queues/rx-0/rps_cpus')}")
+
+
+def loopback_pacing_warning() -> str:
+    """A warning when new TCP connections pace themselves by timer over loopback (bbr and no
+    fq qdisc): the rows at several reads in flight then measure how bbr takes the loopback's
+    reordering as much as they measure the servers."""
+    cc = _read("/proc/sys/net/ipv4/tcp_congestion_control")
+    if not cc.startswith("bbr"):
+        return ""
+    qdisc = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True)
+    if qdisc.returncode == 0 and " fq " in f" {qdisc.stdout} ":
+        return ""
+    return (f"TCP congestion control is {cc} and lo has no fq qdisc: every loopback socket is paced "
+            "by its own timer, which cut sluice's spliced 1M reads at 8 in flight to 0.57x "
+            "nbdkit here where cubic gave 0.98-1.19x (bench/results/2026-11-28-tcp-pacing-vm); "
+            "`sysctl net.ipv4.tcp_congestion_control=cubic` before the run compares the servers "
+            "the way Debian's default does")
 
 
 def _scheduler(device: str) -> str:

@@ -216,6 +216,9 @@ def prepare(args, report, out_dir, workdir, argv):
     if image.on_memory(image_path):
         report.say(f"warning: {image_path} is on a memory filesystem: 'cold' numbers measure RAM")
 
+    pacing = machine.loopback_pacing_warning()
+    if pacing:
+        report.say(f"warning: {pacing}")
     cold_ok, cold_reason = cache.can_drop()
     text = machine.describe(REPO, binary, features, image_path, scratch, argv)
     with open(os.path.join(out_dir, "machine.txt"), "w") as f:
