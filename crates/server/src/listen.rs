@@ -3,7 +3,7 @@
 //! thread; the connection then moves to a worker's ring for transmission.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
@@ -36,6 +36,36 @@ enum Socket {
     /// A Unix socket, and its path when this process made it (and removes it at the end):
     /// an inherited socket's file belongs to whoever made it.
     Unix(UnixListener, PathBuf, Option<PathBuf>),
+}
+
+/// Whether the log has said what `bbr` costs clients on this machine.
+static PACING_HINT_GIVEN: AtomicBool = AtomicBool::new(false);
+
+/// Says once, for whoever compares servers on one machine, that a loopback client's socket
+/// runs `bbr`: without an fq qdisc on lo, TCP then paces each socket by a timer of its own,
+/// and spliced replies at several reads in flight ran at half the rate of copied ones
+/// (docs/serve.md, DATA PATHS).
+fn hint_loopback_pacing(s: &TcpStream, peer: IpAddr) {
+    if PACING_HINT_GIVEN.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(cc) = loopback_bbr(s, peer) {
+        if !PACING_HINT_GIVEN.swap(true, Ordering::Relaxed) {
+            log::info!(
+                "{peer}: a client on this machine, over TCP with {cc}: unless lo has an fq qdisc, each such socket is paced by a timer \
+                 of its own, and large reads several at a time may run at half the rate; sluice-serve(1), DATA PATHS, says how to \
+                 give loopback its own congestion control"
+            );
+        }
+    }
+}
+
+/// The congestion control of a socket to a client on this machine, when it is `bbr`.
+fn loopback_bbr(s: &TcpStream, peer: IpAddr) -> Option<String> {
+    if !peer.is_loopback() {
+        return None;
+    }
+    rustix::net::sockopt::tcp_congestion(s).ok().filter(|cc| cc.starts_with("bbr"))
 }
 
 impl Listener {
@@ -142,6 +172,7 @@ impl Listener {
             Socket::Tcp(l) => {
                 let (s, addr) = l.accept()?;
                 s.set_nodelay(true)?;
+                hint_loopback_pacing(&s, addr.ip().to_canonical());
                 let client = Client { addr: Some(addr.ip().to_canonical()), ..Client::default() };
                 Ok(Some(Accepted { stream: Stream::Tcp(s), peer: addr.to_string(), client }))
             }
@@ -385,5 +416,27 @@ impl Acceptor {
             Ok(None) => {}
             Err(e) => log::info!("{peer}: handshake ended: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_loopback_client_on_bbr_gets_the_pacing_hint() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let local = IpAddr::from([127, 0, 0, 1]);
+        rustix::net::sockopt::set_tcp_congestion(&s, "reno").expect("reno is built into every kernel");
+        assert_eq!(loopback_bbr(&s, local), None, "reno");
+        if let Err(e) = rustix::net::sockopt::set_tcp_congestion(&s, "bbr") {
+            eprintln!("SKIP (the bbr half): this kernel gives this socket no bbr ({e})");
+            return;
+        }
+        assert_eq!(loopback_bbr(&s, local).as_deref(), Some("bbr"));
+        assert_eq!(loopback_bbr(&s, "::1".parse().unwrap()).as_deref(), Some("bbr"));
+        assert_eq!(loopback_bbr(&s, IpAddr::from([192, 0, 2, 1])), None, "a client on another machine");
     }
 }
