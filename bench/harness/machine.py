@@ -100,12 +100,35 @@ def _read(path: str) -> str:
         return "unknown"
 
 
+CONGESTION = "/proc/sys/net/ipv4/tcp_congestion_control"
+
+
+def read_congestion() -> str:
+    """The congestion control new TCP connections get now."""
+    now = _read(CONGESTION)
+    if now == "unknown":
+        raise ValueError(f"cannot read {CONGESTION}, so it could not be put back")
+    return now
+
+
+def set_congestion(name: str) -> str:
+    """Makes `name` the congestion control of new TCP connections (the kernel loads its module
+    when root asks); returns the one before."""
+    before = read_congestion()
+    try:
+        with open(CONGESTION, "w") as f:
+            f.write(name)
+    except OSError as e:
+        available = _read("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        raise ValueError(f"the kernel refused it ({e.strerror}); available now: {available}") from None
+    return before
+
+
 def _tcp() -> str:
     """The congestion control new connections get and the loopback's queueing: with bbr and
     no fq qdisc, TCP paces each socket with its own timer, which changed the 1M read rows
     on loopback by more than any server change (bench/results/2026-11-28-tcp-pacing-vm)."""
-    qdisc = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True)
-    lo = qdisc.stdout.split("\n")[0].strip() if qdisc.returncode == 0 else "unknown (no tc)"
+    lo = _lo_qdisc() or "unknown (no tc)"
     return (f"congestion control {_read('/proc/sys/net/ipv4/tcp_congestion_control')}, "
             f"default qdisc {_read('/proc/sys/net/core/default_qdisc')}, lo: {lo}, "
             f"lo rps_cpus {_read('/sys/class/net/lo/queues/rx-0/rps_cpus')}")
@@ -118,14 +141,21 @@ def loopback_pacing_warning() -> str:
     cc = _read("/proc/sys/net/ipv4/tcp_congestion_control")
     if not cc.startswith("bbr"):
         return ""
-    qdisc = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True)
-    if qdisc.returncode == 0 and " fq " in f" {qdisc.stdout} ":
+    if " fq " in f" {_lo_qdisc()} ":
         return ""
     return (f"TCP congestion control is {cc} and lo has no fq qdisc: every loopback socket is paced "
-            "by its own timer, which cut sluice's spliced 1M reads at 8 in flight to 0.57x "
-            "nbdkit here where cubic gave 0.98-1.19x (bench/results/2026-11-28-tcp-pacing-vm); "
-            "`sysctl net.ipv4.tcp_congestion_control=cubic` before the run compares the servers "
-            "the way Debian's default does")
+            "by its own timer, which on a 2-core VM cut sluice's spliced 1M reads at 8 in flight "
+            "to 0.56-0.57x nbdkit where cubic gave 0.98-1.19x (bench/results/2026-11-28-tcp-pacing-vm); "
+            "`--tcp-congestion cubic` compares the servers the way Debian's default does")
+
+
+def _lo_qdisc() -> str:
+    """`tc qdisc show dev lo`'s first line; empty without tc."""
+    try:
+        out = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True)
+    except OSError:
+        return ""
+    return out.stdout.split("\n")[0].strip() if out.returncode == 0 else ""
 
 
 def _scheduler(device: str) -> str:

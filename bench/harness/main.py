@@ -99,6 +99,11 @@ def parse_args(argv):
                    help="interference's passes, comma-separated: full (every server at full "
                         "speed), equal (at one rate), restricted (sluice with and without a "
                         "storage cap beside a local disk reader); default %(default)s")
+    p.add_argument("--tcp-congestion", metavar="NAME",
+                   help="TCP congestion control for the run (net.ipv4.tcp_congestion_control; "
+                        "network namespaces made during the run copy it when the harness runs "
+                        "in the initial one), put back at the end; e.g. cubic where the system runs bbr without fq (see "
+                        "machine.txt's tcp line). Needs root")
     p.add_argument("--nbdkit-plugins", metavar="DIR", default=os.environ.get(NBDKIT_PLUGINS_ENV),
                    help="give nbdkit its plugins by path from DIR (a carried nbdkit, bench/pack) "
                         f"instead of by name; default ${NBDKIT_PLUGINS_ENV} if set")
@@ -124,6 +129,22 @@ def parse_args(argv):
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def _put_congestion_back(before, report) -> None:
+    """Puts the system's congestion control back first thing at the end, with stop signals
+    held off: a second Ctrl-C while servers stop must not leave the machine changed
+    (sockets still open keep theirs anyway)."""
+    if before is None:
+        return
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        machine.set_congestion(before)
+    except (OSError, ValueError) as e:
+        report.say(f"warning: could not put TCP congestion control back to {before}: {e}")
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
 
 
 def _on_signal(signum, frame):
@@ -153,7 +174,17 @@ def main(argv) -> int:
     workdir = tempfile.mkdtemp(prefix="sluice-bench-")
     started = time.monotonic()
     status = 0
+    congestion_before = None
     try:
+        if args.tcp_congestion:
+            try:
+                congestion_before = machine.read_congestion()
+                machine.set_congestion(args.tcp_congestion)
+            except (OSError, ValueError) as e:
+                report.say(f"error: --tcp-congestion {args.tcp_congestion}: {e}")
+                return 1
+            report.say(f"TCP congestion control for this run: {args.tcp_congestion} "
+                       f"(was {congestion_before}; put back at the end)")
         ctx = prepare(args, report, out_dir, workdir, argv)
         if ctx is None:
             return 1
@@ -174,6 +205,7 @@ def main(argv) -> int:
         report.say("\ninterrupted: servers stopped")
         status = 130
     finally:
+        _put_congestion_back(congestion_before, report)
         servers.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
         elapsed = time.monotonic() - started

@@ -38,34 +38,36 @@ enum Socket {
     Unix(UnixListener, PathBuf, Option<PathBuf>),
 }
 
-/// Whether the log has said what `bbr` costs clients on this machine.
-static PACING_HINT_GIVEN: AtomicBool = AtomicBool::new(false);
+/// Whether the first client on this machine has been looked at for `bbr`.
+static PACING_LOOKED: AtomicBool = AtomicBool::new(false);
 
-/// Says once, for whoever compares servers on one machine, that a loopback client's socket
-/// runs `bbr`: without an fq qdisc on lo, TCP then paces each socket by a timer of its own,
-/// and spliced replies at several reads in flight ran at half the rate of copied ones
-/// (docs/serve.md, DATA PATHS).
+/// Says once, for whoever compares servers on one machine, that such a client's socket runs
+/// `bbr`: without an fq qdisc on lo, TCP then paces each socket by a timer of its own, and
+/// spliced replies at several reads in flight ran at half the rate of copied ones
+/// (docs/serve.md, DATA PATHS). The first client on this machine decides; later ones cost
+/// nothing.
 fn hint_loopback_pacing(s: &TcpStream, peer: IpAddr) {
-    if PACING_HINT_GIVEN.load(Ordering::Relaxed) {
+    if PACING_LOOKED.load(Ordering::Relaxed) {
         return;
     }
-    if let Some(cc) = loopback_bbr(s, peer) {
-        if !PACING_HINT_GIVEN.swap(true, Ordering::Relaxed) {
-            log::info!(
-                "{peer}: a client on this machine, over TCP with {cc}: unless lo has an fq qdisc, each such socket is paced by a timer \
-                 of its own, and large reads several at a time may run at half the rate; sluice-serve(1), DATA PATHS, says how to \
-                 give loopback its own congestion control"
-            );
-        }
+    let local = s.local_addr().map(|a| a.ip()).ok();
+    if !on_this_machine(peer, local) || PACING_LOOKED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    if let Some(cc) = rustix::net::sockopt::tcp_congestion(s).ok().filter(|cc| cc.starts_with("bbr")) {
+        log::info!(
+            "{peer}: a client on this machine, over TCP with {cc}: unless lo has an fq qdisc, each such socket is paced by a timer \
+             of its own, and large reads several at a time may run at half the rate; sluice-serve(1), DATA PATHS, says how to \
+             give loopback its own congestion control"
+        );
     }
 }
 
-/// The congestion control of a socket to a client on this machine, when it is `bbr`.
-fn loopback_bbr(s: &TcpStream, peer: IpAddr) -> Option<String> {
-    if !peer.is_loopback() {
-        return None;
-    }
-    rustix::net::sockopt::tcp_congestion(s).ok().filter(|cc| cc.starts_with("bbr"))
+/// Whether a TCP peer is this machine: a loopback address, or the address it reached us at
+/// (which goes over lo as well). IPv4-mapped addresses count as the IPv4 ones.
+fn on_this_machine(peer: IpAddr, local: Option<IpAddr>) -> bool {
+    let peer = peer.to_canonical();
+    peer.is_loopback() || local.is_some_and(|l| l.to_canonical() == peer)
 }
 
 impl Listener {
@@ -424,19 +426,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_loopback_client_on_bbr_gets_the_pacing_hint() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let _c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
-        let local = IpAddr::from([127, 0, 0, 1]);
-        rustix::net::sockopt::set_tcp_congestion(&s, "reno").expect("reno is built into every kernel");
-        assert_eq!(loopback_bbr(&s, local), None, "reno");
-        if let Err(e) = rustix::net::sockopt::set_tcp_congestion(&s, "bbr") {
-            eprintln!("SKIP (the bbr half): this kernel gives this socket no bbr ({e})");
-            return;
+    fn a_peer_on_this_machine_is_a_loopback_address_or_our_own() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let ours = Some(ip("192.0.2.2"));
+        for local in ["127.0.0.1", "127.9.9.9", "::1", "::ffff:127.0.0.1", "192.0.2.2", "::ffff:192.0.2.2"] {
+            assert!(on_this_machine(ip(local), ours), "{local}");
         }
-        assert_eq!(loopback_bbr(&s, local).as_deref(), Some("bbr"));
-        assert_eq!(loopback_bbr(&s, "::1".parse().unwrap()).as_deref(), Some("bbr"));
-        assert_eq!(loopback_bbr(&s, IpAddr::from([192, 0, 2, 1])), None, "a client on another machine");
+        for remote in ["192.0.2.3", "::ffff:192.0.2.3", "2001:db8::1"] {
+            assert!(!on_this_machine(ip(remote), ours), "{remote}");
+        }
+        assert!(!on_this_machine(ip("192.0.2.2"), None), "our own address unknown");
     }
 }
