@@ -15,7 +15,7 @@ use sluice_proto::Session;
 
 use crate::access::Client;
 use crate::admission::{Budget, Permit};
-use crate::busy_poll::BusyPoll;
+use crate::busy_poll::Waits;
 use crate::conn::{Conn, Env, Io, Shutdown};
 use crate::engine::{splice_out_now, unacked_bytes, Buf, Completion, ConnId, LinkIo, Pipe, Pipes, Pool, Ring, StorageId, Token};
 use crate::export::Export;
@@ -94,7 +94,7 @@ pub fn spawn(
         let pool = Pool::new(limits.buffer_pool_bytes_per_worker, quiet, Arc::clone(&metrics.buffers));
         let held = Held { qos, worker: id, generations: Vec::new(), ready: Vec::new() };
         let mut worker = Worker::new(ring, pool, limits, rx, wake, shutdown, metrics, held);
-        worker.busy_poll = [BusyPoll::new(placement.busy_poll), BusyPoll::new(placement.busy_poll)];
+        worker.busy_poll = Waits::new(placement.busy_poll);
         let _ = ready_tx.send(Ok(()));
         if let Err(e) = worker.run() {
             log::error!("worker {id} stopped: {e}");
@@ -144,6 +144,7 @@ struct Shared<'a> {
     pool: &'a mut Pool,
     pipes: &'a mut Pipes,
     budget: &'a mut Budget,
+    waits: &'a mut Waits,
 }
 
 impl Shared<'_> {
@@ -166,10 +167,8 @@ struct Worker {
     free: Vec<u32>,
     live: usize,
     metrics: Arc<Metrics>,
-    /// How long to spin, apart for waits on the worker's clients and on its storage: the
-    /// two take different times (a cold disk read outlasts any useful spin; a client's next
-    /// request often does not), and one budget would swing between them.
-    busy_poll: [BusyPoll; 2],
+    /// How long to spin, by what the worker waits for (`busy_poll.rs`).
+    busy_poll: Waits,
     /// Where this worker posts what it sees of requests held at a backend, when it next
     /// looks (only while storage operations are in flight), the per-export sums of a look,
     /// and whether the last one posted found anything.
@@ -226,7 +225,7 @@ impl Worker {
             free: Vec::new(),
             live: 0,
             metrics,
-            busy_poll: [BusyPoll::new(Duration::ZERO), BusyPoll::new(Duration::ZERO)],
+            busy_poll: Waits::new(Duration::ZERO),
             board,
             next_look: None,
             looks,
@@ -310,7 +309,7 @@ impl Worker {
     /// Spins for the busy-poll budget (when `spin`), then sleeps until something completes
     /// or `timeout` passes, and adapts the budget to what happened.
     fn wait(&mut self, completions: &mut Vec<Completion>, timeout: Option<Duration>, spin: bool) -> std::io::Result<()> {
-        let poll = &mut self.busy_poll[usize::from(self.ring.storage_in_flight() > 0)];
+        let poll = self.busy_poll.next(self.ring.storage_in_flight() > 0);
         let budget = poll.budget();
         let idle = Instant::now();
         // Deferred operations (an RBD image's, a remote's) complete on other threads, which
@@ -340,6 +339,7 @@ impl Worker {
                 self.ring.recv_wake(self.wake.as_raw_fd(), buf);
             }
             Token::Recv { conn, buf } => self.on_entry(conn, |e, s, _| {
+                s.waits.received();
                 if e.ktls && result < 0 {
                     ktls_recv_failed(e.conn.peer(), result);
                 }
@@ -347,16 +347,20 @@ impl Worker {
             }),
             Token::RecvBytes { conn, bytes } => self.on_entry(conn, |e, s, id| {
                 let link = e.tls.as_mut().expect("only TLS links receive bytes");
+                s.waits.received();
                 link.on_recv(&mut Wire { ring: s.ring, fd: e.fd.as_raw_fd(), id }, result, bytes);
             }),
-            Token::Send { conn, batch } => self.on_entry(conn, |e, s, id| match &mut e.tls {
-                Some(link) => link.on_send(&mut Wire { ring: s.ring, fd: e.fd.as_raw_fd(), id }, result, batch),
-                None => {
-                    // What the peer has yet to take shows the link's own rate (conn/pace.rs).
-                    if e.conn.wants_socket_backlog(result) {
-                        e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
+            Token::Send { conn, batch } => self.on_entry(conn, |e, s, id| {
+                s.waits.sent(result.max(0) as usize);
+                match &mut e.tls {
+                    Some(link) => link.on_send(&mut Wire { ring: s.ring, fd: e.fd.as_raw_fd(), id }, result, batch),
+                    None => {
+                        // What the peer has yet to take shows the link's own rate (conn/pace.rs).
+                        if e.conn.wants_socket_backlog(result) {
+                            e.conn.socket_backlog(unacked_bytes(e.fd.as_fd()));
+                        }
+                        e.conn.handle_send(&mut s.env(), result, batch)
                     }
-                    e.conn.handle_send(&mut s.env(), result, batch)
                 }
             }),
             Token::SpliceOut { conn, pipe } => self.on_entry(conn, |e, s, _| spliced_out(e, s, result, pipe)),
@@ -391,7 +395,13 @@ impl Worker {
             debug_assert!(false, "a completion for connection {id:?}, which is closed");
             return;
         };
-        let mut shared = Shared { ring: &mut self.ring, pool: &mut self.pool, pipes: &mut self.pipes, budget: &mut self.budget };
+        let mut shared = Shared {
+            ring: &mut self.ring,
+            pool: &mut self.pool,
+            pipes: &mut self.pipes,
+            budget: &mut self.budget,
+            waits: &mut self.busy_poll,
+        };
         event(entry, &mut shared, id);
         drive(entry, id, &mut shared);
         if entry.conn.is_done() && entry.tls.as_ref().is_none_or(TlsLink::is_idle) {
@@ -570,6 +580,7 @@ fn drive(entry: &mut Entry, id: ConnId, shared: &mut Shared) {
 
 /// Tells the core how a splice to its socket went.
 fn spliced_out(entry: &mut Entry, shared: &mut Shared, result: i32, pipe: Pipe) {
+    shared.waits.sent(result.max(0) as usize);
     if entry.conn.wants_socket_backlog(result) {
         entry.conn.socket_backlog(unacked_bytes(entry.fd.as_fd()));
     }
