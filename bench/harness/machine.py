@@ -30,7 +30,7 @@ def describe(repo: str, binary: str, features: set, image: str, scratch: str, ar
         f"qemu-nbd: {tools.version('qemu-nbd')}{_where('qemu-nbd')}",
         f"nbd-server: {tools.version('nbd-server')}{_where('nbd-server')}",
         f"libnbd: {tools.version('nbdinfo')}{_where('nbdinfo')}",
-        f"sluice: {binary} at commit {_commit(repo)}",
+        f"sluice: {_which_sluice(repo, binary)}",
         f"sluice serve options present: "
         f"{', '.join(sorted(features)) or 'none of ' + ', '.join(build.OPTIONAL_FLAGS)}",
         f"sluice data paths measured: {', '.join(build.data_paths(binary)) or 'default only'}",
@@ -49,6 +49,15 @@ def one_line() -> str:
     """The machine in one line, for a table's caption: CPU, cores, memory, kernel."""
     return (f"{_cpu_model()}, {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
             f"{_mem_total()}, kernel {platform.release()}, host {socket.gethostname()}")
+
+
+def _which_sluice(repo: str, binary: str) -> str:
+    """The binary and the commit it was built from, as far as this run knows: one from
+    outside the checkout (`--sluice`) need not be its commit's."""
+    inside = os.path.realpath(binary).startswith(os.path.realpath(repo) + os.sep)
+    if inside:
+        return f"{binary} at commit {_commit(repo)}"
+    return f"{binary} (given; its build is not known here, the checkout is at commit {_commit(repo)})"
 
 
 def _where(program: str) -> str:
