@@ -73,8 +73,9 @@ pub const BUSY_POLL_MAX_US: u64 = 1000;
 /// one CPU copying out of the socket). Replies larger than the longest spin times this rate
 /// cannot be taken in before the spin ends, so a wait for the client's next request after
 /// them is not spun (`busy_poll.rs`): 500 KB at the default 50 µs. Measured on the 2-core VM
-/// (fio's nbd engine, loopback): the spin caught the next request after 256K replies often
-/// enough to keep them 10% faster, and after 1M replies too rarely to pay.
+/// (fio's nbd engine, loopback, bench/results/2026-11-28-bulk-wait-vm): the spin caught the
+/// next request after 256K replies often enough to keep them 10% faster, and after 1M
+/// replies too rarely to pay for itself.
 pub const CLIENT_TAKE_IN_BYTES_PER_US: u64 = 10_000;
 
 /// A spin budget halved below this is not worth a clock read: the worker sleeps at once.
