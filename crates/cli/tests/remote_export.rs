@@ -351,6 +351,8 @@ print("WRITTEN", written)
         model = b.dir.path().join("model.bin").display(),
         reads_in_flight = NBDSH_READS_IN_FLIGHT,
     ));
+    // Over TCP, on the default data path, large reads were spliced.
+    assert!(b.log_text().contains("worker 0 splices read data from its own connection"), "{}", b.log_text());
     let model = std::fs::read(b.dir.path().join("model.bin")).unwrap();
     let on_a = b.dir.path().join("a.img");
     nbdcopy(&a.uri_for("disk"), on_a.to_str().unwrap());
@@ -473,6 +475,116 @@ fn fake_request(s: &mut TcpStream) -> Option<(u16, u64, u64, u32)> {
     let mut payload = vec![0u8; raw.payload_len(false) as usize];
     s.read_exact(&mut payload).ok()?;
     Some((raw.kind, raw.handle, raw.offset, raw.length as u32))
+}
+
+/// The byte at `offset` of the dribbling remote's export.
+fn dribbled_byte(offset: u64) -> u8 {
+    ((offset * 7) ^ (offset >> 12)) as u8
+}
+
+/// A remote of 1 MiB (`dribbled_byte`) whose replies on a worker's own connection send
+/// read data 100 bytes at a time, each from a page of its own (`sendfile`), so that every
+/// piece arrives as a separate fragment of a page: a pipe of N pages holds only N pieces.
+fn dribbling_remote(dir: &std::path::Path) -> (u16, Arc<Seen>) {
+    use sluice_proto::wire::*;
+    use std::os::fd::AsRawFd;
+    const PIECE: usize = 100;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Seen::default());
+    let shared = Arc::clone(&seen);
+    let dir = dir.to_owned();
+    std::thread::spawn(move || {
+        for (n, s) in listener.incoming().enumerate() {
+            let Ok(mut s) = s else { return };
+            let (seen, pages) = (Arc::clone(&shared), dir.join(format!("pages-{n}")));
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                s.set_nodelay(true).unwrap();
+                let Some(structured) = fake_handshake(&mut s) else { return };
+                let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&pages).unwrap();
+                let mut pages_used = 0;
+                while let Some((kind, handle, offset, len)) = fake_request(&mut s) {
+                    let mut reply = SIMPLE_REPLY_MAGIC.to_be_bytes().to_vec();
+                    reply.extend_from_slice(&0u32.to_be_bytes());
+                    reply.extend_from_slice(&handle.to_be_bytes());
+                    let data: Vec<u8> = (offset..offset + u64::from(len)).map(dribbled_byte).collect();
+                    let dribble = kind == CMD_READ && !structured;
+                    match kind {
+                        CMD_DISC => return,
+                        CMD_READ if structured => reply.extend_from_slice(&data),
+                        _ => {}
+                    }
+                    if s.write_all(&reply).is_err() {
+                        return;
+                    }
+                    if !dribble {
+                        continue;
+                    }
+                    seen.link_reads.fetch_add(1, Ordering::SeqCst);
+                    // Pages of their own for every reply: the socket, and the pipes they
+                    // are spliced into, hold the pages themselves until the bytes are sent
+                    // on, so a page written over would change data already "sent".
+                    use std::os::unix::fs::FileExt;
+                    let first = pages_used;
+                    pages_used += data.len().div_ceil(PIECE);
+                    for (i, piece) in data.chunks(PIECE).enumerate() {
+                        file.write_all_at(piece, ((first + i) * 4096) as u64).unwrap();
+                    }
+                    for (i, piece) in data.chunks(PIECE).enumerate() {
+                        let mut at = ((first + i) * 4096) as libc::off_t;
+                        // SAFETY: both descriptors are open for the call; `at` is ours.
+                        let sent = unsafe { libc::sendfile(s.as_raw_fd(), file.as_raw_fd(), &mut at, piece.len()) };
+                        if sent != piece.len() as isize {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn a_spliced_read_whose_pipe_fills_early_is_finished_in_a_buffer_byte_exact() {
+    require!("nbdsh");
+    let dir = tempfile::tempdir().unwrap();
+    let (port, seen) = dribbling_remote(dir.path());
+    let remote = format!("vol=nbd://127.0.0.1:{port}/");
+    let b = Sluice::start(&["--threads", "1", "--log-level", "debug", "--export", &remote]);
+    let uri = b.uri_for("vol");
+    wait_until("a read over the worker's own connection", Duration::from_secs(20), || {
+        assert!(one_read(&uri), "a read failed\n{}", b.log_text());
+        seen.link_reads.load(Ordering::SeqCst) > 0
+    }, || b.log_text());
+    let before = seen.link_reads.load(Ordering::SeqCst);
+    // Spliced reads (64 KiB and more), one at a time and several in flight, at offsets
+    // that are not page multiples; the pipe of each fills after its 256th piece or so.
+    nbdsh(&format!(
+        r#"
+def byte(o):
+    return ((o * 7) ^ (o >> 12)) & 0xff
+h = connect("{uri}")
+for n, off in [(65536, 0), (262144, 4096 * 3 + 512), (524288, 1 << 19)]:
+    got = h.pread(n, off)
+    assert got == bytes(byte(o) for o in range(off, off + n)), "read of %d at %d" % (n, off)
+bufs = [nbd.Buffer(131072) for _ in range(4)]
+for i, b in enumerate(bufs):
+    h.aio_pread(b, 131072 * (i + 2))
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+for i, b in enumerate(bufs):
+    off = 131072 * (i + 2)
+    assert b.to_bytearray() == bytes(byte(o) for o in range(off, off + 131072)), "read at %d" % off
+"#
+    ));
+    let log = b.log_text();
+    assert!(seen.link_reads.load(Ordering::SeqCst) >= before + 7, "the reads went over the worker's own connection\n{log}");
+    assert!(log.contains("splices read data from its own connection"), "{log}");
+    assert!(log.contains("filled before all its data came"), "no pipe filled early\n{log}");
+    assert!(!log.contains("the connection of worker"), "the worker's own connection failed\n{log}");
+    stop_clean(b);
 }
 
 #[test]

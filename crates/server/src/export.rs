@@ -253,8 +253,10 @@ impl Export {
                     log::info!("export {name:?}: {s} is read-only, so this export is too");
                     read_only = true;
                 }
-                // Bytes arrive in memory from a socket: there is no file to splice or bypass.
-                data_path = DataPath::Copy;
+                // Bytes arrive from a socket: a worker's own connection to a plain remote
+                // splices them on (`splice`, the default, and `splice-direct`, as there is
+                // nothing to bypass); otherwise they arrive in memory and are copied.
+                data_path = if b.caps().splice && data_path.uses_splice() { DataPath::Splice } else { DataPath::Copy };
                 Box::new(b)
             }
             Spec::Rbd(r) => {

@@ -21,6 +21,9 @@ pub struct Caps {
     pub rotational: bool,
     /// Reads can go into a pipe, so the data reaches the socket by splice.
     pub splice: bool,
+    /// Reads into a pipe are spliced from a socket, whose segments may split pages: a read
+    /// gets a pipe of twice its length, so that it fits however its pages were cut.
+    pub splice_from_socket: bool,
     /// An O_DIRECT path exists, with this offset and length alignment (a power of two).
     pub direct_align: Option<usize>,
     /// Every operation completes at once with no storage behind it: reads gain nothing

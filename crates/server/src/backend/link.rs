@@ -6,8 +6,12 @@
 //!
 //! A write's payload is sent from the request's own buffer. A read's data is received
 //! straight into the request's buffer when much of it is still to come; replies and small
-//! reads land in the link's receive buffer and are copied out from there. Requests started
-//! in one pass of the worker leave in one send (`Ring::flush_later`).
+//! reads land in the link's receive buffer and are copied out from there. A read into a
+//! pipe (the splice data path) has its data spliced from the socket into the pipe, by
+//! reference, so that the worker passes it on to its client without touching it; while
+//! such reads are what the link carries, it receives replies a header at a time, so that
+//! their data stays on the socket for the splice. Requests started in one pass of the
+//! worker leave in one send (`Ring::flush_later`).
 //!
 //! A link that fails (the remote closes it, an error, a reply that does not parse) fails
 //! the requests on it with EIO, as a connection of the client does, says so once, and
@@ -16,7 +20,7 @@
 use std::any::Any;
 use std::cell::{Cell, RefCell, RefMut};
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,11 +28,11 @@ use std::sync::{Arc, Mutex};
 use sluice_client::attach::{open_sockets, Sockets};
 use sluice_client::{Address, Export, Uri};
 use sluice_proto::link::{Event, Link as Replies};
-use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_FUA};
+use sluice_proto::wire::{CMD_DISC, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, FLAG_CAN_MULTI_CONN, FLAG_READ_ONLY, FLAG_SEND_FLUSH, FLAG_SEND_FUA, SIMPLE_REPLY_BYTES};
 use sluice_proto::{Errno, RawRequest};
 use tokio::runtime::Handle;
 
-use crate::engine::{Buf, CarriedEnd, Completion, Held, LinkEnd, LinkIo, LinkOp, Part, Ring, SendBatch, StorageId, Token};
+use crate::engine::{drain_into, splice_in_now, write_into, Buf, CarriedEnd, Completion, Held, LinkEnd, LinkIo, LinkOp, Part, Pipe, Ring, SendBatch, SpliceIn, StorageId, Token};
 use crate::limits::{LINK_DIRECT_RECV_MIN_BYTES, LINK_RECV_BYTES, LINK_SEND_PARTS_MAX, REMOTE_LINK_WORKERS_MAX};
 
 pub struct Link {
@@ -59,6 +63,12 @@ struct Inner {
     batch: Option<Box<SendBatch>>,
     flush_asked: bool,
     dead: bool,
+    /// The last read or write started was a read into a pipe: replies are received a
+    /// header at a time.
+    splicing: bool,
+    /// Said in the log once: the link spliced a read, and a pipe filled early.
+    said_splicing: bool,
+    said_filled: bool,
 }
 
 /// Who waits for an operation sent over a link.
@@ -74,6 +84,8 @@ struct Waiting {
     to: To,
     /// A read's buffer, or a write's once its payload is sent; None while the kernel has it.
     buf: Option<Buf>,
+    /// A read's pipe, which holds `at` bytes before its data. The link keeps it throughout.
+    pipe: Option<Pipe>,
     /// The operation has a buffer (a read or write; a flush has none).
     holds: bool,
     /// Where the range starts in the buffer.
@@ -97,14 +109,18 @@ impl Link {
             batch: Some(SendBatch::new(LINK_SEND_PARTS_MAX)),
             flush_asked: false,
             dead: false,
+            splicing: false,
+            said_splicing: false,
+            said_filled: false,
         };
         Rc::new(Link { fd, spec, worker, dead: Cell::new(false), cut, inner: RefCell::new(inner) })
     }
 
     /// Starts receiving, on the ring of the worker the link belongs to.
     pub fn begin(self: &Rc<Self>, ring: &mut Ring) {
-        let mut next = Vec::new();
-        self.receive_next(&mut self.lock(), &mut next);
+        let (mut next, mut done) = (Vec::new(), Vec::new());
+        self.receive_next(&mut self.lock(), &mut next, &mut done);
+        debug_assert!(done.is_empty(), "nothing waits on a link before it begins");
         let link = Rc::clone(self) as Rc<dyn LinkEnd>;
         for io in next {
             ring.link_io(&link, io);
@@ -119,6 +135,13 @@ impl Link {
     /// when the link has failed, for the caller to take another way.
     pub fn read(self: &Rc<Self>, offset: u64, len: usize, buf: Buf, at: usize, id: StorageId, ring: &mut Ring) -> Result<(), Buf> {
         self.start(CMD_READ, 0, offset, Some(buf), at, len, To::Storage(id), ring).map_err(|(b, _)| b.expect("the read's buffer"))
+    }
+
+    /// Sends a read of `len` bytes at `offset` whose data is spliced into `pipe`, after the
+    /// `at` bytes it holds; the pipe comes back when the link has failed.
+    pub fn read_into_pipe(self: &Rc<Self>, offset: u64, len: usize, pipe: Pipe, at: usize, id: StorageId, ring: &mut Ring) -> Result<(), Pipe> {
+        let op = (CMD_READ, 0, offset, len, at);
+        self.start_with(op, None, Some(pipe), To::Storage(id), ring).map_err(|(_, p, _)| p.expect("the read's pipe"))
     }
 
     /// Sends a write of `buf[at..at + len]` at `offset`, as `read` does.
@@ -139,12 +162,25 @@ impl Link {
     /// comes back.
     #[allow(clippy::too_many_arguments)]
     pub fn start(self: &Rc<Self>, kind: u16, flags: u16, offset: u64, buf: Option<Buf>, at: usize, len: usize, to: To, ring: &mut Ring) -> Result<(), (Option<Buf>, To)> {
+        self.start_with((kind, flags, offset, len, at), buf, None, to, ring).map_err(|(b, _, to)| (b, to))
+    }
+
+    /// Sends `op` (kind, flags, offset, length, and where its data starts in its buffer or
+    /// pipe) for `to`; when the link has failed, all comes back.
+    fn start_with(self: &Rc<Self>, op: (u16, u16, u64, usize, usize), buf: Option<Buf>, pipe: Option<Pipe>, to: To, ring: &mut Ring) -> Result<(), (Option<Buf>, Option<Pipe>, To)> {
         let mut g = self.lock();
         if g.dead {
-            return Err((buf, to));
+            return Err((buf, pipe, to));
         }
+        let (kind, flags, offset, len, at) = op;
         let length = u32::try_from(len).expect("a request's length fits in 32 bits");
         let (slot, head) = g.replies.request(kind, flags, offset, length);
+        if kind == CMD_READ || kind == CMD_WRITE {
+            g.splicing = pipe.is_some();
+        }
+        if g.splicing && !std::mem::replace(&mut g.said_splicing, true) {
+            log::debug!("{}: worker {} splices read data from its own connection", self.spec, self.worker);
+        }
         let holds = buf.is_some();
         let (part, kept) = if kind == CMD_WRITE {
             (Part::window(slot, &head, buf, at, len, Vec::new()), None)
@@ -155,7 +191,7 @@ impl Link {
         if g.waiting.len() <= i {
             g.waiting.resize_with(i + 1, || None);
         }
-        g.waiting[i] = Some(Waiting { to, buf: kept, holds, at, len, answer: None });
+        g.waiting[i] = Some(Waiting { to, buf: kept, pipe, holds, at, len, answer: None });
         g.queued.push_back(part);
         ring.link_started();
         if !g.flush_asked {
@@ -186,20 +222,58 @@ impl Link {
     }
 
     /// Keeps one receive in flight: straight into a read's buffer when much of its data is
-    /// still to come and none is in hand, else into the receive buffer.
-    fn receive_next(&self, g: &mut Inner, next: &mut Vec<LinkIo>) {
-        if g.dead || g.receiving {
-            return;
+    /// still to come and none is in hand, else into the receive buffer. A read into a pipe
+    /// has its data spliced in first, as much as waits, until it is all there (or the
+    /// socket has no more yet: then the link waits for it to be readable).
+    fn receive_next(&self, g: &mut Inner, next: &mut Vec<LinkIo>, done: &mut Vec<Completion>) {
+        while !g.dead && !g.receiving {
+            match g.replies.data_wanted() {
+                Some((slot, at, left)) if g.waiting[slot as usize].as_ref().is_some_and(|w| w.pipe.is_some()) => {
+                    if let Err(why) = self.splice_in(g, slot, at as usize, left as usize, next, done) {
+                        self.fail(g, &why, done);
+                    }
+                }
+                wanted => self.post_receive(g, wanted, next),
+            }
         }
+    }
+
+    fn post_receive(&self, g: &mut Inner, wanted: Option<(u32, u32, u32)>, next: &mut Vec<LinkIo>) {
         g.receiving = true;
-        if let Some((slot, at, left)) = g.replies.data_wanted().filter(|w| w.2 as usize >= LINK_DIRECT_RECV_MIN_BYTES) {
+        if let Some((slot, at, left)) = wanted.filter(|w| w.2 as usize >= LINK_DIRECT_RECV_MIN_BYTES) {
             let w = g.waiting[slot as usize].as_mut().expect("a read in flight waits");
             let buf = w.buf.take().expect("a read's buffer is with the link while its data comes");
             g.direct = Some(slot);
             return next.push(LinkIo::Recv { buf, at: w.at + at as usize, len: left as usize, wait_all: true });
         }
         let staging = g.staging.take().expect("one receive at a time");
-        next.push(LinkIo::Recv { buf: staging, at: 0, len: LINK_RECV_BYTES, wait_all: false });
+        // A header alone leaves a spliced read's data on the socket.
+        let (len, wait_all) = if g.splicing && wanted.is_none() { (SIMPLE_REPLY_BYTES, true) } else { (LINK_RECV_BYTES, false) };
+        next.push(LinkIo::Recv { buf: staging, at: 0, len, wait_all });
+    }
+
+    /// Splices what waits of `slot`'s data (`at` of it in, `left` to come) into its pipe.
+    fn splice_in(&self, g: &mut Inner, slot: u32, at: usize, left: usize, next: &mut Vec<LinkIo>, done: &mut Vec<Completion>) -> Result<(), String> {
+        let w = g.waiting[slot as usize].as_mut().expect("a read in flight waits");
+        let pipe = w.pipe.as_ref().expect("checked by the caller");
+        match splice_in_now(self.fd.as_fd(), pipe, left).map_err(|e| format!("splice: {e}"))? {
+            SpliceIn::Moved(n) => {
+                if let Some(Event::Done { slot, error }) = g.replies.landed(n as u32) {
+                    answer(g, slot, error, done);
+                }
+            }
+            SpliceIn::Empty => {
+                g.receiving = true;
+                next.push(LinkIo::Readable);
+            }
+            SpliceIn::Full => {
+                let held = w.at + at;
+                unpipe(w, held)?;
+                self.said_filled(g);
+            }
+            SpliceIn::Closed => return Err("the remote closed it".into()),
+        }
+        Ok(())
     }
 
     /// Takes the `n` bytes just received into `staging`: data copied to its reads, answers
@@ -213,14 +287,35 @@ impl Link {
                 Some(Event::Data { slot, at, len }) => {
                     let w = g.waiting[slot as usize].as_mut().expect("a read in flight waits");
                     let to = w.at + at as usize;
+                    let data = &input[pos..pos + used];
+                    let filled = match &w.pipe {
+                        Some(pipe) if write_into(pipe, to, data).map_err(|e| format!("a pipe: {e}"))? => {
+                            pos += used;
+                            continue;
+                        }
+                        Some(_) => {
+                            unpipe(w, to)?;
+                            true
+                        }
+                        None => false,
+                    };
                     let buf = w.buf.as_mut().expect("a read's buffer is with the link while its data comes");
-                    buf.as_mut_slice()[to..to + len as usize].copy_from_slice(&input[pos..pos + used]);
+                    buf.as_mut_slice()[to..to + len as usize].copy_from_slice(data);
+                    if filled {
+                        self.said_filled(g);
+                    }
                 }
                 Some(Event::Done { slot, error }) => answer(g, slot, error, done),
                 None if used == 0 => return Ok(()),
                 None => {}
             }
             pos += used;
+        }
+    }
+
+    fn said_filled(&self, g: &mut Inner) {
+        if !std::mem::replace(&mut g.said_filled, true) {
+            log::debug!("{}: worker {}: a read's pipe filled before all its data came (the remote's segments split pages finely); the rest of such a read is received into a buffer", self.spec, self.worker);
         }
     }
 
@@ -248,6 +343,18 @@ impl Link {
     }
 }
 
+/// A read's pipe cannot take the rest of its data: what it holds (`held` bytes) moves to a
+/// buffer, where the rest is received as for a read into a buffer. Rare: a pipe fills
+/// early only when the socket's segments split its pages finely.
+fn unpipe(w: &mut Waiting, held: usize) -> Result<(), String> {
+    let pipe = w.pipe.take().expect("a read into a pipe");
+    let mut buf = Buf::heap(w.at + w.len);
+    let drained = drain_into(&pipe, held, &mut buf.as_mut_slice()[..held]);
+    w.buf = Some(buf);
+    w.holds = true;
+    drained.map_err(|e| format!("a pipe: {e}"))
+}
+
 /// The remote answered `slot`.
 fn answer(g: &mut Inner, slot: u32, error: u32, done: &mut Vec<Completion>) {
     let w = g.waiting[slot as usize].as_mut().expect("an answered request waits");
@@ -272,7 +379,11 @@ fn finish_if_ready(g: &mut Inner, slot: u32, done: &mut Vec<Completion>) {
     }
     let w = g.waiting[i].take().expect("checked above");
     g.replies.release(slot);
-    let held = w.buf.map_or(Held::Nothing, Held::Buf);
+    let held = match (w.buf, w.pipe) {
+        (Some(buf), _) => Held::Buf(buf),
+        (None, Some(pipe)) => Held::Pipe(pipe),
+        (None, None) => Held::Nothing,
+    };
     let token = match w.to {
         To::Storage(id) => Token::Storage { id, held },
         To::Carried(end) => Token::Carried { end, held },
@@ -331,9 +442,17 @@ impl LinkEnd for Link {
                     (Err(e), _) => e,
                     (Ok(()), 0) => "the remote closed it".to_string(),
                     (Ok(()), r) if r < 0 => format!("receive: {}", std::io::Error::from_raw_os_error(-r)),
-                    (Ok(()), _) => return self.receive_next(&mut g, next),
+                    (Ok(()), _) => return self.receive_next(&mut g, next, done),
                 };
                 self.fail(&mut g, &why, done);
+            }
+            LinkOp::Readable => {
+                g.receiving = false;
+                match result {
+                    _ if g.dead => self.fail(&mut g, "ended", done),
+                    r if r < 0 => self.fail(&mut g, &format!("poll: {}", std::io::Error::from_raw_os_error(-r)), done),
+                    _ => self.receive_next(&mut g, next, done),
+                }
             }
         }
     }

@@ -88,7 +88,15 @@ impl RemoteBackend {
         let options = Options { connections: REMOTE_CONNECTIONS, degraded, ..Options::default() };
         let client = runtime.block_on(Client::connect_with(&uri, &options)).map_err(open_error)?;
         let ex = client.export();
+        let links = Links::new(&uri, spec, ex);
+        let volume = client.direct().map(|direct| MemberLinks::new(direct, spec, runtime.handle().clone()));
+        // A worker's own connection over TCP splices read data into pipes. A Unix socket
+        // fails a splice into a full pipe with EFAULT, which cannot be told from a real
+        // fault; a volume's members are reached otherwise.
+        let splice = links.is_some() && volume.is_none() && matches!(uri.address, Address::Tcp { .. });
         let caps = Caps {
+            splice,
+            splice_from_socket: splice,
             trim: ex.can_trim(),
             zero: ex.can_zero(),
             fua: ex.can_fua(),
@@ -105,8 +113,6 @@ impl RemoteBackend {
             _ => "nbd",
         };
         log::debug!("{spec}: {} bytes over {} connection(s), flags {:#06x}", ex.size, client.connections(), ex.flags);
-        let links = Links::new(&uri, spec, ex);
-        let volume = client.direct().map(|direct| MemberLinks::new(direct, spec, runtime.handle().clone()));
         let remote = Arc::new(Remote { client, spec: spec.to_owned(), lost: AtomicBool::new(false), closed: AtomicBool::new(false) });
         Ok(RemoteBackend { kind, remote, caps, runtime, links, volume })
     }
@@ -127,6 +133,21 @@ impl RemoteBackend {
     fn volume(&self, offset: u64, len: usize) -> Option<&Arc<MemberLinks>> {
         let ex = self.remote.client.export();
         self.volume.as_ref().filter(|_| len > 0 && len <= ex.request_max_bytes() as usize && ex.aligned(offset, len as u64))
+    }
+
+    /// Reads through the export's client. A pool's pieces come as its members sent them,
+    /// and are copied into the parked buffer once, on the worker.
+    fn read_by_client(&self, done: Completer, offset: u64, len: usize) {
+        let remote = Arc::clone(&self.remote);
+        self.spawn(done, async move {
+            match remote.client.read_pieces(offset, len).await {
+                Ok(pieces) => {
+                    let n = pieces.iter().map(Vec::len).sum::<usize>() as i32;
+                    (n, Payload::Pieces { pieces, spent: sluice_client::read_buffers::give_back })
+                }
+                Err(e) => (remote.result(Err(e)), Payload::Nothing),
+            }
+        });
     }
 
     /// Runs `work` on the runtime and completes the parked operation with what it returns.
@@ -221,19 +242,28 @@ impl Backend for RemoteBackend {
                     None => buf,
                 };
                 let done = ring.defer(id, Held::Buf(buf), at);
-                self.spawn(done, async move {
-                    // A pool's pieces come as its members sent them, and are copied into
-                    // the parked buffer once, on the worker.
-                    match remote.client.read_pieces(offset, len).await {
-                        Ok(pieces) => {
-                            let n = pieces.iter().map(Vec::len).sum::<usize>() as i32;
-                            (n, Payload::Pieces { pieces, spent: sluice_client::read_buffers::give_back })
-                        }
-                        Err(e) => (remote.result(Err(e)), Payload::Nothing),
-                    }
-                });
+                self.read_by_client(done, offset, len);
             }
             // No splice capability: reads never ask for a pipe.
+            StorageOp::Read { offset, len, into: Held::Pipe(pipe), at, .. } => {
+                let pipe = match self.link(ring, offset, len) {
+                    Some(link) => match link.read_into_pipe(offset, len, pipe, at, id, ring) {
+                        Ok(()) => return None,
+                        Err(pipe) => pipe,
+                    },
+                    None => pipe,
+                };
+                if at > 0 {
+                    // Data of an earlier part is in the pipe, and the export's client
+                    // answers in a buffer. A link's reads are never short, so no caller
+                    // continues one.
+                    return Some(Outcome { result: -libc::EIO, held: Held::Pipe(pipe) });
+                }
+                // Until the worker's own connection is up: the data comes back in a buffer
+                // in place of the pipe.
+                let done = ring.defer(id, Held::Pipe(pipe), 0);
+                self.read_by_client(done, offset, len);
+            }
             StorageOp::Read { into, .. } => return Some(Outcome { result: -libc::EINVAL, held: into }),
             StorageOp::Write { offset, buf, at, len, fua, .. } => {
                 let buf = match self.link(ring, offset, len) {

@@ -168,7 +168,7 @@ impl Conn {
         };
         let mut chunk = chunk.max(span.div_ceil(CHUNKS_PER_READ_MAX)).next_multiple_of(BUFFER_ALIGN_BYTES);
         if splice {
-            chunk = chunk.min(pipe_bytes);
+            chunk = chunk.min(if caps.splice_from_socket { pipe_bytes / 2 } else { pipe_bytes });
         }
         log::trace!(
             "{}: read of {span} bytes in chunks of {chunk}, {window} at once (storage {:?} B/s, network {:?} B/s)",

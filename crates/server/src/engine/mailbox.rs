@@ -239,6 +239,14 @@ fn take_or_land(held: &mut Held, at: usize, mut pieces: Vec<Vec<u8>>, spent: Spe
             *held = Held::Buf(Buf::from_vec(pieces.remove(0), spent));
             result
         }
+        // A read into an empty pipe answered in memory: a buffer comes back in its place
+        // (the caller sends from whichever it gets), and the unused pipe is dropped.
+        (Held::Pipe(_), _) if at == 0 => {
+            let data = if pieces.len() == 1 { pieces.remove(0) } else { pieces.concat() };
+            pieces.into_iter().for_each(spent);
+            *held = Held::Buf(Buf::from_vec(data, spent));
+            result
+        }
         _ => {
             let result = land(held, at, &pieces, result);
             pieces.into_iter().for_each(spent);
@@ -331,6 +339,25 @@ mod tests {
         let spent = SPENT.lock().unwrap();
         assert_eq!(spent.len(), 4);
         assert!(spent.contains(&(read_into as usize, 8)), "the taken buffer goes back whole when dropped");
+    }
+
+    #[test]
+    fn a_read_into_a_pipe_answered_in_memory_comes_back_as_a_buffer_of_its_bytes() {
+        let mut pipes = crate::engine::Pipes::new(1, 4096);
+        let Some(pipe) = pipes.get() else {
+            eprintln!("SKIP: no pipe");
+            return;
+        };
+        let mut mailbox = Mailbox::new();
+        let done = mailbox.park(id(), Held::Pipe(pipe), 0, false);
+        done.complete(6, Payload::Pieces { pieces: vec![vec![1, 2], vec![3, 4, 5, 6]], spent: drop });
+        let mut out = Vec::new();
+        mailbox.collect(&mut out);
+        match &out[..] {
+            [Completion { token: Token::Storage { held: Held::Buf(buf), .. }, result: 6 }] => assert_eq!(buf.as_slice(), &[1, 2, 3, 4, 5, 6]),
+            _ => panic!("a buffer of the bytes comes back in place of the pipe"),
+        }
+        assert_eq!(pipes.in_use(), 0, "the unused pipe was let go");
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod socket;
 pub use buffer::{Buf, BufferStats, Pool, BUFFER_ALIGN_BYTES};
 pub use mailbox::{Completer, Payload};
 pub use op::{CarriedEnd, Completion, ConnId, Held, LinkEnd, LinkIo, LinkOp, StorageId, Tag, Token};
-pub use pipe::{fully_cached, splice_now, splice_out_now, Pipe, Pipes};
+pub use pipe::{drain_into, fully_cached, splice_in_now, splice_now, splice_out_now, write_into, Pipe, Pipes, SpliceIn};
 #[cfg(feature = "rbd")]
 pub use rbd::{Image as RbdImage, IoCtx as RbdIoCtx, Rados};
 pub use ring::Ring;

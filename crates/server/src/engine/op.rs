@@ -76,6 +76,8 @@ pub enum LinkOp {
     Recv { buf: Buf },
     /// Requests, and write payloads, leaving.
     Send { batch: Box<SendBatch> },
+    /// Waiting for the socket to have something to read (data spliced out of it).
+    Readable,
 }
 
 /// What a link asks its ring to do next.
@@ -84,6 +86,8 @@ pub enum LinkIo {
     Recv { buf: Buf, at: usize, len: usize, wait_all: bool },
     /// Send the batch whole.
     Send { batch: Box<SendBatch> },
+    /// Tell when the socket has something to read, or is closed.
+    Readable,
 }
 
 /// A connection a backend keeps on a worker's ring (and nowhere else: it lives and dies on

@@ -11,9 +11,16 @@ pub struct Pipe {
     /// Read and write ends; taken out only when the pipe goes back to the pool.
     fds: Option<(OwnedFd, OwnedFd)>,
     out: Rc<Cell<usize>>,
+    /// What the pipe holds when every page in it is full.
+    bytes: usize,
 }
 
 impl Pipe {
+    /// The capacity the pool gave it: what it holds of whole pages.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     pub fn read_fd(&self) -> RawFd {
         self.fds.as_ref().expect("a live pipe has descriptors").0.as_raw_fd()
     }
@@ -86,7 +93,7 @@ impl Pipes {
             },
         };
         self.out.set(self.out.get() + 1);
-        Some(Pipe { fds: Some(fds), out: Rc::clone(&self.out) })
+        Some(Pipe { fds: Some(fds), out: Rc::clone(&self.out), bytes: self.bytes })
     }
 
     /// Returns a pipe that was drained completely; anything else must simply be dropped.
@@ -169,6 +176,74 @@ pub fn splice_out_now(pipe: &Pipe, socket: BorrowedFd<'_>, len: usize) -> io::Re
     Ok(moved?)
 }
 
+/// What `splice_in_now` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SpliceIn {
+    /// Moved this many bytes (at least one).
+    Moved(usize),
+    /// Nothing waits on the socket yet.
+    Empty,
+    /// Bytes wait on the socket and the pipe took none: it is full.
+    Full,
+    /// The peer closed the connection, with nothing left to read.
+    Closed,
+}
+
+/// Moves up to `len` of the bytes waiting on `socket` into `pipe` now, waiting neither for
+/// data nor for room, on a socket left blocking (the ring's receives wait whole on it).
+///
+/// A socket's data goes into a pipe by reference, page by page, so the CPU does not touch
+/// it. A splice from a blocking socket waits only while it has moved nothing; asking for
+/// no more than what waits (FIONREAD) means it never does. A pipe holds a number of pages,
+/// and a socket's segments may split pages between them, so a pipe may fill before it
+/// holds its capacity in bytes: `Full` says so, and the caller takes the rest another way.
+pub fn splice_in_now(socket: BorrowedFd<'_>, pipe: &Pipe, len: usize) -> io::Result<SpliceIn> {
+    let waiting = rustix::io::ioctl_fionread(socket)? as usize;
+    if waiting == 0 {
+        // Nothing to read: the peer closed it, or the data is still to come.
+        let mut probe = [0u8; 1];
+        return match rustix::net::recv(socket, &mut probe, rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT) {
+            Ok((0, _)) => Ok(SpliceIn::Closed),
+            Ok(_) => Ok(SpliceIn::Empty),
+            Err(e) if e == rustix::io::Errno::AGAIN => Ok(SpliceIn::Empty),
+            Err(e) => Err(e.into()),
+        };
+    }
+    match rustix::pipe::splice(socket, None, pipe.write_end(), None, len.min(waiting), rustix::pipe::SpliceFlags::NONBLOCK) {
+        Ok(0) => Ok(SpliceIn::Full),
+        Ok(n) => Ok(SpliceIn::Moved(n)),
+        Err(e) if e == rustix::io::Errno::AGAIN => Ok(SpliceIn::Full),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Copies `bytes` into `pipe`, which holds `held` bytes already; false, writing nothing,
+/// unless it is empty and they fit (then the write cannot wait for a reader: it fills
+/// whole pages of the pipe, and the pipe has enough).
+pub fn write_into(pipe: &Pipe, held: usize, bytes: &[u8]) -> io::Result<bool> {
+    if held > 0 || bytes.len() > pipe.bytes {
+        return Ok(false);
+    }
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let n = rustix::io::write(pipe.write_end(), rest)?;
+        rest = &rest[n..];
+    }
+    Ok(true)
+}
+
+/// Reads the `held` bytes in `pipe` into `into[..held]`, emptying it.
+pub fn drain_into(pipe: &Pipe, held: usize, into: &mut [u8]) -> io::Result<()> {
+    let mut at = 0;
+    while at < held {
+        match rustix::io::read(pipe.read_end(), &mut into[at..held])? {
+            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a pipe held less than was put in")),
+            n => at += n,
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
@@ -219,5 +294,91 @@ mod tests {
             }
         }
         assert!(reader.join().unwrap() == data, "the bytes arrived as they were written");
+    }
+
+    /// A TCP connection over loopback: (ours, the peer's).
+    fn tcp_pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (listener.accept().unwrap().0, peer)
+    }
+
+    /// Splices from `socket` into `pipe` until it moves nothing more: what it moved, and
+    /// why it stopped. Waits for data to come (at most 10 s), never for the socket to close.
+    fn splice_until_stopped(socket: &std::net::TcpStream, pipe: &Pipe, len: usize) -> (usize, SpliceIn) {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut moved = 0;
+        loop {
+            match splice_in_now(socket.as_fd(), pipe, len - moved).unwrap() {
+                SpliceIn::Moved(n) => moved += n,
+                SpliceIn::Empty if moved < len => {
+                    assert!(std::time::Instant::now() < until, "the data never came ({moved} of {len} bytes)");
+                    std::thread::yield_now();
+                }
+                stop => return (moved, stop),
+            }
+            if moved == len {
+                return (moved, SpliceIn::Moved(0));
+            }
+        }
+    }
+
+    /// Sends `data` from `peer` on a thread of its own, which then closes it.
+    fn send_all(mut peer: std::net::TcpStream, data: Vec<u8>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || peer.write_all(&data).unwrap())
+    }
+
+    #[test]
+    fn splice_in_now_moves_what_waits_and_never_waits_itself() {
+        let mut pipes = Pipes::new(1, 1 << 20);
+        let Some(pipe) = pipes.get().filter(|_| pipes.bytes() >= 256 << 10) else {
+            eprintln!("SKIP: this system grants no 256 KiB pipes");
+            return;
+        };
+        let (ours, peer) = tcp_pair();
+        assert_eq!(splice_in_now(ours.as_fd(), &pipe, 4096).unwrap(), SpliceIn::Empty, "nothing sent yet");
+        assert!(!rustix::fs::fcntl_getfl(&ours).unwrap().contains(rustix::fs::OFlags::NONBLOCK), "the socket is blocking");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 13 + i / 4096) as u8).collect();
+        let sender = send_all(peer, data.clone());
+        // Each call moves what waits, however much more it was asked for, and returns.
+        let (moved, _) = splice_until_stopped(&ours, &pipe, data.len());
+        assert_eq!(moved, data.len());
+        sender.join().unwrap();
+        let mut got = vec![0u8; data.len()];
+        drain_into(&pipe, data.len(), &mut got).unwrap();
+        assert!(got == data, "the pipe holds the bytes in order");
+        assert_eq!(splice_in_now(ours.as_fd(), &pipe, 4096).unwrap(), SpliceIn::Closed, "the peer closed it");
+    }
+
+    #[test]
+    fn a_full_pipe_is_told_from_an_empty_socket_and_nothing_is_lost() {
+        // One page: a socket's segment of any size takes all of it.
+        let mut pipes = Pipes::new(1, 4096);
+        let pipe = pipes.get().unwrap();
+        let (mut ours, peer) = tcp_pair();
+        let data: Vec<u8> = (0..256 << 10).map(|i: u32| (i * 7 + i / 999) as u8).collect();
+        let sender = send_all(peer, data.clone());
+        let (held, stop) = splice_until_stopped(&ours, &pipe, data.len());
+        assert_eq!(stop, SpliceIn::Full, "data waits, and the pipe took {held} bytes");
+        assert!(held > 0 && held < data.len(), "held {held}");
+        // What the pipe has and what is still on the socket make up the data.
+        let mut got = vec![0u8; data.len()];
+        drain_into(&pipe, held, &mut got[..held]).unwrap();
+        ours.read_exact(&mut got[held..]).unwrap();
+        sender.join().unwrap();
+        assert!(got == data, "every byte once, in order");
+    }
+
+    #[test]
+    fn write_into_takes_bytes_only_into_an_empty_pipe_with_room() {
+        let mut pipes = Pipes::new(1, 16 << 10);
+        let pipe = pipes.get().unwrap();
+        let big = vec![1u8; pipe.bytes() + 1];
+        assert!(!write_into(&pipe, 0, &big).unwrap(), "more than the pipe holds");
+        assert!(write_into(&pipe, 0, &[2u8; 5000]).unwrap());
+        assert!(!write_into(&pipe, 5000, &[3u8; 10]).unwrap(), "a pipe that holds data already");
+        let mut got = vec![0u8; 5000];
+        drain_into(&pipe, 5000, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 2));
     }
 }

@@ -87,6 +87,10 @@ impl Ring {
                 let flags = libc::MSG_NOSIGNAL | libc::MSG_WAITALL;
                 (opcode::SendMsg::new(fd, msg).flags(flags as u32).build(), LinkOp::Send { batch })
             }
+            LinkIo::Readable => {
+                let events = (libc::POLLIN | libc::POLLRDHUP) as u32;
+                (opcode::PollAdd::new(fd, events).build(), LinkOp::Readable)
+            }
         };
         self.push(sqe, Token::Link { link: Rc::clone(link), op });
     }

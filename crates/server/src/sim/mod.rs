@@ -185,6 +185,8 @@ fn random_export(rng: &mut Rng) -> Export {
         extents: true,
         rotational: false,
         splice: data_path.uses_splice(),
+        // Half the spliced exports stand for remote ones, whose chunks fill half a pipe.
+        splice_from_socket: data_path.uses_splice() && trim,
         direct_align: data_path.uses_direct().then_some(4096),
         instant: rng.below(8) == 0,
         // The simulated client writes at any offset.
