@@ -583,6 +583,8 @@ for i, b in enumerate(bufs):
     assert!(seen.link_reads.load(Ordering::SeqCst) >= before + 7, "the reads went over the worker's own connection\n{log}");
     assert!(log.contains("splices read data from its own connection"), "{log}");
     assert!(log.contains("filled before all its data came"), "no pipe filled early\n{log}");
+    // Each time, later reads were cut finer, down to the least share of a pipe.
+    assert!(log.contains("spliced reads now fill 1/4 of a pipe") && log.contains("spliced reads now fill 1/16 of a pipe"), "{log}");
     assert!(!log.contains("the connection of worker"), "the worker's own connection failed\n{log}");
     stop_clean(b);
 }

@@ -170,6 +170,17 @@ pub const RATE_HALF_LIFE_BYTES: usize = 16 * 1024 * 1024;
 /// cheaper than a round trip through io_uring's worker threads, where buffered writes run.
 pub const INLINE_WRITE_MAX_BYTES: usize = 64 * 1024;
 
+/// A read spliced from a socket (a remote export's) is cut into chunks of at most a share
+/// of a pipe: 1/FIRST at first, halved each time a pipe fills before its chunk is in,
+/// down to 1/MAX. A pipe holds a number of pieces of pages, and each fragment of a
+/// socket's segments is one: over loopback fragments are whole pages or more (half a pipe
+/// fits; a quarter ran 1M proxied reads about a tenth slower there), but a network card
+/// with a 1500-byte MTU may give each packet's 1,448 bytes a piece of its own, so a 1 MiB
+/// pipe (256 pieces) holds about 362 KiB of such data and a quarter fits. A pipe that
+/// fills finishes its read in a buffer (backend/link.rs); at 1/16 a chunk is 64 KiB.
+pub const SOCKET_SPLICE_PIPE_SHARE_FIRST: usize = 2;
+pub const SOCKET_SPLICE_PIPE_SHARE_MAX: usize = 16;
+
 /// Spliced reads smaller than this are copied: when the data is not cached or the socket
 /// is full, a splice takes a trip through io_uring's worker threads, which costs more than
 /// copying a few pages.
@@ -396,6 +407,8 @@ const _: () = assert!(REMOTE_CHUNK_COST_NS > CHUNK_COST_NS);
 const _: () = assert!(LINK_DIRECT_RECV_MIN_BYTES <= LINK_RECV_BYTES && 3 * LINK_SEND_PARTS_MAX <= 1024);
 const _: () = assert!(REQUEST_PAYLOAD_MAX_BYTES.is_multiple_of(BLOCK_PREFERRED_BYTES));
 const _: () = assert!(PIPE_BYTES.is_multiple_of(PAGE_BYTES) && PIPE_BYTES >= SPLICE_MIN_BYTES);
+const _: () = assert!(SOCKET_SPLICE_PIPE_SHARE_FIRST.is_power_of_two() && SOCKET_SPLICE_PIPE_SHARE_FIRST <= SOCKET_SPLICE_PIPE_SHARE_MAX);
+const _: () = assert!(PIPE_BYTES / SOCKET_SPLICE_PIPE_SHARE_MAX >= SPLICE_MIN_BYTES);
 // A spliced read of the largest size fits the chunk count with pipe-sized chunks.
 const _: () = assert!(REQUEST_MAX_BYTES / PIPE_BYTES < CHUNKS_PER_READ_MAX);
 

@@ -21,9 +21,6 @@ pub struct Caps {
     pub rotational: bool,
     /// Reads can go into a pipe, so the data reaches the socket by splice.
     pub splice: bool,
-    /// Reads into a pipe are spliced from a socket, whose segments may split pages: a read
-    /// gets a pipe of twice its length, so that it fits however its pages were cut.
-    pub splice_from_socket: bool,
     /// An O_DIRECT path exists, with this offset and length alignment (a power of two).
     pub direct_align: Option<usize>,
     /// Every operation completes at once with no storage behind it: reads gain nothing
@@ -83,6 +80,13 @@ pub trait Backend: Send + Sync {
     /// Starts `op`: either finishes it now and returns the outcome, or submits it to
     /// `ring` under `id`, and the ring's completion for `id` carries the outcome.
     fn start(&self, op: StorageOp, id: StorageId, ring: &mut Ring) -> Option<Outcome>;
+
+    /// A read into a pipe is cut into chunks of at most 1/N of the pipe: N here. More than
+    /// one where the data is spliced from a socket, whose segments may cut pages into
+    /// many pieces (a pipe holds a number of pieces, not of bytes).
+    fn pipe_share(&self) -> usize {
+        1
+    }
 
     /// Lets go of what the backend holds outside this process (a remote connection, a
     /// pool's ownership), once serving has stopped and before the process exits; may block

@@ -22,7 +22,8 @@ use sluice_client::{read_buffers, Error};
 use sluice_proto::wire::{CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE};
 use tokio::runtime::Handle;
 
-use super::link::{Links, To};
+use super::link::To;
+use super::links::Links;
 use crate::engine::{Buf, CarriedEnd, Completer, Held, Payload, Ring};
 use crate::limits::POOL_LINK_READ_MAX_BYTES;
 

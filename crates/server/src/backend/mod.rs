@@ -9,6 +9,7 @@ pub mod emulate;
 mod file;
 mod interface;
 mod link;
+mod links;
 mod memory;
 mod null;
 mod member_links;

@@ -22,7 +22,7 @@ use sluice_proto::wire::{CMD_FLUSH, CMD_READ, CMD_WRITE, STATE_HOLE, STATE_ZERO}
 use tokio::runtime::Runtime;
 
 use super::interface::{Backend, Caps, Outcome, StorageOp};
-use super::link::Links;
+use super::links::Links;
 use super::member_links::MemberLinks;
 use crate::engine::{Completer, Held, Payload, Ring, StorageId};
 use crate::errors::os_from_remote;
@@ -96,7 +96,6 @@ impl RemoteBackend {
         let splice = links.is_some() && volume.is_none() && matches!(uri.address, Address::Tcp { .. });
         let caps = Caps {
             splice,
-            splice_from_socket: splice,
             trim: ex.can_trim(),
             zero: ex.can_zero(),
             fua: ex.can_fua(),
@@ -224,6 +223,10 @@ impl Backend for RemoteBackend {
         self.caps
     }
 
+    fn pipe_share(&self) -> usize {
+        self.links.as_ref().map_or(1, Links::pipe_share)
+    }
+
     fn start(&self, op: StorageOp, id: StorageId, ring: &mut Ring) -> Option<Outcome> {
         let remote = Arc::clone(&self.remote);
         let ex = self.remote.client.export();
@@ -244,7 +247,7 @@ impl Backend for RemoteBackend {
                 let done = ring.defer(id, Held::Buf(buf), at);
                 self.read_by_client(done, offset, len);
             }
-            // No splice capability: reads never ask for a pipe.
+            // Spliced from the worker's own connection when it is up.
             StorageOp::Read { offset, len, into: Held::Pipe(pipe), at, .. } => {
                 let pipe = match self.link(ring, offset, len) {
                     Some(link) => match link.read_into_pipe(offset, len, pipe, at, id, ring) {

@@ -131,7 +131,9 @@ impl Conn {
         let caps = self.caps;
         let direct = self.direct_align;
         let aligned = direct.is_some_and(|a| (offset as usize | len).is_multiple_of(a));
-        let pipe_bytes = env.pipes.bytes();
+        // What a chunk may put in a pipe: a socket's segments may split pages, and each
+        // piece takes a page's room.
+        let pipe_bytes = if caps.splice { env.pipes.bytes() / self.export.backend.pipe_share().max(1) } else { 0 };
         // Splice reads big enough to pay for a trip through io_uring's worker threads (the
         // one taken when the data is not cached, or the socket full), that small pipes (when
         // the system refused 1 MiB) can still carry in CHUNKS_PER_READ_MAX chunks (cutting
@@ -168,7 +170,7 @@ impl Conn {
         };
         let mut chunk = chunk.max(span.div_ceil(CHUNKS_PER_READ_MAX)).next_multiple_of(BUFFER_ALIGN_BYTES);
         if splice {
-            chunk = chunk.min(if caps.splice_from_socket { pipe_bytes / 2 } else { pipe_bytes });
+            chunk = chunk.min(pipe_bytes);
         }
         log::trace!(
             "{}: read of {span} bytes in chunks of {chunk}, {window} at once (storage {:?} B/s, network {:?} B/s)",

@@ -232,8 +232,13 @@ pub fn write_into(pipe: &Pipe, held: usize, bytes: &[u8]) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Reads the `held` bytes in `pipe` into `into[..held]`, emptying it.
+/// Reads the `held` bytes in `pipe` into `into[..held]`, emptying it; fails, rather than
+/// waits, if it holds fewer.
 pub fn drain_into(pipe: &Pipe, held: usize, into: &mut [u8]) -> io::Result<()> {
+    let inside = rustix::io::ioctl_fionread(pipe.read_end())? as usize;
+    if inside < held {
+        return Err(io::Error::other(format!("a pipe holds {inside} bytes, not {held}")));
+    }
     let mut at = 0;
     while at < held {
         match rustix::io::read(pipe.read_end(), &mut into[at..held])? {
@@ -345,9 +350,18 @@ mod tests {
         assert_eq!(moved, data.len());
         sender.join().unwrap();
         let mut got = vec![0u8; data.len()];
+        assert!(drain_into(&pipe, data.len() + 1, &mut got).is_err(), "more than it holds is refused, not waited for");
         drain_into(&pipe, data.len(), &mut got).unwrap();
         assert!(got == data, "the pipe holds the bytes in order");
-        assert_eq!(splice_in_now(ours.as_fd(), &pipe, 4096).unwrap(), SpliceIn::Closed, "the peer closed it");
+        // The peer closed it; its FIN comes after the data, so the wait is bounded too.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let closed = loop {
+            match splice_in_now(ours.as_fd(), &pipe, 4096).unwrap() {
+                SpliceIn::Empty if std::time::Instant::now() < until => std::thread::yield_now(),
+                other => break other,
+            }
+        };
+        assert_eq!(closed, SpliceIn::Closed, "the peer closed it");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::backend::{Backend, Caps, Outcome, StorageOp};
 use crate::conn::{Conn, Env, Io, Shutdown};
 use crate::engine::{Buf, Pipe, Pipes, Pool, Ring, SendBatch, StorageId, Tag};
 use crate::export::{Chunking, DataPath, Export};
-use crate::limits::{Limits, CHUNK_WINDOW_COUNT, PIPE_BYTES, REMOTE_CHUNK_COST_NS};
+use crate::limits::{Limits, CHUNK_WINDOW_COUNT, PIPE_BYTES, REMOTE_CHUNK_COST_NS, SOCKET_SPLICE_PIPE_SHARE_MAX};
 use crate::metrics::{Metrics, QosRecorder};
 use crate::qos::{Parts, Qos, QosConfig};
 use client::{Checker, Sent};
@@ -36,6 +36,7 @@ pub use sluice_proto::rng::Rng;
 struct Simulated {
     size: u64,
     caps: Caps,
+    pipe_share: usize,
 }
 
 impl Backend for Simulated {
@@ -47,6 +48,9 @@ impl Backend for Simulated {
     }
     fn caps(&self) -> Caps {
         self.caps
+    }
+    fn pipe_share(&self) -> usize {
+        self.pipe_share
     }
     fn start(&self, _op: StorageOp, _id: StorageId, _ring: &mut Ring) -> Option<Outcome> {
         unreachable!("the simulation completes storage operations itself")
@@ -185,8 +189,6 @@ fn random_export(rng: &mut Rng) -> Export {
         extents: true,
         rotational: false,
         splice: data_path.uses_splice(),
-        // Half the spliced exports stand for remote ones, whose chunks fill half a pipe.
-        splice_from_socket: data_path.uses_splice() && trim,
         direct_align: data_path.uses_direct().then_some(4096),
         instant: rng.below(8) == 0,
         // The simulated client writes at any offset.
@@ -204,7 +206,9 @@ fn random_export(rng: &mut Rng) -> Export {
         chunking: CHUNKINGS[rng.below(CHUNKINGS.len() as u64) as usize],
         elastic: None,
         identity: String::new(),
-        backend: Box::new(Simulated { size: SIZE_BYTES, caps }),
+        // Half the spliced exports stand for remote ones, whose chunks fill a share of a
+        // pipe (from a draw made anyway, so that each seed's export is drawn as before).
+        backend: Box::new(Simulated { size: SIZE_BYTES, caps, pipe_share: if trim { SOCKET_SPLICE_PIPE_SHARE_MAX } else { 1 } }),
     }
 }
 
