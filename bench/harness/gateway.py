@@ -231,8 +231,10 @@ def _notes(ctx: Context, copy: str, span: int) -> list:
         "over that one member (default stripe unit 512K, so a 1M request reaches the member "
         "as two), `sluice pool init --force` before each job; "
         f"{NAMES['proxy']}: `sluice serve --export vol=nbd://127.0.0.1:PORT/`; "
-        f"{NAMES['nbdkit']}: `nbdkit nbd uri=nbd://127.0.0.1:PORT/`. sluice's gateways use "
-        "the copy path (a remote export has no other).",
+        f"{NAMES['nbdkit']}: `nbdkit nbd uri=nbd://127.0.0.1:PORT/`. sluice's gateways run "
+        "their default data path: the pool's is `copy` (its member data arrives in memory); "
+        "the proxy splices reads of 64 KiB and more from its own connection to the member "
+        "once a worker has one, and copies the rest.",
         f"Every row moves the same {span >> 20} MiB of the file: the pool's volume from 0, the "
         f"others from {POOL_METADATA >> 20} MiB, where the pool's volume starts on its member.",
         "For each job the member and the three gateways start fresh and run side by side; "
